@@ -1,0 +1,187 @@
+"""Names on disk, the completion marker, and small crash-safe file helpers.
+
+Layout under a ``model_dir`` (``save_dir/"model"``)::
+
+    last/                   rolling checkpoint, standard format
+      model.pth             model weights (torch.save of the state_dict)
+      trainer/              torch.distributed.checkpoint directory
+      COMPLETE              JSON marker, written last
+    iter_<step>/            snapshot of a published ``last/`` (hard links)
+    last.pth, iter_<step>.pth   the same, legacy one-file format
+    model_best.pth (+ .json)    best weights and what made them best
+    .staging-*              being written; never read, removed at next save
+    .retired-*              the previous ``last/`` during a publish
+
+Invariant: a directory counts as a checkpoint only when its ``COMPLETE``
+marker parses and its files exist; the marker is written after every file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import shutil
+import tempfile
+from typing import Callable
+
+import attrs
+
+__all__ = ["CheckpointInfo"]
+
+LAST = "last"
+LEGACY_LAST = "last.pth"
+MARKER = "COMPLETE"
+WEIGHTS = "model.pth"
+TRAINER = "trainer"
+BEST = "model_best.pth"
+BEST_META = "model_best.json"
+STAGING = ".staging-"
+RETIRED = ".retired-"
+FORMATS = ("standard", "legacy")
+VERSION = 1
+ITER_DIR = re.compile(r"^iter_(\d+)$")
+ITER_FILE = re.compile(r"^iter_(\d+)\.pth$")
+
+
+def _non_negative(_inst, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"CheckpointInfo.{attribute.name} must be an int >= 0 (got {value!r})")
+
+
+def _positive(_inst, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"CheckpointInfo.{attribute.name} must be an int >= 1 (got {value!r})")
+
+
+def _known_format(_inst, attribute, value) -> None:
+    if value not in FORMATS:
+        raise ValueError(f"CheckpointInfo.{attribute.name} must be one of {FORMATS} (got {value!r})")
+
+
+@attrs.frozen
+class CheckpointInfo:
+    """Where a complete checkpoint lives and what it holds.
+
+    Attributes:
+        path: the checkpoint directory (standard) or file (legacy).
+        step: the global step it was saved at.
+        format: ``"standard"`` or ``"legacy"``.
+        world_size: how many ranks wrote it (their rank-local parts).
+
+    Example:
+        >>> CheckpointInfo("runs/x/model/last", 10, "standard", 2).path.name
+        'last'
+    """
+
+    path: pathlib.Path = attrs.field(converter=pathlib.Path)
+    step: int = attrs.field(validator=_non_negative)
+    format: str = attrs.field(validator=_known_format)
+    world_size: int = attrs.field(validator=_positive)
+
+
+def marker_payload(step: int, fmt: str, world_size: int) -> dict:
+    """The marker's content; also embedded in legacy files."""
+    return {"step": step, "format": fmt, "world_size": world_size, "version": VERSION}
+
+
+def info_from_marker(path: pathlib.Path, payload: object, fmt: str) -> CheckpointInfo:
+    """Validate a marker payload; raise ``ValueError`` saying what is wrong."""
+    if not isinstance(payload, dict):
+        raise ValueError(f"marker must be a JSON object, got {type(payload).__name__}")
+    if payload.get("version") != VERSION or payload.get("format") != fmt:
+        raise ValueError(
+            f"marker must have version={VERSION}, format={fmt!r} "
+            f"(got version={payload.get('version')!r}, format={payload.get('format')!r})"
+        )
+    try:
+        return CheckpointInfo(path, payload.get("step"), fmt, payload.get("world_size"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"marker is invalid: {exc}") from None
+
+
+def check_standard_dir(path: pathlib.Path) -> CheckpointInfo:
+    """Return the info of a complete standard checkpoint directory.
+
+    Raises:
+        ValueError: the marker is missing or invalid, or a file is missing.
+    """
+    marker = path / MARKER
+    try:
+        payload = json.loads(marker.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path} has no {MARKER} marker: it was never finished (or is not a checkpoint)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{marker} is unreadable ({exc})") from None
+    info = info_from_marker(path, payload, "standard")
+    for needed in (path / WEIGHTS, path / TRAINER / ".metadata"):
+        if not needed.is_file():
+            raise ValueError(f"{path} has a marker but lacks {needed.relative_to(path)}: it was damaged after publishing")
+    return info
+
+
+def fsync_dir(path: pathlib.Path) -> None:
+    """Make renames inside ``path`` durable (best effort where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib.Path:
+    """Write a file via a temp name in the same directory, then ``os.replace``.
+
+    Args:
+        path: the final file name.
+        write: called with a binary file object to fill.
+
+    Returns:
+        ``path``; readers see either the old file or the complete new one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f"{STAGING}{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        pathlib.Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def write_marker(directory: pathlib.Path, step: int, world_size: int) -> None:
+    """Write ``COMPLETE`` into ``directory``; call only after every file is written."""
+    text = json.dumps(marker_payload(step, "standard", world_size), sort_keys=True).encode()
+    atomic_write(directory / MARKER, lambda f: f.write(text))
+
+
+def remove(path: pathlib.Path) -> None:
+    """Delete a checkpoint dir or file; the marker goes first.
+
+    Removing the marker first means a crash half-way through leaves a
+    directory that discovery already ignores.
+    """
+    if path.is_dir() and not path.is_symlink():
+        (path / MARKER).unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """Hard-link ``src`` to ``dst``; copy where links are not supported."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)

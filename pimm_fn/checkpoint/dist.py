@@ -1,0 +1,131 @@
+"""Process-group helpers that degrade to no-ops in a single process.
+
+Every function here asks ``torch.distributed`` whether a default process group
+is initialized; when it is not (a plain script, a notebook, a unit test), the
+rank is 0, the world size is 1 and every collective returns at once. This is
+the only module of the checkpoint layer that talks to ``torch.distributed``
+directly, so the rest reads the same in both worlds.
+
+Example:
+    >>> from pimm_fn.checkpoint import dist
+    >>> dist.rank(), dist.world_size(), dist.is_main()
+    (0, 1, True)
+    >>> dist.broadcast_object({"step": 3})
+    {'step': 3}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, TypeVar
+
+import torch.distributed as _td
+
+__all__ = [
+    "all_gather_object",
+    "barrier",
+    "broadcast_object",
+    "gather_object",
+    "is_initialized",
+    "is_main",
+    "rank",
+    "run_on_main",
+    "world_size",
+]
+
+T = TypeVar("T")
+
+
+def is_initialized() -> bool:
+    """Whether a default ``torch.distributed`` process group exists."""
+    return _td.is_available() and _td.is_initialized()
+
+
+def rank() -> int:
+    """This process's rank in the default group (0 without one)."""
+    return _td.get_rank() if is_initialized() else 0
+
+
+def world_size() -> int:
+    """Number of ranks in the default group (1 without one)."""
+    return _td.get_world_size() if is_initialized() else 1
+
+
+def is_main() -> bool:
+    """Whether this process is rank 0, the one that writes shared files."""
+    return rank() == 0
+
+
+def barrier() -> None:
+    """Wait until every rank reaches this point (no-op without a group)."""
+    if is_initialized():
+        _td.barrier()
+
+
+def broadcast_object(obj: T, src: int = 0) -> T:
+    """Return rank ``src``'s ``obj`` on every rank (pickled in memory).
+
+    Args:
+        obj: the value to send; ignored on ranks other than ``src``.
+        src: the sending rank.
+
+    Returns:
+        ``src``'s value, identical on every rank.
+    """
+    if not is_initialized():
+        return obj
+    box = [obj if rank() == src else None]
+    _td.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_object(obj: Any, dst: int = 0) -> list[Any] | None:
+    """Collect every rank's ``obj`` on rank ``dst``, in rank order.
+
+    Returns:
+        The list of all ranks' values on ``dst``; ``None`` on other ranks.
+    """
+    if not is_initialized():
+        return [obj]
+    out = [None] * world_size() if rank() == dst else None
+    _td.gather_object(obj, out, dst=dst)
+    return out
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Collect every rank's ``obj`` on every rank, in rank order."""
+    if not is_initialized():
+        return [obj]
+    out: list[Any] = [None] * world_size()
+    _td.all_gather_object(out, obj)
+    return out
+
+
+def run_on_main(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on rank 0 only and share its outcome with every rank.
+
+    A failure on rank 0 is re-raised there and reported as a ``RuntimeError``
+    on the other ranks, so no rank is left waiting in a later collective.
+    This also acts as a barrier: no rank returns before rank 0 finished.
+
+    Args:
+        fn: a zero-argument callable doing main-rank-only work (file writes).
+
+    Returns:
+        ``fn()``'s result on every rank (it must be picklable in a group).
+    """
+    result: Any = None
+    error: BaseException | None = None
+    if is_main():
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            error = exc
+    outcome = broadcast_object(
+        (error is None, result if error is None else f"{type(error).__name__}: {error}")
+    )
+    if error is not None:
+        raise error
+    ok, payload = outcome
+    if not ok:
+        raise RuntimeError(f"rank 0 failed while this rank waited for it: {payload}")
+    return payload
