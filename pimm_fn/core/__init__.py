@@ -1,0 +1,24 @@
+"""The pure core: values, the fold, the lifecycle and dry runs. Imports no torch."""
+
+from pimm_fn.core import effects, events
+from pimm_fn.core.codec import register
+from pimm_fn.core.fold import Chain, TraceEntry, chain, process
+from pimm_fn.core.frozen import FrozenMap
+from pimm_fn.core.plan import plan
+from pimm_fn.core.schedule import next_event
+from pimm_fn.core.state import Progress, State
+
+__all__ = [
+    "effects",
+    "events",
+    "register",
+    "Chain",
+    "TraceEntry",
+    "chain",
+    "process",
+    "FrozenMap",
+    "plan",
+    "next_event",
+    "Progress",
+    "State",
+]

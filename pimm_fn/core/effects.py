@@ -1,0 +1,113 @@
+"""Requests hooks make, as plain frozen values; the interpreter carries them out.
+
+Every effect has a ``scope``:
+
+* ``COLLECTIVE``: every rank executes it, in the same order (a checkpoint
+  save, an evaluation over a sharded validation set);
+* ``MAIN``: only the main rank executes it (a best-model write, a log line);
+* ``LOCAL``: each rank executes its own (loading warm-start weights).
+
+Effects hold numbers, strings and tuples only, so they compare, hash, pickle
+and digest identically on every rank. A callable is named, never carried.
+"""
+
+import enum
+from typing import ClassVar
+
+import attrs
+
+from pimm_fn.core.events import Event
+from pimm_fn.core.frozen import FrozenMap, freeze
+
+__all__ = [
+    "Scope",
+    "Effect",
+    "SaveCheckpoint",
+    "WriteBest",
+    "Evaluate",
+    "Log",
+    "LoadWeights",
+    "NotifyModel",
+]
+
+
+class Scope(enum.Enum):
+    COLLECTIVE = "collective"
+    MAIN = "main"
+    LOCAL = "local"
+
+    def __repr__(self):
+        return f"Scope.{self.name}"
+
+
+@attrs.frozen
+class Effect:
+    """Base class; a subclass sets ``scope``."""
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+
+
+@attrs.frozen
+class SaveCheckpoint(Effect):
+    """Save the full training state as of ``step``; collective.
+
+    ``snapshot`` also keeps an ``iter_<step>`` copy; ``final`` marks the save
+    after training.
+    """
+
+    scope: ClassVar[Scope] = Scope.COLLECTIVE
+    step: int
+    snapshot: bool = False
+    final: bool = False
+
+
+@attrs.frozen
+class WriteBest(Effect):
+    """Write the current weights as ``model_best`` (``metric`` improved)."""
+
+    scope: ClassVar[Scope] = Scope.MAIN
+    metric: str
+    value: float
+    step: int
+
+
+@attrs.frozen
+class Evaluate(Effect):
+    """Run the evaluator registered as ``evaluator`` on every rank.
+
+    With ``broadcast`` the main rank's result is sent to every rank, so the
+    published metrics are rank-consistent; without it each rank keeps its own.
+    """
+
+    scope: ClassVar[Scope] = Scope.COLLECTIVE
+    evaluator: str
+    step: int
+    broadcast: bool = True
+
+
+@attrs.frozen
+class Log(Effect):
+    """A record for the console and the run's JSON-lines log."""
+
+    scope: ClassVar[Scope] = Scope.MAIN
+    step: int
+    kind: str
+    values: FrozenMap = attrs.field(converter=freeze)
+
+
+@attrs.frozen
+class LoadWeights(Effect):
+    """Warm-start the model from a weights file before training."""
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    path: str
+    replacements: tuple = ()
+    strict: bool = False
+
+
+@attrs.frozen
+class NotifyModel(Effect):
+    """Let a model that implements the hook protocol see ``event``."""
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    event: Event

@@ -1,0 +1,96 @@
+"""What happens during training, as frozen values hooks match on.
+
+The lifecycle, in order: ``ModifyConfig`` once (fresh runs only), then
+``BeforeTrain``, per epoch ``BeforeEpoch``, per step ``BeforeStep`` and
+``AfterStep``, then ``AfterEpoch``, and ``AfterTrain`` once. Follow-up events
+such as ``MetricsPublished`` are delivered when an effect (an evaluation)
+finishes.
+"""
+
+import attrs
+
+from pimm_fn.core.frozen import FrozenMap, freeze
+
+__all__ = [
+    "Event",
+    "ModifyConfig",
+    "BeforeTrain",
+    "BeforeEpoch",
+    "BeforeStep",
+    "AfterStep",
+    "AfterEpoch",
+    "AfterTrain",
+    "MetricsPublished",
+    "LIFECYCLE",
+]
+
+
+@attrs.frozen
+class Event:
+    """Base class of every event."""
+
+
+@attrs.frozen
+class ModifyConfig(Event):
+    """Once, at the start of a fresh run, before anything is written."""
+
+
+@attrs.frozen
+class BeforeTrain(Event):
+    """At the start of every run; ``resumed`` when continuing a checkpoint."""
+
+    resumed: bool = False
+
+
+@attrs.frozen
+class BeforeEpoch(Event):
+    epoch: int
+
+
+@attrs.frozen
+class BeforeStep(Event):
+    """Before global step ``step`` (1-based) trains."""
+
+    step: int
+
+
+@attrs.frozen
+class AfterStep(Event):
+    """After global step ``step`` trained, with its scalar outputs.
+
+    ``outputs`` are rank-local (each rank's own loss); ``batch_size`` counts
+    the samples this step consumed on this rank.
+    """
+
+    step: int
+    outputs: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
+    batch_size: int = 0
+
+
+@attrs.frozen
+class AfterEpoch(Event):
+    epoch: int
+
+
+@attrs.frozen
+class AfterTrain(Event):
+    """Once, when the last epoch has ended."""
+
+
+@attrs.frozen
+class MetricsPublished(Event):
+    """An evaluation finished: ``values`` maps metric names to numbers.
+
+    ``consistent`` is True when every rank holds the same ``values`` (the
+    main rank's result was broadcast); False when each rank kept its own, in
+    which case no collective decision may depend on them.
+    """
+
+    values: FrozenMap = attrs.field(converter=freeze)
+    source: str = ""
+    step: int = 0
+    consistent: bool = True
+
+
+# The events that move training forward, by name; ``State.position`` holds one.
+LIFECYCLE = (ModifyConfig, BeforeTrain, BeforeEpoch, BeforeStep, AfterStep, AfterEpoch, AfterTrain)

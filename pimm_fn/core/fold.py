@@ -1,0 +1,153 @@
+"""Folding hooks over an event, and processing an event's effects in order.
+
+``chain`` composes hooks into one hook whose slot is the tuple of the
+children's slots (as optax's ``chain`` keeps its children's states).
+``process`` is the one deterministic pass the design rests on: fold every
+hook for the event, then hand the collected effects, in (hook position,
+emission order), to an executor, dispatching any follow-up events the
+executor returns depth-first before the next effect.
+"""
+
+from typing import Any, Callable, Protocol
+
+import attrs
+
+from pimm_fn.core.effects import Effect
+from pimm_fn.core.events import Event
+from pimm_fn.core.schedule import advance
+from pimm_fn.core.state import State, replace
+
+__all__ = ["chain", "Chain", "TraceEntry", "Executor", "fold", "process", "init_slots"]
+
+
+def init_slot(hook) -> Any:
+    """A hook's initial slot: ``hook.init()`` when it has one, else ``None``."""
+    init = getattr(hook, "init", None)
+    return init() if callable(init) else None
+
+
+def init_slots(hooks) -> tuple:
+    return tuple(init_slot(h) for h in hooks)
+
+
+def _cares(hook, event_type) -> bool:
+    events = getattr(hook, "events", None)
+    return events is None or any(issubclass(event_type, t) for t in events)
+
+
+def _check_result(hook, result):
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], State)):
+        raise TypeError(
+            f"hook {hook!r} must return (State, tuple_of_effects) (got {type(result).__name__}: {result!r:.200})"
+        )
+    effects = result[1]
+    if not isinstance(effects, tuple) or not all(isinstance(e, Effect) for e in effects):
+        raise TypeError(f"hook {hook!r} must return a tuple of Effect values as effects (got {effects!r:.200})")
+    return result
+
+
+@attrs.frozen
+class Chain:
+    """Hooks run in order as one hook; see ``chain``."""
+
+    hooks: tuple = attrs.field(converter=tuple)
+    _active: dict = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_active")
+
+    def init(self) -> tuple:
+        return init_slots(self.hooks)
+
+    def active(self, event_type) -> tuple:
+        """Indices of the hooks that want ``event_type``, cached per type."""
+        found = self._active.get(event_type)
+        if found is None:
+            found = self._active[event_type] = tuple(
+                i for i, h in enumerate(self.hooks) if _cares(h, event_type)
+            )
+        return found
+
+    def fold(self, state: State, event: Event, slots: tuple) -> tuple[State, tuple, list]:
+        """Fold the hooks over ``event``; returns (state, new slots, [(index, effect)])."""
+        emitted = []
+        new_slots = None
+        for i in self.active(type(event)):
+            hook = self.hooks[i]
+            slot = (new_slots or slots)[i]
+            state, effects = _check_result(hook, hook(replace(state, slot=slot), event))
+            if state.slot is not slot:
+                new_slots = list(new_slots or slots)
+                new_slots[i] = state.slot
+            emitted.extend((i, e) for e in effects)
+        return replace(state, slot=None), tuple(new_slots) if new_slots else slots, emitted
+
+    def __call__(self, state: State, event: Event):
+        outer = state.slot
+        state, slots, emitted = self.fold(state, event, outer if outer is not None else self.init())
+        return replace(state, slot=slots), tuple(e for _, e in emitted)
+
+    def __repr__(self):
+        return f"chain({', '.join(map(repr, self.hooks))})"
+
+
+def chain(*hooks) -> Chain:
+    """Compose hooks into one hook that runs them in order.
+
+    Each child sees the state the previous one returned; effects come out in
+    (child position, emission order).
+
+    >>> from pimm_fn.hooks import save_every
+    >>> chain(save_every(2), save_every(3))
+    chain(save_every(2), save_every(3))
+    """
+    for hook in hooks:
+        if not callable(hook):
+            raise TypeError(f"a hook must be callable as hook(state, event) (got {hook!r})")
+    return Chain(hooks)
+
+
+@attrs.frozen
+class TraceEntry:
+    """One executed effect: at global ``step``, during ``event``, from hook ``hook``."""
+
+    step: int
+    event: Event
+    effect: Effect
+    hook: int = -1
+
+
+class Executor(Protocol):
+    """What ``process`` hands effects to: the interpreter, or a pure planner."""
+
+    def check(self, state: State, event: Event, emitted: list) -> None: ...
+
+    def execute(self, state: State, entry: TraceEntry) -> tuple[Event, ...]: ...
+
+
+def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
+    """Apply the core's bookkeeping for ``event``, then fold ``hooks`` over it."""
+    state = advance(state, event)
+    state, slots, emitted = hooks.fold(state, event, state.slots)
+    if slots is not state.slots:
+        state = replace(state, slots=slots)
+    return state, emitted
+
+
+def process(hooks: Chain, state: State, event: Event, executor: Executor) -> State:
+    """Fold ``event`` through ``hooks`` and execute its effects, follow-ups included.
+
+    Effects run after *all* hooks have seen the event. A follow-up event an
+    effect produces (``MetricsPublished`` after ``Evaluate``) is processed in
+    full before the next effect, so a save after an evaluation records the
+    hooks' reaction to it.
+    """
+    state, emitted = fold(hooks, state, event)
+    # Called on every event, even one this rank emitted nothing for: another
+    # rank may have, and the run-time guard must compare them all.
+    executor.check(state, event, emitted)
+    for index, effect in emitted:
+        followups = executor.execute(state, TraceEntry(state.progress.global_step, event, effect, index))
+        for follow in followups:
+            state = process(hooks, state, follow, executor)
+    return state
+
+
+Hook = Callable[[State, Event], tuple[State, tuple[Effect, ...]]]

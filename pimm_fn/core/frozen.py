@@ -1,0 +1,83 @@
+"""An immutable, hashable mapping for metrics, best values and step outputs.
+
+A plain ``dict`` inside a frozen value could still be mutated in place and
+shared between hooks; ``FrozenMap`` cannot, so a ``State`` really is a value.
+"""
+
+from collections.abc import Mapping
+
+__all__ = ["FrozenMap"]
+
+
+class FrozenMap(Mapping):
+    """A read-only mapping that compares, hashes and pickles by value.
+
+    >>> m = FrozenMap({"mIoU": 0.5})
+    >>> m.set("loss", 1.0)
+    FrozenMap({'mIoU': 0.5, 'loss': 1.0})
+    >>> m["mIoU"], len(m), m == {"mIoU": 0.5}
+    (0.5, 1, True)
+    """
+
+    __slots__ = ("_data", "_hash")
+
+    def __init__(self, items=()):
+        object.__setattr__(self, "_data", dict(items))
+        object.__setattr__(self, "_hash", None)
+
+    def __getitem__(self, key):
+        return self._data[key]
+
+    def __iter__(self):
+        return iter(self._data)
+
+    def __len__(self):
+        return len(self._data)
+
+    def __contains__(self, key):
+        return key in self._data
+
+    def get(self, key, default=None):
+        return self._data.get(key, default)
+
+    def __eq__(self, other):
+        if isinstance(other, FrozenMap):
+            return self._data == other._data
+        if isinstance(other, Mapping):
+            return self._data == dict(other)
+        return NotImplemented
+
+    def __hash__(self):
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash(frozenset(self._data.items())))
+        return self._hash
+
+    def __setattr__(self, name, value):
+        raise AttributeError("FrozenMap is immutable: use .set() or .merge() for a new one")
+
+    def __repr__(self):
+        return f"FrozenMap({self._data!r})"
+
+    def __reduce__(self):
+        return (FrozenMap, (self._data,))
+
+    def set(self, key, value) -> "FrozenMap":
+        """A new map with ``key`` bound to ``value``."""
+        data = dict(self._data)
+        data[key] = value
+        return FrozenMap(data)
+
+    def merge(self, other: Mapping) -> "FrozenMap":
+        """A new map with ``other``'s entries over this one's."""
+        if not other:
+            return self
+        data = dict(self._data)
+        data.update(other)
+        return FrozenMap(data)
+
+
+def freeze(mapping) -> FrozenMap:
+    """``mapping`` as a ``FrozenMap`` (``None`` gives an empty one)."""
+    if isinstance(mapping, FrozenMap):
+        return mapping
+    return FrozenMap(mapping or ())

@@ -1,0 +1,118 @@
+"""The lifecycle as a pure function of the state: which event comes next.
+
+The real driver, ``plan()`` and the simulator all walk training with
+``next_event`` and ``advance``, so they cannot disagree about the order of
+events, and a run restored from any checkpoint continues exactly where the
+saved ``State.position`` says it stopped.
+"""
+
+from pimm_fn.core import events as ev
+from pimm_fn.core.state import Progress, State, replace
+
+__all__ = ["next_event", "advance", "resume_from", "state_at_step"]
+
+
+def next_event(state: State) -> ev.Event | None:
+    """The next lifecycle event, or ``None`` once training has finished.
+
+    ``AfterStep`` is returned without outputs: the driver fills them in.
+
+    >>> s = State(Progress(iters_per_epoch=2, max_epochs=1))
+    >>> next_event(s)
+    ModifyConfig()
+    """
+    p = state.progress
+    match state.position:
+        case None:
+            return ev.ModifyConfig()
+        case "ModifyConfig":
+            return ev.BeforeTrain()
+        case "BeforeTrain":
+            return ev.BeforeEpoch(p.epoch) if p.epoch < p.max_epochs else ev.AfterTrain()
+        case "BeforeEpoch":
+            return ev.BeforeStep(p.global_step + 1)
+        case "BeforeStep":
+            return ev.AfterStep(p.global_step + 1)
+        case "AfterStep":
+            return ev.AfterEpoch(p.epoch) if p.at_epoch_end else ev.BeforeStep(p.global_step + 1)
+        case "AfterEpoch":
+            return ev.BeforeEpoch(p.epoch + 1) if p.epoch + 1 < p.max_epochs else ev.AfterTrain()
+        case "AfterTrain":
+            return None
+    raise ValueError(f"State.position {state.position!r} is not a lifecycle event name")
+
+
+def advance(state: State, event: ev.Event) -> State:
+    """The core's own bookkeeping for ``event``, applied before the hooks see it."""
+    match event:
+        case ev.AfterStep(step=step, batch_size=batch_size):
+            p = state.progress
+            if step != p.global_step + 1:
+                raise ValueError(f"AfterStep(step={step}) out of order: global_step is {p.global_step}")
+            progress = replace(
+                p,
+                global_step=step,
+                iter_in_epoch=p.iter_in_epoch + 1,
+                samples_seen=p.samples_seen + batch_size,
+            )
+            return replace(state, progress=progress, position="AfterStep")
+        case ev.BeforeStep():
+            return replace(state, position="BeforeStep")
+        case ev.MetricsPublished(values=values):
+            return replace(state, metrics=state.metrics.merge(values))
+        case ev.BeforeEpoch(epoch=epoch):
+            progress = replace(state.progress, epoch=epoch, iter_in_epoch=0)
+            return replace(state, progress=progress, position="BeforeEpoch")
+        case ev.BeforeTrain(resumed=True):
+            return state
+    name = type(event).__name__
+    if isinstance(event, ev.LIFECYCLE):
+        return replace(state, position=name)
+    return state
+
+
+def resume_from(state: State, *, max_epochs: int | None = None) -> State:
+    """``state`` as a resumed run starts from it, optionally with more epochs.
+
+    A finished run given a larger ``max_epochs`` continues with the next epoch.
+
+    Raises:
+        ValueError: when ``max_epochs`` is below the epochs already trained.
+    """
+    p = state.progress
+    if max_epochs is None or max_epochs == p.max_epochs:
+        return state
+    done = p.epoch + (1 if p.at_epoch_end else 0)
+    if max_epochs < done:
+        raise ValueError(
+            f"max_epochs={max_epochs} is below the {done} epoch(s) this checkpoint already trained: "
+            f"pass max_epochs >= {done}"
+        )
+    position = "AfterEpoch" if state.finished else state.position
+    return replace(state, progress=replace(p, max_epochs=max_epochs), position=position)
+
+
+def state_at_step(state: State, step: int) -> State:
+    """``state`` moved to the point a checkpoint of global step ``step`` records.
+
+    That point is after ``AfterStep(step)``, or after ``AfterEpoch`` when
+    ``step`` ends an epoch (saves there are deferred past the epoch's hooks).
+    Used to start a dry run or simulation from the middle of training.
+    """
+    p = state.progress
+    if not 0 <= step <= p.max_steps:
+        raise ValueError(f"start step must be in [0, {p.max_steps}] (got {step})")
+    if step == 0:
+        return state
+    epoch, iter_in_epoch = divmod(step, p.iters_per_epoch)
+    position = "AfterStep"
+    if iter_in_epoch == 0:
+        epoch, iter_in_epoch, position = epoch - 1, p.iters_per_epoch, "AfterEpoch"
+    progress = Progress(
+        iters_per_epoch=p.iters_per_epoch,
+        max_epochs=p.max_epochs,
+        epoch=epoch,
+        iter_in_epoch=iter_in_epoch,
+        global_step=step,
+    )
+    return replace(state, progress=progress, position=position)

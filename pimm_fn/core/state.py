@@ -1,0 +1,114 @@
+"""The training state every hook sees: progress, metrics, best values, slots.
+
+``State`` is a frozen value. Its parts are either *rank-consistent* (identical
+on every rank: ``progress``, ``position``, ``config``, ``world_size`` and the
+``best`` values of broadcast metrics) or *rank-local* (``rank``, metrics that
+only one rank computed, per-rank step outputs a hook accumulates in its slot).
+A collective decision may only read rank-consistent parts.
+"""
+
+from typing import Any
+
+import attrs
+
+from pimm_fn.core.frozen import FrozenMap, freeze
+
+__all__ = ["Progress", "State"]
+
+
+def _non_negative(instance, attribute, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"'{attribute.name}' must be an int >= 0 (got {value!r})")
+
+
+def _positive(instance, attribute, value):
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"'{attribute.name}' must be an int >= 1 (got {value!r})")
+
+
+@attrs.frozen
+class Progress:
+    """Where training stands; identical on every rank.
+
+    ``global_step`` counts completed optimizer steps (the first step is 1),
+    ``iter_in_epoch`` the steps completed in the current ``epoch`` (0-based).
+
+    >>> Progress(iters_per_epoch=10, max_epochs=3).max_steps
+    30
+    """
+
+    iters_per_epoch: int = attrs.field(validator=_positive)
+    max_epochs: int = attrs.field(validator=_non_negative)
+    epoch: int = attrs.field(default=0, validator=_non_negative)
+    iter_in_epoch: int = attrs.field(default=0, validator=_non_negative)
+    global_step: int = attrs.field(default=0, validator=_non_negative)
+    samples_seen: int = attrs.field(default=0, validator=_non_negative)
+
+    @property
+    def max_steps(self) -> int:
+        return self.iters_per_epoch * self.max_epochs
+
+    @property
+    def at_epoch_end(self) -> bool:
+        """True once the last step of the current epoch has run."""
+        return self.iter_in_epoch == self.iters_per_epoch
+
+
+@attrs.frozen
+class State:
+    """Everything the hooks know, threaded through the fold as a value.
+
+    Attributes:
+        progress: the rank-consistent position in training.
+        rank, world_size: this process's place in the job.
+        metrics: the latest published value of each metric.
+        best: the best value of each metric tracked by ``best_on``.
+        config: run configuration; hooks may change it at ``ModifyConfig``.
+        slots: one private value per hook, in hook-list order.
+        slot: while a hook runs, its own slot (``slots[i]``); ``None`` outside.
+        position: the name of the last lifecycle event dispatched, which is
+            where a resumed run continues from.
+    """
+
+    progress: Progress
+    rank: int = 0
+    world_size: int = 1
+    metrics: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
+    best: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
+    config: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
+    slots: tuple = ()
+    slot: Any = None
+    position: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.position == "AfterTrain"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def with_slot(self, slot) -> "State":
+        """This state with the running hook's slot replaced (the hooks' hot path)."""
+        return replace(self, slot=slot)
+
+
+def replace(value, **changes):
+    """``attrs.evolve`` without re-running validators, for the fold's hot path.
+
+    Only the core uses it, and only with values the core itself computed.
+    """
+    new = object.__new__(type(value))
+    for name in _field_names(type(value)):
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(value, name))
+    return new
+
+
+_FIELDS: dict = {}
+
+
+def _field_names(cls):
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in attrs.fields(cls))
+    return names

@@ -1,0 +1,18 @@
+"""Built-in hooks: pure, frozen, validated at construction."""
+
+from pimm_fn.hooks.checkpointing import BestState, SaveEveryState, best_on, load_weights, save_every
+from pimm_fn.hooks.evaluation import evaluate_every
+from pimm_fn.hooks.logs import LogState, log_every
+from pimm_fn.hooks.model import model_hook
+
+__all__ = [
+    "save_every",
+    "SaveEveryState",
+    "best_on",
+    "BestState",
+    "load_weights",
+    "evaluate_every",
+    "log_every",
+    "LogState",
+    "model_hook",
+]

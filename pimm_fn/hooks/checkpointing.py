@@ -1,0 +1,225 @@
+"""Hooks that decide when to save: a step cadence, and the best model so far.
+
+Both are pure: they emit ``SaveCheckpoint`` / ``WriteBest`` requests and keep
+their counters in their slot. ``save_every`` decides from the global step
+alone, which is identical on every rank, so every rank requests the same
+collective saves.
+"""
+
+import difflib
+import math
+from typing import ClassVar
+
+import attrs
+
+from pimm_fn.core import events as ev
+from pimm_fn.core.codec import register
+from pimm_fn.core.effects import LoadWeights, SaveCheckpoint, WriteBest
+from pimm_fn.hooks._validate import int_at_least, non_empty_str, one_of
+
+__all__ = ["save_every", "SaveEveryState", "best_on", "BestState", "load_weights"]
+
+
+@register
+@attrs.frozen
+class SaveEveryState:
+    """``last_saved``: the step of the last save requested; ``deferred``: a save
+    waiting for the end of the epoch's hooks."""
+
+    last_saved: int = -1
+    deferred: int | None = None
+
+
+@attrs.frozen(repr=False)
+class _SaveEvery:
+    factory_name: ClassVar[str] = "save_every"
+    events: ClassVar[tuple] = (ev.AfterStep, ev.AfterEpoch, ev.AfterTrain)
+    n: int = attrs.field(validator=int_at_least(1))
+    snapshots: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+    def init(self) -> SaveEveryState:
+        return SaveEveryState()
+
+    def _save(self, state, step, *, final=False):
+        slot = SaveEveryState(last_saved=step)
+        return state.with_slot(slot), (SaveCheckpoint(step, snapshot=self.snapshots, final=final),)
+
+    def __call__(self, state, event):
+        match event:
+            case ev.AfterStep(step=step) if step % self.n == 0:
+                if state.progress.at_epoch_end:
+                    return state.with_slot(attrs.evolve(state.slot, deferred=step)), ()
+                return self._save(state, step)
+            case ev.AfterEpoch() if state.slot.deferred is not None:
+                return self._save(state, state.slot.deferred)
+            case ev.AfterTrain():
+                step = state.progress.global_step
+                if step > 0 and state.slot.last_saved != step:
+                    return self._save(state, step, final=True)
+        return state, ()
+
+    def __repr__(self):
+        return f"save_every({self.n}{', snapshots=True' if self.snapshots else ''})"
+
+
+def save_every(n: int, *, snapshots: bool = False):
+    """Save a checkpoint every ``n`` global steps, and once after training.
+
+    The cadence is ``global_step % n == 0``, so it continues from resumed
+    progress. A save falling on the last step of an epoch is deferred to
+    ``AfterEpoch``, after the epoch's evaluation, so the checkpoint records
+    it. The final save is skipped when the last save already holds the final
+    step. Put evaluators *before* savers in the hook list: a save executes
+    after the effects of earlier hooks for the same event.
+
+    Args:
+        n: steps between saves (>= 1).
+        snapshots: also keep an ``iter_<step>`` copy of every save.
+
+    Emits:
+        ``SaveCheckpoint(step, snapshot, final)`` (collective).
+
+    State:
+        ``SaveEveryState(last_saved, deferred)``.
+
+    >>> save_every(1000)
+    save_every(1000)
+    >>> save_every(0)
+    Traceback (most recent call last):
+    ValueError: save_every: 'n' must be an int >= 1 (got 0)
+    """
+    return _SaveEvery(n, snapshots)
+
+
+@register
+@attrs.frozen
+class BestState:
+    """The best value seen so far (``None`` before any) and its step."""
+
+    value: float | None = None
+    step: int = -1
+
+
+def _improves(value, best, mode) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+        return False  # NaN never improves
+    if best is None:
+        return True
+    return value > best if mode == "max" else value < best
+
+
+@attrs.frozen(repr=False)
+class _BestOn:
+    factory_name: ClassVar[str] = "best_on"
+    events: ClassVar[tuple] = (ev.MetricsPublished,)
+    metric: str = attrs.field(validator=non_empty_str)
+    mode: str = attrs.field(default="max", validator=one_of("max", "min"))
+
+    def init(self) -> BestState:
+        return BestState()
+
+    def __call__(self, state, event):
+        values = event.values
+        if self.metric not in values:
+            self._check_spelling(values)
+            return state, ()
+        value = values[self.metric]
+        if not _improves(value, state.slot.value, self.mode):
+            return state, ()
+        step = state.progress.global_step
+        state = attrs.evolve(state, best=state.best.set(self.metric, value), slot=BestState(value, step))
+        return state, (WriteBest(self.metric, value, step),)
+
+    def _check_spelling(self, values):
+        """A near-miss name is a typo that would otherwise never save a best model."""
+        lowered = {name.lower(): name for name in values}
+        guess = lowered.get(self.metric.lower()) or next(
+            iter(difflib.get_close_matches(self.metric, list(values), n=1, cutoff=0.8)), None
+        )
+        if guess is not None:
+            raise ValueError(
+                f"best_on({self.metric!r}) got metrics {sorted(values)}: did you mean {guess!r}?"
+            )
+
+    def __repr__(self):
+        mode = "" if self.mode == "max" else f", mode={self.mode!r}"
+        return f"best_on({self.metric!r}{mode})"
+
+
+def best_on(metric: str, *, mode: str = "max"):
+    """Track the best value of ``metric`` and write ``model_best`` when it improves.
+
+    Reacts to each ``MetricsPublished`` once: improvement is strict, NaN never
+    improves, and a later step never reuses an old value. The new best is in
+    ``state.best`` before any later effect of the same event runs, so a
+    checkpoint saved at an evaluation step records it. The decision feeds only
+    ``WriteBest``, a main-rank effect, never a collective one.
+
+    Args:
+        metric: the published metric name.
+        mode: ``"max"`` or ``"min"``.
+
+    Emits:
+        ``WriteBest(metric, value, step)`` (main rank) on strict improvement.
+
+    Raises:
+        ValueError: when published metrics hold a near-miss of ``metric``.
+
+    >>> best_on("mIoU"), best_on("loss", mode="min")
+    (best_on('mIoU'), best_on('loss', mode='min'))
+    """
+    return _BestOn(metric, mode)
+
+
+def _replacement_pairs(replacements) -> tuple:
+    if replacements is None:
+        return ()
+    if not isinstance(replacements, dict):
+        raise TypeError(
+            f"load_weights: 'replacements' must be a dict of {{old_prefix: new_prefix}} "
+            f"(got {type(replacements).__name__}: {replacements!r:.80})"
+        )
+    for old, new in replacements.items():
+        if not isinstance(old, str) or not isinstance(new, str):
+            raise TypeError(f"load_weights: replacement {old!r}: {new!r} must map str to str")
+    return tuple(replacements.items())
+
+
+@attrs.frozen(repr=False)
+class _LoadWeights:
+    factory_name: ClassVar[str] = "load_weights"
+    events: ClassVar[tuple] = (ev.BeforeTrain,)
+    path: str = attrs.field(validator=non_empty_str)
+    replacements: tuple = ()
+    strict: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+    def __call__(self, state, event):
+        if event.resumed:
+            return state, ()  # a resume restores the weights it saved
+        return state, (LoadWeights(self.path, self.replacements, self.strict),)
+
+    def __repr__(self):
+        extra = f", replacements={dict(self.replacements)!r}" if self.replacements else ""
+        extra += ", strict=True" if self.strict else ""
+        return f"load_weights({self.path!r}{extra})"
+
+
+def load_weights(path, *, replacements: dict | None = None, strict: bool = False):
+    """Warm-start the model from a weights file before a fresh run trains.
+
+    Keys are rewritten by ``replacements`` (prefix rules, longest match wins;
+    ``module.`` prefixes are handled). The report counts loaded, missing and
+    unexpected keys; a rule that matched nothing is an error.
+
+    Emits:
+        ``LoadWeights(path, replacements, strict)`` at ``BeforeTrain`` of a
+        fresh run (each rank loads its own replica).
+
+    >>> load_weights("pretrained.pth", replacements={"backbone.": "encoder."})
+    load_weights('pretrained.pth', replacements={'backbone.': 'encoder.'})
+    >>> load_weights("w.pth", replacements=[("a", "b")])
+    Traceback (most recent call last):
+    TypeError: load_weights: 'replacements' must be a dict of {old_prefix: new_prefix} (got list: [('a', 'b')])
+    """
+    fspath = getattr(path, "__fspath__", None)
+    return _LoadWeights(fspath() if fspath else path, _replacement_pairs(replacements), strict)

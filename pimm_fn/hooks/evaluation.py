@@ -1,0 +1,73 @@
+"""A hook that requests evaluations on a step or epoch cadence."""
+
+from typing import Any, ClassVar
+
+import attrs
+
+from pimm_fn.core import events as ev
+from pimm_fn.core.effects import Evaluate
+from pimm_fn.hooks._validate import int_at_least, is_callable, non_empty_str
+
+__all__ = ["evaluate_every", "evaluator_name"]
+
+
+def evaluator_name(fn) -> str:
+    """A stable name for an evaluator callable (function or callable object)."""
+    return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+@attrs.frozen(repr=False)
+class _EvaluateEvery:
+    factory_name: ClassVar[str] = "evaluate_every"
+    events: ClassVar[tuple] = (ev.AfterStep, ev.AfterEpoch)
+    n: int = attrs.field(validator=int_at_least(0))
+    fn: Any = attrs.field(validator=is_callable)
+    name: str = attrs.field(validator=non_empty_str)
+    broadcast: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+
+    def evaluators(self) -> dict:
+        """The callables the interpreter may run for this hook's ``Evaluate``."""
+        return {self.name: self.fn}
+
+    def __call__(self, state, event):
+        match event:
+            case ev.AfterStep(step=step) if self.n and step % self.n == 0:
+                return state, (Evaluate(self.name, step, self.broadcast),)
+            case ev.AfterEpoch() if not self.n:
+                return state, (Evaluate(self.name, state.progress.global_step, self.broadcast),)
+        return state, ()
+
+    def __repr__(self):
+        extra = "" if self.broadcast else ", broadcast=False"
+        return f"evaluate_every({self.n}, {self.name}{extra})"
+
+
+def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = True):
+    """Evaluate the model every ``n`` global steps (``n=0``: at each epoch's end).
+
+    The interpreter calls ``fn(model)`` on every rank (evaluation is
+    collective, so ``fn`` may shard the validation set and all-reduce). It
+    returns a mapping of metric names to numbers, a bare number (published
+    as ``name``), or ``None`` on a rank that computed nothing. The results
+    reach the hooks as ``MetricsPublished``. With ``broadcast`` (default) the
+    main rank's result is sent to every rank; with ``broadcast=False`` each
+    rank keeps its own and nothing collective may depend on it.
+
+    Put evaluators before savers in the hook list, so a save at an
+    evaluation step runs after the evaluation and records its result.
+
+    Args:
+        n: steps between evaluations (>= 1), or 0 for once per epoch.
+        fn: ``fn(model) -> Mapping[str, float] | float | None``; a module-level
+            function or a picklable callable object.
+        name: the evaluator's name in effects and logs (default: ``fn``'s name).
+        broadcast: publish the main rank's result on every rank.
+
+    Emits:
+        ``Evaluate(name, step, broadcast)`` (collective).
+
+    >>> def accuracy(model): return {"acc": 1.0}
+    >>> evaluate_every(200, accuracy)
+    evaluate_every(200, accuracy)
+    """
+    return _EvaluateEvery(n, fn, name if name is not None else evaluator_name(fn), broadcast)

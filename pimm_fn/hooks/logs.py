@@ -1,0 +1,76 @@
+"""A hook that reports the train step's scalar outputs and epoch averages."""
+
+from typing import ClassVar
+
+import attrs
+
+from pimm_fn.core import events as ev
+from pimm_fn.core.codec import register
+from pimm_fn.core.effects import Log
+from pimm_fn.core.frozen import FrozenMap
+from pimm_fn.hooks._validate import int_at_least
+
+__all__ = ["log_every", "LogState"]
+
+
+@register
+@attrs.frozen
+class LogState:
+    """Running sums of this epoch's step outputs; rank-local (each rank's losses)."""
+
+    sums: FrozenMap = FrozenMap()
+    count: int = 0
+
+
+def _accumulate(slot: LogState, outputs) -> LogState:
+    sums = {k: slot.sums.get(k, 0.0) + v for k, v in outputs.items()}
+    return LogState(slot.sums.merge(sums), slot.count + 1)
+
+
+@attrs.frozen(repr=False)
+class _LogEvery:
+    factory_name: ClassVar[str] = "log_every"
+    events: ClassVar[tuple] = (ev.AfterStep, ev.AfterEpoch, ev.MetricsPublished)
+    n: int = attrs.field(validator=int_at_least(1))
+
+    def init(self) -> LogState:
+        return LogState()
+
+    def __call__(self, state, event):
+        p = state.progress
+        match event:
+            case ev.AfterStep(step=step, outputs=outputs):
+                state = state.with_slot(_accumulate(state.slot, outputs))
+                if step % self.n == 0:
+                    where = {"epoch": p.epoch, "iter": p.iter_in_epoch, "of": p.iters_per_epoch}
+                    return state, (Log(step, "train", FrozenMap({**where, **outputs})),)
+                return state, ()
+            case ev.AfterEpoch(epoch=epoch):
+                slot = state.slot
+                means = {k: v / slot.count for k, v in slot.sums.items()} if slot.count else {}
+                return state.with_slot(LogState()), (Log(p.global_step, "epoch", FrozenMap({"epoch": epoch, **means})),)
+            case ev.MetricsPublished(values=values, source=source) if values:
+                return state, (Log(p.global_step, f"eval/{source}" if source else "eval", values),)
+        return state, ()
+
+    def __repr__(self):
+        return f"log_every({self.n})"
+
+
+def log_every(n: int):
+    """Log the train step's outputs every ``n`` steps, epoch averages, and evaluations.
+
+    Records go to the console and ``save_dir/log.jsonl`` from the main rank.
+
+    Emits:
+        ``Log(step, "train", outputs)`` every ``n`` steps; ``Log(step, "epoch",
+        means)`` at each epoch's end; ``Log(step, "eval/<source>", values)``
+        for each published evaluation.
+
+    State:
+        ``LogState(sums, count)``: this epoch's running sums (rank-local).
+
+    >>> log_every(50)
+    log_every(50)
+    """
+    return _LogEvery(n)
