@@ -114,7 +114,10 @@ def check_standard_dir(path: pathlib.Path) -> CheckpointInfo:
         raise ValueError(f"{path} has no {MARKER} marker: it was never finished (or is not a checkpoint)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{marker} is unreadable ({exc})") from None
-    info = info_from_marker(path, payload, "standard")
+    try:
+        info = info_from_marker(path, payload, "standard")
+    except ValueError as exc:
+        raise ValueError(f"{marker}: {exc}") from None
     for needed in (path / WEIGHTS, path / TRAINER / ".metadata"):
         if not needed.is_file():
             raise ValueError(f"{path} has a marker but lacks {needed.relative_to(path)}: it was damaged after publishing")

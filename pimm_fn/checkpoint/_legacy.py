@@ -48,7 +48,10 @@ def read_info(path: pathlib.Path) -> L.CheckpointInfo:
     content = _load(path, mmap=True)
     if not isinstance(content, dict) or "marker" not in content:
         raise ValueError(f"{path} is a torch file without a pimm_fn legacy 'marker' entry; not a legacy checkpoint")
-    return L.info_from_marker(path, content["marker"], "legacy")
+    try:
+        return L.info_from_marker(path, content["marker"], "legacy")
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def read(path: pathlib.Path, rank: int) -> tuple[dict, dict, dict | None]:

@@ -39,12 +39,16 @@ def write_trainer(directory: pathlib.Path, trainer: dict, local: dict) -> None:
     """Collectively write ``trainer`` (replicated) and this rank's ``local``.
 
     Raises:
-        ValueError: on every rank, when the replicated part differs in
-            structure or plain values between ranks.
+        TypeError / ValueError: on every rank, when some rank's state cannot
+            be packed, or the replicated part differs between ranks.
     """
-    replicated = _flatten("trainer", trainer)
-    _check_replicated(replicated)
-    state = {**replicated, **_flatten(f"local/rank{dist.rank()}", local)}
+    try:
+        replicated = _flatten("trainer", trainer)
+        state = {**replicated, **_flatten(f"local/rank{dist.rank()}", local)}
+        problem = None
+    except (TypeError, ValueError) as exc:
+        replicated, state, problem = {}, {}, exc
+    _agree(replicated, problem)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
         dcp.save(state, storage_writer=dcp.FileSystemWriter(directory / L.TRAINER))
@@ -90,17 +94,27 @@ def _unflatten(prefix: str, state: dict[str, torch.Tensor]) -> Any:
     return unpack(tensor_to_skeleton(state[f"{prefix}/{_SKELETON}"]), tensors)
 
 
-def _check_replicated(state: dict[str, torch.Tensor]) -> None:
-    # Replicated keys are written by one rank only (DCP de-duplicates them),
-    # so ranks that disagree would silently lose data: refuse instead.
+def _agree(replicated: dict[str, torch.Tensor], problem: Exception | None) -> None:
+    # One all-gather before DCP's collectives: a rank that cannot pack its
+    # state must not leave the others waiting inside dcp.save. Replicated
+    # keys are written by one rank only (DCP de-duplicates them), so ranks
+    # that disagree on them would silently lose data: refuse instead.
     if not dist.is_initialized():
+        if problem is not None:
+            raise problem
         return
     digest = hashlib.sha256()
-    for key, tensor in state.items():
+    for key, tensor in replicated.items():
         digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-    digest.update(tensor_to_skeleton(state[f"trainer/{_SKELETON}"]).encode())
-    digests = dist.all_gather_object(digest.hexdigest())
-    differ = [r for r, d in enumerate(digests) if d != digests[0]]
+    if replicated:
+        digest.update(tensor_to_skeleton(replicated[f"trainer/{_SKELETON}"]).encode())
+    reports = dist.all_gather_object((digest.hexdigest(), None if problem is None else f"{type(problem).__name__}: {problem}"))
+    if problem is not None:
+        raise problem
+    failed = [(r, msg) for r, (_, msg) in enumerate(reports) if msg is not None]
+    if failed:
+        raise ValueError(f"save_checkpoint: rank {failed[0][0]} could not pack its state: {failed[0][1]}")
+    differ = [r for r, (d, _) in enumerate(reports) if d != reports[0][0]]
     if differ:
         raise ValueError(
             f"save_checkpoint: 'trainer' must be identical on every rank, but ranks {differ} differ from rank 0 "
