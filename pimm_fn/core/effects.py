@@ -16,7 +16,6 @@ from typing import ClassVar
 
 import attrs
 
-from pimm_fn.core.events import Event
 from pimm_fn.core.frozen import FrozenMap, freeze
 
 __all__ = [
@@ -27,7 +26,6 @@ __all__ = [
     "Evaluate",
     "Log",
     "LoadWeights",
-    "NotifyModel",
 ]
 
 
@@ -103,11 +101,3 @@ class LoadWeights(Effect):
     path: str
     replacements: tuple = ()
     strict: bool = False
-
-
-@attrs.frozen
-class NotifyModel(Effect):
-    """Let a model that implements the hook protocol see ``event``."""
-
-    scope: ClassVar[Scope] = Scope.LOCAL
-    event: Event

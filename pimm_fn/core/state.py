@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from pimm_fn.core.codec import register
 from pimm_fn.core.frozen import FrozenMap, freeze
 
 __all__ = ["Progress", "State"]
@@ -26,6 +27,7 @@ def _positive(instance, attribute, value):
         raise ValueError(f"'{attribute.name}' must be an int >= 1 (got {value!r})")
 
 
+@register
 @attrs.frozen
 class Progress:
     """Where training stands; identical on every rank.
@@ -54,6 +56,7 @@ class Progress:
         return self.iter_in_epoch == self.iters_per_epoch
 
 
+@register
 @attrs.frozen
 class State:
     """Everything the hooks know, threaded through the fold as a value.

@@ -1,35 +1,49 @@
 """A hook that lets the model itself take part in the loop."""
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import attrs
-
-from pimm_fn.core.effects import NotifyModel
 
 __all__ = ["model_hook"]
 
 
 @attrs.frozen(repr=False)
 class _ModelHook:
+    """Unbound: emits nothing. ``loop`` binds it to the run's model."""
+
     factory_name: ClassVar[str] = "model_hook"
 
     def __call__(self, state, event):
-        return state, (NotifyModel(event),)
+        return state, ()
+
+    def bind(self, model) -> "_BoundModelHook":
+        return _BoundModelHook(model)
+
+    def __repr__(self):
+        return "model_hook()"
+
+
+@attrs.frozen(repr=False, eq=False)
+class _BoundModelHook:
+    model: Any
+
+    def __call__(self, state, event):
+        on_event = getattr(self.model, "on_event", None)
+        result = on_event(state, event) if callable(on_event) else None
+        return (state, ()) if result is None else result
 
     def __repr__(self):
         return "model_hook()"
 
 
 def model_hook():
-    """Deliver every event to the model's ``on_event(state, event)`` method.
+    """Let a model that implements the hook protocol take part in the loop.
 
-    The model (unwrapped from DDP) may define ``on_event``; what it returns,
-    ``None`` or a tuple of effects, is executed right after. A model without
-    ``on_event`` is left alone. The call is a rank-local effect, so the
-    model's own code stays at the impure edge, where it belongs.
-
-    Emits:
-        ``NotifyModel(event)`` (local) for every event.
+    ``loop`` binds this hook to its model (unwrapped from DDP): at every event
+    it calls ``model.on_event(state, event)``, which returns ``None`` (nothing
+    to do) or ``(state, effects)`` like any hook, the model's slot being
+    ``state.slot``. A model without ``on_event`` is left alone. In ``plan``
+    and the simulator, where there is no model, it emits nothing.
 
     >>> model_hook()
     model_hook()

@@ -1,0 +1,82 @@
+"""pimm_fn: a functional, compositional training loop for PyTorch.
+
+Hooks are pure functions ``(state, event) -> (state, effects)``; the loop
+runs them in order and executes their effects in one deterministic pass, so
+what every rank will do is a value you can plan, simulate and test.
+
+    >>> import pimm_fn as pf
+    >>> [e.step for e in pf.plan([pf.save_every(4)], iters_per_epoch=10, max_epochs=3)]
+    [4, 8, 12, 16, 20, 24, 28, 30]
+
+``import pimm_fn``, ``plan``, the hooks, events and effects need no torch;
+``loop`` and the runtime import it on first use.
+"""
+
+import importlib
+
+from pimm_fn.core import effects, events
+from pimm_fn.core.codec import register
+from pimm_fn.core.effects import Scope
+from pimm_fn.core.fold import Chain, TraceEntry, chain
+from pimm_fn.core.frozen import FrozenMap
+from pimm_fn.core.plan import plan
+from pimm_fn.core.state import Progress, State
+from pimm_fn.hooks import (
+    BestState,
+    LogState,
+    SaveEveryState,
+    best_on,
+    evaluate_every,
+    load_weights,
+    log_every,
+    model_hook,
+    save_every,
+)
+
+_RUNTIME = {
+    "loop": "pimm_fn.runtime.loop",
+    "Loop": "pimm_fn.runtime.loop",
+    "train_step": "pimm_fn.runtime.step",
+    "CollectiveDivergenceError": "pimm_fn.runtime.guard",
+    "ResumeError": "pimm_fn.runtime.resume",
+    "ResumeNotExactWarning": "pimm_fn.runtime.feed",
+    "MissingHandlerError": "pimm_fn.runtime.interpreter",
+}
+
+__all__ = [
+    "effects",
+    "events",
+    "register",
+    "Scope",
+    "Chain",
+    "TraceEntry",
+    "chain",
+    "FrozenMap",
+    "plan",
+    "Progress",
+    "State",
+    "save_every",
+    "SaveEveryState",
+    "best_on",
+    "BestState",
+    "evaluate_every",
+    "load_weights",
+    "log_every",
+    "LogState",
+    "model_hook",
+    *_RUNTIME,
+]
+
+
+def __getattr__(name):
+    """Import the torch-dependent runtime only when one of its names is used."""
+    module = _RUNTIME.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pimm_fn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(__all__)

@@ -1,0 +1,19 @@
+"""The impure edge: the driver, the interpreter and its handlers."""
+
+from pimm_fn.runtime.feed import ResumeNotExactWarning
+from pimm_fn.runtime.guard import CollectiveDivergenceError
+from pimm_fn.runtime.interpreter import Interpreter, MissingHandlerError
+from pimm_fn.runtime.loop import Loop, loop
+from pimm_fn.runtime.resume import ResumeError
+from pimm_fn.runtime.step import train_step
+
+__all__ = [
+    "Loop",
+    "loop",
+    "train_step",
+    "Interpreter",
+    "MissingHandlerError",
+    "CollectiveDivergenceError",
+    "ResumeError",
+    "ResumeNotExactWarning",
+]

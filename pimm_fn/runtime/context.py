@@ -1,0 +1,54 @@
+"""What the effect handlers act on: the model, its optimizer, the data, the files."""
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+import torch
+
+__all__ = ["Context", "unwrap"]
+
+
+def unwrap(model):
+    """The module inside a DDP / FSDP / compiled wrapper."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, torch.nn.Module):
+            return model
+        model = inner
+
+
+@attrs.define
+class Context:
+    """The impure objects of one run, shared by the interpreter's handlers.
+
+    Only handlers touch it; hooks never see it.
+    """
+
+    model: Any
+    optimizer: Any
+    feed: Any
+    save_dir: Path | None
+    scheduler: Any = None
+    scaler: Any = None
+    evaluators: dict = attrs.Factory(dict)
+    checkpoint_format: str = "standard"
+    keep_snapshots: int | None = None
+    rank: int = 0
+    world_size: int = 1
+    console: bool = True
+
+    @property
+    def model_dir(self) -> Path:
+        if self.save_dir is None:
+            raise ValueError("this run has no save_dir, but a hook asked to write a checkpoint: pass save_dir= to loop()")
+        return self.save_dir / "model"
+
+    def weights(self) -> dict:
+        """The model's state_dict without DDP's ``module.`` prefix."""
+        return unwrap(self.model).state_dict()
+
+    def say(self, message: str) -> None:
+        """A line for the console, from the main rank."""
+        if self.console and self.rank == 0:
+            print(f"[pimm_fn] {message}", flush=True)

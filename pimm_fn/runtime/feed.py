@@ -1,0 +1,152 @@
+"""The training data as the loop consumes it: epochs, a cursor, and exact resume.
+
+How a run resumes mid-epoch depends on the data:
+
+* a loader with ``state_dict()``/``load_state_dict()`` (torchdata's
+  ``StatefulDataLoader``) shuffling from the global RNG or a
+  ``DistributedSampler`` is restored from its own state: it continues at the
+  exact next batch without reading the consumed ones;
+* any other re-iterable with ``len()`` (a ``DataLoader``, or a loader with
+  its own ``generator``) is *replayed*: the RNG states from the start of the
+  epoch are put back, the epoch's iterator is rebuilt and the consumed
+  batches are read and skipped. Order, shuffles and augmentations come out
+  exactly as before, at the cost of loading the skipped batches;
+* a one-shot iterator cannot be rewound: a warning says so.
+
+A ``DistributedSampler`` gets ``set_epoch(epoch)`` at every epoch, resumed
+ones included.
+"""
+
+import warnings
+from collections.abc import Iterator
+
+import torch
+
+from pimm_fn.runtime.rng import capture_rng, restore_rng
+
+__all__ = ["Feed", "ResumeNotExactWarning"]
+
+
+class ResumeNotExactWarning(UserWarning):
+    """A resumed run will not see exactly the batches the original would have."""
+
+
+def _sampler(data):
+    for candidate in (getattr(data, "sampler", None), getattr(getattr(data, "batch_sampler", None), "sampler", None)):
+        if hasattr(candidate, "set_epoch"):
+            return candidate
+    return None
+
+
+def _length(data) -> int:
+    try:
+        length = len(data)
+    except TypeError:
+        raise TypeError(f"the training data ({type(data).__name__}) has no len(): pass iters_per_epoch=N to loop()") from None
+    if length < 1:
+        raise ValueError(f"the training data is empty (len {length}): give the loop at least one batch")
+    return length
+
+
+class Feed:
+    """Batches for the loop, epoch by epoch, with a checkpointable cursor."""
+
+    def __init__(self, data, iters_per_epoch: int | None = None):
+        self.data = data
+        self.one_shot = isinstance(data, Iterator)
+        self.iters_per_epoch = iters_per_epoch or _length(data)
+        self.generator = getattr(data, "generator", None)
+        self.stateful = (
+            callable(getattr(data, "state_dict", None))
+            and callable(getattr(data, "load_state_dict", None))
+            and self.generator is None  # its restore leaves an own generator off by a draw
+        )
+        self._drains = self.stateful and hasattr(data, "__len__") and len(data) == self.iters_per_epoch
+        self._iterator = None
+        self._epoch_start = None
+        self._epoch_done = False
+
+    def _rng(self) -> dict:
+        return {"torch": torch.get_rng_state(), "generator": self.generator.get_state() if self.generator else None}
+
+    def _set_rng(self, states: dict) -> None:
+        torch.set_rng_state(states["torch"])
+        if self.generator is not None and states.get("generator") is not None:
+            self.generator.set_state(states["generator"])
+
+    def start_epoch(self, epoch: int) -> None:
+        """Begin ``epoch``: tell the sampler, remember the RNG, open the iterator."""
+        sampler = _sampler(self.data)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        self._epoch_start = self._rng()
+        self._epoch_done = False
+        self._iterator = iter(self.data)
+
+    def next_batch(self):
+        """The next batch; an epoch longer than the data restarts the data."""
+        try:
+            return next(self._iterator)
+        except StopIteration:
+            self._iterator = iter(self.data)
+            return next(self._iterator)
+
+    def end_epoch(self) -> None:
+        """Close the epoch; a stateful loader is drained so its state says so."""
+        if self._drains and self._iterator is not None:
+            for _ in self._iterator:  # empty: the epoch used every batch
+                pass
+            self._epoch_done = True
+        self._iterator = None
+
+    def state_dict(self) -> dict:
+        """The cursor: the loader's own state, and the RNG states replay needs."""
+        cursor = {"epoch_start": self._epoch_start, "generator": self._rng()["generator"]}
+        if self.stateful:
+            cursor.update(loader=self.data.state_dict(), epoch_done=self._epoch_done)
+        return cursor
+
+    def resume(self, cursor: dict, epoch: int, iter_in_epoch: int) -> None:
+        """Continue ``epoch`` after ``iter_in_epoch`` consumed batches.
+
+        Call with the process RNG already restored to the checkpoint's.
+        """
+        if self.generator is not None and cursor.get("generator") is not None:
+            self.generator.set_state(cursor["generator"])
+        if iter_in_epoch == 0 or iter_in_epoch >= self.iters_per_epoch:
+            if self.stateful and cursor.get("epoch_done"):
+                self.data.load_state_dict(cursor["loader"])  # its sampler's state for the next epoch
+            return
+        sampler = _sampler(self.data)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        if self.stateful and "loader" in cursor:
+            self.data.load_state_dict(cursor["loader"])
+            self._iterator = self._iter_without_draws()
+        elif not self.one_shot and cursor.get("epoch_start") is not None:
+            self._replay(cursor["epoch_start"], iter_in_epoch)
+        else:
+            warnings.warn(
+                f"cannot restore the data position of epoch {epoch} (step {iter_in_epoch} of it): the epoch "
+                f"continues from a fresh iterator, so the batches differ from the original run. Use a DataLoader "
+                f"or torchdata's StatefulDataLoader",
+                ResumeNotExactWarning,
+                stacklevel=3,
+            )
+            self._iterator = iter(self.data)
+
+    def _iter_without_draws(self):
+        """A resumed iterator; the seed it draws was drawn at epoch start originally."""
+        resumed = capture_rng()
+        iterator = iter(self.data)
+        restore_rng(resumed)
+        return iterator
+
+    def _replay(self, epoch_start: dict, skip: int) -> None:
+        resumed = capture_rng()
+        self._set_rng(epoch_start)
+        self._epoch_start = epoch_start
+        self._iterator = iter(self.data)
+        for _ in range(skip):
+            next(self._iterator)
+        restore_rng(resumed)

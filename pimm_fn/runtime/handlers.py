@@ -1,0 +1,122 @@
+"""The default handler of each built-in effect.
+
+A handler is ``handler(effect, state, ctx) -> follow-up events``; it is the
+only code that touches files, process groups, the console and the model.
+"""
+
+import json
+import math
+import numbers
+from collections.abc import Mapping
+
+from pimm_fn import checkpoint
+from pimm_fn.checkpoint import dist
+from pimm_fn.core import codec
+from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
+from pimm_fn.core.events import MetricsPublished
+from pimm_fn.runtime.context import unwrap
+from pimm_fn.runtime.rng import capture_rng
+
+__all__ = ["DEFAULT_HANDLERS", "save_checkpoint", "write_best", "evaluate", "log", "load_weights", "trainer_state"]
+
+
+def trainer_state(ctx, state) -> tuple[dict, dict]:
+    """(replicated, rank-local) parts of a checkpoint of ``state``.
+
+    The replicated part carries the main rank's ``State`` so a resume on a
+    different world size starts from the agreed values; each rank's own
+    ``State``, RNG and data cursor go in its local part.
+    """
+    own = codec.dumps(state)
+    replicated = {
+        "optimizer": ctx.optimizer.state_dict(),
+        "scheduler": ctx.scheduler.state_dict() if ctx.scheduler is not None else None,
+        "scaler": ctx.scaler.state_dict() if ctx.scaler is not None else None,
+        "state": dist.broadcast_object(own),
+    }
+    local = {"state": own, "rng": capture_rng(), "cursor": ctx.feed.state_dict()}
+    return replicated, local
+
+
+def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
+    replicated, local = trainer_state(ctx, state)
+    info = checkpoint.save_checkpoint(
+        ctx.model_dir,
+        step=effect.step,
+        weights=ctx.weights(),
+        trainer=replicated,
+        local=local,
+        format=ctx.checkpoint_format,
+        snapshot=effect.snapshot,
+        keep_snapshots=ctx.keep_snapshots,
+    )
+    ctx.say(f"saved checkpoint of step {effect.step} to {info.path}")
+    return ()
+
+
+def write_best(effect: WriteBest, state, ctx) -> tuple:
+    path = checkpoint.write_best(ctx.model_dir, ctx.weights(), metric=effect.metric, value=effect.value, step=effect.step)
+    ctx.say(f"new best {effect.metric}={effect.value:.6g} at step {effect.step}: wrote {path}")
+    return ()
+
+
+def _as_metrics(result, name) -> dict | None:
+    if result is None:
+        return None
+    if isinstance(result, numbers.Real):
+        result = {name: result}
+    if not isinstance(result, Mapping):
+        raise TypeError(
+            f"evaluator {name!r} must return a mapping of metric names to numbers, a number or None "
+            f"(got {type(result).__name__})"
+        )
+    return {str(k): float(v) for k, v in result.items()}
+
+
+def evaluate(effect: Evaluate, state, ctx) -> tuple:
+    fn = ctx.evaluators.get(effect.evaluator)
+    if fn is None:
+        raise LookupError(f"no evaluator named {effect.evaluator!r} (known: {sorted(ctx.evaluators)})")
+    values = _as_metrics(fn(ctx.model), effect.evaluator)
+    if effect.broadcast:
+        values = dist.broadcast_object(values)
+    return (MetricsPublished(values or {}, effect.evaluator, effect.step, consistent=effect.broadcast),)
+
+
+def _format(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.5g}"
+    return str(value)
+
+
+def log(effect: Log, state, ctx) -> tuple:
+    fields = " ".join(f"{k}={_format(v)}" for k, v in effect.values.items())
+    ctx.say(f"step {effect.step} {effect.kind}: {fields}")
+    if ctx.save_dir is not None:
+        ctx.save_dir.mkdir(parents=True, exist_ok=True)
+        record = {"step": effect.step, "kind": effect.kind, **{k: _json_safe(v) for k, v in effect.values.items()}}
+        with open(ctx.save_dir / "log.jsonl", "a") as file:
+            file.write(json.dumps(record) + "\n")
+    return ()
+
+
+def _json_safe(value):
+    return value if not isinstance(value, float) or math.isfinite(value) else repr(value)
+
+
+def load_weights(effect: LoadWeights, state, ctx) -> tuple:
+    module = unwrap(ctx.model)
+    source = checkpoint.load_weights_file(effect.path)
+    remapped, report = checkpoint.remap_state_dict(source, dict(effect.replacements) or None, module.state_dict().keys())
+    module.load_state_dict(remapped, strict=effect.strict)
+    ctx.say(f"loaded weights from {effect.path}: {report.summary()}")
+    return ()
+
+
+DEFAULT_HANDLERS = {
+    SaveCheckpoint: save_checkpoint,
+    WriteBest: write_best,
+    Evaluate: evaluate,
+    Log: log,
+    LoadWeights: load_weights,
+}

@@ -1,0 +1,202 @@
+"""The driver: a training loop you can call, step, inspect and resume.
+
+``Loop`` owns the impure work (iterating data, the train step) and walks the
+lifecycle the pure core defines, handing each event to ``process`` with the
+interpreter as executor. Its ``state`` is always a plain value, so a notebook
+can look at it between steps.
+"""
+
+from pathlib import Path
+
+from pimm_fn.checkpoint import dist
+from pimm_fn.core import events as ev
+from pimm_fn.core.fold import chain, process
+from pimm_fn.core.plan import initial_state
+from pimm_fn.core.schedule import next_event, resume_from
+from pimm_fn.hooks.model import _ModelHook
+from pimm_fn.runtime.context import Context
+from pimm_fn.runtime.feed import Feed
+from pimm_fn.runtime.guard import AgreementGuard
+from pimm_fn.runtime.handlers import DEFAULT_HANDLERS
+from pimm_fn.runtime.interpreter import Interpreter
+from pimm_fn.runtime.resume import locate, restore
+from pimm_fn.runtime.step import scalar_outputs, train_step
+
+__all__ = ["Loop", "loop"]
+
+
+def _evaluators(hooks) -> dict:
+    found = {}
+    for hook in hooks:
+        for name, fn in getattr(hook, "evaluators", dict)().items():
+            if name in found and found[name] is not fn:
+                raise ValueError(f"two evaluators are named {name!r}: give each evaluate_every(..., name=...) its own")
+            found[name] = fn
+    return found
+
+
+def _batch_size(batch) -> int:
+    shape = getattr(batch, "shape", None)
+    if shape:
+        return int(shape[0])
+    if isinstance(batch, dict):
+        return max((_batch_size(v) for v in batch.values()), default=0)
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_size(batch[0])
+    return 0
+
+
+class Loop:
+    """A training run in progress. Build it with ``loop(...)``.
+
+    Attributes:
+        state: the current ``State`` (progress, metrics, best values, slots).
+        trace: the effects executed so far, as ``TraceEntry`` values.
+    """
+
+    def __init__(self, ctx: Context, hooks, state, step_fn, interpreter):
+        self.ctx = ctx
+        self.hooks = hooks
+        self.state = state
+        self._step_fn = step_fn
+        self._interpreter = interpreter
+
+    @property
+    def trace(self) -> list:
+        return list(self._interpreter.trace)
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+    def _dispatch(self, event) -> None:
+        self.state = process(self.hooks, self.state, event, self._interpreter)
+
+    def _train(self, event: ev.AfterStep) -> ev.AfterStep:
+        ctx = self.ctx
+        batch = ctx.feed.next_batch()
+        outputs = self._step_fn(ctx.model, ctx.optimizer, batch, scheduler=ctx.scheduler, scaler=ctx.scaler)
+        return ev.AfterStep(event.step, scalar_outputs(outputs), _batch_size(batch))
+
+    def _advance(self) -> ev.Event | None:
+        """Run the next lifecycle event; returns it, or None when training is over."""
+        event = next_event(self.state)
+        match event:
+            case None:
+                return None
+            case ev.BeforeEpoch(epoch=epoch):
+                self.ctx.feed.start_epoch(epoch)
+            case ev.AfterStep():
+                event = self._train(event)
+            case ev.AfterEpoch():
+                self.ctx.feed.end_epoch()
+        self._dispatch(event)
+        return event
+
+    def step(self) -> "Loop":
+        """Train one step, with the events around it (epoch end, training end)."""
+        while not isinstance(self._advance(), (ev.AfterStep, type(None))):
+            pass
+        while isinstance(next_event(self.state), (ev.AfterEpoch, ev.AfterTrain)):
+            self._advance()
+        return self
+
+    def run(self, steps: int | None = None):
+        """Train ``steps`` more steps, or to the end; returns the state."""
+        if self.finished:
+            self.ctx.say(f"training already finished at step {self.state.progress.global_step}: nothing to do")
+            return self.state
+        done = 0
+        while not self.finished and (steps is None or done < steps):
+            self.step()
+            done += 1
+        return self.state
+
+    def __call__(self):
+        """Train to the end; returns the final state."""
+        return self.run()
+
+    def __repr__(self):
+        p = self.state.progress
+        return f"<Loop step {p.global_step}/{p.max_steps}, epoch {p.epoch}, hooks={list(self.hooks.hooks)!r}>"
+
+
+def _bind(hooks, model) -> tuple:
+    return tuple(h.bind(model) if isinstance(h, _ModelHook) else h for h in hooks)
+
+
+def loop(
+    model,
+    optimizer,
+    train_data,
+    *,
+    hooks=(),
+    max_epochs: int,
+    save_dir=None,
+    step_fn=None,
+    scheduler=None,
+    scaler=None,
+    resume=None,
+    iters_per_epoch: int | None = None,
+    checkpoint_format: str = "standard",
+    keep_snapshots: int | None = None,
+    check_agreement: bool | None = None,
+    strict_resume: bool = False,
+    handlers=None,
+    config=None,
+    console: bool = True,
+) -> Loop:
+    """A training loop over ``train_data`` driven by ``hooks``.
+
+    Args:
+        model, optimizer: what trains; the model may be wrapped in DDP.
+        train_data: a DataLoader, a StatefulDataLoader (exact mid-epoch
+            resume), or any re-iterable with ``len``.
+        hooks: hook functions, run in this order for every event.
+        max_epochs: epochs to train.
+        save_dir: where checkpoints (``model/``) and ``log.jsonl`` go.
+        step_fn: ``step_fn(model, optimizer, batch, *, scheduler, scaler)``
+            returning a mapping of outputs; default ``train_step``.
+        scheduler, scaler: stepped by the default step and checkpointed.
+        resume: ``None`` (fresh), ``"auto"`` (latest complete checkpoint in
+            ``save_dir``, fresh if none) or a checkpoint path.
+        iters_per_epoch: steps per epoch (default ``len(train_data)``).
+        checkpoint_format: ``"standard"`` (weights + DCP directory) or
+            ``"legacy"`` (one file).
+        keep_snapshots: keep only the newest N ``iter_<step>`` snapshots.
+        check_agreement: compare collective effects across ranks before
+            running them (default: on in a process group).
+        strict_resume: refuse a resume that cannot restore the data position.
+        handlers: ``{EffectType: handler}`` overriding or adding handlers.
+        config: initial ``State.config``.
+        console: print progress lines on the main rank.
+
+    Raises:
+        FileExistsError: a fresh run into a ``save_dir`` that holds checkpoints.
+    """
+    if checkpoint_format not in ("standard", "legacy"):
+        raise ValueError(f"checkpoint_format must be 'standard' or 'legacy' (got {checkpoint_format!r})")
+    hooks = chain(*_bind(hooks, model))
+    save_dir = Path(save_dir) if save_dir is not None else None
+    feed = Feed(train_data, iters_per_epoch)
+    ctx = Context(
+        model=model, optimizer=optimizer, feed=feed, save_dir=save_dir, scheduler=scheduler, scaler=scaler,
+        evaluators=_evaluators(hooks.hooks), checkpoint_format=checkpoint_format, keep_snapshots=keep_snapshots,
+        rank=dist.rank(), world_size=dist.world_size(), console=console,
+    )
+    guarded = dist.is_initialized() if check_agreement is None else check_agreement
+    interpreter = Interpreter(ctx, {**DEFAULT_HANDLERS, **(handlers or {})}, AgreementGuard(hooks) if guarded else None)
+    info = locate(resume, save_dir)
+    if info is None:
+        state = initial_state(
+            hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=max_epochs,
+            rank=ctx.rank, world_size=ctx.world_size, config=config,
+        )
+    else:
+        state = restore(info, ctx, hooks.hooks, strict=strict_resume)
+        state = resume_from(state, max_epochs=max_epochs)
+        ctx.say(f"resumed from {info.path} at step {state.progress.global_step}")
+    run = Loop(ctx, hooks, state, step_fn or train_step, interpreter)
+    if info is not None:
+        run._dispatch(ev.BeforeTrain(resumed=True))
+    return run

@@ -1,0 +1,94 @@
+"""Putting a run back where a checkpoint left it.
+
+Restores the model, optimizer, scheduler, scaler, RNG states, data cursor,
+progress, hook slots and best values. On a different world size the
+per-rank parts (RNG, data cursor) cannot be restored: the interrupted epoch
+restarts from its first batch, with a warning, or an error under ``strict``.
+"""
+
+import warnings
+
+import attrs
+
+from pimm_fn import checkpoint
+from pimm_fn.core import codec
+from pimm_fn.core.state import State
+from pimm_fn.runtime.context import unwrap
+from pimm_fn.runtime.feed import ResumeNotExactWarning
+from pimm_fn.runtime.rng import restore_rng
+
+__all__ = ["locate", "restore", "ResumeError"]
+
+
+class ResumeError(RuntimeError):
+    """A checkpoint cannot be resumed as asked."""
+
+
+def locate(resume, save_dir):
+    """The checkpoint to resume from, or ``None`` for a fresh start.
+
+    Raises:
+        FileExistsError: a fresh start into a ``save_dir`` that holds checkpoints.
+    """
+    if resume is None or resume is False:
+        if save_dir is not None and checkpoint.latest_checkpoint(save_dir / "model") is not None:
+            raise FileExistsError(
+                f"save_dir {str(save_dir)!r} already holds checkpoints; a fresh run would overwrite them. "
+                f"Pass resume='auto' to continue that run, or choose another save_dir"
+            )
+        return None
+    if resume == "auto":
+        if save_dir is None:
+            raise ValueError("resume='auto' needs save_dir= to look for checkpoints in")
+        return checkpoint.latest_checkpoint(save_dir / "model")
+    return checkpoint.find_checkpoint(resume)
+
+
+def _check_hooks(saved: State, hooks) -> None:
+    if len(saved.slots) != len(hooks):
+        raise ResumeError(
+            f"the checkpoint was written by a run with {len(saved.slots)} hook(s), this run has {len(hooks)}: "
+            f"resume with the same hook list (slots are matched by position)"
+        )
+
+
+def restore(info, ctx, hooks, *, strict=False) -> State:
+    """Load ``info`` into ``ctx``'s objects and return the state to continue from."""
+    loaded = checkpoint.load_checkpoint(info)
+    unwrap(ctx.model).load_state_dict(loaded.weights)
+    trainer = loaded.trainer
+    ctx.optimizer.load_state_dict(trainer["optimizer"])
+    for name in ("scheduler", "scaler"):
+        target, saved = getattr(ctx, name), trainer.get(name)
+        if target is not None and saved is not None:
+            target.load_state_dict(saved)
+    same_world = info.world_size == ctx.world_size and loaded.local is not None
+    saved = codec.loads(loaded.local["state"] if same_world else trainer["state"])
+    _check_hooks(saved, hooks)
+    state = attrs.evolve(saved, rank=ctx.rank, world_size=ctx.world_size)
+    p = state.progress
+    if same_world:
+        restore_rng(loaded.local["rng"])
+        ctx.feed.resume(loaded.local["cursor"], p.epoch, p.iter_in_epoch)
+    else:
+        state = _restart_epoch(state, ctx, info, strict)
+    if ctx.feed.iters_per_epoch != state.progress.iters_per_epoch:
+        state = attrs.evolve(state, progress=attrs.evolve(state.progress, iters_per_epoch=ctx.feed.iters_per_epoch))
+    return state
+
+
+def _restart_epoch(state, ctx, info, strict) -> State:
+    p = state.progress
+    mid_epoch = state.position in ("BeforeEpoch", "BeforeStep", "AfterStep") and not p.at_epoch_end
+    message = (
+        f"checkpoint of step {info.step} was written by {info.world_size} rank(s), this run has "
+        f"{ctx.world_size}: per-rank RNG states and data positions cannot carry over"
+    )
+    if strict and mid_epoch:
+        raise ResumeError(message + "; resume with the same world size, or pass strict_resume=False")
+    if not mid_epoch:
+        return state
+    warnings.warn(message + f"; epoch {p.epoch} restarts from its first batch", ResumeNotExactWarning, stacklevel=4)
+    ctx.feed.start_epoch(p.epoch)
+    progress = attrs.evolve(p, iter_in_epoch=0, iters_per_epoch=ctx.feed.iters_per_epoch)
+    return attrs.evolve(state, progress=progress, position="BeforeEpoch")

@@ -1,0 +1,44 @@
+"""Capturing and restoring every random number generator training draws from.
+
+A resumed run must continue with the same random stream (dropout masks,
+augmentations, shuffles) to end bit-identical to an uninterrupted one.
+"""
+
+import random
+
+import numpy as np
+import torch
+
+__all__ = ["capture_rng", "restore_rng"]
+
+
+def capture_rng() -> dict:
+    """This process's Python, NumPy, torch (and CUDA) RNG states, checkpointable."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = list(torch.cuda.get_rng_state_all())
+    return states
+
+
+def restore_rng(states: dict) -> None:
+    """Put back the states ``capture_rng`` returned."""
+    py = states["python"]
+    random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+    npy = states["numpy"]
+    keys = npy["keys"].numpy().astype(np.uint32)
+    np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["cached"]))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
