@@ -55,6 +55,9 @@ class FrozenMap(Mapping):
     def __setattr__(self, name, value):
         raise AttributeError("FrozenMap is immutable: use .set() or .merge() for a new one")
 
+    def __delattr__(self, name):
+        raise AttributeError("FrozenMap is immutable: use .set() or .merge() for a new one")
+
     def __repr__(self):
         return f"FrozenMap({self._data!r})"
 

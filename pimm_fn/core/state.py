@@ -27,6 +27,31 @@ def _positive(instance, attribute, value):
         raise ValueError(f"'{attribute.name}' must be an int >= 1 (got {value!r})")
 
 
+def _progress(instance, attribute, value):
+    if not isinstance(value, Progress):
+        raise TypeError(f"'{attribute.name}' must be a Progress (got {value!r:.80})")
+
+
+def _rank(instance, attribute, value):
+    _non_negative(instance, attribute, value)
+    if isinstance(instance.world_size, int) and 0 < instance.world_size <= value:
+        raise ValueError(f"'{attribute.name}' must be < world_size={instance.world_size} (got {value!r})")
+
+
+def _tuple(instance, attribute, value):
+    if not isinstance(value, tuple):
+        raise TypeError(f"'{attribute.name}' must be a tuple (got {value!r:.80})")
+
+
+# The lifecycle event names (see ``events.LIFECYCLE``) a position may hold.
+_POSITIONS = ("ModifyConfig", "BeforeTrain", "BeforeEpoch", "BeforeStep", "AfterStep", "AfterEpoch", "AfterTrain")
+
+
+def _position(instance, attribute, value):
+    if value is not None and value not in _POSITIONS:
+        raise ValueError(f"'{attribute.name}' must be None or one of {list(_POSITIONS)} (got {value!r})")
+
+
 @register
 @attrs.frozen
 class Progress:
@@ -73,15 +98,15 @@ class State:
             where a resumed run continues from.
     """
 
-    progress: Progress
-    rank: int = 0
-    world_size: int = 1
+    progress: Progress = attrs.field(validator=_progress)
+    rank: int = attrs.field(default=0, validator=_rank)
+    world_size: int = attrs.field(default=1, validator=_positive)
     metrics: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
     best: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
     config: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
-    slots: tuple = ()
+    slots: tuple = attrs.field(default=(), validator=_tuple)
     slot: Any = None
-    position: str | None = None
+    position: str | None = attrs.field(default=None, validator=_position)
 
     @property
     def finished(self) -> bool:
