@@ -77,15 +77,18 @@ def resume_from(state: State, *, max_epochs: int | None = None) -> State:
     A finished run given a larger ``max_epochs`` continues with the next epoch.
 
     Raises:
-        ValueError: when ``max_epochs`` is below the epochs already trained.
+        ValueError: when ``max_epochs`` is below the epochs already trained
+            (an epoch in progress counts).
     """
     p = state.progress
     if max_epochs is None or max_epochs == p.max_epochs:
         return state
-    done = p.epoch + (1 if p.at_epoch_end else 0)
+    # An epoch in progress counts: resuming would finish it, past max_epochs.
+    started = p.iter_in_epoch > 0 or state.position in ("BeforeEpoch", "BeforeStep")
+    done = p.epoch + (1 if started else 0)
     if max_epochs < done:
         raise ValueError(
-            f"max_epochs={max_epochs} is below the {done} epoch(s) this checkpoint already trained: "
+            f"max_epochs={max_epochs} is below the {done} epoch(s) this checkpoint already trained or began: "
             f"pass max_epochs >= {done}"
         )
     position = "AfterEpoch" if state.finished else state.position
