@@ -1,0 +1,104 @@
+"""A tiny, deterministic training workload shared by the runtime tests.
+
+Importable by spawned subprocesses (the kill-and-resume tests), so it keeps
+everything at module level.
+"""
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import pimm_fn as pf
+
+
+class TinyNet(torch.nn.Module):
+    """Two linear layers with dropout, so RNG state matters for exact resume."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(4, 8)
+        self.drop = torch.nn.Dropout(0.25)
+        self.out = torch.nn.Linear(8, 1)
+
+    def forward(self, batch):
+        x, y = batch
+        return {"loss": ((self.out(self.drop(torch.relu(self.hidden(x)))) - y) ** 2).mean()}
+
+
+def dataset(n=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 4, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+def loader(kind="plain", batch_size=8):
+    """A shuffled loader: 'plain' DataLoader, 'stateful' StatefulDataLoader, or 'generator' (own generator)."""
+    data = dataset()
+    if kind == "plain":
+        return DataLoader(data, batch_size=batch_size, shuffle=True)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    generator = torch.Generator().manual_seed(7) if kind == "generator" else None
+    return StatefulDataLoader(data, batch_size=batch_size, shuffle=True, generator=generator)
+
+
+def negative_mse(model):
+    """An evaluator: higher is better, changes every evaluation."""
+    x, y = dataset(16, seed=1).tensors
+    with torch.no_grad():
+        return {"score": -float(((model.out(torch.relu(model.hidden(x))) - y) ** 2).mean())}
+
+
+def standard_hooks(save_every=3, evaluate_every=4):
+    return [pf.evaluate_every(evaluate_every, negative_mse, name="val"), pf.save_every(save_every), pf.best_on("score"), pf.log_every(5)]
+
+
+def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt="standard", **kwargs):
+    """A fresh model, optimizer, scheduler and loop, seeded identically every time."""
+    torch.manual_seed(0)
+    model = TinyNet()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.9)
+    run = pf.loop(
+        model, optimizer, loader(kind), hooks=standard_hooks() if hooks is None else hooks,
+        max_epochs=max_epochs, save_dir=save_dir, scheduler=scheduler, resume=resume,
+        checkpoint_format=fmt, console=False, **kwargs,
+    )
+    return model, run
+
+
+def weights(model) -> dict:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def main():
+    """Subprocess entry: train (maybe resuming), optionally SIGKILL itself at a step, save final weights."""
+    import argparse
+    import os
+    import signal
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("save_dir")
+    parser.add_argument("--kind", default="plain")
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--kill-at", type=int, default=0)
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    model, run = build(args.save_dir, kind=args.kind, resume="auto" if args.resume else None)
+    if args.kill_at:
+        while not run.finished:
+            run.step()
+            if run.state.progress.global_step == args.kill_at:
+                print(f"killing at step {args.kill_at}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        run()
+    if args.out:
+        torch.save({"weights": weights(model), "trace": [repr(e) for e in run.trace]}, args.out)
+
+
+if __name__ == "__main__":
+    main()
