@@ -93,7 +93,7 @@ def train(args, rank: int = 0, world_size: int = 1):
     if rank == 0:
         best = state.best.get("mIoU") if state.best else None
         final = state.metrics.get("mIoU") if state.metrics else None
-        print(f"done: {state.progress.global_step} steps, {state.progress.epoch} epochs "
+        print(f"done: {state.progress.global_step} steps, {state.progress.completed_epochs} epochs "
               f"on {world_size} rank(s) in {time.perf_counter() - start:.1f}s; "
               f"best mIoU {_fmt(best)}, final mIoU {_fmt(final)}; "
               f"checkpoints in {os.path.join(args.save_dir, 'model')}")

@@ -80,6 +80,11 @@ class Progress:
         """True once the last step of the current epoch has run."""
         return self.iter_in_epoch == self.iters_per_epoch
 
+    @property
+    def completed_epochs(self) -> int:
+        """Epochs whose every step has run."""
+        return self.epoch + (1 if self.at_epoch_end else 0)
+
 
 @register
 @attrs.frozen
