@@ -2,7 +2,7 @@
 
 import math
 
-__all__ = ["int_at_least", "one_of", "non_empty_str", "is_callable"]
+__all__ = ["int_at_least", "one_of", "non_empty_str", "is_callable", "is_bool"]
 
 
 def _owner(instance) -> str:
@@ -37,6 +37,11 @@ def non_empty_str(instance, attribute, value):
 def is_callable(instance, attribute, value):
     if not callable(value):
         raise TypeError(f"{_owner(instance)}: '{attribute.name}' must be callable (got {value!r})")
+
+
+def is_bool(instance, attribute, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{_owner(instance)}: '{attribute.name}' must be a bool (got {value!r})")
 
 
 def is_nan(value) -> bool:

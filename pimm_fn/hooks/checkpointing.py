@@ -15,7 +15,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import LoadWeights, SaveCheckpoint, WriteBest
-from pimm_fn.hooks._validate import int_at_least, non_empty_str, one_of
+from pimm_fn.hooks._validate import int_at_least, is_bool, non_empty_str, one_of
 
 __all__ = ["save_every", "SaveEveryState", "best_on", "BestState", "load_weights"]
 
@@ -35,7 +35,7 @@ class _SaveEvery:
     factory_name: ClassVar[str] = "save_every"
     events: ClassVar[tuple] = (ev.AfterStep, ev.AfterEpoch, ev.AfterTrain)
     n: int = attrs.field(validator=int_at_least(1))
-    snapshots: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    snapshots: bool = attrs.field(default=False, validator=is_bool)
 
     def init(self) -> SaveEveryState:
         return SaveEveryState()
@@ -191,7 +191,7 @@ class _LoadWeights:
     events: ClassVar[tuple] = (ev.BeforeTrain,)
     path: str = attrs.field(validator=non_empty_str)
     replacements: tuple = ()
-    strict: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    strict: bool = attrs.field(default=False, validator=is_bool)
 
     def __call__(self, state, event):
         if event.resumed:
