@@ -14,7 +14,7 @@ from pimm_fn.core.fold import chain, process
 from pimm_fn.core.plan import initial_state
 from pimm_fn.core.schedule import next_event, resume_from
 from pimm_fn.hooks.model import _ModelHook
-from pimm_fn.runtime.context import Context
+from pimm_fn.runtime.context import Context, unwrap
 from pimm_fn.runtime.feed import Feed
 from pimm_fn.runtime.guard import AgreementGuard
 from pimm_fn.runtime.handlers import DEFAULT_HANDLERS
@@ -122,7 +122,18 @@ class Loop:
 
 
 def _bind(hooks, model) -> tuple:
-    return tuple(h.bind(model) if isinstance(h, _ModelHook) else h for h in hooks)
+    return tuple(h.bind(unwrap(model)) if isinstance(h, _ModelHook) else h for h in hooks)
+
+
+def _wrap_ddp(model):
+    """``model`` in DistributedDataParallel, when a process group exists and it is not wrapped yet."""
+    import torch
+
+    if not dist.is_initialized() or isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return model
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    device_ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
 def loop(
@@ -145,6 +156,7 @@ def loop(
     handlers=None,
     config=None,
     console: bool = True,
+    ddp: bool = False,
 ) -> Loop:
     """A training loop over ``train_data`` driven by ``hooks``.
 
@@ -170,12 +182,18 @@ def loop(
         handlers: ``{EffectType: handler}`` overriding or adding handlers.
         config: initial ``State.config``.
         console: print progress lines on the main rank.
+        ddp: wrap ``model`` in ``DistributedDataParallel`` when a process
+            group is initialized (a no-op without one, or when it is already
+            wrapped); the wrapper is ``run.ctx.model``. Build the optimizer on
+            ``model.parameters()`` before or after: DDP keeps the same tensors.
 
     Raises:
         FileExistsError: a fresh run into a ``save_dir`` that holds checkpoints.
     """
     if checkpoint_format not in ("standard", "legacy"):
         raise ValueError(f"checkpoint_format must be 'standard' or 'legacy' (got {checkpoint_format!r})")
+    if ddp:
+        model = _wrap_ddp(model)
     hooks = chain(*_bind(hooks, model))
     save_dir = Path(save_dir) if save_dir is not None else None
     feed = Feed(train_data, iters_per_epoch)
