@@ -1,0 +1,236 @@
+"""Worker functions the distributed tests run on every rank (see ``_launch``).
+
+    python _workers.py <function> <rank> <world> <out_dir> <json kwargs>
+
+A world of 2 or more joins a gloo group from the torchrun-style environment;
+a world of 1 runs without a process group, as a plain script would. Results
+go to ``out_dir`` as ``<tag>-rank<r>.pkl`` files the tests read back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import pickle
+import signal
+import sys
+import traceback
+import warnings
+
+import attrs
+import torch
+import torch.distributed as td
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DistributedSampler, TensorDataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import pimm_fn as pf
+from pimm_fn.checkpoint import dist
+from pimm_fn.core import events as ev
+from pimm_fn.core.effects import SaveCheckpoint
+from pimm_fn.runtime import handlers
+from pimm_fn.runtime.context import unwrap
+
+NUM_SAMPLES = 48
+BATCH = 4
+MAX_EPOCHS = 3
+
+
+class Net(nn.Module):
+    """A 2-layer MLP with dropout (so resume must restore the RNG), returning its loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
+
+    def forward(self, batch):
+        x, y = batch
+        return {"loss": F.mse_loss(self.body(x).squeeze(-1), y)}
+
+
+def dataset() -> TensorDataset:
+    g = torch.Generator().manual_seed(1234)
+    x = torch.randn(NUM_SAMPLES, 8, generator=g)
+    return TensorDataset(x, x.sum(1) + 0.1 * torch.randn(NUM_SAMPLES, generator=g))
+
+
+def loader(rank: int, world: int) -> StatefulDataLoader:
+    sampler = DistributedSampler(dataset(), num_replicas=world, rank=rank, shuffle=True, seed=7)
+    return StatefulDataLoader(dataset(), batch_size=BATCH, sampler=sampler)
+
+
+@attrs.define(eq=False)
+class ValLoss:
+    """Sharded validation loss: each rank sums its shard, then all-reduce."""
+
+    def __call__(self, model):
+        net = unwrap(model)
+        was = net.training
+        net.eval()
+        x, y = dataset().tensors
+        mine = slice(dist.rank(), None, dist.world_size())
+        with torch.no_grad():
+            sums = torch.stack([F.mse_loss(net.body(x[mine]).squeeze(-1), y[mine], reduction="sum"),
+                                torch.tensor(float(len(y[mine])))]).double()
+        net.train(was)
+        if dist.is_initialized():
+            td.all_reduce(sums)
+        return {"val_loss": float(sums[0] / sums[1])}
+
+
+@attrs.define(eq=False)
+class Scores:
+    """The n-th call returns ``scores[rank][n]`` as ``score`` (``None`` entries: nothing computed)."""
+
+    scores: dict
+    calls: int = 0
+
+    def __call__(self, model):
+        mine = self.scores.get(str(dist.rank()))
+        value = mine[self.calls] if mine is not None and self.calls < len(mine) else None
+        self.calls += 1
+        return None if value is None else {"score": value}
+
+
+@attrs.frozen
+class _SaveOnLocalImprovement:
+    """BROKEN on purpose: a collective save decided from rank-local metrics."""
+
+    events = (ev.MetricsPublished,)
+
+    def init(self):
+        return None
+
+    def __call__(self, state, event):
+        value = event.values.get("score")
+        if value is None or (state.slot is not None and value <= state.slot):
+            return state, ()
+        return state.with_slot(value), (SaveCheckpoint(state.progress.global_step),)
+
+    def __repr__(self):
+        return "save_on_local_improvement('score')"
+
+
+def hooks_for(kind: str, scores=None) -> list:
+    if kind == "standard":
+        return [pf.evaluate_every(4, ValLoss(), name="val"), pf.save_every(4),
+                pf.best_on("val_loss", mode="min"), pf.log_every(5)]
+    if kind == "scores":
+        return [pf.evaluate_every(3, Scores(scores), name="scores"), pf.save_every(4), pf.best_on("score")]
+    if kind == "rank0_scores":
+        return [pf.evaluate_every(3, Scores(scores), name="scores", broadcast=False), pf.save_every(4),
+                pf.best_on("score")]
+    if kind == "broken":
+        return [pf.evaluate_every(3, Scores(scores), name="scores", broadcast=False), _SaveOnLocalImprovement()]
+    raise ValueError(kind)
+
+
+def _dying_save(step: int, victim: int):
+    """A SaveCheckpoint handler whose ``victim`` rank is SIGKILLed inside the DCP write of ``step``."""
+    import torch.distributed.checkpoint as dcp
+
+    from pimm_fn.checkpoint import _publish, _standard
+
+    class DyingWriter(dcp.FileSystemWriter):
+        def write_data(self, plan, planner):
+            future = super().write_data(plan, planner)
+            future.wait()  # this rank's files are on disk; the others wait to finish the save
+            print(f"rank {dist.rank()} dies inside the DCP write of step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def handler(effect, state, ctx):
+        if effect.step != step:
+            return handlers.save_checkpoint(effect, state, ctx)
+        replicated, local = handlers.trainer_state(ctx, state)
+        staging = dist.run_on_main(lambda: _publish.fresh_staging(ctx.model_dir, effect.step))
+        flat = {**_standard._flatten("trainer", replicated), **_standard._flatten(f"local/rank{dist.rank()}", local)}
+        writer = DyingWriter if dist.rank() == victim else dcp.FileSystemWriter
+        dcp.save(flat, storage_writer=writer(staging / "trainer"))
+        raise AssertionError("unreachable: the save of the dying step completed")
+
+    return handler
+
+
+def train(rank, world, out, *, save_dir, tag, hooks="standard", scores=None, resume=None, strict=False,
+          steps=None, kill_after=None, kill_rank=0, die_in_save=None, check_agreement=None,
+          max_epochs=MAX_EPOCHS, strict_first=False):
+    """Build the tiny run, train it (or part of it) and dump what the tests check."""
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    data = loader(rank, world)
+    extra = {}
+    if die_in_save is not None:
+        extra["handlers"] = {SaveCheckpoint: _dying_save(*die_in_save)}
+    result = {"rank": rank, "world": world}
+    if strict_first:  # the same resume under strict_resume=True, on throwaway objects
+        try:
+            pf.loop(Net(), optimizer, loader(rank, world), hooks=hooks_for(hooks, scores), max_epochs=max_epochs,
+                    save_dir=save_dir, resume=resume, strict_resume=True, console=False, ddp=True)
+            result["strict"] = None
+        except pf.ResumeError as exc:
+            result["strict"] = str(exc)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            run = pf.loop(model, optimizer, data, hooks=hooks_for(hooks, scores), max_epochs=max_epochs,
+                          save_dir=save_dir, resume=resume, strict_resume=strict, check_agreement=check_agreement,
+                          console=False, ddp=True, **extra)
+        except pf.ResumeError as exc:
+            result["error"] = ("ResumeError", str(exc))
+            return _dump(out, tag, rank, result)
+        result["restored"] = _snapshot(run)
+        try:
+            if kill_after is not None:
+                run.run(steps=kill_after)
+                if rank == kill_rank:
+                    print(f"rank {rank} kills itself after step {run.state.progress.global_step}", flush=True)
+                    os.kill(os.getpid(), signal.SIGKILL)
+            run.run(steps=steps)
+        except pf.CollectiveDivergenceError as exc:
+            result["error"] = ("CollectiveDivergenceError", str(exc))
+            result["step"] = run.state.progress.global_step
+    result["warnings"] = [(w.category.__name__, str(w.message)) for w in caught]
+    result["final"] = _snapshot(run)
+    result["trace"] = run.trace
+    return _dump(out, tag, rank, result)
+
+
+def _snapshot(run) -> dict:
+    state = run.state
+    return {
+        "weights": {k: v.clone() for k, v in unwrap(run.ctx.model).state_dict().items()},
+        "optimizer": run.ctx.optimizer.state_dict(),
+        "progress": state.progress,
+        "position": state.position,
+        "best": dict(state.best),
+        "metrics": dict(state.metrics),
+    }
+
+
+def _dump(out, tag, rank, result):
+    with open(pathlib.Path(out) / f"{tag}-rank{rank}.pkl", "wb") as f:
+        pickle.dump(result, f)
+
+
+def main(argv) -> int:
+    function, rank, world, out, kwargs = argv[1], int(argv[2]), int(argv[3]), argv[4], json.loads(argv[5])
+    torch.set_num_threads(1)
+    if world > 1:
+        td.init_process_group(backend="gloo")
+    try:
+        globals()[function](rank, world, out, **kwargs)
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(1)  # no destroy: a peer may be gone
+    if world > 1:
+        td.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
