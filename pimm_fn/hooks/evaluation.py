@@ -6,7 +6,7 @@ import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Evaluate
-from pimm_fn.hooks._validate import int_at_least, is_callable, non_empty_str
+from pimm_fn.hooks._validate import int_at_least, is_bool, is_callable, non_empty_str
 
 __all__ = ["evaluate_every", "evaluator_name"]
 
@@ -23,7 +23,7 @@ class _EvaluateEvery:
     n: int = attrs.field(validator=int_at_least(0))
     fn: Any = attrs.field(validator=is_callable)
     name: str = attrs.field(validator=non_empty_str)
-    broadcast: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    broadcast: bool = attrs.field(default=True, validator=is_bool)
 
     def evaluators(self) -> dict:
         """The callables the interpreter may run for this hook's ``Evaluate``."""
@@ -38,8 +38,10 @@ class _EvaluateEvery:
         return state, ()
 
     def __repr__(self):
-        extra = "" if self.broadcast else ", broadcast=False"
-        return f"evaluate_every({self.n}, {self.name}{extra})"
+        fn_name = evaluator_name(self.fn)
+        extra = "" if self.name == fn_name else f", name={self.name!r}"
+        extra += "" if self.broadcast else ", broadcast=False"
+        return f"evaluate_every({self.n}, {fn_name}{extra})"
 
 
 def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = True):

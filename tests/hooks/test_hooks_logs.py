@@ -1,0 +1,83 @@
+"""log_every: train logs every n steps, exact epoch averages, evaluation logs."""
+
+import attrs
+import pytest
+
+from pimm_fn.core import events as ev
+from pimm_fn.core.effects import Log
+from pimm_fn.core.frozen import FrozenMap
+from pimm_fn.hooks import LogState, evaluate_every, log_every
+from _hook_helpers import at, run
+
+
+def logs(hooks, iters, epochs, outputs, metrics=None):
+    final, rec = run(hooks, iters=iters, epochs=epochs, outputs=outputs, metrics=metrics)
+    return [effect for _, _, effect, _, _ in rec.seen if isinstance(effect, Log)], final
+
+
+def test_train_logs_every_n_steps_with_position():
+    """AfterStep(k) with k % n == 0 logs the outputs with epoch, iter and iters per epoch."""
+    records, _ = logs([log_every(2)], iters=3, epochs=2, outputs=lambda s: {"loss": float(s)})
+    train = [r for r in records if r.kind == "train"]
+    assert train == [
+        Log(2, "train", {"epoch": 0, "iter": 2, "of": 3, "loss": 2.0}),
+        Log(4, "train", {"epoch": 1, "iter": 1, "of": 3, "loss": 4.0}),
+        Log(6, "train", {"epoch": 1, "iter": 3, "of": 3, "loss": 6.0}),
+    ]
+
+
+def test_epoch_averages_are_exact():
+    """The epoch log holds the exact mean of that epoch's outputs, and the slot resets per epoch."""
+    outputs = {1: {"loss": 1.0, "acc": 0.5}, 2: {"loss": 2.0, "acc": 0.25}, 3: {"loss": 6.0, "acc": 0.0},
+               4: {"loss": 0.5, "acc": 1.0}, 5: {"loss": 0.25, "acc": 1.0}, 6: {"loss": 0.25, "acc": 0.25}}
+    records, final = logs([log_every(100)], iters=3, epochs=2, outputs=outputs.get)
+    assert records == [
+        Log(3, "epoch", {"epoch": 0, "loss": 3.0, "acc": 0.25}),
+        Log(6, "epoch", {"epoch": 1, "loss": 1 / 3, "acc": 0.75}),
+    ]
+    assert final.slots == (LogState(),)
+
+
+def test_slot_accumulates_and_resets():
+    """Each AfterStep adds outputs to the slot's sums; AfterEpoch logs the means and resets the slot."""
+    hook = log_every(10)
+    state = at(1, LogState())
+    state, effects = hook(state, ev.AfterStep(1, {"loss": 2.0}))
+    assert (state.slot, effects) == (LogState(FrozenMap({"loss": 2.0}), 1), ())
+    state, _ = hook(attrs.evolve(state, progress=at(2).progress), ev.AfterStep(2, {"loss": 4.0}))
+    assert state.slot == LogState(FrozenMap({"loss": 6.0}), 2)
+    state, effects = hook(state, ev.AfterEpoch(0))
+    assert (state.slot, effects) == (LogState(), (Log(2, "epoch", {"epoch": 0, "loss": 3.0}),))
+
+
+def test_epoch_without_outputs_logs_only_the_epoch():
+    """An epoch with no counted steps logs {'epoch': e} and no means."""
+    state = at(10, LogState(), position="AfterEpoch")
+    assert log_every(3)(state, ev.AfterEpoch(0)) == (state, (Log(10, "epoch", {"epoch": 0}),))
+
+
+def validate(model):
+    return None
+
+
+def test_eval_logs_name_the_source():
+    """Each non-empty MetricsPublished logs 'eval/<source>' with its values at the current step."""
+    records, _ = logs([evaluate_every(2, validate), log_every(100)], iters=4, epochs=1,
+                      outputs=lambda s: {}, metrics={2: {"miou": 0.5}, 4: {}})
+    assert records == [
+        Log(2, "eval/validate", {"miou": 0.5}),
+        Log(4, "epoch", {"epoch": 0}),
+    ]
+    state = at(3, LogState())
+    assert log_every(1)(state, ev.MetricsPublished({"a": 1.0})) == (state, (Log(3, "eval", {"a": 1.0}),))
+
+
+@pytest.mark.parametrize("n, message", [
+    (0, "log_every: 'n' must be an int >= 1 (got 0)"),
+    ("5", "log_every: 'n' must be an int >= 1 (got '5')"),
+])
+def test_log_every_rejects_bad_arguments(n, message):
+    """A bad log_every n raises ValueError naming it."""
+    with pytest.raises(ValueError) as info:
+        log_every(n)
+    assert str(info.value) == message
