@@ -9,6 +9,7 @@ go to ``out_dir`` as ``<tag>-rank<r>.pkl`` files the tests read back.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pathlib
@@ -203,7 +204,7 @@ def _snapshot(run) -> dict:
     state = run.state
     return {
         "weights": {k: v.clone() for k, v in unwrap(run.ctx.model).state_dict().items()},
-        "optimizer": run.ctx.optimizer.state_dict(),
+        "optimizer": copy.deepcopy(run.ctx.optimizer.state_dict()),  # training updates it in place
         "progress": state.progress,
         "position": state.position,
         "best": dict(state.best),

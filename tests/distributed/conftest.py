@@ -1,4 +1,4 @@
-"""Shared runs for the multi-process tests: each is launched once per module."""
+"""Shared runs for the multi-process tests: each is launched once per session."""
 
 import pathlib
 import pickle
@@ -20,7 +20,7 @@ def results(out, tag, world) -> list:
     return found
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def reference(tmp_path_factory):
     """An uninterrupted 2-rank run of the standard hooks: each rank's results."""
     out = tmp_path_factory.mktemp("reference")
