@@ -16,15 +16,22 @@ __all__ = ["log_every", "LogState"]
 @register
 @attrs.frozen
 class LogState:
-    """Running sums of this epoch's step outputs; rank-local (each rank's losses)."""
+    """Running sums of this epoch's step outputs; rank-local (each rank's losses).
+
+    ``count`` counts the epoch's steps, ``counts`` the steps that reported each
+    output, so an output only some steps report is averaged over those.
+    """
 
     sums: FrozenMap = FrozenMap()
     count: int = 0
+    counts: FrozenMap = FrozenMap()
 
 
 def _accumulate(slot: LogState, outputs) -> LogState:
     sums = {k: slot.sums.get(k, 0.0) + v for k, v in outputs.items()}
-    return LogState(slot.sums.merge(sums), slot.count + 1)
+    # A sum without a count (a slot saved before counts existed) covered every step.
+    counts = {k: slot.counts.get(k, slot.count if k in slot.sums else 0) + 1 for k in outputs}
+    return LogState(slot.sums.merge(sums), slot.count + 1, slot.counts.merge(counts))
 
 
 @attrs.frozen(repr=False)
@@ -47,7 +54,7 @@ class _LogEvery:
                 return state, ()
             case ev.AfterEpoch(epoch=epoch):
                 slot = state.slot
-                means = {k: v / slot.count for k, v in slot.sums.items()} if slot.count else {}
+                means = {k: v / slot.counts.get(k, slot.count) for k, v in slot.sums.items()} if slot.count else {}
                 return state.with_slot(LogState()), (Log(p.global_step, "epoch", FrozenMap({"epoch": epoch, **means})),)
             case ev.MetricsPublished(values=values, source=source) if values:
                 return state, (Log(p.global_step, f"eval/{source}" if source else "eval", values),)

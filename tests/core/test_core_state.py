@@ -138,7 +138,7 @@ def _state_with_every_slot():
             SaveEveryState(last_saved=10, deferred=20),
             BestState(0.5, 12),
             BestState(),
-            LogState(FrozenMap({"loss": 5.5}), 4),
+            LogState(FrozenMap({"loss": 5.5, "aux": 1.0}), 4, FrozenMap({"loss": 4, "aux": 1})),
             None,
             (SaveEveryState(), LogState()),
             {"count": 3, 7: "seven"},

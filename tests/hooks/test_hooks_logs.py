@@ -43,11 +43,18 @@ def test_slot_accumulates_and_resets():
     hook = log_every(10)
     state = at(1, LogState())
     state, effects = hook(state, ev.AfterStep(1, {"loss": 2.0}))
-    assert (state.slot, effects) == (LogState(FrozenMap({"loss": 2.0}), 1), ())
+    assert (state.slot, effects) == (LogState(FrozenMap({"loss": 2.0}), 1, FrozenMap({"loss": 1})), ())
     state, _ = hook(attrs.evolve(state, progress=at(2).progress), ev.AfterStep(2, {"loss": 4.0}))
-    assert state.slot == LogState(FrozenMap({"loss": 6.0}), 2)
+    assert state.slot == LogState(FrozenMap({"loss": 6.0}), 2, FrozenMap({"loss": 2}))
     state, effects = hook(state, ev.AfterEpoch(0))
     assert (state.slot, effects) == (LogState(), (Log(2, "epoch", {"epoch": 0, "loss": 3.0}),))
+
+
+def test_slot_from_before_per_output_counts_averages_over_all_steps():
+    """A LogState without counts (an older checkpoint) averages its sums over every counted step."""
+    state = at(3, LogState(FrozenMap({"loss": 4.0}), 2))
+    state, _ = log_every(10)(state, ev.AfterStep(3, {"loss": 2.0}))
+    assert state.slot == LogState(FrozenMap({"loss": 6.0}), 3, FrozenMap({"loss": 3}))
 
 
 def test_epoch_without_outputs_logs_only_the_epoch():
@@ -81,3 +88,10 @@ def test_log_every_rejects_bad_arguments(n, message):
     with pytest.raises(ValueError) as info:
         log_every(n)
     assert str(info.value) == message
+
+
+def test_epoch_average_of_an_output_only_some_steps_report():
+    """An output present in only some steps is averaged over the steps that reported it."""
+    outputs = {1: {"loss": 1.0}, 2: {"loss": 3.0, "aux": 4.0}, 3: {"loss": 2.0}, 4: {"loss": 2.0, "aux": 2.0}}
+    records, _ = logs([log_every(100)], iters=4, epochs=1, outputs=outputs.get)
+    assert records == [Log(4, "epoch", {"epoch": 0, "loss": 2.0, "aux": 3.0})]
