@@ -15,7 +15,7 @@ import attrs
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import Event
 from pimm_fn.core.schedule import advance
-from pimm_fn.core.state import State, replace
+from pimm_fn.core.state import State, evolvers, replace
 
 __all__ = ["chain", "Chain", "TraceEntry", "Executor", "fold", "process", "init_slots"]
 
@@ -67,17 +67,32 @@ class Chain:
 
     def fold(self, state: State, event: Event, slots: tuple) -> tuple[State, tuple, list]:
         """Fold the hooks over ``event``; returns (state, new slots, [(index, effect)])."""
+        state, slots, emitted = self._fold(state, event, slots)
+        return (state if state.slot is None else replace(state, slot=None)), slots, emitted
+
+    def _fold(self, state: State, event: Event, slots: tuple) -> tuple[State, tuple, list]:
+        """``fold`` leaving the last hook's slot in ``state.slot`` (the caller clears it)."""
         emitted = []
         new_slots = None
-        for i in self.active(type(event)):
-            hook = self.hooks[i]
+        hooks = self.hooks
+        active = self._active.get(event.__class__)
+        for i in self.active(event.__class__) if active is None else active:
+            hook = hooks[i]
             slot = (new_slots or slots)[i]
-            state, effects = _check_result(hook, hook(replace(state, slot=slot), event))
+            if state.slot is not slot:
+                state = evolvers[state.__class__](state, slot=slot)
+            result = hook(state, event)
+            # Checked inline for the common (state, ()) answer; anything else in full.
+            if result.__class__ is tuple and len(result) == 2 and result[1] == () and result[0].__class__ is State:
+                state, effects = result
+            else:
+                state, effects = _check_result(hook, result)
             if state.slot is not slot:
                 new_slots = list(new_slots or slots)
                 new_slots[i] = state.slot
-            emitted.extend((i, e) for e in effects)
-        return replace(state, slot=None), tuple(new_slots) if new_slots else slots, emitted
+            if effects:
+                emitted.extend((i, e) for e in effects)
+        return state, tuple(new_slots) if new_slots else slots, emitted
 
     def __call__(self, state: State, event: Event):
         outer = state.slot
@@ -125,9 +140,11 @@ class Executor(Protocol):
 def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
     """Apply the core's bookkeeping for ``event``, then fold ``hooks`` over it."""
     state = advance(state, event)
-    state, slots, emitted = hooks.fold(state, event, state.slots)
+    state, slots, emitted = hooks._fold(state, event, state.slots)
     if slots is not state.slots:
-        state = replace(state, slots=slots)
+        state = evolvers[state.__class__](state, slots=slots, slot=None)
+    elif state.slot is not None:
+        state = evolvers[state.__class__](state, slot=None)
     return state, emitted
 
 

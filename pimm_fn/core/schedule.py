@@ -7,7 +7,7 @@ saved ``State.position`` says it stopped.
 """
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.state import Progress, State, replace
+from pimm_fn.core.state import Progress, State, evolvers, replace
 
 __all__ = ["next_event", "advance", "resume_from", "state_at_step"]
 
@@ -22,7 +22,11 @@ def next_event(state: State) -> ev.Event | None:
     ModifyConfig()
     """
     p = state.progress
-    match state.position:
+    match state.position:  # the two per-step positions first: this runs twice a step
+        case "BeforeStep":
+            return ev.AfterStep(p.global_step + 1)
+        case "AfterStep":
+            return ev.AfterEpoch(p.epoch) if p.at_epoch_end else ev.BeforeStep(p.global_step + 1)
         case None:
             return ev.ModifyConfig()
         case "ModifyConfig":
@@ -31,10 +35,6 @@ def next_event(state: State) -> ev.Event | None:
             return ev.BeforeEpoch(p.epoch) if p.epoch < p.max_epochs else ev.AfterTrain()
         case "BeforeEpoch":
             return ev.BeforeStep(p.global_step + 1)
-        case "BeforeStep":
-            return ev.AfterStep(p.global_step + 1)
-        case "AfterStep":
-            return ev.AfterEpoch(p.epoch) if p.at_epoch_end else ev.BeforeStep(p.global_step + 1)
         case "AfterEpoch":
             return ev.BeforeEpoch(p.epoch + 1) if p.epoch + 1 < p.max_epochs else ev.AfterTrain()
         case "AfterTrain":
@@ -49,15 +49,15 @@ def advance(state: State, event: ev.Event) -> State:
             p = state.progress
             if step != p.global_step + 1:
                 raise ValueError(f"AfterStep(step={step}) out of order: global_step is {p.global_step}")
-            progress = replace(
+            progress = evolvers[p.__class__](
                 p,
                 global_step=step,
                 iter_in_epoch=p.iter_in_epoch + 1,
                 samples_seen=p.samples_seen + batch_size,
             )
-            return replace(state, progress=progress, position="AfterStep")
+            return evolvers[state.__class__](state, progress=progress, position="AfterStep")
         case ev.BeforeStep():
-            return replace(state, position="BeforeStep")
+            return evolvers[state.__class__](state, position="BeforeStep")
         case ev.MetricsPublished(values=values):
             return replace(state, metrics=state.metrics.merge(values))
         case ev.BeforeEpoch(epoch=epoch):
