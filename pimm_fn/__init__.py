@@ -14,6 +14,7 @@ what every rank will do is a value you can plan, simulate and test.
 
 import importlib
 
+from pimm_fn import compat
 from pimm_fn.core import effects, events
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Scope
@@ -44,6 +45,7 @@ _RUNTIME = {
 }
 
 __all__ = [
+    "compat",
     "effects",
     "events",
     "register",

@@ -20,7 +20,7 @@ from pimm_fn.core.frozen import FrozenMap
 ROOT = pathlib.Path(pimm_fn.__file__).parent
 
 PUBLIC = {
-    "effects", "events", "register", "Scope", "Chain", "TraceEntry", "chain", "FrozenMap", "plan",
+    "compat", "effects", "events", "register", "Scope", "Chain", "TraceEntry", "chain", "FrozenMap", "plan",
     "Progress", "State", "save_every", "SaveEveryState", "best_on", "BestState", "evaluate_every",
     "load_weights", "log_every", "LogState", "model_hook",
     "loop", "Loop", "train_step", "CollectiveDivergenceError", "ResumeError", "ResumeNotExactWarning",
