@@ -1,0 +1,202 @@
+"""Checks of the design's promises over simulated runs, with readable failure reports.
+
+``assert_collective_agreement`` checks that every rank executes the same
+collective effects in the same order (rule 3); ``assert_resume_continuity``
+checks that a run resumed from a checkpoint does what the uninterrupted run
+did from that point on (rule 4). Both raise ``AssertionError`` naming the
+step, the event, the hook and what each rank did, so a hypothesis
+counterexample reads as a diagnosis.
+"""
+
+from collections.abc import Iterable
+
+from pimm_fn.core import events as ev
+from pimm_fn.core.effects import Scope
+from pimm_fn.testing.simulation import SimulationResult, resume_points, simulate
+
+__all__ = ["assert_collective_agreement", "assert_resume_continuity"]
+
+_RESUMED = ev.BeforeTrain(resumed=True)
+
+# The order of lifecycle events within one global step; with the step it
+# names the same moment on every rank (``BeforeStep(k + 1)`` runs at step k).
+_PHASE = {
+    None: -1,
+    "ModifyConfig": 0,
+    "BeforeTrain": 1,
+    "AfterStep": 2,
+    "AfterEpoch": 3,
+    "BeforeEpoch": 4,
+    "BeforeStep": 5,
+    "AfterTrain": 6,
+}
+
+
+def _same(a, b) -> bool:
+    """Equal, counting NaN equal to NaN (a re-computed NaN is a new object)."""
+    return a == b or repr(a) == repr(b)
+
+
+def _event_label(event) -> str:
+    """The rank-consistent part of an event: rank-local outputs and values left out."""
+    match event:
+        case ev.AfterStep(step=step):
+            return f"AfterStep(step={step})"
+        case ev.MetricsPublished(source=source, step=step):
+            return f"MetricsPublished(source={source!r}, step={step})"
+    return repr(event)
+
+
+def _by_moment(result: SimulationResult, rank: int) -> dict:
+    """Collective entries of ``rank`` grouped by (step, lifecycle event), in order."""
+    groups: dict = {}
+    for e in result.collective(rank):
+        groups.setdefault((e.step, e.during), []).append((e.hook, e.effect, _event_label(e.event)))
+    return groups
+
+
+def _describe(result: SimulationResult, moment, wanted: list) -> str:
+    hooks = result.hooks.hooks
+    step, during = moment
+
+    def render(items):
+        if not items:
+            return "nothing"
+        return "; ".join(f"{effect!r} from hook #{i} {hooks[i]!r} on {label}" for i, effect, label in items)
+
+    involved = set()
+    for items in wanted:
+        for i, effect, label in items:
+            if not all(any(_same((i, effect, label), other) for other in others) for others in wanted):
+                involved.add(f"#{i} {hooks[i]!r}")
+    lines = [
+        f"ranks disagree on the collective effects at global step {step}, during {during}; "
+        f"hook(s) involved: {', '.join(sorted(involved)) or '(the order differs)'}"
+    ]
+    shown: dict = {}
+    for rank, items in enumerate(wanted):
+        shown.setdefault(render(items), []).append(rank)
+    for text, ranks in shown.items():
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+        lines.append(f"  {who} wanted: {text}")
+    lines.append(
+        "A collective decision must depend only on rank-consistent state (progress, broadcast metrics); "
+        "check the hook(s) above for rank-local inputs."
+    )
+    return "\n".join(lines)
+
+
+def _same_items(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+
+
+def assert_collective_agreement(result: SimulationResult) -> None:
+    """Assert every rank executed the same ``COLLECTIVE`` effects, in the same order.
+
+    Ranks are compared moment by moment (global step and lifecycle event).
+    Rank-local parts of events (step outputs, unbroadcast metric values) are
+    not compared; the effects, the emitting hooks and the event kinds are.
+
+    Args:
+        result: what ``simulate`` returned.
+
+    Raises:
+        AssertionError: at the first moment where ranks differ, naming the
+            step, the event, the hook(s) (index and repr) and what each rank
+            wanted; ranks that agree with each other are listed together.
+
+    >>> from pimm_fn.hooks import evaluate_every, save_every
+    >>> def f(model): return None
+    >>> result = simulate([evaluate_every(2, f), save_every(3)], world_size=3, iters_per_epoch=4, max_epochs=2)
+    >>> assert_collective_agreement(result)
+    """
+    if not isinstance(result, SimulationResult):
+        raise TypeError(f"assert_collective_agreement takes what simulate() returned (got {result!r:.80})")
+    per_rank = [_by_moment(result, rank) for rank in range(result.world_size)]
+    moments = sorted({m for groups in per_rank for m in groups}, key=lambda m: (m[0], _PHASE.get(m[1], 7)))
+    for moment in moments:
+        wanted = [groups.get(moment, []) for groups in per_rank]
+        if not all(_same_items(wanted[0], other) for other in wanted[1:]):
+            raise AssertionError(_describe(result, moment, wanted))
+
+
+def _entry_text(entry) -> str:
+    if entry is None:
+        return "(nothing: the trace ends)"
+    return f"step {entry.step} during {entry.during}: {entry.effect!r} from hook #{entry.hook} on {entry.event!r}"
+
+
+def _differing_fields(a, b) -> list:
+    return [name for name in ("progress", "metrics", "best", "config", "slots", "position")
+            if not _same(getattr(a, name), getattr(b, name))]
+
+
+def assert_resume_continuity(hooks, *, resume_at, **simulate_kwargs) -> None:
+    """Assert that resuming at each checkpoint step continues exactly as the uninterrupted run.
+
+    For each step ``k`` in ``resume_at`` (one step or an iterable of steps,
+    each checked as a separate single resume), simulates the run killed at
+    the checkpoint of ``k`` and resumed (see ``simulate``), and compares, per
+    rank, the entries after the resume point with the uninterrupted run's
+    from that point on, then the final states. Entries of the resume's own
+    ``BeforeTrain(resumed=True)`` have no counterpart and are skipped.
+
+    Args:
+        hooks: the hook list.
+        resume_at: a step or an iterable of steps in ``[1, max steps]``.
+        **simulate_kwargs: ``world_size``, ``iters_per_epoch``, ``max_epochs``
+            and optionally ``metrics`` and ``local``, as for ``simulate``.
+
+    Raises:
+        AssertionError: naming the rank, the resume step and the first entry
+            at which the two runs part (each side's entry), or the final
+            state fields that differ.
+
+    >>> from pimm_fn.hooks import best_on, evaluate_every, save_every
+    >>> def f(model): return None
+    >>> stack = [evaluate_every(2, f), save_every(3), best_on("mIoU")]
+    >>> assert_resume_continuity(stack, resume_at=range(1, 9), world_size=2, iters_per_epoch=4,
+    ...                          max_epochs=2, metrics=lambda step, rank: {"mIoU": step % 3})
+    """
+    if "resume_at" in simulate_kwargs:
+        raise TypeError("assert_resume_continuity: pass resume_at once")
+    baseline = simulate(hooks, **simulate_kwargs)
+    max_steps = simulate_kwargs["iters_per_epoch"] * simulate_kwargs["max_epochs"]
+    if isinstance(resume_at, Iterable) and not isinstance(resume_at, (str, bytes)):
+        points = tuple(resume_at)
+    else:
+        points = (resume_at,)
+    for k in points:
+        resume_points(k, max_steps)  # validates
+        resumed = simulate(hooks, resume_at=k, **simulate_kwargs)
+        for rank in range(baseline.world_size):
+            _check_rank(rank, k, baseline.traces[rank], resumed.traces[rank], resumed.resume_index[rank][0],
+                        baseline.states[rank], resumed.states[rank])
+
+
+def _check_rank(rank, k, uninterrupted, stitched, resume_index, final, resumed_final) -> None:
+    continued = [e for e in stitched if e.event != _RESUMED]
+    for i in range(max(len(uninterrupted), len(continued))):
+        a = uninterrupted[i] if i < len(uninterrupted) else None
+        b = continued[i] if i < len(continued) else None
+        if a is None or b is None or not _same(a, b):
+            after = (
+                f"entry {i - resume_index + 1} after the resume" if i >= resume_index
+                else f"entry {i}, before the resume: the simulation itself is not deterministic"
+            )
+            raise AssertionError(
+                f"rank {rank}, resumed from the checkpoint of step {k}: the resumed run parts from the "
+                f"uninterrupted one at {after}\n"
+                f"  uninterrupted: {_entry_text(a)}\n"
+                f"  resumed:       {_entry_text(b)}"
+            )
+    fields = _differing_fields(final, resumed_final)
+    if fields:
+        details = "\n".join(
+            f"  {name}: uninterrupted {getattr(final, name)!r:.300} / resumed {getattr(resumed_final, name)!r:.300}"
+            for name in fields
+        )
+        raise AssertionError(
+            f"rank {rank}, resumed from the checkpoint of step {k}: same effects, but the final state "
+            f"differs in {', '.join(fields)}\n{details}"
+        )

@@ -1,0 +1,275 @@
+"""A multi-rank simulation of a hook list: every rank's effect trace, without torch.
+
+``simulate`` runs the same pure core the real loop runs (``next_event``,
+``process``, the hooks), once per rank, feeding each rank its own step
+outputs (``local``) and evaluation results (``metrics``). What differs from
+a real run is only the executor: it records effects instead of performing
+them, exactly as the interpreter records what it executed (``MAIN`` effects
+appear on rank 0 only), and answers ``Evaluate`` like ``plan`` does.
+
+``resume_at`` kills the run at a checkpoint and restarts every rank from the
+state that checkpoint holds, as ``loop(resume=...)`` would.
+"""
+
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+
+from pimm_fn.core import events as ev
+from pimm_fn.core.effects import Effect, SaveCheckpoint, Scope
+from pimm_fn.core.events import Event
+from pimm_fn.core.fold import Chain, TraceEntry, chain, process
+from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
+from pimm_fn.core.state import State
+
+__all__ = ["simulate", "SimulationResult", "SimEntry"]
+
+_RESUMED = ev.BeforeTrain(resumed=True)
+
+
+@attrs.frozen
+class SimEntry:
+    """One effect a rank executed.
+
+    Attributes:
+        step: the global step when it executed.
+        event: the event whose hooks emitted it (rank-local ``AfterStep``
+            outputs included).
+        effect: what was requested.
+        hook: the emitting hook's index in the hook list.
+        rank: the rank that executed it.
+        during: the lifecycle event (by name) being processed, which is the
+            entry's own event or the one whose follow-up (``MetricsPublished``)
+            emitted it. ``(step, during)`` names the same moment on every rank.
+    """
+
+    step: int
+    event: Event
+    effect: Effect
+    hook: int
+    rank: int
+    during: str | None = None
+
+    def to_trace_entry(self) -> TraceEntry:
+        """This entry as ``plan`` reports it."""
+        return TraceEntry(self.step, self.event, self.effect, self.hook)
+
+
+@attrs.frozen
+class SimulationResult:
+    """What every rank executed, and where it ended.
+
+    Attributes:
+        hooks: the simulated hooks, as one ``Chain``.
+        traces: one tuple of ``SimEntry`` per rank, in execution order.
+        states: each rank's final ``State``.
+        resume_at: the steps at which the run was killed and resumed.
+        resume_index: per rank, the trace length at each resume: entries
+            before it come from the run that was killed.
+    """
+
+    hooks: Chain
+    traces: tuple
+    states: tuple
+    resume_at: tuple = ()
+    resume_index: tuple = ()
+
+    @property
+    def world_size(self) -> int:
+        return len(self.traces)
+
+    def collective(self, rank: int) -> tuple:
+        """The ``COLLECTIVE`` entries of ``rank``'s trace (identical on every rank when all is well)."""
+        return tuple(e for e in self.traces[rank] if e.effect.scope is Scope.COLLECTIVE)
+
+    def effects(self, rank: int = 0, kind: type = Effect) -> tuple:
+        """The effects of type ``kind`` that ``rank`` executed, in order."""
+        return tuple(e.effect for e in self.traces[rank] if isinstance(e.effect, kind))
+
+
+@attrs.define
+class _SimExecutor(RecordingExecutor):
+    """Records like the interpreter and captures the state a checkpoint would hold."""
+
+    rank: int = 0
+    entries: list = attrs.field(factory=list)
+    target: int | None = None  # the step whose checkpoint ends this segment
+    captured: State | None = None
+
+    def execute(self, state: State, entry: TraceEntry) -> tuple:
+        effect = entry.effect
+        if effect.scope is Scope.MAIN and self.rank != 0:
+            return ()  # the interpreter runs MAIN effects on rank 0 only
+        self.entries.append(SimEntry(entry.step, entry.event, effect, entry.hook, self.rank, state.position))
+        if self.target is not None and self.captured is None and isinstance(effect, SaveCheckpoint):
+            if effect.step == self.target:
+                self.captured = state  # what the save handler writes
+        return super().execute(state, entry)
+
+    def at_checkpoint(self, state: State) -> bool:
+        """After each lifecycle event: has this segment reached the checkpoint of ``target``?"""
+        if self.captured is not None:
+            return True
+        p = state.progress
+        if p.global_step != self.target:
+            return False
+        # A save at step k is written after AfterStep(k), or after AfterEpoch when k ends an epoch.
+        if state.position == "AfterEpoch" or (state.position == "AfterStep" and not p.at_epoch_end):
+            self.captured = state
+            return True
+        return False
+
+
+def _int_at_least(name, value, minimum):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"simulate: '{name}' must be an int >= {minimum} (got {value!r})")
+
+
+def _metric_source(metrics) -> Callable:
+    if metrics is None:
+        return lambda step, rank: None
+    if isinstance(metrics, Mapping):
+        for step, values in metrics.items():
+            if not isinstance(step, int) or not isinstance(values, Mapping):
+                raise TypeError(
+                    f"simulate: 'metrics' as a mapping must be {{step: {{name: value}}}} "
+                    f"(got {step!r}: {values!r:.80})"
+                )
+        return lambda step, rank: metrics.get(step)
+    if callable(metrics):
+        def checked(step, rank):
+            values = metrics(step, rank)
+            if values is not None and not isinstance(values, Mapping):
+                raise TypeError(
+                    f"simulate: metrics({step}, {rank}) must return a mapping of metric names to numbers "
+                    f"or None (got {values!r:.80})"
+                )
+            return values
+
+        return checked
+    raise TypeError(
+        f"simulate: 'metrics' must be None, a mapping {{step: {{name: value}}}} or a callable "
+        f"metrics(step, rank) (got {metrics!r:.80})"
+    )
+
+
+def _outputs(local, rank) -> Callable | None:
+    if local is None:
+        return None
+    if not callable(local):
+        raise TypeError(f"simulate: 'local' must be a callable local(step, rank) -> mapping (got {local!r:.80})")
+
+    def outputs(step):
+        values = local(step, rank)
+        if values.__class__ is dict:  # the common case, checked first: this runs every step
+            return values
+        if values is None:
+            return {}
+        if not isinstance(values, Mapping):
+            raise TypeError(
+                f"simulate: local({step}, {rank}) must return a mapping of step outputs or None (got {values!r:.80})"
+            )
+        return values
+
+    return outputs
+
+
+def resume_points(resume_at, max_steps: int) -> tuple:
+    """``resume_at`` (None, an int, or increasing ints) as a validated tuple."""
+    if resume_at is None:
+        return ()
+    points = (resume_at,) if isinstance(resume_at, int) and not isinstance(resume_at, bool) else tuple(resume_at)
+    for k in points:
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= max_steps:
+            raise ValueError(
+                f"simulate: 'resume_at' must hold steps in [1, {max_steps}] (the run's steps; got {resume_at!r})"
+            )
+    if any(a >= b for a, b in zip(points, points[1:])):
+        raise ValueError(f"simulate: 'resume_at' must be strictly increasing (got {resume_at!r})")
+    return points
+
+
+def _run_rank(hooks: Chain, state: State, executor: _SimExecutor, outputs, points, index: list) -> State:
+    for k in points:
+        executor.target, executor.captured = k, None
+        run_schedule(hooks, state, executor, outputs, stop=executor.at_checkpoint)
+        if executor.captured is None:
+            raise AssertionError(f"simulate: the run ended before the checkpoint of step {k}")
+        index.append(len(executor.entries))
+        # A real resume: restore the checkpoint's state, dispatch BeforeTrain(resumed=True), go on.
+        state = process(hooks, executor.captured, _RESUMED, executor)
+    executor.target = None
+    return run_schedule(hooks, state, executor, outputs)
+
+
+def simulate(
+    hooks,
+    *,
+    world_size: int,
+    iters_per_epoch: int,
+    max_epochs: int,
+    metrics=None,
+    local=None,
+    resume_at=None,
+) -> SimulationResult:
+    """Run ``hooks`` on every rank of a simulated job and return each rank's trace.
+
+    Each rank walks the real lifecycle through the real fold. Nothing is
+    shared between ranks but the inputs you give, so any difference between
+    their traces comes from the hooks.
+
+    Args:
+        hooks: the hook list, as given to ``loop`` (or one ``Chain``).
+        world_size: number of ranks (>= 1).
+        iters_per_epoch, max_epochs: the schedule.
+        metrics: what an evaluation at ``step`` returns: ``{step: {name:
+            value}}`` (the same on every rank), or ``metrics(step, rank)``
+            returning a mapping or ``None`` (that rank computed nothing). As
+            in a real run, a broadcasting evaluator publishes rank 0's result
+            on every rank.
+        local: ``local(step, rank)`` returning the rank-local outputs of
+            ``step`` (losses), delivered in ``AfterStep``; default none.
+        resume_at: a step, or strictly increasing steps, at which the run is
+            killed just after that step's checkpoint point and resumed from
+            the state the checkpoint holds: the state a ``SaveCheckpoint``
+            of that step was written with, or, when no hook saved it, the
+            state after ``AfterStep(k)`` (after ``AfterEpoch`` when ``k`` ends
+            an epoch). Each trace is then the stitched run: up to the
+            checkpoint, ``BeforeTrain(resumed=True)``, and on.
+
+    Returns:
+        A ``SimulationResult`` with ``traces`` and ``states``, one per rank.
+
+    Raises:
+        ValueError, TypeError: on an invalid argument, naming it.
+
+    >>> from pimm_fn.hooks import save_every
+    >>> result = simulate([save_every(4)], world_size=2, iters_per_epoch=10, max_epochs=3)
+    >>> [e.step for e in result.traces[1]]
+    [4, 8, 12, 16, 20, 24, 28, 30]
+    >>> [e.during for e in result.traces[1]][4:]
+    ['AfterEpoch', 'AfterStep', 'AfterStep', 'AfterTrain']
+    """
+    hooks = hooks if isinstance(hooks, Chain) else chain(*_hook_list(hooks))
+    _int_at_least("world_size", world_size, 1)
+    _int_at_least("iters_per_epoch", iters_per_epoch, 1)
+    _int_at_least("max_epochs", max_epochs, 0)
+    source = _metric_source(metrics)
+    points = resume_points(resume_at, iters_per_epoch * max_epochs)
+    traces, states, indices = [], [], []
+    for rank in range(world_size):
+        state = initial_state(
+            hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs, rank=rank, world_size=world_size
+        )
+        executor = _SimExecutor(source, rank=rank)
+        index: list = []
+        states.append(_run_rank(hooks, state, executor, _outputs(local, rank), points, index))
+        traces.append(tuple(executor.entries))
+        indices.append(tuple(index))
+    return SimulationResult(hooks, tuple(traces), tuple(states), points, tuple(indices))
+
+
+def _hook_list(hooks) -> list:
+    if callable(hooks) or not isinstance(hooks, Iterable):
+        raise TypeError(f"simulate: 'hooks' must be a list of hooks (got {hooks!r:.80}); wrap a single hook: [hook]")
+    return list(hooks)
