@@ -12,7 +12,7 @@ from pimm_fn.checkpoint import dist
 from pimm_fn.core import events as ev
 from pimm_fn.core.fold import chain, process
 from pimm_fn.core.plan import initial_state
-from pimm_fn.core.schedule import next_event, resume_from
+from pimm_fn.core.schedule import advance, next_event, resume_from
 from pimm_fn.hooks.model import _ModelHook
 from pimm_fn.runtime.context import Context, unwrap
 from pimm_fn.runtime.feed import Feed
@@ -23,6 +23,8 @@ from pimm_fn.runtime.resume import locate, restore
 from pimm_fn.runtime.step import scalar_outputs, train_step
 
 __all__ = ["Loop", "loop"]
+
+_CLOSING = (ev.AfterEpoch, ev.AfterTrain)  # the events a step() runs after its AfterStep
 
 
 def _evaluators(hooks) -> dict:
@@ -36,6 +38,9 @@ def _evaluators(hooks) -> dict:
 
 
 def _batch_size(batch) -> int:
+    cls = batch.__class__
+    if (cls is tuple or cls is list) and batch:  # the common (inputs, targets) batch, without a getattr miss
+        return _batch_size(batch[0])
     shape = getattr(batch, "shape", None)
     if shape:
         return int(shape[0])
@@ -60,6 +65,7 @@ class Loop:
         self.state = state
         self._step_fn = step_fn
         self._interpreter = interpreter
+        self._peeked = (None, None)  # (state, next_event(state)): the step's tail computes the next head
 
     @property
     def trace(self) -> list:
@@ -70,7 +76,19 @@ class Loop:
         return self.state.finished
 
     def _dispatch(self, event) -> None:
-        self.state = process(self.hooks, self.state, event, self._interpreter)
+        if not self.hooks.active(event.__class__) and getattr(self._interpreter, "guard", None) is None:
+            # No hook wants it and no guard compares it: process() would only advance.
+            self.state = advance(self.state, event)
+        else:
+            self.state = process(self.hooks, self.state, event, self._interpreter)
+
+    def _next_event(self) -> ev.Event | None:
+        """``next_event(self.state)``, computed once per state."""
+        state, event = self._peeked
+        if state is not self.state:
+            event = next_event(self.state)
+            self._peeked = (self.state, event)
+        return event
 
     def _train(self, event: ev.AfterStep) -> ev.AfterStep:
         ctx = self.ctx
@@ -80,24 +98,26 @@ class Loop:
 
     def _advance(self) -> ev.Event | None:
         """Run the next lifecycle event; returns it, or None when training is over."""
-        event = next_event(self.state)
-        match event:
-            case None:
-                return None
-            case ev.BeforeEpoch(epoch=epoch):
-                self.ctx.feed.start_epoch(epoch)
-            case ev.AfterStep():
-                event = self._train(event)
-            case ev.AfterEpoch():
-                self.ctx.feed.end_epoch()
+        event = self._next_event()
+        cls = event.__class__  # next_event builds exact lifecycle classes
+        if cls is ev.AfterStep:
+            event = self._train(event)
+        elif cls is ev.BeforeEpoch:
+            self.ctx.feed.start_epoch(event.epoch)
+        elif cls is ev.AfterEpoch:
+            self.ctx.feed.end_epoch()
+        elif event is None:
+            return None
         self._dispatch(event)
         return event
 
     def step(self) -> "Loop":
         """Train one step, with the events around it (epoch end, training end)."""
-        while not isinstance(self._advance(), (ev.AfterStep, type(None))):
-            pass
-        while isinstance(next_event(self.state), (ev.AfterEpoch, ev.AfterTrain)):
+        while True:
+            event = self._advance()
+            if event is None or event.__class__ is ev.AfterStep:
+                break
+        while self._next_event().__class__ in _CLOSING:
             self._advance()
         return self
 

@@ -25,9 +25,12 @@ def train_step(model, optimizer, batch, *, scheduler=None, scaler=None) -> Mappi
         The model's outputs with a detached ``loss`` and the first group's ``lr``.
     """
     optimizer.zero_grad(set_to_none=True)
-    with _autocast(model, scaler):
+    if scaler is None:
         outputs = model(batch)
-    if not isinstance(outputs, Mapping) or "loss" not in outputs:
+    else:
+        with _autocast(model, scaler):
+            outputs = model(batch)
+    if not (outputs.__class__ is dict or isinstance(outputs, Mapping)) or "loss" not in outputs:
         raise TypeError(
             f"the default step expects model(batch) to return a mapping with a 'loss' entry "
             f"(got {type(outputs).__name__}); return {{'loss': loss, ...}} or pass step_fn= to loop()"
@@ -49,13 +52,16 @@ def scalar_outputs(outputs) -> dict:
     """The step's numeric scalars as floats; other outputs (logits) are dropped."""
     if outputs is None:
         return {}
-    if not isinstance(outputs, Mapping):
+    if not (outputs.__class__ is dict or isinstance(outputs, Mapping)):
         outputs = {"loss": outputs}
     scalars = {}
     for name, value in outputs.items():
-        if isinstance(value, torch.Tensor):
+        cls = value.__class__
+        if cls is float:  # the common cases first: this runs every step
+            scalars[name] = value
+        elif isinstance(value, torch.Tensor):
             if value.numel() == 1:
-                scalars[name] = float(value.detach())
+                scalars[name] = float(value.detach() if value.requires_grad else value)
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             scalars[name] = float(value)
     return scalars
