@@ -26,6 +26,7 @@ class Interpreter:
         self.handlers = dict(handlers)
         self.guard = guard
         self.trace: list[TraceEntry] = []
+        self._skipped = None  # an event whose effects diverged across ranks: they do not run
 
     def handler_for(self, effect):
         for cls in type(effect).__mro__:
@@ -39,10 +40,17 @@ class Interpreter:
         )
 
     def check(self, state, event, emitted) -> None:
+        if self.guard is not None and not self.guard.check(state, event, emitted):
+            self._skipped = event  # the guard raises on every rank at its next sync point
+
+    def settle(self) -> None:
+        """Wait for the guard's last comparison (at the end of a run, on every rank)."""
         if self.guard is not None:
-            self.guard.check(state, event, emitted)
+            self.guard.settle()
 
     def execute(self, state, entry: TraceEntry) -> tuple:
+        if entry.event is self._skipped and self.guard.skips(entry):
+            return ()
         effect = entry.effect
         if effect.scope is Scope.MAIN and self.ctx.rank != 0:
             return ()

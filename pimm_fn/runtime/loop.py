@@ -109,6 +109,8 @@ class Loop:
         elif event is None:
             return None
         self._dispatch(event)
+        if isinstance(event, ev.AfterTrain):
+            self._interpreter.settle()  # every rank learns of a divergence in the last events
         return event
 
     def step(self) -> "Loop":
@@ -222,7 +224,7 @@ def loop(
         evaluators=_evaluators(hooks.hooks), checkpoint_format=checkpoint_format, keep_snapshots=keep_snapshots,
         rank=dist.rank(), world_size=dist.world_size(), console=console,
     )
-    guarded = dist.is_initialized() if check_agreement is None else check_agreement
+    guarded = dist.is_initialized() and check_agreement is not False
     interpreter = Interpreter(ctx, {**DEFAULT_HANDLERS, **(handlers or {})}, AgreementGuard(hooks) if guarded else None)
     info = locate(resume, save_dir)
     if info is None:
