@@ -199,7 +199,15 @@ def loop(
             ``"legacy"`` (one file).
         keep_snapshots: keep only the newest N ``iter_<step>`` snapshots.
         check_agreement: compare collective effects across ranks before
-            running them (default: on in a process group).
+            running them, raising ``CollectiveDivergenceError`` on every rank
+            instead of hanging (default ``None``: on whenever a process group
+            is initialized; ``False`` turns it off). It compares the hook list
+            and schedule once per run, and then only the effects of hooks that
+            are not built-in (or declared ``rank_consistent``), with one
+            small asynchronous all-reduce per event such a hook listens to:
+            free with built-in hooks, about one collective's latency per step
+            for a hook of your own listening to every step
+            (``benchmarks/guard.py``).
         strict_resume: refuse a resume that cannot restore the data position.
         handlers: ``{EffectType: handler}`` overriding or adding handlers.
         config: initial ``State.config``.
