@@ -114,7 +114,22 @@ class _SaveOnLocalImprovement:
         return "save_on_local_improvement('score')"
 
 
-def hooks_for(kind: str, scores=None) -> list:
+@attrs.frozen
+class _SnapshotOnRank1:
+    """BROKEN on purpose: every rank saves at step 2, but only rank 1 asks for a snapshot."""
+
+    events = (ev.AfterStep,)
+
+    def __call__(self, state, event):
+        if event.step != 2:
+            return state, ()
+        return state, (SaveCheckpoint(2, snapshot=state.rank == 1),)
+
+    def __repr__(self):
+        return "snapshot_on_rank1()"
+
+
+def hooks_for(kind: str, scores=None, rank: int = 0) -> list:
     if kind == "standard":
         return [pf.evaluate_every(4, ValLoss(), name="val"), pf.save_every(4),
                 pf.best_on("val_loss", mode="min"), pf.log_every(5)]
@@ -125,6 +140,10 @@ def hooks_for(kind: str, scores=None) -> list:
                 pf.best_on("score")]
     if kind == "broken":
         return [pf.evaluate_every(3, Scores(scores), name="scores", broadcast=False), _SaveOnLocalImprovement()]
+    if kind == "broken_both":
+        return [pf.save_every(4), _SnapshotOnRank1()]
+    if kind == "rank1_extra":
+        return [pf.save_every(4)] + ([pf.log_every(7)] if rank == 1 else [])
     raise ValueError(kind)
 
 
@@ -168,7 +187,7 @@ def train(rank, world, out, *, save_dir, tag, hooks="standard", scores=None, res
     result = {"rank": rank, "world": world}
     if strict_first:  # the same resume under strict_resume=True, on throwaway objects
         try:
-            pf.loop(Net(), optimizer, loader(rank, world), hooks=hooks_for(hooks, scores), max_epochs=max_epochs,
+            pf.loop(Net(), optimizer, loader(rank, world), hooks=hooks_for(hooks, scores, rank), max_epochs=max_epochs,
                     save_dir=save_dir, resume=resume, strict_resume=True, console=False, ddp=True)
             result["strict"] = None
         except pf.ResumeError as exc:
@@ -177,7 +196,7 @@ def train(rank, world, out, *, save_dir, tag, hooks="standard", scores=None, res
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            run = pf.loop(model, optimizer, data, hooks=hooks_for(hooks, scores), max_epochs=max_epochs,
+            run = pf.loop(model, optimizer, data, hooks=hooks_for(hooks, scores, rank), max_epochs=max_epochs,
                           save_dir=save_dir, resume=resume, strict_resume=strict, check_agreement=check_agreement,
                           console=False, ddp=True, **extra)
         except pf.ResumeError as exc:

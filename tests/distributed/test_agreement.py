@@ -65,3 +65,28 @@ def test_guard_names_a_hook_that_saves_from_rank_local_metrics(tmp_path):
     assert "rank 1 wanted: nothing" in message
     # Nothing collective ran after the divergence: no checkpoint of step 3 exists.
     assert not (tmp_path / "run" / "model" / "last").exists()
+
+
+def test_guard_raises_at_once_when_every_rank_wants_something_different(tmp_path):
+    """Ranks that all have collective effects, differing, raise at that very event, before any save runs."""
+    run_ranks("train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="both",
+              hooks="broken_both").check()
+    for rank in results(tmp_path, "both", 2):
+        kind, message = rank["error"]
+        assert kind == "CollectiveDivergenceError"
+        assert "AfterStep at global step 2" in message and "#1 snapshot_on_rank1()" in message
+        assert "rank 1 wanted: SaveCheckpoint(step=2, snapshot=True, final=False)" in message
+        assert rank["final"]["progress"].global_step == 1  # the error came before step 2's state was kept
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_guard_catches_different_hook_lists_before_training(tmp_path):
+    """A rank that built another hook list is reported at BeforeTrain, before any step trains."""
+    run_ranks("train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="lists",
+              hooks="rank1_extra").check()
+    for rank in results(tmp_path, "lists", 2):
+        kind, message = rank["error"]
+        assert kind == "CollectiveDivergenceError"
+        assert "ranks start training differently" in message
+        assert "_LogEvery" in message.splitlines()[2] and "_LogEvery" not in message.splitlines()[1]
+        assert rank["final"]["progress"].global_step == 0
