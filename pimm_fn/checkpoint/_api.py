@@ -93,8 +93,9 @@ def save_checkpoint(
         _standard.write_trainer(staging, trainer, local)
 
         def publish() -> pathlib.Path:
-            L.atomic_write(staging / L.WEIGHTS, lambda f: torch.save(weights, f))
-            L.write_marker(staging, step, world)
+            # The staging directory is invisible until published: write in place.
+            L.durable_write(staging / L.WEIGHTS, lambda f: torch.save(weights, f))
+            L.write_marker(staging, step, world, staged=True)
             return _publish.publish_dir(root, staging)
 
     else:

@@ -163,10 +163,33 @@ def atomic_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib
     return path
 
 
-def write_marker(directory: pathlib.Path, step: int, world_size: int) -> None:
-    """Write ``COMPLETE`` into ``directory``; call only after every file is written."""
+def durable_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib.Path:
+    """Write and fsync a file in place, for a directory nobody reads yet.
+
+    Inside a ``.staging-*`` directory no temp name is needed: discovery never
+    looks there, and the directory becomes visible only by a rename after
+    its entries were made durable (``fsync_dir``).
+    """
+    with open(path, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def write_marker(directory: pathlib.Path, step: int, world_size: int, *, staged: bool = False) -> None:
+    """Write ``COMPLETE`` into ``directory``; call only after every file is written.
+
+    With ``staged`` the directory is a staging one that is published by a
+    rename afterwards: the marker is written in place and the directory
+    fsynced once, instead of a temp file and a rename.
+    """
     text = json.dumps(marker_payload(step, "standard", world_size), sort_keys=True).encode()
-    atomic_write(directory / MARKER, lambda f: f.write(text))
+    if staged:
+        durable_write(directory / MARKER, lambda f: f.write(text))
+        fsync_dir(directory)
+    else:
+        atomic_write(directory / MARKER, lambda f: f.write(text))
 
 
 def remove(path: pathlib.Path) -> None:
