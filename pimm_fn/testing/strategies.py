@@ -218,13 +218,13 @@ def hook_stacks(draw, *, max_every=6, metric="mIoU", evaluator=miou, orders=STAN
     >>> find(hook_stacks(), lambda stack: True)
     [evaluate_every(0, miou), save_every(1), best_on('mIoU'), log_every(1)]
     """
+    # Built with st.builds so that hypothesis prints each hook as its factory call.
     every = st.integers(1, max_every)
     hooks = {
-        "evaluate": evaluate_every(
-            draw(st.integers(0, max_every)), evaluator, broadcast=draw(st.sampled_from((True, False)))
-        ),
-        "save": save_every(draw(every), snapshots=draw(st.booleans())),
-        "best": best_on(metric, mode=draw(st.sampled_from(("max", "min")))),
-        "log": log_every(draw(every)),
+        "evaluate": draw(st.builds(evaluate_every, st.integers(0, max_every), st.just(evaluator),
+                                   broadcast=st.sampled_from((True, False)))),
+        "save": draw(st.builds(save_every, every, snapshots=st.booleans())),
+        "best": draw(st.builds(best_on, st.just(metric), mode=st.sampled_from(("max", "min")))),
+        "log": draw(st.builds(log_every, every)),
     }
     return [hooks[part] for part in draw(st.sampled_from(orders))]

@@ -61,8 +61,8 @@ def test_local_inputs_reach_each_ranks_after_step_events():
     """local(step, rank) becomes that rank's AfterStep outputs, and its epoch means."""
     result = simulate([log_every(1)], world_size=2, iters_per_epoch=2, max_epochs=1,
                       local=lambda step, rank: {"loss": float(step + 10 * rank)})
-    rank1 = [e for e in result.traces[0]]
-    assert [e.event.outputs["loss"] for e in rank1 if isinstance(e.event, ev.AfterStep)] == [1.0, 2.0]
+    rank0 = result.traces[0]
+    assert [e.event.outputs["loss"] for e in rank0 if isinstance(e.event, ev.AfterStep)] == [1.0, 2.0]
     assert result.states[1].slots[0].sums == {}  # the epoch ended: sums reset
     assert result.traces[0][-1].effect.values["loss"] == 1.5
 
