@@ -30,13 +30,18 @@ def test_collective_traces_agree_across_ranks_and_equal_the_plan(reference):
 
 
 def test_metric_on_rank0_only_never_changes_the_collective_saves(tmp_path):
-    """With broadcast=False and no result on rank 1, both ranks still save together; rank 0 writes model_best."""
+    """With broadcast=False and no result on rank 1, both ranks still save together; rank 0 writes model_best.
+
+    A correct hook of the user's own also saves (every 5 steps): the guard watches and passes it.
+    """
     scores = {"0": [0.1, 0.5, 0.3, 0.7, 0.2, 0.9]}  # evaluations at steps 3, 6, 9, 12, 15, 18
     run_ranks("train", 2, tmp_path, save_dir=str(tmp_path / "run"), tag="r0", hooks="rank0_scores",
               scores=scores, check_agreement=True).check()
     ranks = results(tmp_path, "r0", 2)
     planned = pf.plan(hooks_for("rank0_scores", scores), iters_per_epoch=ITERS_PER_EPOCH, max_epochs=MAX_EPOCHS)
     assert collective(ranks[0]["trace"]) == collective(ranks[1]["trace"]) == collective(planned)
+    saves = [e.effect.step for e in ranks[1]["trace"] if type(e.effect).__name__ == "SaveCheckpoint"]
+    assert saves == [4, 5, 8, 10, 12, 15, 16, 18]
     assert [e.effect.step for e in ranks[0]["trace"] if isinstance(e.effect, WriteBest)] == [3, 6, 12, 18]
     assert not [e for e in ranks[1]["trace"] if isinstance(e.effect, WriteBest)]
     assert ranks[0]["final"]["best"] == {"score": 0.9} and ranks[1]["final"]["best"] == {}
