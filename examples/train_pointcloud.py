@@ -63,10 +63,8 @@ def build(args, rank: int = 0, world_size: int = 1):
     train_loader, val_shard = make_loaders(
         args.num_train, args.num_val, args.batch_size, args.seed,
         rank=rank, world_size=world_size, num_points=args.points)
-    torch.manual_seed(args.seed)  # same initial weights on every rank
+    torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     model = PointSegNet()
-    if world_size > 1:
-        model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-2)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=args.lr, total_steps=args.epochs * len(train_loader), pct_start=0.15)
@@ -88,7 +86,8 @@ def train(args, rank: int = 0, world_size: int = 1):
                pf.best_on("mIoU"),
                pf.log_every(10)],
         max_epochs=args.epochs, save_dir=args.save_dir, scheduler=scheduler,
-        resume="auto" if args.resume else None)
+        resume="auto" if args.resume else None,
+        ddp=True)  # DistributedDataParallel when there is a process group; a no-op in one process
     state = run()
     if rank == 0:
         best = state.best.get("mIoU") if state.best else None
