@@ -1,9 +1,12 @@
 """assert_collective_agreement and assert_resume_continuity: passes, and readable failures."""
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.hooks import best_on, evaluate_every, log_every, save_every
 from pimm_fn.testing import assert_collective_agreement, assert_resume_continuity, simulate
 from pimm_fn.testing.strategies import metric_streams, miou, schedules
@@ -35,7 +38,7 @@ def test_disagreement_report_names_step_event_hook_and_ranks():
         "hook(s) involved: #1 save_on_improvement('mIoU')\n"
         "  rank 0 wanted: Evaluate(evaluator='miou', step=1, broadcast=False) from hook #0 "
         "evaluate_every(1, miou, broadcast=False) on AfterStep(step=1); "
-        "SaveCheckpoint(step=1, snapshot=False, final=False) from hook #1 save_on_improvement('mIoU') "
+        f"{SaveCheckpoint(1)!r} from hook #1 save_on_improvement('mIoU') "
         "on MetricsPublished(source='miou', step=1)\n"
         "  ranks 1, 2, 3 wanted: Evaluate(evaluator='miou', step=1, broadcast=False) from hook #0 "
         "evaluate_every(1, miou, broadcast=False) on AfterStep(step=1)\n"
@@ -102,3 +105,23 @@ def test_resume_continuity_validates_its_steps():
         assert_resume_continuity([save_every(2)], resume_at=[5], world_size=1, iters_per_epoch=2, max_epochs=2)
     with pytest.raises(ValueError, match=r"in \[1, 4\]"):
         assert_resume_continuity([save_every(2)], resume_at=0, world_size=1, iters_per_epoch=2, max_epochs=2)
+
+
+def test_the_tutorial_in_the_docs_shows_the_real_report():
+    """docs/testing.md quotes the report the broken hook's shrunk counterexample really produces."""
+    from pathlib import Path
+
+    from pimm_fn.testing.strategies import MetricStream, Schedule
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "testing.md"
+    schedule = Schedule(world_size=2, iters_per_epoch=1, max_epochs=1)
+    result = simulate(broken_stack(), metrics=MetricStream("mIoU", (0.0,), "main"), **schedule.kwargs())
+    with pytest.raises(AssertionError) as info:
+        assert_collective_agreement(result)
+    # The effect's optional fields may grow; the docs need only show today's.
+    def same_fields(text):
+        return re.sub(r"SaveCheckpoint\(step=1[^)]*\)", "SaveCheckpoint(step=1, ...)", text)
+
+    text = same_fields(docs.read_text())
+    assert same_fields(f"AssertionError: {info.value}") in text
+    assert repr(schedule) in text
