@@ -15,11 +15,13 @@ Example:
 """
 
 from ._api import LoadedCheckpoint, load_checkpoint, save_checkpoint
+from ._async import AsyncSave, save_checkpoint_async
 from ._discovery import find_checkpoint, latest_checkpoint
 from ._layout import CheckpointInfo
 from ._weights import WeightsReport, load_weights_file, remap_state_dict, write_best
 
 __all__ = [
+    "AsyncSave",
     "CheckpointInfo",
     "LoadedCheckpoint",
     "WeightsReport",
@@ -29,5 +31,6 @@ __all__ = [
     "load_weights_file",
     "remap_state_dict",
     "save_checkpoint",
+    "save_checkpoint_async",
     "write_best",
 ]

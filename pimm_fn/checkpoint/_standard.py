@@ -42,6 +42,18 @@ def write_trainer(directory: pathlib.Path, trainer: dict, local: dict) -> None:
         TypeError / ValueError: on every rank, when some rank's state cannot
             be packed, or the replicated part differs between ranks.
     """
+    state = packed_state(trainer, local)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(directory / L.TRAINER))
+
+
+def packed_state(trainer: dict, local: dict) -> dict[str, torch.Tensor]:
+    """The flat tensor dict DCP writes: packed ``trainer`` and this rank's ``local``.
+
+    Collective in a process group (the agreement check). Plain values are
+    frozen into the JSON skeletons now; tensors are referenced, not copied.
+    """
     try:
         replicated = _flatten("trainer", trainer)
         state = {**replicated, **_flatten(f"local/rank{dist.rank()}", local)}
@@ -49,9 +61,7 @@ def write_trainer(directory: pathlib.Path, trainer: dict, local: dict) -> None:
     except (TypeError, ValueError) as exc:
         replicated, state, problem = {}, {}, exc
     _agree(replicated, problem)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(directory / L.TRAINER))
+    return state
 
 
 def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]:

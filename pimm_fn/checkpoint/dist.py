@@ -61,12 +61,13 @@ def barrier() -> None:
         _td.barrier()
 
 
-def broadcast_object(obj: T, src: int = 0) -> T:
+def broadcast_object(obj: T, src: int = 0, group=None) -> T:
     """Return rank ``src``'s ``obj`` on every rank (pickled in memory).
 
     Args:
         obj: the value to send; ignored on ranks other than ``src``.
         src: the sending rank.
+        group: the process group (default: the default group).
 
     Returns:
         ``src``'s value, identical on every rank.
@@ -74,7 +75,7 @@ def broadcast_object(obj: T, src: int = 0) -> T:
     if not is_initialized():
         return obj
     box = [obj if rank() == src else None]
-    _td.broadcast_object_list(box, src=src)
+    _td.broadcast_object_list(box, src=src, group=group)
     return box[0]
 
 
@@ -100,7 +101,7 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def run_on_main(fn: Callable[[], T]) -> T:
+def run_on_main(fn: Callable[[], T], group=None) -> T:
     """Run ``fn`` on rank 0 only and share its outcome with every rank.
 
     A failure on rank 0 is re-raised there and reported as a ``RuntimeError``
@@ -109,6 +110,7 @@ def run_on_main(fn: Callable[[], T]) -> T:
 
     Args:
         fn: a zero-argument callable doing main-rank-only work (file writes).
+        group: the process group to share the outcome over (default group).
 
     Returns:
         ``fn()``'s result on every rank (it must be picklable in a group).
@@ -121,7 +123,7 @@ def run_on_main(fn: Callable[[], T]) -> T:
         except BaseException as exc:  # noqa: BLE001 - re-raised below
             error = exc
     outcome = broadcast_object(
-        (error is None, result if error is None else f"{type(error).__name__}: {error}")
+        (error is None, result if error is None else f"{type(error).__name__}: {error}"), group=group
     )
     if error is not None:
         raise error

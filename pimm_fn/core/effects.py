@@ -50,13 +50,15 @@ class SaveCheckpoint(Effect):
     """Save the full training state as of ``step``; collective.
 
     ``snapshot`` also keeps an ``iter_<step>`` copy; ``final`` marks the save
-    after training.
+    after training; ``async_save`` lets the write overlap training (the
+    interpreter still waits for the in-memory copy before parameters change).
     """
 
     scope: ClassVar[Scope] = Scope.COLLECTIVE
     step: int
     snapshot: bool = False
     final: bool = False
+    async_save: bool = False
 
 
 @attrs.frozen

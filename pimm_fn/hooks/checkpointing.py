@@ -36,13 +36,16 @@ class _SaveEvery:
     events: ClassVar[tuple] = (ev.AfterStep, ev.AfterEpoch, ev.AfterTrain)
     n: int = attrs.field(validator=int_at_least(1))
     snapshots: bool = attrs.field(default=False, validator=is_bool)
+    async_save: bool = attrs.field(default=False, validator=is_bool)
 
     def init(self) -> SaveEveryState:
         return SaveEveryState()
 
     def _save(self, state, step, *, final=False):
         slot = SaveEveryState(last_saved=step)
-        return state.with_slot(slot), (SaveCheckpoint(step, snapshot=self.snapshots, final=final),)
+        # The final save is synchronous: training ends only once it is published.
+        effect = SaveCheckpoint(step, snapshot=self.snapshots, final=final, async_save=self.async_save and not final)
+        return state.with_slot(slot), (effect,)
 
     def __call__(self, state, event):
         match event:
@@ -59,10 +62,11 @@ class _SaveEvery:
         return state, ()
 
     def __repr__(self):
-        return f"save_every({self.n}{', snapshots=True' if self.snapshots else ''})"
+        extra = (", snapshots=True" if self.snapshots else "") + (", async_save=True" if self.async_save else "")
+        return f"save_every({self.n}{extra})"
 
 
-def save_every(n: int, *, snapshots: bool = False):
+def save_every(n: int, *, snapshots: bool = False, async_save: bool = False):
     """Save a checkpoint every ``n`` global steps, and once after training.
 
     The cadence is ``global_step % n == 0``, so it continues from resumed
@@ -75,9 +79,16 @@ def save_every(n: int, *, snapshots: bool = False):
     Args:
         n: steps between saves (>= 1).
         snapshots: also keep an ``iter_<step>`` copy of every save.
+        async_save: write checkpoints in the background (standard format):
+            the state is copied to CPU memory while the next step's forward
+            and backward run, the loop waits for that copy before the
+            optimizer changes any parameter, and the write and publish
+            overlap training. One save is in flight at a time; the final
+            save and the end of training wait for completion.
 
     Emits:
-        ``SaveCheckpoint(step, snapshot, final)`` (collective).
+        ``SaveCheckpoint(step, snapshot, final, async_save)`` (collective);
+        the final save is never asynchronous.
 
     State:
         ``SaveEveryState(last_saved, deferred)``.
@@ -88,7 +99,7 @@ def save_every(n: int, *, snapshots: bool = False):
     Traceback (most recent call last):
     ValueError: save_every: 'n' must be an int >= 1 (got 0)
     """
-    return _SaveEvery(n, snapshots)
+    return _SaveEvery(n, snapshots, async_save)
 
 
 @register

@@ -37,6 +37,14 @@ class Context:
     rank: int = 0
     world_size: int = 1
     console: bool = True
+    pending_save: Any = None  # the background save in flight (an AsyncSave), if any
+    save_gate: Any = None  # the optimizer pre-step hook that waits for its staging
+
+    def wait_for_save(self) -> None:
+        """Block until the background save in flight (if any) is published."""
+        pending, self.pending_save = self.pending_save, None
+        if pending is not None:
+            pending.wait()
 
     @property
     def model_dir(self) -> Path:

@@ -38,8 +38,43 @@ def trainer_state(ctx, state) -> tuple[dict, dict]:
     return replicated, local
 
 
+def _weights_for_background(ctx) -> dict:
+    """The weights, with every non-parameter tensor (BatchNorm statistics)
+    copied now: the next forward changes those in place, before any
+    optimizer step could wait for the background copy."""
+    module = unwrap(ctx.model)
+    params = {p.data_ptr() for p in module.parameters()}
+    return {k: v if not hasattr(v, "data_ptr") or v.data_ptr() in params else v.clone()
+            for k, v in module.state_dict().items()}
+
+
+def _gate(ctx) -> None:
+    """Make ``ctx.optimizer.step()`` wait until a background save has staged its copy."""
+    if ctx.save_gate is None:
+        def wait_for_staging(optimizer, args, kwargs):
+            pending = ctx.pending_save
+            if pending is not None and not pending.staged:
+                pending.wait_staged()
+
+        ctx.save_gate = ctx.optimizer.register_step_pre_hook(wait_for_staging)
+
+
 def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
+    ctx.wait_for_save()  # never two saves in flight
     replicated, local = trainer_state(ctx, state)
+    if effect.async_save and ctx.checkpoint_format == "standard":
+        _gate(ctx)
+        ctx.pending_save = checkpoint.save_checkpoint_async(
+            ctx.model_dir,
+            step=effect.step,
+            weights=_weights_for_background(ctx),
+            trainer=replicated,
+            local=local,
+            snapshot=effect.snapshot,
+            keep_snapshots=ctx.keep_snapshots,
+        )
+        ctx.say(f"saving checkpoint of step {effect.step} to {ctx.model_dir} in the background")
+        return ()
     info = checkpoint.save_checkpoint(
         ctx.model_dir,
         step=effect.step,

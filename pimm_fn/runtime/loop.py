@@ -111,6 +111,8 @@ class Loop:
         self._dispatch(event)
         if isinstance(event, ev.AfterTrain):
             self._interpreter.settle()  # every rank learns of a divergence in the last events
+        if cls is ev.AfterTrain:
+            self.ctx.wait_for_save()  # training ends with every checkpoint published
         return event
 
     def step(self) -> "Loop":
@@ -132,6 +134,7 @@ class Loop:
         while not self.finished and (steps is None or done < steps):
             self.step()
             done += 1
+        self.ctx.wait_for_save()  # what run() returns is on disk, as a notebook expects
         return self.state
 
     def __call__(self):

@@ -1,0 +1,196 @@
+"""Standard checkpoints written in the background while training goes on.
+
+``save_checkpoint_async`` does the cheap, collective part at once (the
+staging directory, packing, the agreement check), then a worker thread:
+
+1. *stages*: copies every tensor to fresh CPU memory; the training may run
+   its next forward and backward meanwhile, but must not change parameters
+   or optimizer state before :meth:`AsyncSave.wait_staged` returns (the loop
+   waits right before ``optimizer.step()``);
+2. *writes* the copy: the DCP trainer directory (every rank), then on the
+   main rank the weights file;
+3. *publishes* on the main rank: marker, rename to ``last/``, snapshot,
+   pruning; exactly the synchronous save's steps, after the write completed.
+
+A crash at any point before the rename leaves only a ``.staging-*``
+directory, which discovery ignores: the previous checkpoint stays the
+latest. In a process group the worker's collectives run on a dedicated gloo
+group, so they never interleave with the training's own collectives.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import threading
+import time
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from . import _layout as L
+from . import _publish, _standard, dist
+from ._api import _check_args
+from ._layout import CheckpointInfo
+
+__all__ = ["AsyncSave", "save_checkpoint_async"]
+
+_GROUP = None  # the gloo group background saves use, made once per process group
+
+
+def _background_group():
+    global _GROUP
+    if not dist.is_initialized():
+        return None
+    if _GROUP is None:
+        import torch.distributed as td
+
+        _GROUP = td.new_group(backend="gloo")  # collective: every rank reaches its first async save together
+    return _GROUP
+
+
+def _stage(tensors: dict) -> dict:
+    """Fresh CPU copies of ``tensors`` (other values pass through)."""
+    return {
+        k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for k, v in tensors.items()
+    }
+
+
+class AsyncSave:
+    """A checkpoint being staged, written and published by a worker thread.
+
+    Attributes:
+        step: the global step being saved.
+        requested_at: ``time.perf_counter()`` when the save was requested.
+        staged_at / done_at: when staging / the whole save finished (or None).
+        waited_s: seconds callers spent blocked in ``wait_staged``/``wait``.
+    """
+
+    def __init__(self, step: int):
+        self.step = step
+        self.requested_at = time.perf_counter()
+        self.staged_at: float | None = None
+        self.done_at: float | None = None
+        self.waited_s = 0.0
+        self._staged = threading.Event()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._info: CheckpointInfo | None = None
+        self._thread: threading.Thread | None = None
+
+    def _start(self, work) -> "AsyncSave":
+        self._thread = threading.Thread(target=self._run, args=(work,), name=f"pimm_fn-save-{self.step}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self, work) -> None:
+        try:
+            self._info = work(self._mark_staged)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by wait()
+            self._error = exc
+        finally:
+            self._mark_staged()
+            self.done_at = time.perf_counter()
+            self._done.set()
+
+    def _mark_staged(self) -> None:
+        if not self._staged.is_set():
+            self.staged_at = time.perf_counter()
+            self._staged.set()
+
+    @property
+    def staged(self) -> bool:
+        """True once every tensor was copied: parameters may change."""
+        return self._staged.is_set()
+
+    def done(self) -> bool:
+        """True once the checkpoint is published (or the save failed)."""
+        return self._done.is_set()
+
+    def wait_staged(self) -> None:
+        """Block until staging finished; parameters may change afterwards."""
+        if not self._staged.is_set():
+            t = time.perf_counter()
+            self._staged.wait()
+            self.waited_s += time.perf_counter() - t
+        if self._error is not None and self._done.is_set():
+            raise self._error
+
+    def wait(self) -> CheckpointInfo:
+        """Block until the checkpoint is published; returns it, or raises the save's error."""
+        if not self._done.is_set():
+            t = time.perf_counter()
+            self._done.wait()
+            self.waited_s += time.perf_counter() - t
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._info
+
+    def __repr__(self):
+        status = "done" if self.done() else "staged" if self.staged else "staging"
+        return f"<AsyncSave step={self.step} {status}>"
+
+
+def save_checkpoint_async(
+    model_dir: str | os.PathLike,
+    *,
+    step: int,
+    weights: dict,
+    trainer: dict,
+    local: dict,
+    snapshot: bool = False,
+    keep_snapshots: int | None = None,
+) -> AsyncSave:
+    """Start a standard-format save that stages, writes and publishes in the background.
+
+    Collective like ``save_checkpoint``: every rank calls it, in the same
+    order. The caller must not change ``weights`` or ``trainer`` tensors in
+    place before ``wait_staged()`` returns, nor start another save before
+    ``wait()`` returned.
+
+    Args:
+        model_dir, step, weights, trainer, local, snapshot, keep_snapshots:
+            as for :func:`save_checkpoint` (standard format only).
+
+    Returns:
+        An :class:`AsyncSave`; ``wait()`` gives the published ``CheckpointInfo``.
+
+    Example:
+        >>> import tempfile, torch
+        >>> d = tempfile.mkdtemp()
+        >>> pending = save_checkpoint_async(d, step=2, weights={"w": torch.ones(2)},
+        ...                                 trainer={"lr": 0.1}, local={})
+        >>> pending.wait().step
+        2
+    """
+    _check_args(step, "standard", keep_snapshots, weights=weights, trainer=trainer, local=local)
+    root = pathlib.Path(model_dir)
+    world = dist.world_size()
+    group = _background_group()
+    staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step))
+    state = _standard.packed_state(trainer, local)  # non-tensor values are frozen into JSON now
+    pending = AsyncSave(step)
+
+    def work(mark_staged) -> CheckpointInfo:
+        staged_state, staged_weights = _stage(state), _stage(weights) if dist.is_main() else None
+        mark_staged()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_standard._NO_GROUP_WARNING)
+            dcp.save(staged_state, storage_writer=dcp.FileSystemWriter(staging / L.TRAINER), process_group=group)
+
+        def publish() -> CheckpointInfo:
+            L.durable_write(staging / L.WEIGHTS, lambda f: torch.save(staged_weights, f))
+            L.write_marker(staging, step, world, staged=True)
+            published = _publish.publish_dir(root, staging)
+            if snapshot:
+                _publish.snapshot(root, published, step)
+            if keep_snapshots is not None:
+                _publish.prune_snapshots(root, keep_snapshots)
+            return CheckpointInfo(published, step, "standard", world)
+
+        return dist.run_on_main(publish, group=group)
+
+    return pending._start(work)
