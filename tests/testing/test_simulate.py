@@ -192,3 +192,17 @@ def test_scope_of_recorded_collectives():
     result = simulate([evaluate_every(1, miou), log_every(1)], world_size=1, iters_per_epoch=1, max_epochs=1)
     assert all(e.effect.scope is Scope.COLLECTIVE for e in result.collective(0))
     assert len(result.collective(0)) == 1 and len(result.traces[0]) == 3
+
+
+def test_the_kit_imports_nothing_impure():
+    """pimm_fn.testing's modules import no torch, os, time, logging or file APIs (an ast scan)."""
+    import ast
+    from pathlib import Path
+
+    forbidden = {"torch", "os", "time", "logging", "pathlib", "io", "shutil", "random"}
+    for path in Path(kit.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] not in forbidden, f"{path.name} imports {name}"
