@@ -115,7 +115,7 @@ class Feed:
             self.generator.set_state(cursor["generator"])
         if iter_in_epoch == 0 or iter_in_epoch >= self.iters_per_epoch:
             if self.stateful and cursor.get("epoch_done"):
-                self.data.load_state_dict(cursor["loader"])  # its sampler's state for the next epoch
+                self._load_finished(cursor["loader"])  # its sampler's state for the next epoch
             return
         sampler = _sampler(self.data)
         if sampler is not None:
@@ -134,6 +134,20 @@ class Feed:
                 stacklevel=3,
             )
             self._iterator = iter(self.data)
+
+    def _load_finished(self, loader_state) -> None:
+        """Load the state a finished epoch left in the loader, drawing no random numbers.
+
+        A StatefulDataLoader rebuilds the finished iterator from a loaded state
+        on its next ``iter()`` (drawing a seed for it) before it opens a fresh
+        one: a draw the uninterrupted run never made. Rebuilding it here, with
+        the RNG put back, leaves the next epoch's ``iter()`` drawing exactly
+        what the uninterrupted run's did.
+        """
+        resumed = capture_rng()
+        self.data.load_state_dict(loader_state)
+        self.data.state_dict()
+        restore_rng(resumed)
 
     def _iter_without_draws(self):
         """A resumed iterator; the seed it draws was drawn at epoch start originally."""

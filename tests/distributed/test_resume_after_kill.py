@@ -22,22 +22,27 @@ def _after(trace, step):
     return [entry for entry in trace if entry.step > step]
 
 
-def test_sigkill_mid_epoch_then_resume_ends_bit_identical(reference, tmp_path):
-    """A run whose rank 0 is SIGKILLed after step 10 resumes from step 8 and ends bit-identical, trace included."""
+@pytest.mark.parametrize(("killed_after", "saved_at"), [(10, 8), (14, 12)], ids=["mid-epoch", "epoch-end"])
+def test_sigkill_then_resume_ends_bit_identical(reference, tmp_path, killed_after, saved_at):
+    """A run whose rank 0 is SIGKILLed resumes from its last save and ends bit-identical, trace included.
+
+    Step 8 is mid-epoch (6 steps per epoch); the save of step 12 is the deferred one at the end of epoch 1.
+    """
     save_dir = str(tmp_path / "run")
-    killed = run_ranks("train", 2, tmp_path, save_dir=save_dir, tag="killed", kill_after=10, kill_rank=0, grace=2)
+    killed = run_ranks("train", 2, tmp_path, save_dir=save_dir, tag="killed", kill_after=killed_after, kill_rank=0,
+                       grace=2)
     assert killed.codes[0] == -signal.SIGKILL, killed.report()
-    assert "kills itself after step 10" in killed.log(0)
-    assert latest_checkpoint(tmp_path / "run" / "model").step == 8
+    assert f"kills itself after step {killed_after}" in killed.log(0)
+    assert latest_checkpoint(tmp_path / "run" / "model").step == saved_at
 
     run_ranks("train", 2, tmp_path, save_dir=save_dir, tag="resumed", resume="auto").check()
     resumed = results(tmp_path, "resumed", 2)
     for rank in range(2):
-        assert resumed[rank]["restored"]["progress"].global_step == 8
+        assert resumed[rank]["restored"]["progress"].global_step == saved_at
         _assert_bit_identical(resumed[rank]["final"]["weights"], reference[rank]["final"]["weights"])
         assert resumed[rank]["final"]["best"] == reference[rank]["final"]["best"]
         # Every effect from the resume point on, with each step's (bit-identical) losses in its event.
-        assert resumed[rank]["trace"] == _after(reference[rank]["trace"], 8)
+        assert resumed[rank]["trace"] == _after(reference[rank]["trace"], saved_at)
 
 
 def test_rank_killed_inside_collective_save_leaves_previous_checkpoint(reference, tmp_path):
