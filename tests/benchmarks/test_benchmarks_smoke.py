@@ -1,0 +1,65 @@
+"""Every benchmark runs end to end on a tiny size (no timing is asserted)."""
+
+import pytest
+
+pytest.importorskip("torch")
+
+
+@pytest.fixture(autouse=True)
+def _results_in_tmp(tmp_path, monkeypatch):
+    """Quick runs must not overwrite the real results under benchmarks/results/."""
+    from benchmarks import _common
+
+    monkeypatch.setattr(_common, "RESULTS", tmp_path / "results")
+
+
+def test_loop_overhead_runs_quick_with_the_peers_that_are_installed():
+    """The loop benchmark measures every available variant and the hook dispatch."""
+    from benchmarks import loop_overhead
+
+    result = loop_overhead.run(quick=True)
+    rows = result["variants"]
+    assert {"raw PyTorch loop", "pimm_fn, no hooks", "pimm_fn, standard stack", "pimm_fn, 10 trivial hooks"} <= set(rows)
+    assert all(r["intervals"] > 0 and r["step_us_p10"] > 0 for r in rows.values())
+    assert set(result["dispatch_us_per_event"]) == {"pimm_fn process(), 10 hooks", "Python list of 10 callbacks"}
+
+
+@pytest.mark.parametrize("peer, row", [("lightning", "Lightning, 10 no-op callbacks"),
+                                       ("ignite", "Ignite Engine, 10 handlers"),
+                                       ("torchtnt", "torchtnt, 10 callbacks")])
+def test_each_peer_trains_the_same_workload(peer, row):
+    """A peer that is installed trains the benchmark's workload and reports its step stamps."""
+    pytest.importorskip(peer)
+    from benchmarks import loop_overhead
+
+    fn = loop_overhead.available().get(row)
+    if fn is None:
+        pytest.skip(f"{peer} is installed but does not import cleanly")
+    assert len(fn(12)) == 12
+
+
+def test_checkpoint_io_runs_quick():
+    """The checkpoint benchmark saves and loads a tiny state every way and compares to raw DCP."""
+    from benchmarks import checkpoint_io
+
+    size = checkpoint_io.run(quick=True)["sizes"]["2MB"]
+    assert size["save_ratio_vs_dcp"]["n"] == 1 and size["load_ratio_vs_dcp"]["median"] > 0
+
+
+def test_async_save_runs_quick():
+    """The async-save benchmark measures a sync and an async save of a tiny state."""
+    from benchmarks import async_save
+
+    size = async_save.run(quick=True)["sizes"]["2MB"]
+    assert size["holdup_ratio"]["n"] == 1 and size["sync_save_s"]["median"] > 0
+
+
+def test_main_writes_results_md(tmp_path, monkeypatch):
+    """python -m benchmarks --quick writes RESULTS.md with the machine and every table."""
+    from benchmarks import __main__ as entry
+
+    monkeypatch.setattr(entry, "HERE", tmp_path)
+    monkeypatch.setattr(entry, "OTHERS", ())
+    entry.main(["--quick"])
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "machine:" in text and "Loop overhead" in text and "Checkpoint throughput" in text and "Async save" in text
