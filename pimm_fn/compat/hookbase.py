@@ -228,7 +228,7 @@ def adapt(hook_obj):
     adapt(SaveAtEpochTwo())
     >>> import pimm_fn as pf
     >>> [e.effect for e in pf.plan([adapt(SaveAtEpochTwo())], iters_per_epoch=5, max_epochs=4)]
-    [SaveCheckpoint(step=15, snapshot=False, final=False)]
+    [SaveCheckpoint(step=15, snapshot=False, final=False...)]
     """
     if not any(callable(getattr(hook_obj, name, None)) for name in _METHODS.values()):
         raise TypeError(
