@@ -39,8 +39,13 @@ runs anyway (the next training step).
 
 ``loop(check_agreement=None)`` turns the guard on whenever a process group
 is initialized. With verified hooks only it costs one all-reduce per run;
-each event a watched hook listens to costs one tiny asynchronous all-reduce
-(``benchmarks/guard.py`` measures both; ``benchmarks/results/guard.json``).
+each event a watched hook listens to costs one tiny asynchronous all-reduce.
+Measured by ``benchmarks/guard.py`` on a tiny 2-rank gloo DDP step (about
+1.2 ms on 2 CPU cores): built-in hooks, 2 us per step inside the guard (0.2%);
+one hook of your own listening to every step, about 300 us inside the guard
+and 35-60% of that tiny step end to end, i.e. about one small collective's
+latency, which is under 1% of a 100 ms step. Where that matters, declare the
+hook ``rank_consistent`` or pass ``check_agreement=False``.
 """
 
 import hashlib
