@@ -51,7 +51,9 @@ class _SaveEveryEpoch:
 
     def _save(self, state, *, snapshot=False, final=False):
         step = state.progress.global_step
-        return state.with_slot(EpochSaveState(step)), (SaveCheckpoint(step, snapshot=snapshot, final=final),)
+        # An epoch-end save runs after the epoch's other effects (evaluation, logs), as save_every's does.
+        effect = SaveCheckpoint(step, snapshot=snapshot, final=final, deferred=not final)
+        return state.with_slot(EpochSaveState(step)), (effect,)
 
     def __call__(self, state, event):
         match event:

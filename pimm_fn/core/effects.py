@@ -44,6 +44,11 @@ class Effect:
 
     scope: ClassVar[Scope] = Scope.LOCAL
 
+    @property
+    def runs_last(self) -> bool:
+        """True for an effect that waits until the event's other effects ran."""
+        return False
+
 
 @attrs.frozen
 class SaveCheckpoint(Effect):
@@ -52,6 +57,9 @@ class SaveCheckpoint(Effect):
     ``snapshot`` also keeps an ``iter_<step>`` copy; ``final`` marks the save
     after training; ``async_save`` lets the write overlap training (the
     interpreter still waits for the in-memory copy before parameters change).
+    A ``deferred`` save (one that fell on an epoch's last step) and the final
+    save run after every other effect of their event, so the epoch's
+    evaluation and logs come first.
     """
 
     scope: ClassVar[Scope] = Scope.COLLECTIVE
@@ -59,6 +67,11 @@ class SaveCheckpoint(Effect):
     snapshot: bool = False
     final: bool = False
     async_save: bool = False
+    deferred: bool = False
+
+    @property
+    def runs_last(self) -> bool:
+        return self.deferred or self.final
 
 
 @attrs.frozen

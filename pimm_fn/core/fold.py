@@ -5,7 +5,10 @@ children's slots (as optax's ``chain`` keeps its children's states).
 ``process`` is the one deterministic pass the design rests on: fold every
 hook for the event, then hand the collected effects, in (hook position,
 emission order), to an executor, dispatching any follow-up events the
-executor returns depth-first before the next effect.
+executor returns depth-first before the next effect. Effects that say they
+``runs_last`` (a deferred epoch-end save, the final save) keep that order
+among themselves but come after the event's other effects. The order
+depends on the effects' values alone, so it is the same on every rank.
 """
 
 from typing import Any, Callable, Protocol
@@ -141,6 +144,8 @@ def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
     """Apply the core's bookkeeping for ``event``, then fold ``hooks`` over it."""
     state = advance(state, event)
     state, slots, emitted = hooks._fold(state, event, state.slots)
+    if len(emitted) > 1 and any(e.runs_last for _, e in emitted):
+        emitted.sort(key=lambda pair: pair[1].runs_last)  # stable: positions kept within each group
     if slots is not state.slots:
         state = evolvers[state.__class__](state, slots=slots, slot=None)
     elif state.slot is not None:

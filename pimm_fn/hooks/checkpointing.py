@@ -41,10 +41,12 @@ class _SaveEvery:
     def init(self) -> SaveEveryState:
         return SaveEveryState()
 
-    def _save(self, state, step, *, final=False):
+    def _save(self, state, step, *, final=False, deferred=False):
         slot = SaveEveryState(last_saved=step)
         # The final save is synchronous: training ends only once it is published.
-        effect = SaveCheckpoint(step, snapshot=self.snapshots, final=final, async_save=self.async_save and not final)
+        effect = SaveCheckpoint(
+            step, snapshot=self.snapshots, final=final, async_save=self.async_save and not final, deferred=deferred
+        )
         return state.with_slot(slot), (effect,)
 
     def __call__(self, state, event):
@@ -54,7 +56,7 @@ class _SaveEvery:
                     return state.with_slot(attrs.evolve(state.slot, deferred=step)), ()
                 return self._save(state, step)
             case ev.AfterEpoch() if state.slot.deferred is not None:
-                return self._save(state, state.slot.deferred)
+                return self._save(state, state.slot.deferred, deferred=True)
             case ev.AfterTrain():
                 step = state.progress.global_step
                 if step > 0 and state.slot.last_saved != step:

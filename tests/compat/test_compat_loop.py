@@ -90,7 +90,7 @@ def test_pimm_config_trains_saves_per_epoch_and_resumes(tmp_path):
 
     assert final.progress.global_step == 12 and final.config == {"batch_size": 10}
     saves = [e.effect for e in run.trace if isinstance(e.effect, SaveCheckpoint)]
-    assert saves == [SaveCheckpoint(4), SaveCheckpoint(8, snapshot=True), SaveCheckpoint(12)]
+    assert saves == [SaveCheckpoint(4, deferred=True), SaveCheckpoint(8, snapshot=True, deferred=True), SaveCheckpoint(12, deferred=True)]
     assert [e.effect.step for e in run.trace if isinstance(e.effect, Evaluate)] == [4, 8, 12]
     assert run.trace[0].effect == LoadWeights(str(weight), (("backbone.", "encoder."),))
     model_dir = save_dir / "model"
@@ -109,4 +109,4 @@ def test_pimm_config_trains_saves_per_epoch_and_resumes(tmp_path):
     assert resumed.state.progress.global_step == 12
     resumed()
     after_resume = [e.effect for e in resumed.trace if isinstance(e.effect, (SaveCheckpoint, LoadWeights))]
-    assert after_resume == [SaveCheckpoint(16, snapshot=True)]  # no warm start again, cadence continues
+    assert after_resume == [SaveCheckpoint(16, snapshot=True, deferred=True)]  # no warm start again, cadence continues

@@ -116,8 +116,9 @@ def test_plan_sees_adapted_effects_beside_native_hooks():
         (4, SaveCheckpoint(4), 0),
         (6, SaveCheckpoint(6), 1),
         (8, SaveCheckpoint(8), 0),
-        (12, SaveCheckpoint(12), 0),  # deferred to the epoch's end, before the later hook's save
-        (12, SaveCheckpoint(12), 1),
+        (12, SaveCheckpoint(12), 1),  # an adapted hook's plain save comes before
+        (12, SaveCheckpoint(12, deferred=True), 0),  # save_every's deferred epoch-end one
+
     ]
 
 

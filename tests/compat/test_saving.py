@@ -17,17 +17,17 @@ def _saves(hooks, **schedule):
 def test_saves_at_each_epoch_end_with_snapshots_every_n_epochs():
     """Every epoch ends with a save; every snapshot_every-th keeps a snapshot; no final save repeats the last."""
     assert _saves([save_every_epoch(1, snapshot_every=2)], iters_per_epoch=3, max_epochs=4) == [
-        (3, "AfterEpoch", SaveCheckpoint(3)),
-        (6, "AfterEpoch", SaveCheckpoint(6, snapshot=True)),
-        (9, "AfterEpoch", SaveCheckpoint(9)),
-        (12, "AfterEpoch", SaveCheckpoint(12, snapshot=True)),
+        (3, "AfterEpoch", SaveCheckpoint(3, deferred=True)),
+        (6, "AfterEpoch", SaveCheckpoint(6, snapshot=True, deferred=True)),
+        (9, "AfterEpoch", SaveCheckpoint(9, deferred=True)),
+        (12, "AfterEpoch", SaveCheckpoint(12, snapshot=True, deferred=True)),
     ]
 
 
 def test_final_save_after_training_when_the_last_epoch_was_not_saved():
     """With every=2 and 3 epochs, the end of training adds one final save of the last step."""
     assert _saves([save_every_epoch(2)], iters_per_epoch=5, max_epochs=3) == [
-        (10, "AfterEpoch", SaveCheckpoint(10)),
+        (10, "AfterEpoch", SaveCheckpoint(10, deferred=True)),
         (15, "AfterTrain", SaveCheckpoint(15, final=True)),
     ]
 

@@ -27,20 +27,21 @@ def test_plan_save_every_4_with_10_iters_and_3_epochs():
         TraceEntry(8, ev.AfterStep(8), SaveCheckpoint(8), 0),
         TraceEntry(12, ev.AfterStep(12), SaveCheckpoint(12), 0),
         TraceEntry(16, ev.AfterStep(16), SaveCheckpoint(16), 0),
-        TraceEntry(20, ev.AfterEpoch(1), SaveCheckpoint(20), 0),
+        TraceEntry(20, ev.AfterEpoch(1), SaveCheckpoint(20, deferred=True), 0),
         TraceEntry(24, ev.AfterStep(24), SaveCheckpoint(24), 0),
         TraceEntry(28, ev.AfterStep(28), SaveCheckpoint(28), 0),
         TraceEntry(30, ev.AfterTrain(), SaveCheckpoint(30, final=True), 0),
     )
 
 
-def test_plan_deferred_save_lands_after_earlier_hooks_epoch_end_effects():
-    """The save at step 20 executes at AfterEpoch(1), after the epoch log of a logger placed before the saver."""
-    trace = plan([log_every(100), save_every(4)], iters_per_epoch=10, max_epochs=3)
-    at_20 = [(t.event, t.effect, t.hook) for t in trace if t.step == 20]
+@pytest.mark.parametrize("hooks", [[log_every(100), save_every(4)], [save_every(4), log_every(100)]])
+def test_plan_deferred_save_lands_after_the_epochs_end_effects(hooks):
+    """The save at step 20 executes at AfterEpoch(1) after the epoch log, wherever the logger stands in the list."""
+    trace = plan(hooks, iters_per_epoch=10, max_epochs=3)
+    at_20 = [(t.event, t.effect) for t in trace if t.step == 20]
     assert at_20 == [
-        (ev.AfterEpoch(1), Log(20, "epoch", {"epoch": 1}), 0),
-        (ev.AfterEpoch(1), SaveCheckpoint(20), 1),
+        (ev.AfterEpoch(1), Log(20, "epoch", {"epoch": 1})),
+        (ev.AfterEpoch(1), SaveCheckpoint(20, deferred=True)),
     ]
 
 
@@ -49,11 +50,11 @@ def test_plan_never_saves_a_step_twice():
     trace = plan([save_every(5)], iters_per_epoch=10, max_epochs=3)
     assert saves(trace) == [
         (5, ev.AfterStep(5), SaveCheckpoint(5)),
-        (10, ev.AfterEpoch(0), SaveCheckpoint(10)),
+        (10, ev.AfterEpoch(0), SaveCheckpoint(10, deferred=True)),
         (15, ev.AfterStep(15), SaveCheckpoint(15)),
-        (20, ev.AfterEpoch(1), SaveCheckpoint(20)),
+        (20, ev.AfterEpoch(1), SaveCheckpoint(20, deferred=True)),
         (25, ev.AfterStep(25), SaveCheckpoint(25)),
-        (30, ev.AfterEpoch(2), SaveCheckpoint(30)),
+        (30, ev.AfterEpoch(2), SaveCheckpoint(30, deferred=True)),
     ]
 
 
@@ -80,8 +81,8 @@ def test_plan_from_epoch_end_start_step():
     resumed = plan([save_every(5), log_every(100)], iters_per_epoch=10, max_epochs=2, start_step=10)
     assert [(t.step, type(t.event).__name__, type(t.effect).__name__) for t in resumed] == [
         (15, "AfterStep", "SaveCheckpoint"),
-        (20, "AfterEpoch", "SaveCheckpoint"),
         (20, "AfterEpoch", "Log"),
+        (20, "AfterEpoch", "SaveCheckpoint"),
     ]
 
 

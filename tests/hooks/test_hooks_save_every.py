@@ -40,7 +40,7 @@ def test_epoch_ending_save_is_deferred_to_after_epoch():
     after_epoch = attrs.evolve(deferred, position="AfterEpoch")
     assert save_every(4)(after_epoch, ev.AfterEpoch(1)) == (
         attrs.evolve(after_epoch, slot=SaveEveryState(last_saved=20)),
-        (SaveCheckpoint(20),),
+        (SaveCheckpoint(20, deferred=True),),
     )
 
 
@@ -98,9 +98,9 @@ def test_deferred_save_runs_after_epoch_evaluation_and_best_write():
     assert [(step, event, effect) for step, event, effect, _, _ in rec.seen] == [
         (10, ev.AfterEpoch(0), Evaluate("evaluate", 10)),
         (10, ev.MetricsPublished({"acc": 0.5}, "evaluate", 10), WriteBest("acc", 0.5, 10)),
-        (10, ev.AfterEpoch(0), SaveCheckpoint(10)),
+        (10, ev.AfterEpoch(0), SaveCheckpoint(10, deferred=True)),
         (20, ev.AfterEpoch(1), Evaluate("evaluate", 20)),
-        (20, ev.AfterEpoch(1), SaveCheckpoint(20)),
+        (20, ev.AfterEpoch(1), SaveCheckpoint(20, deferred=True)),
     ]
     (_, _, _, best_at_save, metrics_at_save) = rec.seen[2]
     assert best_at_save == FrozenMap({"acc": 0.5}) and metrics_at_save == FrozenMap({"acc": 0.5})
@@ -115,19 +115,29 @@ def test_mid_epoch_save_at_an_evaluation_step_records_the_evaluation():
     _, rec = run(hooks, iters=10, epochs=1, metrics={5: {"acc": 0.75}, 10: {"acc": math.nan}})
     assert [effect for _, _, effect, _, _ in rec.seen] == [
         Evaluate("evaluate", 5), WriteBest("acc", 0.75, 5), SaveCheckpoint(5),
-        Evaluate("evaluate", 10), SaveCheckpoint(10),
+        Evaluate("evaluate", 10), SaveCheckpoint(10, deferred=True),
     ]
     assert rec.seen[2][3] == {"acc": 0.75}
     assert rec.seen[4][3] == {"acc": 0.75} and math.isnan(rec.seen[4][4]["acc"])
 
 
-def test_saver_before_evaluator_saves_first():
-    """Hook order is the contract: a saver listed before the evaluator executes before the evaluation."""
+def test_saver_before_evaluator_saves_first_at_a_mid_epoch_step():
+    """Hook order is the contract mid-epoch: a saver listed before the evaluator executes before the evaluation."""
+    hooks = [save_every(5), evaluate_every(5, evaluate), best_on("acc")]
+    _, rec = run(hooks, iters=10, epochs=1, metrics={5: {"acc": 0.5}, 10: {"acc": 0.75}})
+    assert [effect for _, _, effect, _, _ in rec.seen] == [
+        SaveCheckpoint(5), Evaluate("evaluate", 5), WriteBest("acc", 0.5, 5),
+        Evaluate("evaluate", 10), WriteBest("acc", 0.75, 10), SaveCheckpoint(10, deferred=True)]
+    assert rec.seen[0][3] == {}
+
+
+def test_deferred_save_follows_the_epochs_evaluation_whatever_the_order():
+    """An epoch-end save runs after the epoch's other effects, even when the saver is listed first."""
     hooks = [save_every(10), evaluate_every(0, evaluate), best_on("acc")]
     _, rec = run(hooks, iters=10, epochs=1, metrics={10: {"acc": 0.5}})
     assert [effect for _, _, effect, _, _ in rec.seen] == [
-        SaveCheckpoint(10), Evaluate("evaluate", 10), WriteBest("acc", 0.5, 10)]
-    assert rec.seen[0][3] == {}
+        Evaluate("evaluate", 10), WriteBest("acc", 0.5, 10), SaveCheckpoint(10, deferred=True)]
+    assert rec.seen[2][3] == {"acc": 0.5}
 
 
 @pytest.mark.parametrize(
