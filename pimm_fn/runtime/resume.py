@@ -53,42 +53,53 @@ def _check_hooks(saved: State, hooks) -> None:
 
 
 def restore(info, ctx, hooks, *, strict=False) -> State:
-    """Load ``info`` into ``ctx``'s objects and return the state to continue from."""
+    """Load ``info`` into ``ctx``'s objects and return the state to continue from.
+
+    Everything that can refuse the resume is checked before the model,
+    optimizer or RNG is touched, so a refused resume changes nothing.
+    """
     loaded = checkpoint.load_checkpoint(info)
-    unwrap(ctx.model).load_state_dict(loaded.weights)
     trainer = loaded.trainer
-    ctx.optimizer.load_state_dict(trainer["optimizer"])
-    for name in ("scheduler", "scaler"):
-        target, saved = getattr(ctx, name), trainer.get(name)
-        if target is not None and saved is not None:
-            target.load_state_dict(saved)
     same_world = info.world_size == ctx.world_size and loaded.local is not None
     saved = codec.loads(loaded.local["state"] if same_world else trainer["state"])
     _check_hooks(saved, hooks)
+    if not same_world and strict and _mid_epoch(saved):
+        raise ResumeError(_world_message(info, ctx) + "; resume with the same world size, or pass strict_resume=False")
+    unwrap(ctx.model).load_state_dict(loaded.weights)
+    ctx.optimizer.load_state_dict(trainer["optimizer"])
+    for name in ("scheduler", "scaler"):
+        target, stored = getattr(ctx, name), trainer.get(name)
+        if target is not None and stored is not None:
+            target.load_state_dict(stored)
     state = attrs.evolve(saved, rank=ctx.rank, world_size=ctx.world_size)
     p = state.progress
     if same_world:
         restore_rng(loaded.local["rng"])
         ctx.feed.resume(loaded.local["cursor"], p.epoch, p.iter_in_epoch)
     else:
-        state = _restart_epoch(state, ctx, info, strict)
+        state = _restart_epoch(state, ctx, info)
     if ctx.feed.iters_per_epoch != state.progress.iters_per_epoch:
         state = attrs.evolve(state, progress=attrs.evolve(state.progress, iters_per_epoch=ctx.feed.iters_per_epoch))
     return state
 
 
-def _restart_epoch(state, ctx, info, strict) -> State:
-    p = state.progress
-    mid_epoch = state.position in ("BeforeEpoch", "BeforeStep", "AfterStep") and not p.at_epoch_end
-    message = (
+def _mid_epoch(state: State) -> bool:
+    return state.position in ("BeforeEpoch", "BeforeStep", "AfterStep") and not state.progress.at_epoch_end
+
+
+def _world_message(info, ctx) -> str:
+    return (
         f"checkpoint of step {info.step} was written by {info.world_size} rank(s), this run has "
         f"{ctx.world_size}: per-rank RNG states and data positions cannot carry over"
     )
-    if strict and mid_epoch:
-        raise ResumeError(message + "; resume with the same world size, or pass strict_resume=False")
-    if not mid_epoch:
+
+
+def _restart_epoch(state, ctx, info) -> State:
+    if not _mid_epoch(state):
         return state
-    warnings.warn(message + f"; epoch {p.epoch} restarts from its first batch", ResumeNotExactWarning, stacklevel=4)
+    p = state.progress
+    message = _world_message(info, ctx) + f"; epoch {p.epoch} restarts from its first batch"
+    warnings.warn(message, ResumeNotExactWarning, stacklevel=4)
     ctx.feed.start_epoch(p.epoch)
     progress = attrs.evolve(p, iter_in_epoch=0, iters_per_epoch=ctx.feed.iters_per_epoch)
     return attrs.evolve(state, progress=progress, position="BeforeEpoch")

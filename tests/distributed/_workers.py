@@ -198,14 +198,16 @@ def train(rank, world, out, *, save_dir, tag, hooks="standard", scores=None, res
     if die_in_save is not None:
         extra["handlers"] = {SaveCheckpoint: _dying_save(*die_in_save)}
     result = {"rank": rank, "world": world}
-    if strict_first:  # the same resume under strict_resume=True, on throwaway objects
+    if strict_first:  # the same resume under strict_resume=True must refuse and leave the objects untouched
+        before = {k: v.clone() for k, v in model.state_dict().items()}
         try:
-            pf.loop(Net(), optimizer, loader(rank, world), hooks=hooks_for(hooks, scores, rank), max_epochs=max_epochs,
-                    save_dir=save_dir, resume=resume, strict_resume=True, console=False, ddp=True)
+            pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for(hooks, scores, rank), max_epochs=max_epochs,
+                    save_dir=save_dir, resume=resume, strict_resume=True, console=False)
             result["strict"] = None
         except pf.ResumeError as exc:
             result["strict"] = str(exc)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+        result["strict_untouched"] = all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()) and not (
+            optimizer.state_dict()["state"])
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
