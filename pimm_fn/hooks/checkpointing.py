@@ -14,7 +14,7 @@ import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
-from pimm_fn.core.effects import LoadWeights, SaveCheckpoint, WriteBest
+from pimm_fn.core.effects import LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.hooks._validate import int_at_least, is_bool, non_empty_str, one_of
 
 __all__ = ["save_every", "SaveEveryState", "best_on", "BestState", "load_weights"]
@@ -134,8 +134,7 @@ class _BestOn:
     def __call__(self, state, event):
         values = event.values
         if self.metric not in values:
-            self._check_spelling(values)
-            return state, ()
+            return state, self._check_spelling(event, state.progress.global_step)
         value = values[self.metric]
         if not _improves(value, state.slot.value, self.mode):
             return state, ()
@@ -143,16 +142,24 @@ class _BestOn:
         state = attrs.evolve(state, best=state.best.set(self.metric, value), slot=BestState(value, step))
         return state, (WriteBest(self.metric, value, step),)
 
-    def _check_spelling(self, values):
-        """A near-miss name is a typo that would otherwise never save a best model."""
+    def _check_spelling(self, event, step) -> tuple:
+        """A near-miss name is a typo that would otherwise never save a best model.
+
+        Raised when every rank holds the same values (so every rank raises
+        alike); with rank-local values only some ranks could see the typo, so
+        it becomes a warning in the log instead of a lone raising rank.
+        """
+        values = event.values
         lowered = {name.lower(): name for name in values}
         guess = lowered.get(self.metric.lower()) or next(
             iter(difflib.get_close_matches(self.metric, list(values), n=1, cutoff=0.8)), None
         )
-        if guess is not None:
-            raise ValueError(
-                f"best_on({self.metric!r}) got metrics {sorted(values)}: did you mean {guess!r}?"
-            )
+        if guess is None:
+            return ()
+        message = f"best_on({self.metric!r}) got metrics {sorted(values)}: did you mean {guess!r}?"
+        if event.consistent:
+            raise ValueError(message)
+        return (Log(step, "warning", {"message": message}),)
 
     def __repr__(self):
         mode = "" if self.mode == "max" else f", mode={self.mode!r}"
@@ -176,7 +183,8 @@ def best_on(metric: str, *, mode: str = "max"):
         ``WriteBest(metric, value, step)`` (main rank) on strict improvement.
 
     Raises:
-        ValueError: when published metrics hold a near-miss of ``metric``.
+        ValueError: when broadcast metrics hold a near-miss of ``metric``
+            (rank-local ones get a warning ``Log`` instead, so no rank raises alone).
 
     >>> best_on("mIoU"), best_on("loss", mode="min")
     (best_on('mIoU'), best_on('loss', mode='min'))

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.effects import WriteBest
+from pimm_fn.core.effects import Log, WriteBest
 from pimm_fn.hooks import BestState, best_on, evaluate_every
 from _hook_helpers import at, run
 
@@ -81,6 +81,16 @@ def test_near_miss_metric_name_raises_with_suggestion():
     with pytest.raises(ValueError) as info:
         best_on("mIoU")(state, published(miou=0.5, loss=1.0))
     assert str(info.value) == "best_on('mIoU') got metrics ['loss', 'miou']: did you mean 'miou'?"
+
+
+def test_near_miss_in_rank_local_metrics_warns_instead_of_raising_on_one_rank():
+    """With rank-local values only some ranks see the typo, so it becomes a warning log, not a lone raise."""
+    state = at(3, BestState())
+    local = ev.MetricsPublished({"miou": 0.5}, "val", 3, consistent=False)
+    assert best_on("mIoU")(state, local) == (
+        state,
+        (Log(3, "warning", {"message": "best_on('mIoU') got metrics ['miou']: did you mean 'miou'?"}),),
+    )
 
 
 def test_close_misspelling_raises_with_suggestion():
