@@ -84,6 +84,11 @@ def plan(hooks, *, iters_per_epoch: int, max_epochs: int, start_step: int = 0, m
         hooks: a list of hooks, as given to ``loop``.
         iters_per_epoch, max_epochs: the schedule.
         start_step: plan a run resumed from the checkpoint of this global step.
+            The hooks start from fresh slots (a dry run cannot know what a
+            checkpoint holds), so a hook whose decision reads its slot, such
+            as ``save_every``'s final save, may differ from a real resume;
+            ``pimm_fn.testing.simulate(resume_at=...)`` resumes from the
+            exact states instead.
         metrics: ``{step: {name: value}}`` an evaluation at ``step`` returns.
 
     Returns:
