@@ -78,7 +78,7 @@ class FrozenMap(Mapping):
         """A new map with ``key`` bound to ``value``."""
         data = dict(self._data)
         data[key] = value
-        return FrozenMap(data)
+        return own(data)
 
     def merge(self, other: Mapping) -> "FrozenMap":
         """A new map with ``other``'s entries over this one's."""
@@ -86,7 +86,24 @@ class FrozenMap(Mapping):
             return self
         data = dict(self._data)
         data.update(other)
-        return FrozenMap(data)
+        return own(data)
+
+
+_new = object.__new__
+_set_data = FrozenMap._data.__set__
+_set_hash = FrozenMap._hash.__set__
+
+
+def own(data: dict) -> FrozenMap:
+    """A ``FrozenMap`` over ``data`` itself, without the copy the constructor makes.
+
+    For the hot paths of the core, with a dict just built and held by no one
+    else: the map is then as immutable as any other.
+    """
+    new = _new(FrozenMap)
+    _set_data(new, data)
+    _set_hash(new, None)
+    return new
 
 
 def freeze(mapping) -> FrozenMap:
