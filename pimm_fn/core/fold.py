@@ -2,6 +2,17 @@
 
 ``chain`` composes hooks into one hook whose slot is the tuple of the
 children's slots (as optax's ``chain`` keeps its children's states).
+
+A hook may declare what it ignores, so the fold can skip it cheaply:
+
+* ``events``: the event types it reacts to;
+* ``step_cadence``: n >= 1 when it acts on ``AfterStep(step)`` only for
+  ``step % n == 0``, 0 when it never acts on ``AfterStep``. On any other
+  ``AfterStep`` it emits nothing and changes nothing but its own slot, and
+  only as its ``quiet_step(slot, event) -> slot`` says (no ``quiet_step``: the
+  slot stays as it is). The fold calls ``quiet_step`` instead of the hook
+  there, so a step on which no cadence fires copies no ``State`` per hook.
+
 ``process`` is the one deterministic pass the design rests on: fold every
 hook for the event, then hand the collected effects, in (hook position,
 emission order), to an executor, dispatching any follow-up events the
@@ -16,7 +27,7 @@ from typing import Any, Callable, Protocol
 import attrs
 
 from pimm_fn.core.effects import Effect
-from pimm_fn.core.events import Event
+from pimm_fn.core.events import AfterStep, Event
 from pimm_fn.core.schedule import advance
 from pimm_fn.core.state import State, evolvers, replace
 
@@ -38,6 +49,24 @@ def _cares(hook, event_type) -> bool:
     return events is None or any(issubclass(event_type, t) for t in events)
 
 
+def _cadence(hook) -> tuple | None:
+    """``(step_cadence, quiet_step or None)`` of a hook declaring a cadence, else ``None``."""
+    cadence = getattr(hook, "step_cadence", None)
+    if cadence is None:
+        return None
+    if not isinstance(cadence, int) or isinstance(cadence, bool) or cadence < 0:
+        raise ValueError(f"hook {hook!r}: 'step_cadence' must be None or an int >= 0 (got {cadence!r})")
+    quiet = getattr(hook, "quiet_step", None)
+    if quiet is not None and not callable(quiet):
+        raise TypeError(f"hook {hook!r}: 'quiet_step' must be callable as quiet_step(slot, event) (got {quiet!r})")
+    return cadence, quiet
+
+
+def _cadences(hooks) -> tuple | None:
+    cadences = tuple(_cadence(h) for h in hooks)
+    return None if all(c is None for c in cadences) else cadences
+
+
 def _check_result(hook, result):
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], State)):
         raise TypeError(
@@ -55,6 +84,11 @@ class Chain:
 
     hooks: tuple = attrs.field(converter=tuple)
     _active: dict = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_active")
+    # Each hook's (step_cadence, quiet_step) or None; None when no hook declares a cadence.
+    _cadences: tuple | None = attrs.field(
+        init=False, eq=False, repr=False, hash=False,
+        default=attrs.Factory(lambda self: _cadences(self.hooks), takes_self=True),
+    )
 
     def init(self) -> tuple:
         return init_slots(self.hooks)
@@ -78,10 +112,19 @@ class Chain:
         emitted = []
         new_slots = None
         hooks = self.hooks
-        active = self._active.get(event.__class__)
-        for i in self.active(event.__class__) if active is None else active:
-            hook = hooks[i]
+        cls = event.__class__
+        active = self._active.get(cls)
+        cadences = self._cadences if cls is AfterStep else None
+        for i in self.active(cls) if active is None else active:
             slot = (new_slots or slots)[i]
+            if cadences is not None and (declared := cadences[i]) is not None:
+                cadence, quiet = declared
+                if not cadence or event.step % cadence:  # a step the hook's cadence rules out
+                    if quiet is not None and (changed := quiet(slot, event)) is not slot:
+                        new_slots = list(new_slots or slots)
+                        new_slots[i] = changed
+                    continue
+            hook = hooks[i]
             if state.slot is not slot:
                 state = evolvers[state.__class__](state, slot=slot)
             result = hook(state, event)

@@ -41,6 +41,11 @@ class _SaveEvery:
     def init(self) -> SaveEveryState:
         return SaveEveryState()
 
+    @property
+    def step_cadence(self) -> int:
+        """Reacts to ``AfterStep(step)`` only when ``step % n == 0``: the fold skips it otherwise."""
+        return self.n
+
     def _save(self, state, step, *, final=False, deferred=False):
         slot = SaveEveryState(last_saved=step)
         # The final save is synchronous: training ends only once it is published.

@@ -25,6 +25,11 @@ class _EvaluateEvery:
     name: str = attrs.field(validator=non_empty_str)
     broadcast: bool = attrs.field(default=True, validator=is_bool)
 
+    @property
+    def step_cadence(self) -> int:
+        """Reacts to ``AfterStep(step)`` only when ``step % n == 0`` (never for ``n=0``)."""
+        return self.n
+
     def evaluators(self) -> dict:
         """The callables the interpreter may run for this hook's ``Evaluate``."""
         return {self.name: self.fn}

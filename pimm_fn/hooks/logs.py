@@ -7,7 +7,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Log
-from pimm_fn.core.frozen import FrozenMap
+from pimm_fn.core.frozen import FrozenMap, own
 from pimm_fn.hooks._validate import int_at_least
 
 __all__ = ["log_every", "LogState"]
@@ -28,6 +28,15 @@ class LogState:
 
 
 def _accumulate(slot: LogState, outputs) -> LogState:
+    sums, counts = slot.sums, slot.counts
+    if sums.keys() == outputs.keys() == counts.keys():
+        # The common case, every step: the same outputs as each step before. New
+        # dicts become the new maps without a copy (``own``); nothing else holds them.
+        return LogState(
+            own({k: v + outputs[k] for k, v in sums.items()}),
+            slot.count + 1,
+            own({k: n + 1 for k, n in counts.items()}),
+        )
     sums = {k: slot.sums.get(k, 0.0) + v for k, v in outputs.items()}
     # A sum without a count (a slot saved before counts existed) covered every step.
     counts = {k: slot.counts.get(k, slot.count if k in slot.sums else 0) + 1 for k in outputs}
@@ -42,6 +51,15 @@ class _LogEvery:
 
     def init(self) -> LogState:
         return LogState()
+
+    @property
+    def step_cadence(self) -> int:
+        """Emits on ``AfterStep(step)`` only when ``step % n == 0``; see ``quiet_step``."""
+        return self.n
+
+    def quiet_step(self, slot: LogState, event) -> LogState:
+        """The slot after an ``AfterStep`` that logs nothing: the outputs added to the sums."""
+        return _accumulate(slot, event.outputs)
 
     def __call__(self, state, event):
         p = state.progress

@@ -288,3 +288,59 @@ def test_effect_scopes():
     assert SaveCheckpoint.scope is Evaluate.scope is Scope.COLLECTIVE
     assert WriteBest.scope is Log.scope is Scope.MAIN
     assert LoadWeights.scope is Effect.scope is Scope.LOCAL
+
+
+@attrs.frozen
+class EveryThird:
+    """A test hook acting on every third AfterStep; in between it counts steps in its slot."""
+
+    events = (ev.AfterStep,)
+    step_cadence = 3
+
+    def init(self):
+        return 0
+
+    def quiet_step(self, slot, event):
+        return slot + 1
+
+    def __call__(self, state, event):
+        return state.with_slot(0), (Log(event.step, "third", {"quiet": state.slot}),)
+
+
+def test_step_cadence_calls_the_hook_only_on_its_steps_and_quiet_step_between():
+    """A hook with step_cadence n is called on AfterStep(k) for k % n == 0 only; quiet_step updates its slot otherwise."""
+    hooks = chain(EveryThird())
+    state = start(hooks, iters=7, epochs=1)
+    from pimm_fn.core.plan import run_schedule
+
+    rec = RecordingExecutor(lambda s, r: None)
+    state = run_schedule(hooks, state, rec)
+    assert [(t.step, t.effect.values["quiet"]) for t in rec.trace] == [(3, 2), (6, 2)]
+    assert state.slots == (1,)  # step 7 was quiet
+
+
+def test_step_cadence_zero_never_calls_the_hook_on_after_step():
+    """step_cadence 0: the hook is never called for AfterStep."""
+    calls = []
+
+    def hook(state, event):
+        calls.append(event)
+        return state, ()
+
+    hook.step_cadence = 0
+    hooks = chain(hook)
+    from pimm_fn.core.plan import run_schedule
+
+    run_schedule(hooks, start(hooks, iters=2, epochs=1), RecordingExecutor(lambda s, r: None))
+    assert not any(isinstance(e, ev.AfterStep) for e in calls) and calls
+
+
+def test_invalid_step_cadence_is_refused_at_chain_construction():
+    """A step_cadence that is not an int >= 0 fails when the chain is built, naming the value."""
+
+    def hook(state, event):
+        return state, ()
+
+    hook.step_cadence = -1
+    with pytest.raises(ValueError, match="'step_cadence' must be None or an int >= 0 \\(got -1\\)"):
+        chain(hook)

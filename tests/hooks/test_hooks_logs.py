@@ -95,3 +95,22 @@ def test_epoch_average_of_an_output_only_some_steps_report():
     outputs = {1: {"loss": 1.0}, 2: {"loss": 3.0, "aux": 4.0}, 3: {"loss": 2.0}, 4: {"loss": 2.0, "aux": 2.0}}
     records, _ = logs([log_every(100)], iters=4, epochs=1, outputs=outputs.get)
     assert records == [Log(4, "epoch", {"epoch": 0, "loss": 2.0, "aux": 3.0})]
+
+
+def test_builtin_quiet_steps_equal_a_full_call():
+    """On a step its cadence rules out, a built-in with a step_cadence returns exactly (state with quiet_step's slot, ())."""
+    from pimm_fn.hooks import SaveEveryState, save_every
+
+    outputs = FrozenMap({"loss": 0.5, "lr": 0.1})
+    log_slots = [LogState(), LogState(FrozenMap({"loss": 1.0, "lr": 0.2}), 2, FrozenMap({"loss": 2, "lr": 2})),
+                 LogState(FrozenMap({"loss": 1.0}), 2, FrozenMap({"loss": 1}))]
+    cases = [(log_every(4), log_slots), (save_every(4), [SaveEveryState(), SaveEveryState(last_saved=4)]),
+             (evaluate_every(4, lambda m: 0.0, name="v"), [None]), (evaluate_every(0, lambda m: 0.0, name="e"), [None])]
+    for hook, slots in cases:
+        quiet = getattr(hook, "quiet_step", lambda slot, event: slot)
+        for slot in slots:
+            for step in (1, 2, 3, 5, 10, 12):
+                if hook.step_cadence and step % hook.step_cadence == 0:
+                    continue
+                state, event = at(step, slot), ev.AfterStep(step, outputs, 8)
+                assert hook(state, event) == (state.with_slot(quiet(slot, event)), ()), (hook, slot, step)
