@@ -66,6 +66,9 @@ class Loop:
         self._step_fn = step_fn
         self._interpreter = interpreter
         self._peeked = (None, None)  # (state, next_event(state)): the step's tail computes the next head
+        # Event classes that process() must see: some hook wants them, or a guard compares every event.
+        guarded = getattr(interpreter, "guard", None) is not None
+        self._processed = {cls: guarded or bool(hooks.active(cls)) for cls in ev.LIFECYCLE}
 
     @property
     def trace(self) -> list:
@@ -76,11 +79,10 @@ class Loop:
         return self.state.finished
 
     def _dispatch(self, event) -> None:
-        if not self.hooks.active(event.__class__) and getattr(self._interpreter, "guard", None) is None:
-            # No hook wants it and no guard compares it: process() would only advance.
-            self.state = advance(self.state, event)
-        else:
+        if self._processed.get(event.__class__, True):
             self.state = process(self.hooks, self.state, event, self._interpreter)
+        else:  # no hook wants it and no guard compares it: process() would only advance
+            self.state = advance(self.state, event)
 
     def _next_event(self) -> ev.Event | None:
         """``next_event(self.state)``, computed once per state."""
@@ -90,18 +92,21 @@ class Loop:
             self._peeked = (self.state, event)
         return event
 
-    def _train(self, event: ev.AfterStep) -> ev.AfterStep:
+    def _train(self, step: int) -> ev.AfterStep:
+        """Train global step ``step``; returns its ``AfterStep``."""
         ctx = self.ctx
         batch = ctx.feed.next_batch()
         outputs = self._step_fn(ctx.model, ctx.optimizer, batch, scheduler=ctx.scheduler, scaler=ctx.scaler)
-        return ev.AfterStep(event.step, scalar_outputs(outputs), _batch_size(batch))
+        # Only hooks read the outputs: with none listening, the conversion (a device sync on GPU) is skipped.
+        scalars = scalar_outputs(outputs) if self._processed[ev.AfterStep] else {}
+        return ev.after_step(step, scalars, _batch_size(batch))
 
     def _advance(self) -> ev.Event | None:
         """Run the next lifecycle event; returns it, or None when training is over."""
         event = self._next_event()
         cls = event.__class__  # next_event builds exact lifecycle classes
         if cls is ev.AfterStep:
-            event = self._train(event)
+            event = self._train(event.step)
         elif cls is ev.BeforeEpoch:
             self.ctx.feed.start_epoch(event.epoch)
         elif cls is ev.AfterEpoch:
@@ -117,10 +122,25 @@ class Loop:
 
     def step(self) -> "Loop":
         """Train one step, with the events around it (epoch end, training end)."""
-        while True:
-            event = self._advance()
-            if event is None or event.__class__ is ev.AfterStep:
-                break
+        state = self.state
+        p = state.progress
+        position = state.position
+        if position == "BeforeEpoch" or (position == "AfterStep" and p.iter_in_epoch < p.iters_per_epoch):
+            # Mid-epoch: the next events are BeforeStep and AfterStep of the next step.
+            step = p.global_step + 1
+            if self._processed[ev.BeforeStep]:
+                self._dispatch(ev.BeforeStep(step))
+            # Else BeforeStep's only effect would be State.position = "BeforeStep", which
+            # the AfterStep below overwrites: skipped. A step that raises then leaves the
+            # state as it was before the step, and the next step() trains it again.
+            self._dispatch(self._train(step))
+            if not self.state.progress.at_epoch_end:
+                return self  # the next event is a BeforeStep: nothing closes
+        else:
+            while True:
+                event = self._advance()
+                if event is None or event.__class__ is ev.AfterStep:
+                    break
         while self._next_event().__class__ in _CLOSING:
             self._advance()
         return self
