@@ -28,7 +28,7 @@ import attrs
 
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import AfterStep, Event
-from pimm_fn.core.schedule import advance
+from pimm_fn.core.schedule import advance, stepped
 from pimm_fn.core.state import State, evolvers, replace
 
 __all__ = ["chain", "Chain", "TraceEntry", "Executor", "fold", "process", "init_slots"]
@@ -107,8 +107,14 @@ class Chain:
         state, slots, emitted = self._fold(state, event, slots)
         return (state if state.slot is None else replace(state, slot=None)), slots, emitted
 
-    def _fold(self, state: State, event: Event, slots: tuple) -> tuple[State, tuple, list]:
-        """``fold`` leaving the last hook's slot in ``state.slot`` (the caller clears it)."""
+    def _fold(self, state: State, event: Event, slots: tuple, progress=None) -> tuple[State, tuple, list]:
+        """``fold`` leaving the last hook's slot in ``state.slot`` (the caller clears it).
+
+        With ``progress``, ``state`` is the state before an ``AfterStep`` and
+        ``progress`` its progress after: the first hook called sees them
+        joined, in one copy; when none is called, ``state`` comes back as it
+        was and the caller applies them.
+        """
         emitted = []
         new_slots = None
         hooks = self.hooks
@@ -125,7 +131,10 @@ class Chain:
                         new_slots[i] = changed
                     continue
             hook = hooks[i]
-            if state.slot is not slot:
+            if progress is not None:
+                state = evolvers[state.__class__](state, progress=progress, position="AfterStep", slot=slot)
+                progress = None
+            elif state.slot is not slot:
                 state = evolvers[state.__class__](state, slot=slot)
             result = hook(state, event)
             # Checked inline for the common (state, ()) answer; anything else in full.
@@ -185,8 +194,15 @@ class Executor(Protocol):
 
 def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
     """Apply the core's bookkeeping for ``event``, then fold ``hooks`` over it."""
-    state = advance(state, event)
-    state, slots, emitted = hooks._fold(state, event, state.slots)
+    if event.__class__ is AfterStep:  # advance's bookkeeping joined to the fold's first State copy
+        before, progress = state, stepped(state.progress, event)
+        state, slots, emitted = hooks._fold(state, event, state.slots, progress)
+        if state is before:  # no hook was called: one copy for the progress, position and slots
+            changed = evolvers[state.__class__](state, progress=progress, position="AfterStep", slots=slots, slot=None)
+            return changed, emitted
+    else:
+        state = advance(state, event)
+        state, slots, emitted = hooks._fold(state, event, state.slots)
     if len(emitted) > 1 and any(e.runs_last for _, e in emitted):
         emitted.sort(key=lambda pair: pair[1].runs_last)  # stable: positions kept within each group
     if slots is not state.slots:

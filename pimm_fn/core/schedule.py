@@ -45,17 +45,8 @@ def next_event(state: State) -> ev.Event | None:
 def advance(state: State, event: ev.Event) -> State:
     """The core's own bookkeeping for ``event``, applied before the hooks see it."""
     match event:
-        case ev.AfterStep(step=step, batch_size=batch_size):
-            p = state.progress
-            if step != p.global_step + 1:
-                raise ValueError(f"AfterStep(step={step}) out of order: global_step is {p.global_step}")
-            progress = evolvers[p.__class__](
-                p,
-                global_step=step,
-                iter_in_epoch=p.iter_in_epoch + 1,
-                samples_seen=p.samples_seen + batch_size,
-            )
-            return evolvers[state.__class__](state, progress=progress, position="AfterStep")
+        case ev.AfterStep():
+            return evolvers[state.__class__](state, progress=stepped(state.progress, event), position="AfterStep")
         case ev.BeforeStep():
             return evolvers[state.__class__](state, position="BeforeStep")
         case ev.MetricsPublished(values=values):
@@ -69,6 +60,16 @@ def advance(state: State, event: ev.Event) -> State:
     if isinstance(event, ev.LIFECYCLE):
         return replace(state, position=name)
     return state
+
+
+def stepped(p: Progress, event: ev.AfterStep) -> Progress:
+    """``p`` after the step of ``event``: ``advance``'s progress for an ``AfterStep``."""
+    step = event.step
+    if step != p.global_step + 1:
+        raise ValueError(f"AfterStep(step={step}) out of order: global_step is {p.global_step}")
+    return evolvers[p.__class__](
+        p, global_step=step, iter_in_epoch=p.iter_in_epoch + 1, samples_seen=p.samples_seen + event.batch_size
+    )
 
 
 def resume_from(state: State, *, max_epochs: int | None = None) -> State:
