@@ -3,8 +3,10 @@
 Standard format, in a process group (every rank calls, in this order)::
 
     rank 0: remove stale .staging-*, create .staging-last-<step>/   (shared)
+    all   : agree on the packed trainer state                         (collective)
     all   : dcp.save(trainer + own local) into it                    (collective)
-    rank 0: model.pth, then COMPLETE, then publish, snapshot, prune  (shared)
+    rank 0: ... meanwhile model.pth on a second thread, fsynced
+    rank 0: COMPLETE once both are durable, then publish, snapshot, prune  (shared)
 
 A crash before ``COMPLETE`` leaves only an unfinished staging directory,
 which discovery ignores and the next save deletes. Legacy format: locals are
@@ -90,13 +92,20 @@ def save_checkpoint(
     world = dist.world_size()
     if format == "standard":
         staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step))
-        _standard.write_trainer(staging, trainer, local)
+        state = _standard.packed_state(trainer, local)  # collective: fails on every rank before any write
+        # The weights file is written (in place: the staging directory is
+        # invisible until published) and fsynced while DCP writes the trainer.
+        weights_file = L.BackgroundWrite(staging / L.WEIGHTS, lambda f: torch.save(weights, f)) if dist.is_main() else None
+        try:
+            _standard.write_state(staging, state)
+        except BaseException:
+            if weights_file is not None:
+                weights_file.join()
+            raise
 
         def publish() -> pathlib.Path:
-            # The staging directory is invisible until published: write in place.
-            L.durable_write(staging / L.WEIGHTS, lambda f: torch.save(weights, f))
-            L.write_marker(staging, step, world, staged=True)
-            return _publish.publish_dir(root, staging)
+            weights_file.result()
+            return _publish.publish_staged(root, staging, step, world)
 
     else:
         locals_by_rank = dist.gather_object(local)

@@ -24,6 +24,7 @@ import pathlib
 import re
 import shutil
 import tempfile
+import threading
 from typing import Callable
 
 import attrs
@@ -175,6 +176,36 @@ def durable_write(path: pathlib.Path, write: Callable[[object], None]) -> pathli
         f.flush()
         os.fsync(f.fileno())
     return path
+
+
+class BackgroundWrite:
+    """A :func:`durable_write` running on its own thread.
+
+    Lets the weights file be written (and fsynced) while DCP writes the
+    trainer directory: the two files' writes and fsyncs overlap.
+    :meth:`result` joins the thread and re-raises its error.
+    """
+
+    def __init__(self, path: pathlib.Path, write: Callable[[object], None]):
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(path, write), name=f"pimm_fn-write-{path.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self, path: pathlib.Path, write: Callable[[object], None]) -> None:
+        try:
+            durable_write(path, write)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by result()
+            self._error = exc
+
+    def result(self) -> None:
+        """Wait until the file is durable; raise what the write raised."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+    def join(self) -> None:
+        """Wait for the thread without raising (when another error is already on its way)."""
+        self._thread.join()
 
 
 def write_marker(directory: pathlib.Path, step: int, world_size: int, *, staged: bool = False) -> None:

@@ -68,6 +68,18 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path) -> pathlib.Path:
     return last
 
 
+def publish_staged(model_dir: pathlib.Path, staging: pathlib.Path, step: int, world_size: int) -> pathlib.Path:
+    """Mark a staging directory whose files are all durable complete, and publish it.
+
+    The trainer directory's entries are made durable first (DCP fsyncs its
+    files but not their directory), then ``COMPLETE`` is written and
+    fsynced with the staging directory, then :func:`publish_dir` renames.
+    """
+    L.fsync_dir(staging / L.TRAINER)
+    L.write_marker(staging, step, world_size, staged=True)
+    return publish_dir(model_dir, staging)
+
+
 def publish_file(model_dir: pathlib.Path, staged: pathlib.Path) -> pathlib.Path:
     """Make a complete staged legacy file the new ``last.pth``."""
     last = model_dir / L.LEGACY_LAST

@@ -42,10 +42,18 @@ def write_trainer(directory: pathlib.Path, trainer: dict, local: dict) -> None:
         TypeError / ValueError: on every rank, when some rank's state cannot
             be packed, or the replicated part differs between ranks.
     """
-    state = packed_state(trainer, local)
+    write_state(directory, packed_state(trainer, local))
+
+
+def write_state(directory: pathlib.Path, state: dict[str, torch.Tensor], group=None) -> None:
+    """Collectively write a :func:`packed_state` into ``directory/trainer`` with DCP.
+
+    DCP fsyncs each file it writes (``sync_files``), then writes its
+    ``.metadata`` last, also fsynced; the caller fsyncs the directories.
+    """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(directory / L.TRAINER))
+        dcp.save(state, storage_writer=dcp.FileSystemWriter(directory / L.TRAINER, sync_files=True), process_group=group)
 
 
 def packed_state(trainer: dict, local: dict) -> dict[str, torch.Tensor]:
