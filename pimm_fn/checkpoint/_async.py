@@ -3,12 +3,13 @@
 ``save_checkpoint_async`` does the cheap, collective part at once (the
 staging directory, packing, the agreement check), then a worker thread:
 
-1. *stages*: copies every tensor to fresh CPU memory; the training may run
-   its next forward and backward meanwhile, but must not change parameters
-   or optimizer state before :meth:`AsyncSave.wait_staged` returns (the loop
-   waits right before ``optimizer.step()``);
-2. *writes* the copy: the DCP trainer directory (every rank), then on the
-   main rank the weights file;
+1. *stages*: copies every tensor into a reused CPU staging area (see
+   :mod:`._staging`: no allocation or page fault after the first save); the
+   training may run its next forward and backward meanwhile, but must not
+   change parameters or optimizer state before :meth:`AsyncSave.wait_staged`
+   returns (the loop waits right before ``optimizer.step()``);
+2. *writes* the copy: the DCP trainer directory (every rank) and, at the
+   same time on a second thread of the main rank, the weights file;
 3. *publishes* on the main rank: marker, rename to ``last/``, snapshot,
    pruning; exactly the synchronous save's steps, after the write completed.
 
@@ -24,13 +25,11 @@ import os
 import pathlib
 import threading
 import time
-import warnings
 
 import torch
-import torch.distributed.checkpoint as dcp
 
 from . import _layout as L
-from . import _publish, _standard, dist
+from . import _publish, _staging, _standard, dist
 from ._api import _check_args
 from ._layout import CheckpointInfo
 
@@ -50,11 +49,13 @@ def _background_group():
     return _GROUP
 
 
-def _stage(tensors: dict) -> dict:
-    """Fresh CPU copies of ``tensors`` (other values pass through)."""
-    return {
-        k: v.detach().to("cpu", copy=True) if isinstance(v, torch.Tensor) else v for k, v in tensors.items()
-    }
+def _stage(area: _staging.StagingArea, state: dict, weights: dict | None):
+    """``(staged state, staged weights or None, copy)``: ``area``'s tensors, filled once ``copy`` is done."""
+    if weights is None:
+        (staged_state,), copy = area.prepare(state)
+        return staged_state, None, copy
+    (staged_state, staged_weights), copy = area.prepare(state, weights)
+    return staged_state, staged_weights, copy
 
 
 class AsyncSave:
@@ -78,6 +79,7 @@ class AsyncSave:
         self._error: BaseException | None = None
         self._info: CheckpointInfo | None = None
         self._thread: threading.Thread | None = None
+        self._copy = None  # the staging copy, once the worker has prepared it
 
     def _start(self, work) -> "AsyncSave":
         self._thread = threading.Thread(target=self._run, args=(work,), name=f"pimm_fn-save-{self.step}", daemon=True)
@@ -109,9 +111,15 @@ class AsyncSave:
         return self._done.is_set()
 
     def wait_staged(self) -> None:
-        """Block until staging finished; parameters may change afterwards."""
+        """Block until staging finished; parameters may change afterwards.
+
+        Rather than idle, the caller copies what the worker has not started.
+        """
         if not self._staged.is_set():
             t = time.perf_counter()
+            copy = self._copy
+            if copy is not None:
+                copy.run()  # errors surface through the worker, in wait()
             self._staged.wait()
             self.waited_s += time.perf_counter() - t
         if self._error is not None and self._done.is_set():
@@ -175,16 +183,27 @@ def save_checkpoint_async(
     pending = AsyncSave(step)
 
     def work(mark_staged) -> CheckpointInfo:
-        staged_state, staged_weights = _stage(state), _stage(weights) if dist.is_main() else None
-        mark_staged()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_standard._NO_GROUP_WARNING)
-            dcp.save(staged_state, storage_writer=dcp.FileSystemWriter(staging / L.TRAINER), process_group=group)
+        area = _staging.acquire()
+        try:
+            staged_state, staged_weights, copy = _stage(area, state, weights if dist.is_main() else None)
+            pending._copy = copy  # from now on a thread waiting in wait_staged() helps copying
+            copy.run()
+            copy.wait()
+            mark_staged()
+            weights_file = None
+            if staged_weights is not None:
+                weights_file = L.BackgroundWrite(staging / L.WEIGHTS, lambda f: torch.save(staged_weights, f))
+            try:
+                _standard.write_state(staging, staged_state, group=group)
+            finally:
+                if weights_file is not None:
+                    weights_file.join()
+        finally:
+            _staging.release(area)  # nothing reads the staged copy any more
 
         def publish() -> CheckpointInfo:
-            L.durable_write(staging / L.WEIGHTS, lambda f: torch.save(staged_weights, f))
-            L.write_marker(staging, step, world, staged=True)
-            published = _publish.publish_dir(root, staging)
+            weights_file.result()
+            published = _publish.publish_staged(root, staging, step, world)
             if snapshot:
                 _publish.snapshot(root, published, step)
             if keep_snapshots is not None:

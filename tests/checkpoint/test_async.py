@@ -93,9 +93,9 @@ def test_async_snapshots_hold_exactly_the_weights_of_their_step_even_when_stagin
     """The optimizer waits for the copy: a snapshot of step k equals the weights right after step k."""
     real_stage = _async._stage
 
-    def slow_stage(tensors):
+    def slow_stage(*args):
         time.sleep(0.05)  # far longer than a forward/backward of the tiny model
-        return real_stage(tensors)
+        return real_stage(*args)
 
     monkeypatch.setattr(_async, "_stage", slow_stage)
     model, run, seen = _train_recording(tmp_path, [pf.save_every(4, async_save=True, snapshots=True)])
