@@ -14,6 +14,8 @@ what every rank will do is a value you can plan, simulate and test.
 
 import importlib
 
+__version__ = "0.1.0"
+
 from pimm_fn import compat
 from pimm_fn.core import effects, events
 from pimm_fn.core.codec import register
