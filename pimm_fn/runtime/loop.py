@@ -114,9 +114,8 @@ class Loop:
         elif event is None:
             return None
         self._dispatch(event)
-        if isinstance(event, ev.AfterTrain):
-            self._interpreter.settle()  # every rank learns of a divergence in the last events
         if cls is ev.AfterTrain:
+            self._interpreter.settle()  # every rank learns of a divergence in the last events
             self.ctx.wait_for_save()  # training ends with every checkpoint published
         return event
 
