@@ -142,7 +142,14 @@ def _json_safe(value):
 def load_weights(effect: LoadWeights, state, ctx) -> tuple:
     module = unwrap(ctx.model)
     source = checkpoint.load_weights_file(effect.path)
-    remapped, report = checkpoint.remap_state_dict(source, dict(effect.replacements) or None, module.state_dict().keys())
+    targets = module.state_dict().keys()
+    remapped, report = checkpoint.remap_state_dict(source, dict(effect.replacements) or None, targets)
+    if not report.loaded:
+        raise ValueError(
+            f"load_weights({effect.path!r}): after remapping, no key of the file matches the model "
+            f"(file keys look like {list(remapped)[:3]}, model keys like {list(targets)[:3]}); "
+            f"pass replacements={{old_prefix: new_prefix}} to map them"
+        )
     module.load_state_dict(remapped, strict=effect.strict)
     ctx.say(f"loaded weights from {effect.path}: {report.summary()}")
     return ()

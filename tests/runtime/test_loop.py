@@ -222,6 +222,18 @@ def test_load_weights_rule_that_matches_nothing_fails_loudly(tmp_path):
         run.step()
 
 
+def test_load_weights_that_match_no_parameter_fail_loudly(tmp_path):
+    """A weights file none of whose keys fit the model is an error, not a silent no-op warm start."""
+    torch.save({f"backbone.{k}": v for k, v in TinyNet().state_dict().items()}, tmp_path / "pre.pth")
+    model = TinyNet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(),
+                  hooks=[pf.load_weights(tmp_path / "pre.pth")], max_epochs=1, console=False)
+    with pytest.raises(ValueError, match=r"no key of the file matches the model .*replacements="):
+        run.step()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 def test_grad_scaler_state_is_checkpointed(tmp_path):
     """An AMP GradScaler trains under autocast and its state survives a resume."""
 
