@@ -1,12 +1,13 @@
 """Train a small point-cloud segmentation model with pimm_fn.
 
-Synthetic scenes, a tiny PointNet-style network, AdamW with a one-cycle
-schedule, evaluation (mIoU over a sharded validation set) at each epoch's
+Synthetic scenes, a tiny PointNet-style network, AdamW with a warm-up and
+cosine schedule, evaluation (mIoU over a sharded validation set) at each epoch's
 end, a rolling checkpoint every epoch and ``model_best`` on the best mIoU.
 About a minute on two CPU cores.
 
     python examples/train_pointcloud.py                       # one process
     python examples/train_pointcloud.py --resume              # continue from runs/pointcloud
+    python examples/train_pointcloud.py --resume --epochs 12  # carry a finished run on to 12 epochs
     python examples/train_pointcloud.py --nproc 2             # spawns 2 gloo ranks
     torchrun --nproc-per-node 2 examples/train_pointcloud.py  # launched by torchrun
 
@@ -18,6 +19,7 @@ evaluator all-reduces the confusion matrix, so mIoU is of the whole set.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pathlib
 import socket
@@ -42,8 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-dir", default="runs/pointcloud", help="checkpoints and logs")
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in --save-dir; keep --epochs "
-                        "(the one-cycle schedule's length is restored from the checkpoint)")
+                   help="continue from the latest checkpoint in --save-dir; a larger --epochs "
+                        "carries a finished run on (the cosine schedule stretches to the new length)")
     p.add_argument("--nproc", type=int, default=1, help="spawn this many gloo ranks")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="CPU threads, shared by all ranks")
@@ -58,6 +60,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def warmup_cosine(total_steps: int, warmup: float = 0.15):
+    """The learning-rate factor at each step: a linear warm-up, then a cosine down to zero.
+
+    A plain function, so the scheduler's checkpoint holds only its step count:
+    a resumed run with more epochs follows the schedule of its new length.
+    """
+    warmup_steps = max(1, int(warmup * total_steps))
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
 def build(args, rank: int = 0, world_size: int = 1):
     """Data, model, optimizer, scheduler and evaluator for one rank."""
     train_loader, val_shard = make_loaders(
@@ -66,8 +85,7 @@ def build(args, rank: int = 0, world_size: int = 1):
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     model = PointSegNet()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-2)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=args.lr, total_steps=args.epochs * len(train_loader), pct_start=0.15)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(args.epochs * len(train_loader)))
     return model, optimizer, scheduler, train_loader, Evaluator(val_shard, batch_size=32)
 
 
