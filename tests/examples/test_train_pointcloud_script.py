@@ -30,7 +30,7 @@ def test_built_components_train_one_epoch_by_hand():
     script = _script()
     args = script.parse_args(TINY + ["--epochs", "2"])
     model, opt, sched, loader, evaluate = script.build(args)
-    assert len(loader) == 4 and sched.total_steps == 8
+    assert len(loader) == 4 and sched.get_last_lr()[0] <= args.lr  # never above the peak
     for batch in loader:
         loss = model(batch)["loss"]
         opt.zero_grad()
@@ -39,6 +39,13 @@ def test_built_components_train_one_epoch_by_hand():
         sched.step()
     result = evaluate(model)
     assert set(result) == {"mIoU", "val_loss"} and 0.0 <= result["mIoU"] <= 1.0
+
+
+def test_warmup_cosine_rises_to_the_peak_then_falls_to_zero():
+    """The schedule factor warms up linearly, peaks at 1 and ends at 0."""
+    factor = _script().warmup_cosine(100)
+    assert factor(0) < factor(10) < factor(14) == 1.0 and factor(15) == 1.0
+    assert 0.0 < factor(60) < 1.0 and factor(99) < 0.01 and factor(200) == 0.0
 
 
 def test_script_runs_and_resumes_with_the_library_loop(tmp_path, capsys):
