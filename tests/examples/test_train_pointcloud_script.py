@@ -25,18 +25,16 @@ def test_defaults_match_the_documented_command_line():
     assert _script().parse_args(["--resume"]).resume
 
 
-def test_built_components_train_one_epoch_by_hand():
+def test_built_components_train_one_epoch_through_the_loop():
     """build() returns a model, optimizer, per-step scheduler, loader and evaluator that fit."""
     script = _script()
     args = script.parse_args(TINY + ["--epochs", "2"])
     model, opt, sched, loader, evaluate = script.build(args)
     assert len(loader) == 4 and sched.get_last_lr()[0] <= args.lr  # never above the peak
-    for batch in loader:
-        loss = model(batch)["loss"]
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
+    import pimm_fn as pf
+
+    state = pf.loop(model, opt, loader, max_epochs=1, scheduler=sched, console=False)()
+    assert state.progress.global_step == 4 and sched.last_epoch == 4
     result = evaluate(model)
     assert set(result) == {"mIoU", "val_loss"} and 0.0 <= result["mIoU"] <= 1.0
 
