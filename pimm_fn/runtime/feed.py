@@ -116,6 +116,14 @@ class Feed:
         if iter_in_epoch == 0 or iter_in_epoch >= self.iters_per_epoch:
             if self.stateful and cursor.get("epoch_done"):
                 self._load_finished(cursor["loader"])  # its sampler's state for the next epoch
+            elif self.stateful and iter_in_epoch:
+                warnings.warn(
+                    f"epoch {epoch} ended after {self.iters_per_epoch} of the loader's {len(self.data)} batches, so "
+                    f"its state does not mark a finished pass and is not restored: later epochs may shuffle "
+                    f"differently from the original run. Leave iters_per_epoch at len(loader) for an exact resume",
+                    ResumeNotExactWarning,
+                    stacklevel=3,
+                )
             return
         sampler = _sampler(self.data)
         if sampler is not None:

@@ -139,3 +139,11 @@ def test_a_one_shot_iterator_warns_that_resume_is_not_exact(tmp_path):
     make(None).run(steps=3)
     with pytest.warns(pf.ResumeNotExactWarning, match="cannot restore the data position"):
         make("auto")
+
+
+def test_a_capped_stateful_loader_warns_that_an_epoch_end_resume_is_not_exact(tmp_path):
+    """With iters_per_epoch below the loader's length, the loader's pass never finishes: resuming says so."""
+    with pytest.warns(pf.ResumeNotExactWarning, match="Leave iters_per_epoch at len"):
+        _, first = build(tmp_path, kind="stateful", hooks=[pf.save_every(3)], iters_per_epoch=3, max_epochs=2)
+        first.run(steps=3)
+        build(tmp_path, kind="stateful", hooks=[pf.save_every(3)], iters_per_epoch=3, max_epochs=2, resume="auto")
