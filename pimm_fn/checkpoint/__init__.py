@@ -15,7 +15,7 @@ Example:
 """
 
 from ._api import LoadedCheckpoint, load_checkpoint, save_checkpoint
-from ._async import AsyncSave, save_checkpoint_async
+from ._async import AsyncSave, prewarm_async_save, save_checkpoint_async
 from ._discovery import find_checkpoint, latest_checkpoint
 from ._layout import CheckpointInfo
 from ._weights import WeightsReport, load_weights_file, remap_state_dict, write_best
@@ -29,6 +29,7 @@ __all__ = [
     "latest_checkpoint",
     "load_checkpoint",
     "load_weights_file",
+    "prewarm_async_save",
     "remap_state_dict",
     "save_checkpoint",
     "save_checkpoint_async",

@@ -33,7 +33,7 @@ from . import _publish, _staging, _standard, dist
 from ._api import _check_args
 from ._layout import CheckpointInfo
 
-__all__ = ["AsyncSave", "save_checkpoint_async"]
+__all__ = ["AsyncSave", "prewarm_async_save", "save_checkpoint_async"]
 
 _GROUP = None  # the gloo group background saves use, made once per process group
 
@@ -213,3 +213,32 @@ def save_checkpoint_async(
         return dist.run_on_main(publish, group=group)
 
     return pending._start(work)
+
+
+def prewarm_async_save(*, weights: dict, trainer: dict, local: dict, pause_s: float = 0.0) -> _staging.Prewarm:
+    """Ready, in the background, the memory a later async save of state shaped like this copies into.
+
+    Not collective, and reads no tensor's values: only keys, shapes and
+    dtypes, taken now, so the caller may go on changing the tensors. A
+    background thread allocates the process's staging tensors and writes
+    every page, so the first :func:`save_checkpoint_async` of the process
+    finds them ready instead of faulting fresh memory in while the training
+    runs beside it. A save that starts before the prewarm ends takes over
+    what it readied (see :mod:`._staging`).
+
+    Args:
+        weights, trainer, local: as the later save will pass them (values
+            may differ; keys, shapes and dtypes should not).
+        pause_s: seconds to sleep after each chunk written (tests).
+
+    Returns:
+        The running :class:`~._staging.Prewarm` (``wait()`` blocks until it ended).
+
+    Example:
+        >>> import torch
+        >>> prewarm_async_save(weights={"w": torch.ones(4)}, trainer={}, local={}).wait().finished
+        True
+    """
+    state = _standard.flat_state(trainer, local)
+    layout = _staging.layout_of(state, weights) if dist.is_main() else _staging.layout_of(state)
+    return _staging.prewarm(layout, pause_s=pause_s)

@@ -19,6 +19,15 @@ process slower, ~300 ms for 500 MB, than plain pages.)
 One idle area is kept per process (the largest); a save takes it for its
 whole write and gives it back afterwards, so two saves never share one.
 
+The first save of a process would still pay the page faults, on the other
+core while the next forward and backward run. :func:`prewarm` pays them
+ahead, on a thread of its own: it holds the idle area, allocates the
+tensors of a given layout and writes every page, chunk by chunk. A save
+that arrives meanwhile takes over (see :func:`acquire`): the prewarm stops
+at its next chunk and hands its area on, so the save copies into the
+memory readied so far and faults only the rest; nothing is allocated
+twice and no save ever waits for more than one chunk.
+
 Example:
     >>> import torch
     >>> area = acquire()
@@ -31,13 +40,15 @@ Example:
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
-__all__ = ["Copy", "StagingArea", "acquire", "release"]
+__all__ = ["Copy", "Prewarm", "StagingArea", "acquire", "drop_idle", "layout_of", "prewarm", "release"]
 
 _lock = threading.Lock()
 _idle: StagingArea | None = None
+_warming: Prewarm | None = None  # the prewarm holding an area, while it runs
 _CHUNK = 8 * 2**20  # bytes per copy step shared between threads
 
 
@@ -52,6 +63,11 @@ def _plain(value) -> bool:
     )
 
 
+def layout_of(*parts: dict) -> tuple:
+    """The layout :meth:`StagingArea.prepare` gives ``parts``: ``(part, key, dtype, shape)`` per tensor kept."""
+    return tuple((i, k, v.dtype, tuple(v.shape)) for i, part in enumerate(parts) for k, v in part.items() if _plain(v))
+
+
 class StagingArea:
     """CPU tensors, kept from one save to the next, that saves copy into.
 
@@ -62,6 +78,10 @@ class StagingArea:
         self._layout: tuple = ()
         self._tensors: list[torch.Tensor] = []
         self.nbytes = 0  # bytes of memory this area holds
+
+    def tensors(self) -> dict:
+        """``{layout entry: tensor}``: what this area holds now (for inspection)."""
+        return dict(zip(self._layout, self._tensors))
 
     def stage(self, *parts: dict) -> dict | tuple[dict, ...]:
         """Copy the tensors of each dict in ``parts`` into this area, now.
@@ -90,7 +110,7 @@ class StagingArea:
             ``copy.run()`` (from any threads) and ``copy.wait()`` returned.
         """
         entries = [(i, k, v) for i, part in enumerate(parts) for k, v in part.items() if _plain(v)]
-        layout = tuple((i, k, v.dtype, tuple(v.shape)) for i, k, v in entries)
+        layout = layout_of(*parts)
         if layout != self._layout:
             self._allocate(layout)
         staged = tuple(dict(part) for part in parts)
@@ -104,15 +124,41 @@ class StagingArea:
                     staged[i][k] = v.detach().to("cpu", copy=True)
         return staged, Copy(pairs)
 
-    def _allocate(self, layout: tuple) -> None:
-        # Keep the tensors whose (key, dtype, shape) did not change; allocate the rest.
+    def warm(self, layout: tuple, *, stop: threading.Event | None = None, pause_s: float = 0.0) -> bool:
+        """Allocate this area's tensors for ``layout`` and write every page of the new ones.
+
+        Args:
+            layout: what :func:`layout_of` gives the parts a later save stages.
+            stop: when set, return before the next chunk.
+            pause_s: seconds to sleep after each chunk (tests use it to keep
+                a prewarm running while a save arrives).
+
+        Returns:
+            True when every new tensor was written in full.
+        """
+        fresh = self._allocate(layout) if layout != self._layout else []
+        for tensor in fresh:
+            for piece, _ in _chunks(tensor, tensor):
+                if stop is not None and stop.is_set():
+                    return False
+                piece.zero_()  # the write faults the pages in; a read would map the shared zero page
+                if pause_s:
+                    time.sleep(pause_s)
+        return True
+
+    def _allocate(self, layout: tuple) -> list[torch.Tensor]:
+        """Keep the tensors whose (key, dtype, shape) did not change, allocate the rest; returns the new ones."""
         kept = {entry: t for entry, t in zip(self._layout, self._tensors)}
         self._tensors = [kept.pop(entry, None) for entry in layout]
         del kept  # tensors for entries that are gone are freed here
-        self._tensors = [t if t is not None else torch.empty(entry[3], dtype=entry[2])
-                         for entry, t in zip(layout, self._tensors)]
+        fresh = []
+        for j, (entry, t) in enumerate(zip(layout, self._tensors)):
+            if t is None:
+                self._tensors[j] = t = torch.empty(entry[3], dtype=entry[2])
+                fresh.append(t)
         self._layout = layout
         self.nbytes = sum(t.untyped_storage().nbytes() for t in self._tensors)
+        return fresh
 
 
 class Copy:
@@ -174,17 +220,106 @@ def _chunks(dst: torch.Tensor, src: torch.Tensor):
     return [(d[a:a + step], s[a:a + step]) for a in range(0, d.numel(), step)]
 
 
-def acquire() -> StagingArea:
-    """Take the process's idle staging area, or a new one when it is in use."""
-    global _idle
+class Prewarm:
+    """A thread readying the process's staging memory for a layout (see :func:`prewarm`).
+
+    Attributes:
+        area: the area it readies (a save may hold it before the prewarm ends).
+        finished: None while it runs; then True when every page was
+            written, False when a save took the area over first.
+        error: what stopped it, if it failed (a later save allocates anew).
+    """
+
+    def __init__(self, area: StagingArea, layout: tuple, pause_s: float):
+        self.area = area
+        self.finished: bool | None = None
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(area, layout, pause_s), name="pimm_fn-staging-prewarm", daemon=True
+        )
+
+    def _run(self, area: StagingArea, layout: tuple, pause_s: float) -> None:
+        global _warming
+        finished = False
+        try:
+            finished = area.warm(layout, stop=self._stop, pause_s=pause_s)
+        except BaseException as exc:  # noqa: BLE001 - kept for inspection; the save allocates what is missing
+            self.error = exc
+        finally:
+            with _lock:  # one step: no acquire() sees neither the prewarm nor its area
+                _warming = None
+                _offer(area)
+            self.finished = finished
+
+    def stop(self) -> None:
+        """Stop at the next chunk and wait until the area is idle again."""
+        self._stop.set()
+        self.wait()
+
+    def wait(self) -> "Prewarm":
+        """Block until the thread ended (its area is then the idle one, or a larger one is)."""
+        self._thread.join()
+        return self
+
+    def done(self) -> bool:
+        return not self._thread.is_alive() and self.finished is not None
+
+    def __repr__(self):
+        status = "running" if self.finished is None else "finished" if self.finished else "taken over"
+        return f"<Prewarm {status}>"
+
+
+def prewarm(layout: tuple, *, pause_s: float = 0.0) -> Prewarm:
+    """Ready the idle staging area for ``layout`` on a background thread; returns at once.
+
+    The thread holds the area until done; the prewarm already running, if
+    any, is returned instead of starting a second one.
+
+    Args:
+        layout: what :func:`layout_of` gives the parts the next save stages.
+        pause_s: seconds to sleep after each chunk written (tests).
+    """
+    global _idle, _warming
     with _lock:
+        if _warming is not None:
+            return _warming
         area, _idle = _idle, None
-    return area if area is not None else StagingArea()
+        _warming = Prewarm(area if area is not None else StagingArea(), layout, pause_s)
+        _warming._thread.start()
+        return _warming
+
+
+def acquire() -> StagingArea:
+    """Take the process's idle staging area, or a new one when it is in use.
+
+    A prewarm holding the area is stopped at its next chunk, and its area
+    taken: the memory it readied is used, none is allocated twice.
+    """
+    global _idle
+    while True:
+        with _lock:
+            area, _idle = _idle, None
+            warming = _warming
+        if area is not None or warming is None:
+            return area if area is not None else StagingArea()
+        warming.stop()  # returns once the area is idle; the next turn takes it
 
 
 def release(area: StagingArea) -> None:
     """Give ``area`` back once nothing reads its tensors any more; the larger idle area is kept."""
+    with _lock:
+        _offer(area)
+
+
+def _offer(area: StagingArea) -> None:
+    global _idle  # the caller holds _lock
+    if _idle is None or area.nbytes >= _idle.nbytes:
+        _idle = area
+
+
+def drop_idle() -> None:
+    """Forget the idle area (freed once no save holds it): the next save starts from fresh memory, as in a new process."""
     global _idle
     with _lock:
-        if _idle is None or area.nbytes >= _idle.nbytes:
-            _idle = area
+        _idle = None

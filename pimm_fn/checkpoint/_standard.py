@@ -63,13 +63,18 @@ def packed_state(trainer: dict, local: dict) -> dict[str, torch.Tensor]:
     frozen into the JSON skeletons now; tensors are referenced, not copied.
     """
     try:
-        replicated = _flatten("trainer", trainer)
-        state = {**replicated, **_flatten(f"local/rank{dist.rank()}", local)}
+        state = flat_state(trainer, local)
+        replicated = {k: v for k, v in state.items() if k.startswith("trainer/")}
         problem = None
     except (TypeError, ValueError) as exc:
         replicated, state, problem = {}, {}, exc
     _agree(replicated, problem)
     return state
+
+
+def flat_state(trainer: dict, local: dict) -> dict[str, torch.Tensor]:
+    """:func:`packed_state` without the agreement check: this rank's keys and tensors, no collective."""
+    return {**_flatten("trainer", trainer), **_flatten(f"local/rank{dist.rank()}", local)}
 
 
 def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]:

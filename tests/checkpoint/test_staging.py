@@ -3,6 +3,7 @@ copies are exact, memory is reused, no byte of one save reaches another, and the
 still comes after every file is durable."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -142,3 +143,74 @@ def test_the_marker_comes_after_every_file_and_directory_is_durable(tmp_path, mo
     marker = events.index(_layout.MARKER)
     assert {"model.pth", "dcp", "dir:trainer"} <= set(events[:marker])
     assert events[marker + 1:] == ["dir:.staging", f"dir:{tmp_path.name}"]
+
+
+@pytest.fixture
+def no_idle_area():
+    """Each prewarm test starts as a new process would: no staging memory yet."""
+    _staging.drop_idle()
+    yield
+    _staging.drop_idle()
+
+
+def _prewarm_state():
+    g = torch.Generator().manual_seed(3)
+    weights = {"w": torch.randn(64, 32, generator=g), "b": torch.randn(32, generator=g)}
+    trainer = {"optimizer": {"m": torch.randn(64, 32, generator=g), "step": torch.tensor(4.0), "lr": 0.1}}
+    return weights, trainer
+
+
+def test_a_prewarm_readies_the_area_the_first_save_then_fills_without_allocating(tmp_path, no_idle_area, same):
+    """After a finished prewarm the idle area holds every tensor of the save; the save copies into exactly those."""
+    weights, trainer = _prewarm_state()
+    warming = checkpoint.prewarm_async_save(weights=weights, trainer=trainer, local={}).wait()
+    assert warming.finished is True and warming.error is None
+    ready = {entry: t.data_ptr() for entry, t in warming.area.tensors().items()}
+    assert {(part, key) for part, key, _, _ in ready} >= {(0, "trainer/t/0"), (0, "trainer/t/1"), (1, "w"), (1, "b")}
+    assert warming.area.nbytes > sum(t.numel() * 4 for t in (*weights.values(), trainer["optimizer"]["m"]))
+    info = checkpoint.save_checkpoint_async(tmp_path, step=4, weights=weights, trainer=trainer, local={"r": 1}).wait()
+    area = _staging.acquire()
+    try:
+        assert area is warming.area
+        after = {entry: t.data_ptr() for entry, t in area.tensors().items()}
+        kept = [e for e in ready if not e[1].endswith("/skeleton")]  # skeletons hold the plain values of the save
+        assert kept and all(after.get(e) == ready[e] for e in kept)
+    finally:
+        _staging.release(area)
+    loaded = checkpoint.load_checkpoint(info)
+    same(loaded.weights, weights)
+    same(loaded.trainer, trainer)
+
+
+def test_a_save_arriving_during_a_slow_prewarm_takes_its_memory_over_and_writes_exact_values(
+        tmp_path, no_idle_area, monkeypatch, same):
+    """The prewarm stops at its next chunk and hands its area to the save: one area, exact bytes, no wait for the rest."""
+    monkeypatch.setattr(_staging, "_CHUNK", 256)  # 32+ chunks, each followed by a pause
+    weights, trainer = _prewarm_state()
+    warming = checkpoint.prewarm_async_save(weights=weights, trainer=trainer, local={}, pause_s=0.05)
+    assert not warming.done()  # still writing: the slowest path a first save can meet
+    started = time.perf_counter()
+    info = checkpoint.save_checkpoint_async(tmp_path, step=4, weights=weights, trainer=trainer, local={}).wait()
+    assert time.perf_counter() - started < 1.0  # the save waited for one chunk at most, not for ~1.6 s of prewarm
+    assert warming.wait().finished is False and warming.error is None
+    area = _staging.acquire()
+    try:
+        assert area is warming.area  # taken over, not a second allocation
+    finally:
+        _staging.release(area)
+    loaded = checkpoint.load_checkpoint(info)
+    same(loaded.weights, weights)
+    same(loaded.trainer, trainer)
+
+
+def test_only_one_prewarm_runs_at_a_time(no_idle_area, monkeypatch):
+    """A prewarm asked for while one runs is the running one; a finished one gives its area back as the idle one."""
+    monkeypatch.setattr(_staging, "_CHUNK", 256)
+    layout = _staging.layout_of({"w": torch.ones(1024)})
+    first = _staging.prewarm(layout, pause_s=0.01)
+    assert _staging.prewarm(layout) is first
+    first.wait()
+    assert first.finished is True
+    area = _staging.acquire()
+    assert area is first.area and area.nbytes == 4096
+    _staging.release(area)
