@@ -39,6 +39,8 @@ class Context:
     console: bool = True
     pending_save: Any = None  # the background save in flight (an AsyncSave), if any
     save_gate: Any = None  # the optimizer pre-step hook that waits for its staging
+    prewarm_hook: Any = None  # the optimizer post-step hook that readies the staging memory of background saves
+    prewarm: Any = None  # the staging prewarm it started (a checkpoint Prewarm), once it fired
 
     def wait_for_save(self) -> None:
         """Block until the background save in flight (if any) is published."""

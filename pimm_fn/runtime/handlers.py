@@ -17,7 +17,10 @@ from pimm_fn.core.events import MetricsPublished
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.rng import capture_rng
 
-__all__ = ["DEFAULT_HANDLERS", "save_checkpoint", "write_best", "evaluate", "log", "load_weights", "trainer_state"]
+__all__ = [
+    "DEFAULT_HANDLERS", "save_checkpoint", "write_best", "evaluate", "log", "load_weights", "trainer_state",
+    "prewarm_staging",
+]
 
 
 def trainer_state(ctx, state) -> tuple[dict, dict]:
@@ -28,14 +31,18 @@ def trainer_state(ctx, state) -> tuple[dict, dict]:
     ``State``, RNG and data cursor go in its local part.
     """
     own = codec.dumps(state)
-    replicated = {
+    local = {"state": own, "rng": capture_rng(), "cursor": ctx.feed.state_dict()}
+    return _replicated(ctx, dist.broadcast_object(own)), local
+
+
+def _replicated(ctx, agreed_state: str) -> dict:
+    # One function for the save and the prewarm: the same tree numbers its tensors the same way.
+    return {
         "optimizer": ctx.optimizer.state_dict(),
         "scheduler": ctx.scheduler.state_dict() if ctx.scheduler is not None else None,
         "scaler": ctx.scaler.state_dict() if ctx.scaler is not None else None,
-        "state": dist.broadcast_object(own),
+        "state": agreed_state,
     }
-    local = {"state": own, "rng": capture_rng(), "cursor": ctx.feed.state_dict()}
-    return replicated, local
 
 
 def _weights_for_background(ctx) -> dict:
@@ -59,8 +66,57 @@ def _gate(ctx) -> None:
         ctx.save_gate = ctx.optimizer.register_step_pre_hook(wait_for_staging)
 
 
+def prewarm_staging(ctx, hooks, *, pause_s: float = 0.0) -> None:
+    """Ready the staging memory of background saves after the first optimizer step, when some hook saves so.
+
+    A hook declares that it emits background saves with a true ``async_save``
+    attribute (``save_every(n, async_save=True)`` does). Then, right after
+    the first ``optimizer.step()`` (when the optimizer state exists), the
+    keys, shapes and dtypes of the weights and trainer tensors are taken and
+    a background thread allocates and writes the staging tensors, so that the
+    first background save copies into ready memory instead of faulting fresh
+    pages in beside the next forward and backward. Training never waits for
+    it; a save arriving first takes over (``pimm_fn.checkpoint.prewarm_async_save``).
+    A no-op without such a hook, with the legacy format, or with an optimizer
+    that takes no step hooks. Calling it again replaces an arming that has
+    not fired yet.
+
+    Args:
+        ctx: the run's :class:`~pimm_fn.runtime.context.Context`.
+        hooks: the run's hooks.
+        pause_s: seconds the prewarm sleeps after each chunk (tests).
+    """
+    if ctx.checkpoint_format != "standard" or not any(getattr(h, "async_save", False) is True for h in hooks):
+        return
+    register = getattr(ctx.optimizer, "register_step_post_hook", None)
+    if register is None or ctx.prewarm is not None:
+        return
+    if ctx.prewarm_hook is not None:
+        ctx.prewarm_hook.remove()
+
+    def after_first_step(optimizer, args, kwargs):
+        # Not removed here, while the optimizer iterates its hooks: it idles until the next save removes it.
+        if ctx.prewarm is None:
+            ctx.prewarm = _start_prewarm(ctx, pause_s) or False
+
+    ctx.prewarm_hook = register(after_first_step)
+
+
+def _start_prewarm(ctx, pause_s: float):
+    """The prewarm of what a background save of ``ctx`` stages (RNG states and cursor, a few KB, are left to the save)."""
+    try:
+        return checkpoint.prewarm_async_save(
+            weights=unwrap(ctx.model).state_dict(), trainer=_replicated(ctx, ""), local={}, pause_s=pause_s
+        )
+    except (TypeError, ValueError):
+        return None  # state the save cannot pack: the save itself reports it
+
+
 def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
     ctx.wait_for_save()  # never two saves in flight
+    if ctx.prewarm is not None and ctx.prewarm_hook is not None:  # it fired: off the optimizer, now that it is idle
+        ctx.prewarm_hook.remove()
+        ctx.prewarm_hook = None
     replicated, local = trainer_state(ctx, state)
     if effect.async_save and ctx.checkpoint_format == "standard":
         _gate(ctx)

@@ -8,6 +8,8 @@ can look at it between steps.
 
 from pathlib import Path
 
+import torch
+
 from pimm_fn.checkpoint import dist
 from pimm_fn.core import events as ev
 from pimm_fn.core.fold import chain, process
@@ -17,14 +19,15 @@ from pimm_fn.hooks.model import _ModelHook
 from pimm_fn.runtime.context import Context, unwrap
 from pimm_fn.runtime.feed import Feed
 from pimm_fn.runtime.guard import AgreementGuard
-from pimm_fn.runtime.handlers import DEFAULT_HANDLERS
+from pimm_fn.runtime.handlers import DEFAULT_HANDLERS, prewarm_staging
 from pimm_fn.runtime.interpreter import Interpreter
 from pimm_fn.runtime.resume import locate, restore
-from pimm_fn.runtime.step import scalar_outputs, train_step
+from pimm_fn.runtime.step import _optimize, scalar_outputs, train_step, train_step_scalars
 
 __all__ = ["Loop", "loop"]
 
 _CLOSING = (ev.AfterEpoch, ev.AfterTrain)  # the events a step() runs after its AfterStep
+_Tensor = torch.Tensor
 
 
 def _evaluators(hooks) -> dict:
@@ -40,7 +43,11 @@ def _evaluators(hooks) -> dict:
 def _batch_size(batch) -> int:
     cls = batch.__class__
     if (cls is tuple or cls is list) and batch:  # the common (inputs, targets) batch, without a getattr miss
-        return _batch_size(batch[0])
+        first = batch[0]
+        if first.__class__ is _Tensor:  # a plain tensor: its shape, without a call
+            shape = first.shape
+            return shape[0] if shape else 0
+        return _batch_size(first)
     shape = getattr(batch, "shape", None)
     if shape:
         return int(shape[0])
@@ -49,6 +56,30 @@ def _batch_size(batch) -> int:
     if isinstance(batch, (list, tuple)) and batch:
         return _batch_size(batch[0])
     return 0
+
+
+def _default_quiet(model, optimizer, batch, scheduler, scaler) -> dict:
+    _optimize(model, optimizer, batch, scheduler, scaler)
+    return {}
+
+
+def _runner(step_fn, read: bool):
+    """``run(model, optimizer, batch, scheduler, scaler) -> scalar outputs`` for ``step_fn``.
+
+    Only hooks read the outputs: when none listens to ``AfterStep`` (``read``
+    False) the conversion, a device sync on GPU, is skipped. The default step
+    converts its own outputs, knowing which entries are scalars.
+    """
+    if step_fn is train_step:
+        return train_step_scalars if read else _default_quiet
+    if read:
+        def run(model, optimizer, batch, scheduler, scaler):
+            return scalar_outputs(step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler))
+    else:
+        def run(model, optimizer, batch, scheduler, scaler):
+            step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
+            return {}
+    return run
 
 
 class Loop:
@@ -69,6 +100,7 @@ class Loop:
         # Event classes that process() must see: some hook wants them, or a guard compares every event.
         guarded = getattr(interpreter, "guard", None) is not None
         self._processed = {cls: guarded or bool(hooks.active(cls)) for cls in ev.LIFECYCLE}
+        self._run_step = _runner(step_fn, self._processed[ev.AfterStep])
 
     @property
     def trace(self) -> list:
@@ -96,9 +128,7 @@ class Loop:
         """Train global step ``step``; returns its ``AfterStep``."""
         ctx = self.ctx
         batch = ctx.feed.next_batch()
-        outputs = self._step_fn(ctx.model, ctx.optimizer, batch, scheduler=ctx.scheduler, scaler=ctx.scaler)
-        # Only hooks read the outputs: with none listening, the conversion (a device sync on GPU) is skipped.
-        scalars = scalar_outputs(outputs) if self._processed[ev.AfterStep] else {}
+        scalars = self._run_step(ctx.model, ctx.optimizer, batch, ctx.scheduler, ctx.scaler)
         return ev.after_step(step, scalars, _batch_size(batch))
 
     def _advance(self) -> ev.Event | None:
@@ -171,8 +201,6 @@ def _bind(hooks, model) -> tuple:
 
 def _wrap_ddp(model):
     """``model`` in DistributedDataParallel, when a process group exists and it is not wrapped yet."""
-    import torch
-
     if not dist.is_initialized() or isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return model
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -266,6 +294,7 @@ def loop(
         state = restore(info, ctx, hooks.hooks, strict=strict_resume)
         state = resume_from(state, max_epochs=max_epochs)
         ctx.say(f"resumed from {info.path} at step {state.progress.global_step}")
+    prewarm_staging(ctx, hooks.hooks)  # when a hook saves in the background: its memory, after the first step
     run = Loop(ctx, hooks, state, step_fn or train_step, interpreter)
     if info is not None:
         run._dispatch(ev.BeforeTrain(resumed=True))
