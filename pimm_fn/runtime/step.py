@@ -5,7 +5,7 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = ["train_step", "scalar_outputs"]
+__all__ = ["train_step", "train_step_scalars", "scalar_outputs"]
 
 
 def _autocast(model, scaler):
@@ -15,15 +15,8 @@ def _autocast(model, scaler):
     return torch.autocast(device, dtype=torch.float16 if device == "cuda" else torch.bfloat16)
 
 
-def train_step(model, optimizer, batch, *, scheduler=None, scaler=None) -> Mapping:
-    """One optimizer step on ``batch``: ``loss = model(batch)["loss"]``, backward, step.
-
-    With a ``torch.amp.GradScaler`` the forward runs under autocast and the
-    loss is scaled. The scheduler, if any, steps once per call.
-
-    Returns:
-        The model's outputs with a detached ``loss`` and the first group's ``lr``.
-    """
+def _optimize(model, optimizer, batch, scheduler=None, scaler=None) -> tuple:
+    """The default step's work; returns ``(model outputs, loss)``."""
     optimizer.zero_grad(set_to_none=True)
     if scaler is None:
         outputs = model(batch)
@@ -45,7 +38,46 @@ def train_step(model, optimizer, batch, *, scheduler=None, scaler=None) -> Mappi
         optimizer.step()
     if scheduler is not None:
         scheduler.step()
+    return outputs, loss
+
+
+def train_step(model, optimizer, batch, *, scheduler=None, scaler=None) -> Mapping:
+    """One optimizer step on ``batch``: ``loss = model(batch)["loss"]``, backward, step.
+
+    With a ``torch.amp.GradScaler`` the forward runs under autocast and the
+    loss is scaled. The scheduler, if any, steps once per call.
+
+    Returns:
+        The model's outputs with a detached ``loss`` and the first group's ``lr``.
+    """
+    outputs, loss = _optimize(model, optimizer, batch, scheduler, scaler)
     return {**outputs, "loss": loss.detach(), "lr": optimizer.param_groups[0]["lr"]}
+
+
+def train_step_scalars(model, optimizer, batch, scheduler=None, scaler=None) -> dict:
+    """``scalar_outputs(train_step(...))``, the loop's default step when hooks read the outputs.
+
+    Equal to the two calls, in value and key order, without building the
+    intermediate dict or detaching the loss (``item()`` reads it directly).
+    """
+    outputs, loss = _optimize(model, optimizer, batch, scheduler, scaler)
+    lr = optimizer.param_groups[0]["lr"]
+    if len(outputs) == 1 and loss.__class__ is torch.Tensor and lr.__class__ is float:
+        # {"loss": loss}, what most models return; backward() took it, so it is one float element.
+        return {"loss": loss.item(), "lr": lr}
+    return scalar_outputs({**outputs, "lr": lr})
+
+
+def _scalar(value):
+    """``value`` as a float when it is a numeric scalar (a one-element tensor included), else ``None``."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 1:
+            value = value.item()  # no detach needed, and no autograd warning: item() reads the value
+            return value if value.__class__ is float else float(value)
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def scalar_outputs(outputs) -> dict:
@@ -56,12 +88,8 @@ def scalar_outputs(outputs) -> dict:
         outputs = {"loss": outputs}
     scalars = {}
     for name, value in outputs.items():
-        cls = value.__class__
-        if cls is float:  # the common cases first: this runs every step
+        if value.__class__ is float:  # the common case first: this runs every step
             scalars[name] = value
-        elif isinstance(value, torch.Tensor):
-            if value.numel() == 1:
-                scalars[name] = float(value.detach() if value.requires_grad else value)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            scalars[name] = float(value)
+        elif (value := _scalar(value)) is not None:
+            scalars[name] = value
     return scalars
