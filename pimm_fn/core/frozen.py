@@ -80,6 +80,20 @@ class FrozenMap(Mapping):
         data[key] = value
         return own(data)
 
+    def plus(self, other: Mapping) -> "FrozenMap | None":
+        """A new map of ``self[k] + other[k]`` when ``other`` has exactly these keys, else ``None``.
+
+        The running sum of a stream of mappings (a step's outputs), in one pass.
+
+        >>> FrozenMap({"loss": 1.0}).plus({"loss": 0.5}), FrozenMap({"loss": 1.0}).plus({"acc": 0.5})
+        (FrozenMap({'loss': 1.5}), None)
+        """
+        data = self._data
+        other = other._data if other.__class__ is FrozenMap else other
+        if data.keys() != other.keys():
+            return None
+        return own({k: v + other[k] for k, v in data.items()})
+
     def merge(self, other: Mapping) -> "FrozenMap":
         """A new map with ``other``'s entries over this one's."""
         if not other:

@@ -13,34 +13,57 @@ from pimm_fn.hooks._validate import int_at_least
 __all__ = ["log_every", "LogState"]
 
 
+_EMPTY = FrozenMap()
+
+
 @register
 @attrs.frozen
 class LogState:
     """Running sums of this epoch's step outputs; rank-local (each rank's losses).
 
-    ``count`` counts the epoch's steps, ``counts`` the steps that reported each
-    output, so an output only some steps report is averaged over those.
+    ``count`` counts the epoch's steps. ``counts`` holds, for an output that
+    some of those steps did not report, how many did, so it is averaged over
+    those; an output every step reported has no entry (the common case: no
+    per-output counts to keep up every step).
+
+    >>> LogState().count, LogState(FrozenMap({"loss": 3.0}), 2).sums["loss"]
+    (0, 3.0)
     """
 
-    sums: FrozenMap = FrozenMap()
+    sums: FrozenMap = _EMPTY
     count: int = 0
-    counts: FrozenMap = FrozenMap()
+    counts: FrozenMap = _EMPTY
 
 
-def _accumulate(slot: LogState, outputs) -> LogState:
-    sums, counts = slot.sums, slot.counts
-    if sums.keys() == outputs.keys() == counts.keys():
-        # The common case, every step: the same outputs as each step before. New
-        # dicts become the new maps without a copy (``own``); nothing else holds them.
-        return LogState(
-            own({k: v + outputs[k] for k, v in sums.items()}),
-            slot.count + 1,
-            own({k: n + 1 for k, n in counts.items()}),
-        )
-    sums = {k: slot.sums.get(k, 0.0) + v for k, v in outputs.items()}
-    # A sum without a count (a slot saved before counts existed) covered every step.
-    counts = {k: slot.counts.get(k, slot.count if k in slot.sums else 0) + 1 for k in outputs}
-    return LogState(slot.sums.merge(sums), slot.count + 1, slot.counts.merge(counts))
+_new = object.__new__
+_set_sums, _set_count, _set_counts = (LogState.__dict__[f].__set__ for f in ("sums", "count", "counts"))
+
+
+def _log_state(sums: FrozenMap, count: int, counts: FrozenMap) -> LogState:
+    """``LogState(sums, count, counts)`` without attrs' ``__init__``: built on every step."""
+    state = _new(LogState)
+    _set_sums(state, sums)
+    _set_count(state, count)
+    _set_counts(state, counts)
+    return state
+
+
+def _accumulate(slot: LogState, event) -> LogState:
+    """``slot`` with the outputs of ``event`` (an ``AfterStep``) added."""
+    outputs, counts = event.outputs, slot.counts
+    if counts is _EMPTY or not counts:  # every output so far came with every step
+        sums = slot.sums.plus(outputs)
+        if sums is not None:  # the common case, every step: the same outputs as each step before
+            return _log_state(sums, slot.count + 1, counts)
+    # Outputs that come and go (or a slot saved when every output kept a count).
+    count = slot.count + 1
+    sums = dict(slot.sums)
+    for k, v in outputs.items():
+        sums[k] = sums.get(k, 0.0) + v
+    # An output with a sum but no count was reported by every step so far.
+    reported = {k: counts.get(k, slot.count if k in slot.sums else 0) + (k in outputs) for k in sums}
+    partial = {k: n for k, n in reported.items() if n != count}
+    return _log_state(own(sums), count, own(partial) if partial else _EMPTY)
 
 
 @attrs.frozen(repr=False)
@@ -57,15 +80,15 @@ class _LogEvery:
         """Emits on ``AfterStep(step)`` only when ``step % n == 0``; see ``quiet_step``."""
         return self.n
 
-    def quiet_step(self, slot: LogState, event) -> LogState:
-        """The slot after an ``AfterStep`` that logs nothing: the outputs added to the sums."""
-        return _accumulate(slot, event.outputs)
+    # The slot after an AfterStep that logs nothing: the outputs added to the sums. A plain
+    # function, so the fold's call on every such step makes no bound method and no extra frame.
+    quiet_step = staticmethod(_accumulate)
 
     def __call__(self, state, event):
         p = state.progress
         match event:
             case ev.AfterStep(step=step, outputs=outputs):
-                state = state.with_slot(_accumulate(state.slot, outputs))
+                state = state.with_slot(_accumulate(state.slot, event))
                 if step % self.n == 0:
                     where = {"epoch": p.epoch, "iter": p.iter_in_epoch, "of": p.iters_per_epoch}
                     return state, (Log(step, "train", FrozenMap({**where, **outputs})),)
@@ -93,7 +116,7 @@ def log_every(n: int):
         for each published evaluation.
 
     State:
-        ``LogState(sums, count)``: this epoch's running sums (rank-local).
+        ``LogState(sums, count, counts)``: this epoch's running sums (rank-local).
 
     >>> log_every(50)
     log_every(50)

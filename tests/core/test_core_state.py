@@ -217,3 +217,13 @@ def test_codec_uses_no_pickle():
     names = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
     modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not {"pickle", "marshal", "dill", "cloudpickle"} & (names | modules)
+
+
+def test_frozen_map_plus_adds_values_of_the_same_keys_only():
+    """plus() sums key by key when both maps hold the same keys (in any order), and is None otherwise."""
+    m = FrozenMap({"loss": 1.0, "lr": 0.5})
+    assert m.plus({"lr": 0.25, "loss": 2.0}) == {"loss": 3.0, "lr": 0.75}
+    assert m.plus(FrozenMap({"loss": 1.0, "lr": 0.5})) == {"loss": 2.0, "lr": 1.0}
+    assert m.plus({"loss": 1.0}) is None and m.plus({"loss": 1.0, "lr": 1.0, "aux": 1.0}) is None
+    assert m == {"loss": 1.0, "lr": 0.5}  # unchanged
+    assert FrozenMap().plus({}) == {}

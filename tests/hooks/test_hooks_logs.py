@@ -43,18 +43,39 @@ def test_slot_accumulates_and_resets():
     hook = log_every(10)
     state = at(1, LogState())
     state, effects = hook(state, ev.AfterStep(1, {"loss": 2.0}))
-    assert (state.slot, effects) == (LogState(FrozenMap({"loss": 2.0}), 1, FrozenMap({"loss": 1})), ())
+    assert (state.slot, effects) == (LogState(FrozenMap({"loss": 2.0}), 1), ())
     state, _ = hook(attrs.evolve(state, progress=at(2).progress), ev.AfterStep(2, {"loss": 4.0}))
-    assert state.slot == LogState(FrozenMap({"loss": 6.0}), 2, FrozenMap({"loss": 2}))
+    assert state.slot == LogState(FrozenMap({"loss": 6.0}), 2)
     state, effects = hook(state, ev.AfterEpoch(0))
     assert (state.slot, effects) == (LogState(), (Log(2, "epoch", {"epoch": 0, "loss": 3.0}),))
 
 
 def test_slot_from_before_per_output_counts_averages_over_all_steps():
-    """A LogState without counts (an older checkpoint) averages its sums over every counted step."""
+    """A LogState without counts averages its sums over every counted step."""
     state = at(3, LogState(FrozenMap({"loss": 4.0}), 2))
     state, _ = log_every(10)(state, ev.AfterStep(3, {"loss": 2.0}))
-    assert state.slot == LogState(FrozenMap({"loss": 6.0}), 3, FrozenMap({"loss": 3}))
+    assert state.slot == LogState(FrozenMap({"loss": 6.0}), 3)
+
+
+def test_slot_with_a_count_per_output_continues_with_the_same_averages():
+    """A slot that kept a count for every output (as checkpoints of earlier versions do) continues exactly."""
+    old = LogState(FrozenMap({"loss": 4.0, "aux": 1.0}), 2, FrozenMap({"loss": 2, "aux": 1}))
+    state, _ = log_every(10)(at(3, old), ev.AfterStep(3, {"loss": 2.0}))
+    assert state.slot == LogState(FrozenMap({"loss": 6.0, "aux": 1.0}), 3, FrozenMap({"aux": 1}))
+    state, effects = log_every(10)(state, ev.AfterEpoch(0))
+    assert effects == (Log(3, "epoch", {"epoch": 0, "loss": 2.0, "aux": 1.0}),)
+    full = LogState(FrozenMap({"loss": 4.0}), 2, FrozenMap({"loss": 2}))
+    assert log_every(10)(at(3, full), ev.AfterStep(3, {"loss": 2.0}))[0].slot == LogState(FrozenMap({"loss": 6.0}), 3)
+
+
+def test_counts_keep_only_outputs_some_steps_left_out():
+    """counts holds an entry only for an output that not every step of the epoch reported."""
+    hook, state = log_every(10), at(1, LogState())
+    for step, outputs in enumerate([{"loss": 1.0}, {"loss": 1.0, "aux": 2.0}, {"aux": 2.0}, {"loss": 1.0, "aux": 2.0}], 1):
+        state, _ = hook(attrs.evolve(state, progress=at(step).progress), ev.AfterStep(step, outputs))
+    assert state.slot == LogState(FrozenMap({"loss": 3.0, "aux": 6.0}), 4, FrozenMap({"loss": 3, "aux": 3}))
+    state, _ = hook(attrs.evolve(state, progress=at(5).progress), ev.AfterStep(5, {}))
+    assert state.slot.counts == {"loss": 3, "aux": 3}
 
 
 def test_epoch_without_outputs_logs_only_the_epoch():
