@@ -28,7 +28,7 @@ import attrs
 
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import AfterStep, Event
-from pimm_fn.core.schedule import advance, stepped
+from pimm_fn.core.schedule import advance, stepped, stepped_state
 from pimm_fn.core.state import State, evolvers, replace
 
 __all__ = ["chain", "Chain", "TraceEntry", "Executor", "fold", "process", "init_slots"]
@@ -67,6 +67,29 @@ def _cadences(hooks) -> tuple | None:
     return None if all(c is None for c in cadences) else cadences
 
 
+def _quiet_plan(chain) -> tuple | None:
+    """``(cadences, quiet_slots)`` when every hook wanting ``AfterStep`` declares a cadence, else ``None``.
+
+    Then an ``AfterStep`` no cadence fires on calls no hook: the fold moves on
+    with ``quiet_slots(slots, event)``, the slots after every ``quiet_step``
+    ran (``None`` when no hook has one), the common step of a long cadence.
+    """
+    cadences = chain._cadences
+    active = chain.active(AfterStep)
+    if cadences is None or any(cadences[i] is None for i in active):
+        return None
+    quiets = {i: cadences[i][1] for i in active if cadences[i][1] is not None}
+    if not quiets:
+        return tuple(cadences[i][0] for i in active), None
+    # One tuple display, generated once per chain: (slots[0], quiet_1(slots[1], event), ...).
+    items = ", ".join(
+        f"quiet_{i}(slots[{i}], event)" if i in quiets else f"slots[{i}]" for i in range(len(chain.hooks))
+    )
+    namespace = {f"quiet_{i}": quiet for i, quiet in quiets.items()}
+    exec(f"def quiet_slots(slots, event):\n    return ({items},)", namespace)  # noqa: S102 - indices only
+    return tuple(cadences[i][0] for i in active), namespace["quiet_slots"]
+
+
 def _check_result(hook, result):
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], State)):
         raise TypeError(
@@ -88,6 +111,9 @@ class Chain:
     _cadences: tuple | None = attrs.field(
         init=False, eq=False, repr=False, hash=False,
         default=attrs.Factory(lambda self: _cadences(self.hooks), takes_self=True),
+    )
+    _quiet: tuple | None = attrs.field(
+        init=False, eq=False, repr=False, hash=False, default=attrs.Factory(_quiet_plan, takes_self=True),
     )
 
     def init(self) -> tuple:
@@ -157,6 +183,10 @@ class Chain:
     def __repr__(self):
         return f"chain({', '.join(map(repr, self.hooks))})"
 
+    def __reduce__(self):
+        # The hooks alone: the caches and the generated quiet_slots are rebuilt from them.
+        return (Chain, (self.hooks,))
+
 
 def chain(*hooks) -> Chain:
     """Compose hooks into one hook that runs them in order.
@@ -196,10 +226,17 @@ def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
     """Apply the core's bookkeeping for ``event``, then fold ``hooks`` over it."""
     if event.__class__ is AfterStep:  # advance's bookkeeping joined to the fold's first State copy
         before, progress = state, stepped(state.progress, event)
+        if (quiet := hooks._quiet) is not None:
+            step = event.step
+            for n in quiet[0]:
+                if n and not step % n:
+                    break
+            else:  # no cadence fires: no hook is called, only the quiet_steps run
+                slots = state.slots if quiet[1] is None else quiet[1](state.slots, event)
+                return stepped_state(state, progress, slots), []
         state, slots, emitted = hooks._fold(state, event, state.slots, progress)
         if state is before:  # no hook was called: one copy for the progress, position and slots
-            changed = evolvers[state.__class__](state, progress=progress, position="AfterStep", slots=slots, slot=None)
-            return changed, emitted
+            return stepped_state(state, progress, slots), emitted
     else:
         state = advance(state, event)
         state, slots, emitted = hooks._fold(state, event, state.slots)

@@ -7,7 +7,7 @@ saved ``State.position`` says it stopped.
 """
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.state import Progress, State, evolvers, replace
+from pimm_fn.core.state import Progress, State, evolvers, replace, setter
 
 __all__ = ["next_event", "advance", "resume_from", "state_at_step"]
 
@@ -62,11 +62,24 @@ def advance(state: State, event: ev.Event) -> State:
     return state
 
 
+_stepped = setter(Progress, "global_step", "iter_in_epoch", "samples_seen")
+_stepped_state = setter(State, "progress", "position", "slots", "slot")
+
+
+def stepped_state(state: State, progress: Progress, slots: tuple) -> State:
+    """``state`` after an ``AfterStep``: its new ``progress`` and hook ``slots``, no running slot."""
+    if state.__class__ is State:  # every step: the copy without keyword handling
+        return _stepped_state(state, progress, "AfterStep", slots, None)
+    return evolvers[state.__class__](state, progress=progress, position="AfterStep", slots=slots, slot=None)
+
+
 def stepped(p: Progress, event: ev.AfterStep) -> Progress:
     """``p`` after the step of ``event``: ``advance``'s progress for an ``AfterStep``."""
     step = event.step
     if step != p.global_step + 1:
         raise ValueError(f"AfterStep(step={step}) out of order: global_step is {p.global_step}")
+    if p.__class__ is Progress:  # every step: the copy without keyword handling
+        return _stepped(p, step, p.iter_in_epoch + 1, p.samples_seen + event.batch_size)
     return evolvers[p.__class__](
         p, global_step=step, iter_in_epoch=p.iter_in_epoch + 1, samples_seen=p.samples_seen + event.batch_size
     )

@@ -148,6 +148,30 @@ evolvers = _Evolvers()
 _UNSET = object()
 
 
+def setter(cls, *names):
+    """A function ``(value, *new_values)`` copying a ``cls`` value with the fields ``names`` replaced.
+
+    For the few copies made on every step (the ``Progress`` and ``State`` of an
+    ``AfterStep``): positional, with every other field copied unconditionally,
+    it skips the keyword handling of ``evolvers``. Only for exactly ``cls``.
+
+    >>> setter(Progress, "global_step")(Progress(10, 2), 3)
+    Progress(iters_per_epoch=10, max_epochs=2, epoch=0, iter_in_epoch=0, global_step=3, samples_seen=0)
+    """
+    fields = tuple(f.name for f in attrs.fields(cls))
+    unknown = [n for n in names if n not in fields]
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field(s) {unknown} (fields: {list(fields)})")
+    namespace = {"_new": object.__new__, "_cls": cls}
+    lines = [f"def copy(value, {', '.join(names)}):", "    new = _new(_cls)"]
+    for name in fields:
+        namespace[f"_set_{name}"] = cls.__dict__[name].__set__  # attrs' frozen classes are slotted
+        lines.append(f"    _set_{name}(new, {name if name in names else 'value.' + name})")
+    lines.append("    return new")
+    exec("\n".join(lines), namespace)  # noqa: S102 - generated from attrs field names only
+    return namespace["copy"]
+
+
 def _make_copier(cls):
     """A function ``(value, **changes)`` building a copy of ``cls`` field by field.
 

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Effect, Evaluate, Log, SaveCheckpoint, WriteBest
-from pimm_fn.core.fold import Chain, TraceEntry, chain, fold, process
+from pimm_fn.core.fold import Chain, TraceEntry, chain, fold, init_slot, process
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.plan import RecordingExecutor, initial_state
 from pimm_fn.core.state import Progress, State
@@ -344,3 +344,34 @@ def test_invalid_step_cadence_is_refused_at_chain_construction():
     hook.step_cadence = -1
     with pytest.raises(ValueError, match="'step_cadence' must be None or an int >= 0 \\(got -1\\)"):
         chain(hook)
+
+
+def _spelled_out(hook):
+    """``hook`` with no declared cadence, doing itself what the fold does for a declared one."""
+    n, quiet = hook.step_cadence, getattr(hook, "quiet_step", None)
+
+    def run(state, event):
+        if isinstance(event, ev.AfterStep) and (not n or event.step % n):
+            return state.with_slot(quiet(state.slot, event) if quiet else state.slot), ()
+        return hook(state, event)
+
+    run.init, run.events = (lambda: init_slot(hook)), hook.events
+    return run
+
+
+@given(st.lists(st.sampled_from(["third", "log", "save", "eval", "never"]), min_size=1, max_size=5),
+       st.integers(1, 7), st.integers(1, 3))
+def test_steps_no_cadence_fires_on_match_hooks_that_apply_their_cadence_themselves(names, iters, epochs):
+    """Skipping every hook on a step no cadence fires gives the trace and state of calling each one."""
+    from pimm_fn.core.plan import run_schedule
+    from pimm_fn.hooks import evaluate_every, log_every, save_every
+
+    make = {"third": EveryThird, "log": lambda: log_every(4), "save": lambda: save_every(5),
+            "eval": lambda: evaluate_every(2, lambda m: 0.0, name="v"), "never": lambda: save_every(10**9)}
+    runs = []
+    for wrap in (lambda h: h, _spelled_out):
+        hooks = chain(*[wrap(make[name]()) for name in names])
+        rec = RecordingExecutor(lambda s, r: None)
+        final = run_schedule(hooks, start(hooks, iters, epochs), rec, lambda step: {"loss": step / 2, "lr": 0.1})
+        runs.append(([(t.step, t.hook, t.effect) for t in rec.trace], final))
+    assert runs[0] == runs[1]
