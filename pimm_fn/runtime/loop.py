@@ -176,9 +176,13 @@ class Loop:
 
     def run(self, steps: int | None = None):
         """Train ``steps`` more steps, or to the end; returns the state."""
-        if self.finished:
-            self.ctx.say(f"training already finished at step {self.state.progress.global_step}: nothing to do")
-            return self.state
+        p = self.state.progress
+        if self.finished or p.global_step >= p.max_steps:
+            # A checkpoint of the last step may predate AfterTrain (its save was the deferred
+            # epoch-end one): then only the closing events remain, and no step to train.
+            self.ctx.say(f"training already finished at step {p.global_step}: nothing to do")
+            if self.finished:
+                return self.state
         done = 0
         while not self.finished and (steps is None or done < steps):
             self.step()

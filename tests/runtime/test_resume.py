@@ -74,6 +74,23 @@ def test_resuming_a_finished_run_runs_nothing_and_writes_nothing(tmp_path, capsy
     assert "already finished at step 10: nothing to do" in capsys.readouterr().out
 
 
+def test_finished_run_whose_last_save_was_the_deferred_epoch_end_one_also_does_nothing(tmp_path, capsys):
+    """When the final step's save was deferred to AfterEpoch, a resume still trains and writes nothing, and says so."""
+    hooks = [pf.save_every(5), pf.log_every(100)]  # step 15 ends epoch 2: its save is the deferred one
+    _, run = build(tmp_path, hooks=hooks, max_epochs=3)
+    run()
+    assert [e.effect.deferred for e in run.trace if isinstance(e.effect, pf.effects.SaveCheckpoint)][-1]
+    files = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
+    model, resumed = build(tmp_path, hooks=hooks, resume="auto", max_epochs=3)
+    resumed.ctx.console = True
+    before = weights(model)
+    state = resumed()
+    assert state.finished and state.progress.global_step == 15 and resumed.trace == []
+    assert same_weights(weights(model), before)
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == files
+    assert "already finished at step 15: nothing to do" in capsys.readouterr().out
+
+
 def test_resuming_a_finished_run_with_more_epochs_continues(tmp_path):
     """A larger max_epochs carries a finished run on to the new end, as if it had been asked for at first."""
     expected, _ = _uninterrupted(tmp_path, "plain", max_epochs=4)
