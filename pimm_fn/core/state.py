@@ -162,14 +162,8 @@ def setter(cls, *names):
     unknown = [n for n in names if n not in fields]
     if unknown:
         raise TypeError(f"{cls.__name__} has no field(s) {unknown} (fields: {list(fields)})")
-    namespace = {"_new": object.__new__, "_cls": cls}
-    lines = [f"def copy(value, {', '.join(names)}):", "    new = _new(_cls)"]
-    for name in fields:
-        namespace[f"_set_{name}"] = cls.__dict__[name].__set__  # attrs' frozen classes are slotted
-        lines.append(f"    _set_{name}(new, {name if name in names else 'value.' + name})")
-    lines.append("    return new")
-    exec("\n".join(lines), namespace)  # noqa: S102 - generated from attrs field names only
-    return namespace["copy"]
+    values = {n: n if n in names else f"value.{n}" for n in fields}
+    return _generate_copy(cls, f"value, {', '.join(names)}", values)
 
 
 def _make_copier(cls):
@@ -179,19 +173,23 @@ def _make_copier(cls):
     run of slot stores is several times faster than looping over the fields.
     """
     names = tuple(f.name for f in attrs.fields(cls))
+    values = {n: f"value.{n} if {n} is _UNSET else {n}" for n in names}
+    return _generate_copy(cls, f"value, *, {', '.join(f'{n}=_UNSET' for n in names)}", values)
+
+
+def _generate_copy(cls, signature: str, values: dict):
+    """``def copy(<signature>)`` storing ``values[field]`` (an expression) into each field of a new ``cls``."""
     namespace = {"_new": object.__new__, "_cls": cls, "_UNSET": _UNSET}
-    for name in names:
+    lines = [f"def copy({signature}):", "    new = _new(_cls)"]
+    for name, expression in values.items():
         descriptor = cls.__dict__.get(name)
         # Slotted classes store through the slot descriptor; others through object.__setattr__.
         if descriptor is not None and hasattr(descriptor, "__set__"):
             namespace[f"_set_{name}"] = descriptor.__set__
-            store = f"_set_{name}(new, "
+            lines.append(f"    _set_{name}(new, {expression})")
         else:
             namespace[f"_set_{name}"] = object.__setattr__
-            store = f"_set_{name}(new, {name!r}, "
-        namespace[f"_store_{name}"] = store
-    lines = [f"def copy(value, *, {', '.join(f'{n}=_UNSET' for n in names)}):", "    new = _new(_cls)"]
-    lines += [f"    {namespace.pop(f'_store_{n}')}value.{n} if {n} is _UNSET else {n})" for n in names]
+            lines.append(f"    _set_{name}(new, {name!r}, {expression})")
     lines.append("    return new")
     exec("\n".join(lines), namespace)  # noqa: S102 - generated from attrs field names only
     return namespace["copy"]
