@@ -45,6 +45,7 @@ class _Ignored:
 
     factory_name: ClassVar[str] = "ignored"
     events: ClassVar[tuple] = ()
+    rank_consistent: ClassVar[bool] = True  # never runs
     type: str
     options: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
 

@@ -13,6 +13,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import SaveCheckpoint
+from pimm_fn.core.hook import hook_factory
 from pimm_fn.hooks._validate import int_at_least
 
 __all__ = ["save_every_epoch", "EpochSaveState"]
@@ -35,14 +36,16 @@ def _optional_int_at_least_1(instance, attribute, value):
 class _SaveEveryEpoch:
     factory_name: ClassVar[str] = "save_every_epoch"
     events: ClassVar[tuple] = (ev.AfterEpoch, ev.AfterTrain)
-    every: int = attrs.field(validator=int_at_least(1))
+    emits: ClassVar[tuple] = (SaveCheckpoint,)
+    rank_consistent: ClassVar[bool] = True  # decides from the epoch number alone
+    every_epochs: int = attrs.field(alias="every", validator=int_at_least(1))  # not the AfterStep 'every'
     snapshot_every: int | None = attrs.field(default=None, validator=_optional_int_at_least_1)
 
     def __attrs_post_init__(self):
         # A snapshot is a copy of a save, so it can only fall on a save epoch.
-        if self.snapshot_every is not None and self.snapshot_every % self.every:
+        if self.snapshot_every is not None and self.snapshot_every % self.every_epochs:
             raise ValueError(
-                f"save_every_epoch: 'snapshot_every' must be a multiple of 'every'={self.every} "
+                f"save_every_epoch: 'snapshot_every' must be a multiple of 'every'={self.every_epochs} "
                 f"(got {self.snapshot_every})"
             )
 
@@ -57,7 +60,7 @@ class _SaveEveryEpoch:
 
     def __call__(self, state, event):
         match event:
-            case ev.AfterEpoch(epoch=epoch) if (epoch + 1) % self.every == 0:
+            case ev.AfterEpoch(epoch=epoch) if (epoch + 1) % self.every_epochs == 0:
                 snapshot = self.snapshot_every is not None and (epoch + 1) % self.snapshot_every == 0
                 return self._save(state, snapshot=snapshot)
             case ev.AfterTrain():
@@ -68,9 +71,10 @@ class _SaveEveryEpoch:
 
     def __repr__(self):
         extra = f", snapshot_every={self.snapshot_every}" if self.snapshot_every is not None else ""
-        return f"save_every_epoch({self.every}{extra})"
+        return f"save_every_epoch({self.every_epochs}{extra})"
 
 
+@hook_factory
 def save_every_epoch(every: int = 1, *, snapshot_every: int | None = None):
     """Save a checkpoint at the end of every ``every``-th epoch, and once after training.
 

@@ -3,15 +3,13 @@
 ``chain`` composes hooks into one hook whose slot is the tuple of the
 children's slots (as optax's ``chain`` keeps its children's states).
 
-A hook may declare what it ignores, so the fold can skip it cheaply:
-
-* ``events``: the event types it reacts to;
-* ``step_cadence``: n >= 1 when it acts on ``AfterStep(step)`` only for
-  ``step % n == 0``, 0 when it never acts on ``AfterStep``. On any other
-  ``AfterStep`` it emits nothing and changes nothing but its own slot, and
-  only as its ``quiet_step(slot, event) -> slot`` says (no ``quiet_step``: the
-  slot stays as it is). The fold calls ``quiet_step`` instead of the hook
-  there, so a step on which no cadence fires copies no ``State`` per hook.
+The fold honours each hook's subscription as ``pimm_fn.core.hook`` reads it:
+a hook is called only for the event types it declares, and for an
+``AfterStep`` only on its cadence (``every``); on the steps its cadence skips
+only its ``accumulate`` runs, on the step's outputs. A step no cadence fires
+on calls no hook at all. A nested ``chain`` declares the union of its
+children's subscriptions and enforces theirs inside, so nesting changes
+nothing.
 
 ``process`` is the one deterministic pass the design rests on: fold every
 hook for the event, then hand the collected effects, in (hook position,
@@ -26,6 +24,7 @@ from typing import Any, Callable, Protocol
 
 import attrs
 
+from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import AfterStep, Event
 from pimm_fn.core.schedule import advance, stepped, stepped_state
@@ -34,60 +33,8 @@ from pimm_fn.core.state import State, evolvers, replace
 __all__ = ["chain", "Chain", "TraceEntry", "Executor", "fold", "process", "init_slots"]
 
 
-def init_slot(hook) -> Any:
-    """A hook's initial slot: ``hook.init()`` when it has one, else ``None``."""
-    init = getattr(hook, "init", None)
-    return init() if callable(init) else None
-
-
 def init_slots(hooks) -> tuple:
-    return tuple(init_slot(h) for h in hooks)
-
-
-def _cares(hook, event_type) -> bool:
-    events = getattr(hook, "events", None)
-    return events is None or any(issubclass(event_type, t) for t in events)
-
-
-def _cadence(hook) -> tuple | None:
-    """``(step_cadence, quiet_step or None)`` of a hook declaring a cadence, else ``None``."""
-    cadence = getattr(hook, "step_cadence", None)
-    if cadence is None:
-        return None
-    if not isinstance(cadence, int) or isinstance(cadence, bool) or cadence < 0:
-        raise ValueError(f"hook {hook!r}: 'step_cadence' must be None or an int >= 0 (got {cadence!r})")
-    quiet = getattr(hook, "quiet_step", None)
-    if quiet is not None and not callable(quiet):
-        raise TypeError(f"hook {hook!r}: 'quiet_step' must be callable as quiet_step(slot, event) (got {quiet!r})")
-    return cadence, quiet
-
-
-def _cadences(hooks) -> tuple | None:
-    cadences = tuple(_cadence(h) for h in hooks)
-    return None if all(c is None for c in cadences) else cadences
-
-
-def _quiet_plan(chain) -> tuple | None:
-    """``(cadences, quiet_slots)`` when every hook wanting ``AfterStep`` declares a cadence, else ``None``.
-
-    Then an ``AfterStep`` no cadence fires on calls no hook: the fold moves on
-    with ``quiet_slots(slots, event)``, the slots after every ``quiet_step``
-    ran (``None`` when no hook has one), the common step of a long cadence.
-    """
-    cadences = chain._cadences
-    active = chain.active(AfterStep)
-    if cadences is None or any(cadences[i] is None for i in active):
-        return None
-    quiets = {i: cadences[i][1] for i in active if cadences[i][1] is not None}
-    if not quiets:
-        return tuple(cadences[i][0] for i in active), None
-    # One tuple display, generated once per chain: (slots[0], quiet_1(slots[1], event), ...).
-    items = ", ".join(
-        f"quiet_{i}(slots[{i}], event)" if i in quiets else f"slots[{i}]" for i in range(len(chain.hooks))
-    )
-    namespace = {f"quiet_{i}": quiet for i, quiet in quiets.items()}
-    exec(f"def quiet_slots(slots, event):\n    return ({items},)", namespace)  # noqa: S102 - indices only
-    return tuple(cadences[i][0] for i in active), namespace["quiet_slots"]
+    return tuple(protocol.init_slot(h) for h in hooks)
 
 
 def _check_result(hook, result):
@@ -101,32 +48,100 @@ def _check_result(hook, result):
     return result
 
 
+def _declare(chain) -> tuple:
+    return tuple(protocol.declared(h) for h in chain.hooks)
+
+
+def _step_subscribers(chain) -> tuple:
+    """``(index, every, accumulate)`` of each child called for ``AfterStep``, in order."""
+    return tuple((i, d.every, d.accumulate) for i, d in enumerate(chain._declared) if d.wants(AfterStep))
+
+
+def _cadences_of(chain) -> tuple:
+    """The distinct cadences of the children, smallest first: a step fires when one divides it."""
+    return tuple(sorted({every for _, every, _ in chain._step}))
+
+
+def _accumulators_of(chain) -> tuple:
+    return tuple((i, acc) for i, _, acc in chain._step if acc is not None)
+
+
+def _cached(factory):
+    return attrs.field(init=False, eq=False, repr=False, hash=False, default=attrs.Factory(factory, takes_self=True))
+
+
 @attrs.frozen
 class Chain:
     """Hooks run in order as one hook; see ``chain``."""
 
     hooks: tuple = attrs.field(converter=tuple)
+    name: str | None = None
     _active: dict = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_active")
-    # Each hook's (step_cadence, quiet_step) or None; None when no hook declares a cadence.
-    _cadences: tuple | None = attrs.field(
-        init=False, eq=False, repr=False, hash=False,
-        default=attrs.Factory(lambda self: _cadences(self.hooks), takes_self=True),
-    )
-    _quiet: tuple | None = attrs.field(
-        init=False, eq=False, repr=False, hash=False, default=attrs.Factory(_quiet_plan, takes_self=True),
-    )
+    _declared: tuple = _cached(_declare)
+    _step: tuple = _cached(_step_subscribers)
+    _cadences: tuple = _cached(_cadences_of)
+    _accumulators: tuple = _cached(_accumulators_of)
+
+    # -- the hook protocol, derived from the children ---------------------------------------------
+    @property
+    def children(self) -> tuple:
+        return self.hooks
+
+    def with_children(self, hooks) -> "Chain":
+        return Chain(hooks, self.name)
+
+    @property
+    def hook_key(self) -> str | None:
+        return self.name
+
+    @property
+    def events(self) -> tuple | None:
+        return protocol.union_events(self._declared)
+
+    @property
+    def every(self) -> int:
+        return protocol.common_every(self._declared, AfterStep)
+
+    @property
+    def accumulate(self):
+        return self._accumulate if self._accumulators else None
+
+    @property
+    def rank_consistent(self) -> bool:
+        return all(d.rank_consistent for d in self._declared)
+
+    @property
+    def emits(self) -> tuple | None:
+        return protocol.union_emits(self._declared)
+
+    @property
+    def reads_metrics(self) -> tuple:
+        return tuple(dict.fromkeys(m for d in self._declared for m in d.reads_metrics))
 
     def init(self) -> tuple:
         return init_slots(self.hooks)
 
+    # -- folding ----------------------------------------------------------------------------------
     def active(self, event_type) -> tuple:
         """Indices of the hooks that want ``event_type``, cached per type."""
         found = self._active.get(event_type)
         if found is None:
-            found = self._active[event_type] = tuple(
-                i for i, h in enumerate(self.hooks) if _cares(h, event_type)
-            )
+            found = self._active[event_type] = tuple(i for i, d in enumerate(self._declared) if d.wants(event_type))
         return found
+
+    def fires(self, step: int) -> bool:
+        """Whether some child is called for ``AfterStep(step)``."""
+        for every in self._cadences:
+            if not step % every:
+                return True
+        return False
+
+    def _accumulate(self, slots: tuple, outputs) -> tuple:
+        """``slots`` with every accumulating child's ``accumulate`` applied to ``outputs``."""
+        slots = list(slots)
+        for i, accumulate in self._accumulators:
+            slots[i] = accumulate(slots[i], outputs)
+        return tuple(slots)
 
     def fold(self, state: State, event: Event, slots: tuple) -> tuple[State, tuple, list]:
         """Fold the hooks over ``event``; returns (state, new slots, [(index, effect)])."""
@@ -145,17 +160,21 @@ class Chain:
         new_slots = None
         hooks = self.hooks
         cls = event.__class__
-        active = self._active.get(cls)
-        cadences = self._cadences if cls is AfterStep else None
-        for i in self.active(cls) if active is None else active:
+        if cls is AfterStep:
+            step, outputs = event.step, event.outputs
+            called = []
+            for i, every, accumulate in self._step:
+                if not step % every:
+                    called.append(i)
+                elif accumulate is not None and outputs:  # a step the cadence skips: only the outputs count
+                    new_slots = new_slots or list(slots)
+                    new_slots[i] = accumulate(new_slots[i], outputs)
+        else:
+            called = self._active.get(cls)
+            if called is None:
+                called = self.active(cls)
+        for i in called:
             slot = (new_slots or slots)[i]
-            if cadences is not None and (declared := cadences[i]) is not None:
-                cadence, quiet = declared
-                if not cadence or event.step % cadence:  # a step the hook's cadence rules out
-                    if quiet is not None and (changed := quiet(slot, event)) is not slot:
-                        new_slots = list(new_slots or slots)
-                        new_slots[i] = changed
-                    continue
             hook = hooks[i]
             if progress is not None:
                 state = evolvers[state.__class__](state, progress=progress, position="AfterStep", slot=slot)
@@ -169,7 +188,7 @@ class Chain:
             else:
                 state, effects = _check_result(hook, result)
             if state.slot is not slot:
-                new_slots = list(new_slots or slots)
+                new_slots = new_slots or list(slots)
                 new_slots[i] = state.slot
             if effects:
                 emitted.extend((i, e) for e in effects)
@@ -181,27 +200,34 @@ class Chain:
         return replace(state, slot=slots), tuple(e for _, e in emitted)
 
     def __repr__(self):
-        return f"chain({', '.join(map(repr, self.hooks))})"
+        named = f", name={self.name!r}" if self.name is not None else ""
+        return f"chain({', '.join(map(repr, self.hooks))}{named})"
 
     def __reduce__(self):
-        # The hooks alone: the caches and the generated quiet_slots are rebuilt from them.
-        return (Chain, (self.hooks,))
+        # The hooks alone: the caches are rebuilt from them.
+        return (Chain, (self.hooks, self.name))
 
 
-def chain(*hooks) -> Chain:
+def chain(*hooks, name: str | None = None) -> Chain:
     """Compose hooks into one hook that runs them in order.
 
     Each child sees the state the previous one returned; effects come out in
-    (child position, emission order).
+    (child position, emission order). A chain behaves the same at any depth
+    of nesting. ``name`` gives it a stable identity of its own (its slot in a
+    checkpoint is kept under that name), which also names a single hook:
+    ``chain(my_hook, name="progress")``.
+
+    Raises:
+        TypeError: a child is not a hook (or is an uncalled hook factory).
+        DuplicateHookError: two children have the same identity.
 
     >>> from pimm_fn.hooks import save_every
     >>> chain(save_every(2), save_every(3))
     chain(save_every(2), save_every(3))
     """
-    for hook in hooks:
-        if not callable(hook):
-            raise TypeError(f"a hook must be callable as hook(state, event) (got {hook!r})")
-    return Chain(hooks)
+    if name is not None and (not isinstance(name, str) or not name):
+        raise TypeError(f"chain: 'name' must be a non-empty str (got {name!r})")
+    return Chain(protocol.check_hooks(hooks, "chain"), name)
 
 
 @attrs.frozen
@@ -226,14 +252,11 @@ def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
     """Apply the core's bookkeeping for ``event``, then fold ``hooks`` over it."""
     if event.__class__ is AfterStep:  # advance's bookkeeping joined to the fold's first State copy
         before, progress = state, stepped(state.progress, event)
-        if (quiet := hooks._quiet) is not None:
-            step = event.step
-            for n in quiet[0]:
-                if n and not step % n:
-                    break
-            else:  # no cadence fires: no hook is called, only the quiet_steps run
-                slots = state.slots if quiet[1] is None else quiet[1](state.slots, event)
-                return stepped_state(state, progress, slots), []
+        if not hooks.fires(event.step):  # no hook is called: only the accumulators see the outputs
+            slots = state.slots
+            if hooks._accumulators and event.outputs:
+                slots = hooks._accumulate(slots, event.outputs)
+            return stepped_state(state, progress, slots), []
         state, slots, emitted = hooks._fold(state, event, state.slots, progress)
         if state is before:  # no hook was called: one copy for the progress, position and slots
             return stepped_state(state, progress, slots), emitted

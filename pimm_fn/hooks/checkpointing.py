@@ -15,6 +15,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import LoadWeights, Log, SaveCheckpoint, WriteBest
+from pimm_fn.core.hook import hook_factory
 from pimm_fn.hooks._validate import int_at_least, is_bool, non_empty_str, one_of
 
 __all__ = ["save_every", "SaveEveryState", "best_on", "BestState", "load_weights"]
@@ -34,6 +35,8 @@ class SaveEveryState:
 class _SaveEvery:
     factory_name: ClassVar[str] = "save_every"
     events: ClassVar[tuple] = (ev.AfterStep, ev.AfterEpoch, ev.AfterTrain)
+    emits: ClassVar[tuple] = (SaveCheckpoint,)
+    rank_consistent: ClassVar[bool] = True  # decides from the global step alone
     n: int = attrs.field(validator=int_at_least(1))
     snapshots: bool = attrs.field(default=False, validator=is_bool)
     async_save: bool = attrs.field(default=False, validator=is_bool)
@@ -42,8 +45,8 @@ class _SaveEvery:
         return SaveEveryState()
 
     @property
-    def step_cadence(self) -> int:
-        """Reacts to ``AfterStep(step)`` only when ``step % n == 0``: the fold skips it otherwise."""
+    def every(self) -> int:
+        """Called for ``AfterStep(step)`` only when ``step % n == 0`` (the fold enforces it)."""
         return self.n
 
     def _save(self, state, step, *, final=False, deferred=False):
@@ -56,7 +59,7 @@ class _SaveEvery:
 
     def __call__(self, state, event):
         match event:
-            case ev.AfterStep(step=step) if step % self.n == 0:
+            case ev.AfterStep(step=step):
                 if state.progress.at_epoch_end:
                     return state.with_slot(attrs.evolve(state.slot, deferred=step)), ()
                 return self._save(state, step)
@@ -73,6 +76,7 @@ class _SaveEvery:
         return f"save_every({self.n}{extra})"
 
 
+@hook_factory
 def save_every(n: int, *, snapshots: bool = False, async_save: bool = False):
     """Save a checkpoint every ``n`` global steps, and once after training.
 
@@ -130,11 +134,17 @@ def _improves(value, best, mode) -> bool:
 class _BestOn:
     factory_name: ClassVar[str] = "best_on"
     events: ClassVar[tuple] = (ev.MetricsPublished,)
+    emits: ClassVar[tuple] = (WriteBest, Log)
+    rank_consistent: ClassVar[bool] = True  # emits nothing collective
     metric: str = attrs.field(validator=non_empty_str)
     mode: str = attrs.field(default="max", validator=one_of("max", "min"))
 
     def init(self) -> BestState:
         return BestState()
+
+    @property
+    def reads_metrics(self) -> tuple:
+        return (self.metric,)
 
     def __call__(self, state, event):
         values = event.values
@@ -171,6 +181,7 @@ class _BestOn:
         return f"best_on({self.metric!r}{mode})"
 
 
+@hook_factory
 def best_on(metric: str, *, mode: str = "max"):
     """Track the best value of ``metric`` and write ``model_best`` when it improves.
 
@@ -215,6 +226,8 @@ def _replacement_pairs(replacements) -> tuple:
 class _LoadWeights:
     factory_name: ClassVar[str] = "load_weights"
     events: ClassVar[tuple] = (ev.BeforeTrain,)
+    emits: ClassVar[tuple] = (LoadWeights,)
+    rank_consistent: ClassVar[bool] = True  # emits nothing collective
     path: str = attrs.field(validator=non_empty_str)
     replacements: tuple = ()
     strict: bool = attrs.field(default=False, validator=is_bool)
@@ -230,6 +243,7 @@ class _LoadWeights:
         return f"load_weights({self.path!r}{extra})"
 
 
+@hook_factory
 def load_weights(path, *, replacements: dict | None = None, strict: bool = False):
     """Warm-start the model from a weights file before a fresh run trains.
 

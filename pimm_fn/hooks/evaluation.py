@@ -6,6 +6,7 @@ import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Evaluate
+from pimm_fn.core.hook import hook_factory
 from pimm_fn.hooks._validate import int_at_least, is_bool, is_callable, non_empty_str
 
 __all__ = ["evaluate_every", "evaluator_name"]
@@ -19,16 +20,22 @@ def evaluator_name(fn) -> str:
 @attrs.frozen(repr=False)
 class _EvaluateEvery:
     factory_name: ClassVar[str] = "evaluate_every"
-    events: ClassVar[tuple] = (ev.AfterStep, ev.AfterEpoch)
+    emits: ClassVar[tuple] = (Evaluate,)
+    rank_consistent: ClassVar[bool] = True  # decides from the global step or epoch alone
     n: int = attrs.field(validator=int_at_least(0))
     fn: Any = attrs.field(validator=is_callable)
     name: str = attrs.field(validator=non_empty_str)
     broadcast: bool = attrs.field(default=True, validator=is_bool)
 
     @property
-    def step_cadence(self) -> int:
-        """Reacts to ``AfterStep(step)`` only when ``step % n == 0`` (never for ``n=0``)."""
-        return self.n
+    def events(self) -> tuple:
+        """``AfterStep`` on a step cadence, ``AfterEpoch`` for ``n=0``."""
+        return (ev.AfterStep,) if self.n else (ev.AfterEpoch,)
+
+    @property
+    def every(self) -> int:
+        """Called for ``AfterStep(step)`` only when ``step % n == 0`` (the fold enforces it)."""
+        return self.n or 1
 
     def evaluators(self) -> dict:
         """The callables the interpreter may run for this hook's ``Evaluate``."""
@@ -36,7 +43,7 @@ class _EvaluateEvery:
 
     def __call__(self, state, event):
         match event:
-            case ev.AfterStep(step=step) if self.n and step % self.n == 0:
+            case ev.AfterStep(step=step) if self.n:
                 return state, (Evaluate(self.name, step, self.broadcast),)
             case ev.AfterEpoch() if not self.n:
                 return state, (Evaluate(self.name, state.progress.global_step, self.broadcast),)
@@ -49,6 +56,7 @@ class _EvaluateEvery:
         return f"evaluate_every({self.n}, {fn_name}{extra})"
 
 
+@hook_factory
 def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = True):
     """Evaluate the model every ``n`` global steps (``n=0``: at each epoch's end).
 

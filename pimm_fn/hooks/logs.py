@@ -8,6 +8,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Log
 from pimm_fn.core.frozen import FrozenMap, own
+from pimm_fn.core.hook import hook_factory
 from pimm_fn.hooks._validate import int_at_least
 
 __all__ = ["log_every", "LogState"]
@@ -48,9 +49,11 @@ def _log_state(sums: FrozenMap, count: int, counts: FrozenMap) -> LogState:
     return state
 
 
-def _accumulate(slot: LogState, event) -> LogState:
-    """``slot`` with the outputs of ``event`` (an ``AfterStep``) added."""
-    outputs, counts = event.outputs, slot.counts
+def _accumulate(slot: LogState, outputs: FrozenMap) -> LogState:
+    """``slot`` with one step's ``outputs`` added; a step without outputs counts for nothing."""
+    if not outputs:
+        return slot
+    counts = slot.counts
     if counts is _EMPTY or not counts:  # every output so far came with every step
         sums = slot.sums.plus(outputs)
         if sums is not None:  # the common case, every step: the same outputs as each step before
@@ -70,29 +73,29 @@ def _accumulate(slot: LogState, event) -> LogState:
 class _LogEvery:
     factory_name: ClassVar[str] = "log_every"
     events: ClassVar[tuple] = (ev.AfterStep, ev.AfterEpoch, ev.MetricsPublished)
+    emits: ClassVar[tuple] = (Log,)
+    rank_consistent: ClassVar[bool] = True  # emits nothing collective
     n: int = attrs.field(validator=int_at_least(1))
 
     def init(self) -> LogState:
         return LogState()
 
     @property
-    def step_cadence(self) -> int:
-        """Emits on ``AfterStep(step)`` only when ``step % n == 0``; see ``quiet_step``."""
+    def every(self) -> int:
+        """Called for ``AfterStep(step)`` only when ``step % n == 0``; ``accumulate`` sums the rest."""
         return self.n
 
-    # The slot after an AfterStep that logs nothing: the outputs added to the sums. A plain
-    # function, so the fold's call on every such step makes no bound method and no extra frame.
-    quiet_step = staticmethod(_accumulate)
+    # The slot after a step the cadence skips: its outputs added to the sums. A plain
+    # function, so the fold's call on every such step makes no bound method.
+    accumulate = staticmethod(_accumulate)
 
     def __call__(self, state, event):
         p = state.progress
         match event:
             case ev.AfterStep(step=step, outputs=outputs):
-                state = state.with_slot(_accumulate(state.slot, event))
-                if step % self.n == 0:
-                    where = {"epoch": p.epoch, "iter": p.iter_in_epoch, "of": p.iters_per_epoch}
-                    return state, (Log(step, "train", FrozenMap({**where, **outputs})),)
-                return state, ()
+                state = state.with_slot(_accumulate(state.slot, outputs))
+                where = {"epoch": p.epoch, "iter": p.iter_in_epoch, "of": p.iters_per_epoch}
+                return state, (Log(step, "train", FrozenMap({**where, **outputs})),)
             case ev.AfterEpoch(epoch=epoch):
                 slot = state.slot
                 means = {k: v / slot.counts.get(k, slot.count) for k, v in slot.sums.items()} if slot.count else {}
@@ -105,6 +108,7 @@ class _LogEvery:
         return f"log_every({self.n})"
 
 
+@hook_factory
 def log_every(n: int):
     """Log the train step's outputs every ``n`` steps, epoch averages, and evaluations.
 

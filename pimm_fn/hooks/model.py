@@ -4,6 +4,8 @@ from typing import Any, ClassVar
 
 import attrs
 
+from pimm_fn.core.hook import hook_factory
+
 __all__ = ["model_hook"]
 
 
@@ -36,6 +38,7 @@ class _BoundModelHook:
         return "model_hook()"
 
 
+@hook_factory
 def model_hook():
     """Let a model that implements the hook protocol take part in the loop.
 

@@ -56,17 +56,9 @@ import torch.distributed as td
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Scope
-from pimm_fn.hooks.checkpointing import _BestOn, _LoadWeights, _SaveEvery
-from pimm_fn.hooks.evaluation import _EvaluateEvery
-from pimm_fn.hooks.logs import _LogEvery
+from pimm_fn.core import hook as protocol
 
 __all__ = ["CollectiveDivergenceError", "AgreementGuard", "collective_part", "describe", "verified"]
-
-# Built-ins whose collective effects depend on the progress only (save and
-# evaluation cadences), or that emit none (best_on, log_every, load_weights).
-# model_hook is not here: it runs the model's own code.
-_VERIFIED = (_SaveEvery, _EvaluateEvery, _BestOn, _LogEvery, _LoadWeights)
-
 
 class CollectiveDivergenceError(RuntimeError):
     """Ranks disagree on the collective effects of an event."""
@@ -79,7 +71,7 @@ def collective_part(emitted) -> tuple:
 
 def verified(hook) -> bool:
     """Whether ``hook``'s collective effects are known to be identical on every rank."""
-    return isinstance(hook, _VERIFIED) or getattr(hook, "rank_consistent", False) is True
+    return protocol.declared(hook).rank_consistent
 
 
 def _digest(event, step, collective) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint import dist
 from pimm_fn.core import codec
+from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.events import MetricsPublished
 from pimm_fn.runtime.context import unwrap
@@ -86,7 +87,7 @@ def prewarm_staging(ctx, hooks, *, pause_s: float = 0.0) -> None:
         hooks: the run's hooks.
         pause_s: seconds the prewarm sleeps after each chunk (tests).
     """
-    if ctx.checkpoint_format != "standard" or not any(getattr(h, "async_save", False) is True for h in hooks):
+    if ctx.checkpoint_format != "standard" or not protocol.saves_in_background(hooks):
         return
     register = getattr(ctx.optimizer, "register_step_post_hook", None)
     if register is None or ctx.prewarm is not None:

@@ -15,7 +15,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.fold import chain, process
 from pimm_fn.core.plan import initial_state
 from pimm_fn.core.schedule import advance, next_event, resume_from
-from pimm_fn.hooks.model import _ModelHook
+from pimm_fn.core import hook as protocol
 from pimm_fn.runtime.context import Context, unwrap
 from pimm_fn.runtime.feed import Feed
 from pimm_fn.runtime.guard import AgreementGuard
@@ -28,16 +28,6 @@ __all__ = ["Loop", "loop"]
 
 _CLOSING = (ev.AfterEpoch, ev.AfterTrain)  # the events a step() runs after its AfterStep
 _Tensor = torch.Tensor
-
-
-def _evaluators(hooks) -> dict:
-    found = {}
-    for hook in hooks:
-        for name, fn in getattr(hook, "evaluators", dict)().items():
-            if name in found and found[name] is not fn:
-                raise ValueError(f"two evaluators are named {name!r}: give each evaluate_every(..., name=...) its own")
-            found[name] = fn
-    return found
 
 
 def _batch_size(batch) -> int:
@@ -199,10 +189,6 @@ class Loop:
         return f"<Loop step {p.global_step}/{p.max_steps}, epoch {p.epoch}, hooks={list(self.hooks.hooks)!r}>"
 
 
-def _bind(hooks, model) -> tuple:
-    return tuple(h.bind(unwrap(model)) if isinstance(h, _ModelHook) else h for h in hooks)
-
-
 def _wrap_ddp(model):
     """``model`` in DistributedDataParallel, when a process group exists and it is not wrapped yet."""
     if not dist.is_initialized() or isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -278,12 +264,12 @@ def loop(
         raise ValueError(f"checkpoint_format must be 'standard' or 'legacy' (got {checkpoint_format!r})")
     if ddp:
         model = _wrap_ddp(model)
-    hooks = chain(*_bind(hooks, model))
+    hooks = chain(*protocol.bind(protocol.check_hooks(hooks), unwrap(model)))
     save_dir = Path(save_dir) if save_dir is not None else None
     feed = Feed(train_data, iters_per_epoch)
     ctx = Context(
         model=model, optimizer=optimizer, feed=feed, save_dir=save_dir, scheduler=scheduler, scaler=scaler,
-        evaluators=_evaluators(hooks.hooks), checkpoint_format=checkpoint_format, keep_snapshots=keep_snapshots,
+        evaluators=protocol.evaluators(hooks.hooks), checkpoint_format=checkpoint_format, keep_snapshots=keep_snapshots,
         rank=dist.rank(), world_size=dist.world_size(), console=console,
     )
     guarded = dist.is_initialized() and check_agreement is not False

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Effect, Evaluate, Log, SaveCheckpoint, WriteBest
-from pimm_fn.core.fold import Chain, TraceEntry, chain, fold, init_slot, process
+from pimm_fn.core.fold import Chain, TraceEntry, chain, fold, process
+from pimm_fn.core.hook import init_slot
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.plan import RecordingExecutor, initial_state
 from pimm_fn.core.state import Progress, State
@@ -208,12 +209,21 @@ def test_chain_is_a_value():
 
 def test_nested_chain_keeps_a_tuple_of_child_slots():
     """A chain inside a chain keeps its children's slots as a tuple in its own slot."""
-    inner = chain(counter, counter)
+    inner = chain(counter, chain(counter, name="again"))
     hooks = chain(counter, inner)
     state = start(hooks)
-    assert state.slots == (None, (None, None))
+    assert state.slots == (None, (None, (None,)))
     state, _ = fold(hooks, attrs.evolve(state, position="BeforeStep"), ev.AfterStep(1))
-    assert state.slots == (1, (1, 1))
+    assert state.slots == (1, (1, (1,)))
+
+
+def test_two_hooks_with_one_identity_are_refused():
+    """Slots are kept by identity, so a list holding the same identity twice fails at construction, with the fix."""
+    from pimm_fn.core.hook import DuplicateHookError
+
+    with pytest.raises(DuplicateHookError, match=r"two hooks with the identity 'test_core_fold.counter'.*name='"):
+        chain(counter, counter)
+    assert chain(counter, chain(counter, name="again"))  # naming one is the way out
 
 
 def _trace(hooks, iters, epochs):
@@ -239,7 +249,7 @@ def _real_hooks():
 
 
 @given(
-    picks=st.lists(st.integers(0, 7), min_size=3, max_size=6),
+    picks=st.lists(st.integers(0, 7), min_size=3, max_size=6, unique=True),
     split=st.integers(0, 6),
     iters=st.integers(1, 4),
     epochs=st.integers(1, 3),
@@ -254,7 +264,7 @@ def test_chain_composition_law(picks, split, iters, epochs):
     assert flat == nested
 
 
-@given(picks=st.lists(st.integers(0, 7), max_size=5), iters=st.integers(1, 4), epochs=st.integers(0, 3))
+@given(picks=st.lists(st.integers(0, 7), max_size=5, unique=True), iters=st.integers(1, 4), epochs=st.integers(0, 3))
 def test_process_is_deterministic(picks, iters, epochs):
     """The same hooks over the same schedule give the same trace and final state."""
     pool = HOOK_POOL + _real_hooks()
@@ -292,77 +302,73 @@ def test_effect_scopes():
 
 @attrs.frozen
 class EveryThird:
-    """A test hook acting on every third AfterStep; in between it counts steps in its slot."""
+    """A test hook called on every third AfterStep; in between it counts the steps that reported outputs."""
 
     events = (ev.AfterStep,)
-    step_cadence = 3
+    every = 3
 
     def init(self):
         return 0
 
-    def quiet_step(self, slot, event):
+    def accumulate(self, slot, outputs):
         return slot + 1
 
     def __call__(self, state, event):
         return state.with_slot(0), (Log(event.step, "third", {"quiet": state.slot}),)
 
 
-def test_step_cadence_calls_the_hook_only_on_its_steps_and_quiet_step_between():
-    """A hook with step_cadence n is called on AfterStep(k) for k % n == 0 only; quiet_step updates its slot otherwise."""
+def test_every_calls_the_hook_only_on_its_steps_and_accumulate_between():
+    """A hook with every=n is called on AfterStep(k) for k % n == 0 only; accumulate folds the other steps' outputs."""
     hooks = chain(EveryThird())
     state = start(hooks, iters=7, epochs=1)
     from pimm_fn.core.plan import run_schedule
 
     rec = RecordingExecutor(lambda s, r: None)
-    state = run_schedule(hooks, state, rec)
+    state = run_schedule(hooks, state, rec, lambda step: {"loss": 1.0})
     assert [(t.step, t.effect.values["quiet"]) for t in rec.trace] == [(3, 2), (6, 2)]
-    assert state.slots == (1,)  # step 7 was quiet
+    assert state.slots == (1,)  # step 7 was skipped: accumulated
 
 
-def test_step_cadence_zero_never_calls_the_hook_on_after_step():
-    """step_cadence 0: the hook is never called for AfterStep."""
-    calls = []
-
-    def hook(state, event):
-        calls.append(event)
-        return state, ()
-
-    hook.step_cadence = 0
-    hooks = chain(hook)
+def test_accumulate_is_not_called_for_steps_without_outputs():
+    """A step that reported nothing leaves an accumulating slot as it is."""
+    hooks = chain(EveryThird())
     from pimm_fn.core.plan import run_schedule
 
-    run_schedule(hooks, start(hooks, iters=2, epochs=1), RecordingExecutor(lambda s, r: None))
-    assert not any(isinstance(e, ev.AfterStep) for e in calls) and calls
+    state = run_schedule(hooks, start(hooks, iters=7, epochs=1), RecordingExecutor(lambda s, r: None))
+    assert state.slots == (0,)
 
 
-def test_invalid_step_cadence_is_refused_at_chain_construction():
-    """A step_cadence that is not an int >= 0 fails when the chain is built, naming the value."""
+def test_invalid_every_is_refused_at_chain_construction():
+    """An 'every' that is not an int >= 1 fails when the chain is built, naming the value."""
 
     def hook(state, event):
         return state, ()
 
-    hook.step_cadence = -1
-    with pytest.raises(ValueError, match="'step_cadence' must be None or an int >= 0 \\(got -1\\)"):
+    hook.every = 0
+    with pytest.raises(ValueError, match="'every' must be an int >= 1 \\(got 0\\)"):
         chain(hook)
 
 
 def _spelled_out(hook):
-    """``hook`` with no declared cadence, doing itself what the fold does for a declared one."""
-    n, quiet = hook.step_cadence, getattr(hook, "quiet_step", None)
+    """``hook`` subscribed to every step, doing itself what the fold does for its cadence."""
+    n, accumulate = getattr(hook, "every", 1), getattr(hook, "accumulate", None)
 
     def run(state, event):
-        if isinstance(event, ev.AfterStep) and (not n or event.step % n):
-            return state.with_slot(quiet(state.slot, event) if quiet else state.slot), ()
+        if isinstance(event, ev.AfterStep) and event.step % n:
+            if accumulate is not None and event.outputs:
+                return state.with_slot(accumulate(state.slot, event.outputs)), ()
+            return state, ()
         return hook(state, event)
 
     run.init, run.events = (lambda: init_slot(hook)), hook.events
+    run.hook_key = repr(hook)
     return run
 
 
-@given(st.lists(st.sampled_from(["third", "log", "save", "eval", "never"]), min_size=1, max_size=5),
+@given(st.lists(st.sampled_from(["third", "log", "save", "eval", "never"]), min_size=1, max_size=5, unique=True),
        st.integers(1, 7), st.integers(1, 3))
-def test_steps_no_cadence_fires_on_match_hooks_that_apply_their_cadence_themselves(names, iters, epochs):
-    """Skipping every hook on a step no cadence fires gives the trace and state of calling each one."""
+def test_cadence_subscriptions_match_hooks_that_apply_their_cadence_themselves(names, iters, epochs):
+    """The fold enforcing each hook's cadence gives the trace and state of hooks testing the step themselves."""
     from pimm_fn.core.plan import run_schedule
     from pimm_fn.hooks import evaluate_every, log_every, save_every
 

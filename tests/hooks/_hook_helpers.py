@@ -42,3 +42,9 @@ def run(hooks, *, iters, epochs, metrics=None, outputs=None):
     recorder = Recorder(metrics or {})
     state = initial_state(hooks.hooks, iters_per_epoch=iters, max_epochs=epochs)
     return run_schedule(hooks, state, recorder, outputs), recorder
+
+
+def deliver(hook, state, event):
+    """What the fold makes of ``event`` for ``hook`` alone: ``(state, effects)``, its subscription enforced."""
+    out, effects = chain(hook)(attrs.evolve(state, slot=(state.slot,)), event)
+    return attrs.evolve(out, slot=out.slot[0]), effects

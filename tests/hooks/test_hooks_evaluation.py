@@ -7,7 +7,7 @@ import pytest
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Evaluate
 from pimm_fn.hooks import evaluate_every
-from _hook_helpers import at, run
+from _hook_helpers import at, deliver, run
 
 
 def validate(model):
@@ -29,7 +29,7 @@ def test_evaluates_every_n_steps():
     assert evaluations([evaluate_every(4, validate)], iters=5, epochs=2) == [(4, ev.AfterStep(4)), (8, ev.AfterStep(8))]
     state = at(8)
     assert evaluate_every(4, validate)(state, ev.AfterStep(8)) == (state, (Evaluate("validate", 8),))
-    assert evaluate_every(4, validate)(state, ev.AfterStep(7)) == (state, ())
+    assert deliver(evaluate_every(4, validate), state, ev.AfterStep(7)) == (state, ())
 
 
 def test_step_cadence_does_not_evaluate_at_epoch_end_event():
@@ -79,7 +79,8 @@ def test_repr_reads_like_the_call():
 
 def test_declares_only_step_and_epoch_events():
     """evaluate_every is only called for AfterStep and AfterEpoch."""
-    assert evaluate_every(1, validate).events == (ev.AfterStep, ev.AfterEpoch)
+    assert evaluate_every(1, validate).events == (ev.AfterStep,)
+    assert evaluate_every(0, validate).events == (ev.AfterEpoch,)
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Log
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.hooks import LogState, evaluate_every, log_every
-from _hook_helpers import at, run
+from _hook_helpers import at, deliver, run
 
 
 def logs(hooks, iters, epochs, outputs, metrics=None):
@@ -42,9 +42,9 @@ def test_slot_accumulates_and_resets():
     """Each AfterStep adds outputs to the slot's sums; AfterEpoch logs the means and resets the slot."""
     hook = log_every(10)
     state = at(1, LogState())
-    state, effects = hook(state, ev.AfterStep(1, {"loss": 2.0}))
+    state, effects = deliver(hook, state, ev.AfterStep(1, {"loss": 2.0}))
     assert (state.slot, effects) == (LogState(FrozenMap({"loss": 2.0}), 1), ())
-    state, _ = hook(attrs.evolve(state, progress=at(2).progress), ev.AfterStep(2, {"loss": 4.0}))
+    state, _ = deliver(hook, attrs.evolve(state, progress=at(2).progress), ev.AfterStep(2, {"loss": 4.0}))
     assert state.slot == LogState(FrozenMap({"loss": 6.0}), 2)
     state, effects = hook(state, ev.AfterEpoch(0))
     assert (state.slot, effects) == (LogState(), (Log(2, "epoch", {"epoch": 0, "loss": 3.0}),))
@@ -53,7 +53,7 @@ def test_slot_accumulates_and_resets():
 def test_slot_from_before_per_output_counts_averages_over_all_steps():
     """A LogState without counts averages its sums over every counted step."""
     state = at(3, LogState(FrozenMap({"loss": 4.0}), 2))
-    state, _ = log_every(10)(state, ev.AfterStep(3, {"loss": 2.0}))
+    state, _ = deliver(log_every(10), state, ev.AfterStep(3, {"loss": 2.0}))
     assert state.slot == LogState(FrozenMap({"loss": 6.0}), 3)
 
 
@@ -118,8 +118,9 @@ def test_epoch_average_of_an_output_only_some_steps_report():
     assert records == [Log(4, "epoch", {"epoch": 0, "loss": 2.0, "aux": 3.0})]
 
 
-def test_builtin_quiet_steps_equal_a_full_call():
-    """On a step its cadence rules out, a built-in with a step_cadence returns exactly (state with quiet_step's slot, ())."""
+def test_builtin_skipped_steps_only_accumulate():
+    """On a step its cadence skips, a built-in emits nothing and its slot changes only as its accumulate says."""
+    from pimm_fn.core.hook import declared
     from pimm_fn.hooks import SaveEveryState, save_every
 
     outputs = FrozenMap({"loss": 0.5, "lr": 0.1})
@@ -128,10 +129,10 @@ def test_builtin_quiet_steps_equal_a_full_call():
     cases = [(log_every(4), log_slots), (save_every(4), [SaveEveryState(), SaveEveryState(last_saved=4)]),
              (evaluate_every(4, lambda m: 0.0, name="v"), [None]), (evaluate_every(0, lambda m: 0.0, name="e"), [None])]
     for hook, slots in cases:
-        quiet = getattr(hook, "quiet_step", lambda slot, event: slot)
+        accumulate = declared(hook).accumulate or (lambda slot, outputs: slot)
         for slot in slots:
             for step in (1, 2, 3, 5, 10, 12):
-                if hook.step_cadence and step % hook.step_cadence == 0:
+                if ev.AfterStep in hook.events and step % hook.every == 0:
                     continue
                 state, event = at(step, slot), ev.AfterStep(step, outputs, 8)
-                assert hook(state, event) == (state.with_slot(quiet(slot, event)), ()), (hook, slot, step)
+                assert deliver(hook, state, event) == (state.with_slot(accumulate(slot, outputs)), ()), (hook, step)

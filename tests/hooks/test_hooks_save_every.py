@@ -9,7 +9,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Evaluate, SaveCheckpoint, WriteBest
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.hooks import SaveEveryState, best_on, evaluate_every, save_every
-from _hook_helpers import at, run
+from _hook_helpers import at, deliver, run
 
 
 def evaluate(model):
@@ -28,7 +28,7 @@ def test_saves_on_the_step_cadence_mid_epoch():
 def test_off_cadence_step_does_nothing():
     """AfterStep(k) with k % n != 0 leaves the state unchanged and emits nothing."""
     state = at(7, SaveEveryState(last_saved=4))
-    assert save_every(4)(state, ev.AfterStep(7)) == (state, ())
+    assert deliver(save_every(4), state, ev.AfterStep(7)) == (state, ())
 
 
 def test_epoch_ending_save_is_deferred_to_after_epoch():
@@ -70,7 +70,7 @@ def test_no_final_save_when_nothing_trained():
 def test_cadence_continues_from_resumed_progress():
     """After a resume at step 13 the next save is at 16, from the global step, not from the resume."""
     state = at(14, SaveEveryState(last_saved=12))
-    assert save_every(4)(state, ev.AfterStep(14)) == (state, ())
+    assert deliver(save_every(4), state, ev.AfterStep(14)) == (state, ())
     assert save_every(4)(at(16, SaveEveryState(last_saved=12)), ev.AfterStep(16))[1] == (SaveCheckpoint(16),)
 
 

@@ -1,0 +1,271 @@
+"""The hook protocol: what a hook is, what it may declare, and the one place that reads it.
+
+A hook is any callable ``hook(state, event) -> (state, effects)``. Beyond
+that it may declare, as attributes, what the loop, ``plan``, the simulator
+and the agreement guard need to know about it. Every one is optional:
+
+==================  =========================================================
+``init()``          its initial slot (default: ``None``).
+``events``          the event types it is called for (default: every event).
+``every``           its ``AfterStep`` cadence: called for ``AfterStep(step)``
+                    only when ``step % every == 0`` (default 1). The fold
+                    enforces it, as Ignite's ``every=`` filter does, so the
+                    hook need not test the step again.
+``accumulate``      ``accumulate(slot, outputs) -> slot``: folds the outputs
+                    of an ``AfterStep`` its cadence skips into its slot
+                    (a running loss sum); called only for non-empty outputs.
+``rank_consistent`` True when its collective effects read nothing
+                    rank-local, so the guard need not compare them per step.
+``emits``           the effect types it may emit (default: unknown).
+``reads_metrics``   the metric names it reacts to (``best_on("acc")``).
+``evaluators()``    ``{name: fn}`` the interpreter runs for its ``Evaluate``.
+``bind(model)``     the hook to use in a real run of ``model``.
+``hook_key``        its stable identity, overriding the default below.
+``children``        the hooks of a composite (``chain``), walked by every
+                    lookup here, at any depth.
+==================  =========================================================
+
+Identity (``key``): the ``hook_key`` it declares; else, for a function, its
+module-qualified name; else its ``repr`` when that reads like a call
+(``save_every(1000)``, an attrs class); else its class's qualified name.
+Checkpoints key hook slots by it, and the guard compares it across ranks.
+
+Nothing outside this module reads a hook's attributes.
+"""
+
+import math
+import types
+from collections.abc import Iterator
+
+import attrs
+
+__all__ = [
+    "Declared",
+    "declared",
+    "key",
+    "leaves",
+    "children",
+    "init_slot",
+    "evaluators",
+    "bind",
+    "saves_in_background",
+    "check_hooks",
+    "hook_factory",
+    "DuplicateHookError",
+]
+
+
+class DuplicateHookError(ValueError):
+    """Two hooks of one list share an identity, so their checkpointed slots could not be told apart."""
+
+
+def hook_factory(fn):
+    """Mark ``fn`` as a factory of hooks, so a hook list holding ``fn`` itself is refused with advice.
+
+    >>> @hook_factory
+    ... def every_other(): ...
+    >>> every_other.hook_factory
+    True
+    """
+    fn.hook_factory = True
+    return fn
+
+
+def children(hook) -> tuple | None:
+    """The hooks of a composite (``chain``), or ``None`` for a leaf."""
+    found = getattr(hook, "children", None)
+    return tuple(found) if found is not None else None
+
+
+def leaves(hooks) -> Iterator:
+    """Every leaf hook of ``hooks``, depth first, through nested composites.
+
+    >>> from pimm_fn.hooks import save_every, best_on
+    >>> from pimm_fn.core.fold import chain
+    >>> list(leaves([chain(save_every(2), chain(best_on("acc")))]))
+    [save_every(2), best_on('acc')]
+    """
+    for hook in hooks:
+        inner = children(hook)
+        if inner is None:
+            yield hook
+        else:
+            yield from leaves(inner)
+
+
+def key(hook) -> str:
+    """The stable identity of ``hook``; see the module docstring.
+
+    >>> from pimm_fn.hooks import save_every
+    >>> key(save_every(1000))
+    'save_every(1000)'
+    >>> def progress(state, event): return state, ()
+    >>> key(progress)
+    'pimm_fn.core.hook.progress'
+    """
+    explicit = getattr(hook, "hook_key", None)
+    if explicit is not None:
+        if not isinstance(explicit, str) or not explicit:
+            raise TypeError(f"hook {hook!r:.80}: 'hook_key' must be a non-empty str (got {explicit!r})")
+        return explicit
+    if isinstance(hook, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
+        return f"{hook.__module__}.{hook.__qualname__}"
+    cls = type(hook)
+    if cls.__repr__ is object.__repr__:
+        return f"{cls.__module__}.{cls.__qualname__}"
+    return repr(hook)
+
+
+def init_slot(hook):
+    """A hook's initial slot: ``hook.init()`` when it declares one, else ``None``."""
+    init = getattr(hook, "init", None)
+    return init() if callable(init) else None
+
+
+@attrs.frozen
+class Declared:
+    """What a hook declares, read once and checked (see the module docstring).
+
+    ``events`` is ``None`` for "every event", ``emits`` for "unknown".
+    """
+
+    key: str
+    events: tuple | None
+    every: int
+    accumulate: object
+    rank_consistent: bool
+    emits: tuple | None
+    reads_metrics: tuple
+
+    def wants(self, event_type) -> bool:
+        return self.events is None or any(issubclass(event_type, t) for t in self.events)
+
+
+def _every(hook) -> int:
+    every = getattr(hook, "every", 1)
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        raise ValueError(f"hook {hook!r:.80}: 'every' must be an int >= 1 (got {every!r})")
+    return every
+
+
+def _types(hook, name) -> tuple | None:
+    found = getattr(hook, name, None)
+    if found is None:
+        return None
+    found = tuple(found)
+    if not all(isinstance(t, type) for t in found):
+        raise TypeError(f"hook {hook!r:.80}: '{name}' must be a tuple of classes (got {found!r:.120})")
+    return found
+
+
+def declared(hook) -> Declared:
+    """Read and check what ``hook`` declares.
+
+    Raises:
+        TypeError, ValueError: a declaration of the wrong type or range, naming it.
+    """
+    accumulate = getattr(hook, "accumulate", None)
+    if accumulate is not None and not callable(accumulate):
+        raise TypeError(f"hook {hook!r:.80}: 'accumulate' must be callable as accumulate(slot, outputs)")
+    rank_consistent = getattr(hook, "rank_consistent", False)
+    if not isinstance(rank_consistent, bool):
+        raise TypeError(f"hook {hook!r:.80}: 'rank_consistent' must be a bool (got {rank_consistent!r})")
+    reads = tuple(getattr(hook, "reads_metrics", ()))
+    return Declared(
+        key(hook), _types(hook, "events"), _every(hook), accumulate, rank_consistent, _types(hook, "emits"), reads
+    )
+
+
+def union_events(parts) -> tuple | None:
+    """The events a composite of ``parts`` (``Declared`` values) is called for."""
+    if any(d.events is None for d in parts):
+        return None
+    return tuple(dict.fromkeys(t for d in parts for t in d.events))
+
+
+def common_every(parts, after_step) -> int:
+    """The cadence a composite needs so that each part's ``AfterStep`` cadence still fires.
+
+    ``after_step`` is the ``AfterStep`` event class (passed in to keep this module event-free).
+    """
+    cadences = [d.every for d in parts if d.wants(after_step)]
+    return math.gcd(*cadences) if cadences else 1
+
+
+def union_emits(parts) -> tuple | None:
+    if any(d.emits is None for d in parts):
+        return None
+    return tuple(dict.fromkeys(t for d in parts for t in d.emits))
+
+
+def evaluators(hooks) -> dict:
+    """``{name: fn}`` of every evaluator the hooks provide, nested chains included.
+
+    Raises:
+        ValueError: two different callables share a name.
+    """
+    found = {}
+    for hook in leaves(hooks):
+        provide = getattr(hook, "evaluators", None)
+        for name, fn in (provide() if callable(provide) else {}).items():
+            if name in found and found[name] is not fn:
+                raise ValueError(
+                    f"two evaluators are named {name!r}: give each evaluate_every(..., name=...) its own"
+                )
+            found[name] = fn
+    return found
+
+
+def bind(hooks, model) -> tuple:
+    """``hooks`` with every hook that declares ``bind`` bound to ``model``, at any depth."""
+    bound = []
+    for hook in hooks:
+        inner = children(hook)
+        if inner is not None:
+            hook = hook.with_children(bind(inner, model))
+        elif callable(getattr(hook, "bind", None)):
+            hook = hook.bind(model)
+        bound.append(hook)
+    return tuple(bound)
+
+
+def saves_in_background(hooks) -> bool:
+    """Whether some hook, at any depth, declares that it saves asynchronously (``async_save``)."""
+    return any(getattr(h, "async_save", False) is True for h in leaves(hooks))
+
+
+def check_hooks(hooks, where: str = "hooks") -> tuple:
+    """``hooks`` as a tuple, refused with advice when it is not a list of hooks.
+
+    Raises:
+        TypeError: not a list or tuple, an uncalled factory, or a non-callable.
+        DuplicateHookError: two hooks with the same identity.
+    """
+    if not isinstance(hooks, (list, tuple)):
+        single = " (a single hook: wrap it in a list, [hook])" if callable(hooks) else ""
+        raise TypeError(
+            f"'{where}' must be a list or tuple of hooks, run in that order (got {type(hooks).__name__}{single})"
+        )
+    for hook in hooks:
+        if getattr(hook, "hook_factory", False) is True:
+            name = getattr(hook, "__name__", repr(hook))
+            raise TypeError(
+                f"'{where}' holds the hook factory {name} itself: call it to make a hook, e.g. {name}(...)"
+            )
+        if not callable(hook):
+            raise TypeError(f"a hook must be callable as hook(state, event) (got {hook!r:.80})")
+    _refuse_duplicates(hooks, where)
+    return tuple(hooks)
+
+
+def _refuse_duplicates(hooks, where) -> None:
+    seen = {}
+    for position, hook in enumerate(hooks):
+        name = key(hook)
+        if name in seen:
+            raise DuplicateHookError(
+                f"'{where}' holds two hooks with the identity {name!r} (positions {seen[name]} and {position}): "
+                f"checkpoints keep hook slots by identity, so each needs its own. Drop the repeat, or name one: "
+                f"pimm_fn.chain(hook, name='...')"
+            )
+        seen[name] = position
