@@ -4,6 +4,9 @@ This is an impure edge of pimm_fn: it touches files and, when a process
 group is initialized, ``torch.distributed``. Loading never unpickles code:
 weights go through ``torch.load(weights_only=True)`` and trainer state
 through ``torch.distributed.checkpoint`` as tensors plus a JSON skeleton.
+What a trainer checkpoint holds is one value, ``TrainerContents``
+(:mod:`.contents`), turned into the ``trainer`` and ``local`` parts by
+``to_parts`` and read back by ``from_parts``.
 
 Example:
     >>> import tempfile, torch
@@ -19,13 +22,19 @@ from ._async import AsyncSave, prewarm_async_save, save_checkpoint_async
 from ._discovery import find_checkpoint, latest_checkpoint
 from ._layout import CheckpointInfo
 from ._weights import WeightsReport, load_weights_file, remap_state_dict, write_best
+from .contents import PerRank, Replicated, SavedState, TrainerContents, from_parts, saved_state, to_parts
 
 __all__ = [
     "AsyncSave",
     "CheckpointInfo",
     "LoadedCheckpoint",
+    "PerRank",
+    "Replicated",
+    "SavedState",
+    "TrainerContents",
     "WeightsReport",
     "find_checkpoint",
+    "from_parts",
     "latest_checkpoint",
     "load_checkpoint",
     "load_weights_file",
@@ -33,5 +42,7 @@ __all__ = [
     "remap_state_dict",
     "save_checkpoint",
     "save_checkpoint_async",
+    "saved_state",
+    "to_parts",
     "write_best",
 ]

@@ -37,6 +37,9 @@ class Context:
     rank: int = 0
     world_size: int = 1
     console: bool = True
+    hooks: tuple | None = None  # the run's top-level hooks: a checkpoint keeps their slots by identity
+    best_per_metric: bool = False  # several metrics' best weights are kept: one model_best_<metric> file each
+    advice: Any = None  # the run's Advice, told of every evaluation
     pending_save: Any = None  # the background save in flight (an AsyncSave), if any
     save_gate: Any = None  # the optimizer pre-step hook that waits for its staging
     prewarm_hook: Any = None  # the optimizer post-step hook that readies the staging memory of background saves

@@ -4,6 +4,11 @@ Restores the model, optimizer, scheduler, scaler, RNG states, data cursor,
 progress, hook slots and best values. On a different world size the
 per-rank parts (RNG, data cursor) cannot be restored: the interrupted epoch
 restarts from its first batch, with a warning, or an error under ``strict``.
+
+Hook slots come back by hook identity (``pimm_fn.core.slots``): the run may
+list its hooks in another order, add hooks (they start from their initial
+slot) or leave some out (their slots are dropped, with a console line). A
+hook whose saved slot no longer fits it is a ``ResumeError`` naming it.
 """
 
 import warnings
@@ -11,7 +16,8 @@ import warnings
 import attrs
 
 from pimm_fn import checkpoint
-from pimm_fn.core import codec
+from pimm_fn.checkpoint.contents import SavedState, from_parts
+from pimm_fn.core.slots import SlotMismatch
 from pimm_fn.core.state import State
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.feed import ResumeNotExactWarning
@@ -44,12 +50,19 @@ def locate(resume, save_dir):
     return checkpoint.find_checkpoint(resume)
 
 
-def _check_hooks(saved: State, hooks) -> None:
-    if len(saved.slots) != len(hooks):
-        raise ResumeError(
-            f"the checkpoint was written by a run with {len(saved.slots)} hook(s), this run has {len(hooks)}: "
-            f"resume with the same hook list (slots are matched by position)"
-        )
+def _with_slots(saved: SavedState, hooks, info) -> tuple[State, tuple[str, ...]]:
+    """The saved state with the slots of ``hooks``, and the saved keys no hook claimed."""
+    try:
+        return saved.restored(hooks)
+    except SlotMismatch as exc:
+        raise ResumeError(f"cannot resume from {info.path}: {exc}") from None
+
+
+def _contents(loaded, info):
+    try:
+        return from_parts(loaded.trainer, loaded.local)
+    except ValueError as exc:
+        raise ResumeError(f"cannot resume from {info.path}: {exc}") from None
 
 
 def restore(info, ctx, hooks, *, strict=False) -> State:
@@ -57,30 +70,46 @@ def restore(info, ctx, hooks, *, strict=False) -> State:
 
     Everything that can refuse the resume is checked before the model,
     optimizer or RNG is touched, so a refused resume changes nothing.
+
+    Raises:
+        ResumeError: a hook's saved slot no longer fits it (naming the hook,
+            the slot type found and the one expected); a checkpoint written
+            before slots were keyed, by another number of hooks; a resume on
+            another world size mid-epoch under ``strict``.
     """
     loaded = checkpoint.load_checkpoint(info)
-    trainer = loaded.trainer
-    same_world = info.world_size == ctx.world_size and loaded.local is not None
-    saved = codec.loads(loaded.local["state"] if same_world else trainer["state"])
-    _check_hooks(saved, hooks)
+    held = _contents(loaded, info)
+    same_world = info.world_size == ctx.world_size and held.local is not None
+    saved, dropped = _with_slots(held.local.state if same_world else held.replicated.state, hooks, info)
     if not same_world and strict and _mid_epoch(saved):
         raise ResumeError(_world_message(info, ctx) + "; resume with the same world size, or pass strict_resume=False")
     unwrap(ctx.model).load_state_dict(loaded.weights)
-    ctx.optimizer.load_state_dict(trainer["optimizer"])
+    replicated = held.replicated
+    ctx.optimizer.load_state_dict(replicated.optimizer)
     for name in ("scheduler", "scaler"):
-        target, stored = getattr(ctx, name), trainer.get(name)
+        target, stored = getattr(ctx, name), getattr(replicated, name)
         if target is not None and stored is not None:
             target.load_state_dict(stored)
+    if dropped:
+        ctx.say(_dropped_message(dropped))
     state = attrs.evolve(saved, rank=ctx.rank, world_size=ctx.world_size)
     p = state.progress
     if same_world:
-        restore_rng(loaded.local["rng"])
-        ctx.feed.resume(loaded.local["cursor"], p.epoch, p.iter_in_epoch)
+        restore_rng(held.local.rng)
+        ctx.feed.resume(held.local.cursor, p.epoch, p.iter_in_epoch)
     else:
         state = _restart_epoch(state, ctx, info)
     if ctx.feed.iters_per_epoch != state.progress.iters_per_epoch:
         state = attrs.evolve(state, progress=attrs.evolve(state.progress, iters_per_epoch=ctx.feed.iters_per_epoch))
     return state
+
+
+def _dropped_message(dropped) -> str:
+    names = ", ".join(repr(k) for k in dropped)
+    return (
+        f"dropped the checkpointed slot(s) of {names}: no hook of this run has that identity "
+        f"(a hook whose arguments changed has a new one, and starts fresh)"
+    )
 
 
 def _mid_epoch(state: State) -> bool:

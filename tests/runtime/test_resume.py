@@ -120,12 +120,13 @@ def test_resume_from_an_explicit_checkpoint_path(tmp_path):
     assert resumed.state.progress.global_step == 4
 
 
-def test_resume_with_a_different_hook_list_is_refused(tmp_path):
-    """Slots are matched by position, so a changed number of hooks is an error naming both counts."""
+def test_resume_with_fewer_hooks_gives_each_remaining_hook_its_own_slot(tmp_path):
+    """Slots are matched by hook identity, so a shorter hook list resumes and save_every keeps its slot."""
     _, run = build(tmp_path, max_epochs=1)
     run()
-    with pytest.raises(pf.ResumeError, match="4 hook"):
-        build(tmp_path, resume="auto", max_epochs=2, hooks=[pf.save_every(3)])
+    saved = dict(zip(map(repr, run.hooks.hooks), run.state.slots))["save_every(3)"]
+    _, resumed = build(tmp_path, resume="auto", max_epochs=2, hooks=[pf.save_every(3)])
+    assert resumed.state.slots == (saved,) and resumed.state.progress.global_step == 5
 
 
 @pytest.mark.parametrize("stop", [3, 7])

@@ -1,0 +1,184 @@
+"""What a trainer checkpoint holds, as one value, and the one code that writes and reads it.
+
+A checkpoint is the model's weights file beside the trainer state this
+module describes. The trainer state has three parts, by who holds them:
+
+* **replicated**, identical on every rank and written once: the optimizer,
+  scheduler and scaler state dicts, and the *agreed* ``State`` (the main
+  rank's), which a resume on another world size starts from;
+* **per-rank**, each rank's own: its ``State`` (with its rank-local metrics
+  and the per-rank sums hooks keep in their slots), its RNG states and its
+  data cursor;
+* **sharded**, each rank's shard of a model and optimizer too large to
+  replicate. Not written yet: ``None``, while the model goes in the weights
+  file and the optimizer in the replicated part. A later change fills it for
+  FSDP2, with ``torch.distributed.checkpoint.state_dict.get_state_dict(model,
+  optimizer)`` on save and ``set_state_dict`` on resume, written by DCP beside
+  the other parts.
+
+Each ``State`` is kept as a ``SavedState``: the state without its slots, and
+the slots by hook identity (``pimm_fn.core.slots``), never by position, so a
+resume may reorder, add or remove hooks.
+
+``to_parts`` turns a ``TrainerContents`` into the ``trainer`` and ``local``
+dicts ``save_checkpoint`` writes; ``from_parts`` reads them back, including
+those written before slots were keyed (layout 1), whose slots come back by
+position.
+
+>>> from pimm_fn.core.state import Progress, State
+>>> from pimm_fn.hooks import SaveEveryState, log_every, save_every
+>>> state = State(Progress(10, 2), slots=(SaveEveryState(4),))
+>>> own = saved_state(state, [save_every(4)])
+>>> held = TrainerContents(Replicated({"state": {}}, None, None, own), PerRank(own, {}, None))
+>>> back = from_parts(*to_parts(held))
+>>> back.local.state.restored([log_every(5), save_every(4)])[0].slots
+(LogState(sums=FrozenMap({}), count=0, counts=FrozenMap({})), SaveEveryState(last_saved=4, deferred=None))
+"""
+
+from typing import Any
+
+import attrs
+
+from pimm_fn.core import codec, slots
+from pimm_fn.core.state import State
+
+__all__ = ["LAYOUT", "SavedState", "Replicated", "PerRank", "TrainerContents", "saved_state", "to_parts", "from_parts"]
+
+LAYOUT = 2  # 1: the State as one JSON, slots by position; 2: slots by hook identity
+
+
+@attrs.frozen
+class SavedState:
+    """A ``State`` as a checkpoint keeps it: without its slots, and the slots apart.
+
+    Attributes:
+        state: the state, with ``slots=()``.
+        slots: a ``pimm_fn.core.slots.Keyed`` value; a tuple (by position)
+            for a checkpoint written before slots were keyed, or by a run
+            whose hooks the save did not know.
+    """
+
+    state: State
+    slots: Any
+
+    def restored(self, hooks) -> tuple[State, tuple[str, ...]]:
+        """``(state, dropped)``: the state with the slots of ``hooks``, and the saved keys no hook claimed.
+
+        Raises:
+            pimm_fn.core.slots.SlotMismatch: a slot cannot be handed back.
+        """
+        if isinstance(self.slots, slots.Keyed):
+            found, dropped = slots.unkeyed(hooks, self.slots)
+        else:
+            found, dropped = slots.by_position(hooks, self.slots), ()
+        return attrs.evolve(self.state, slots=found), dropped
+
+
+def saved_state(state: State, hooks=None) -> SavedState:
+    """``state`` as a checkpoint keeps it: its slots keyed by the identities of ``hooks``.
+
+    ``hooks`` are the run's top-level hooks, one per slot. Without them
+    (``None``) the slots are kept by position, and a resume needs the same
+    hook list.
+    """
+    found = state.slots if hooks is None else slots.keyed(hooks, state.slots)
+    return SavedState(attrs.evolve(state, slots=(), slot=None), found)
+
+
+@attrs.frozen(eq=False)
+class Replicated:
+    """The part identical on every rank, written once.
+
+    ``state`` is ``None`` only in a template whose tensors' shapes are read
+    ahead of a save (the staging prewarm): states hold no tensors.
+    """
+
+    optimizer: dict
+    scheduler: dict | None
+    scaler: dict | None
+    state: SavedState | None
+
+
+@attrs.frozen(eq=False)
+class PerRank:
+    """One rank's own part: its state, RNG states (``runtime.rng``) and data cursor (``Feed.state_dict``)."""
+
+    state: SavedState
+    rng: dict
+    cursor: Any
+
+
+def _unsharded(instance, attribute, value):
+    if value is not None:
+        raise ValueError(
+            "TrainerContents: 'sharded' is the place of sharded (FSDP2) model and optimizer state, which "
+            f"checkpoints do not hold yet; pass None (got {type(value).__name__})"
+        )
+
+
+@attrs.frozen(eq=False)
+class TrainerContents:
+    """Everything a trainer checkpoint holds beside the weights file (see the module docstring).
+
+    ``local`` is ``None`` when read on a rank the checkpoint has no entry
+    for (it was written by fewer ranks), and in a template.
+    """
+
+    replicated: Replicated
+    local: PerRank | None
+    sharded: None = attrs.field(default=None, validator=_unsharded)
+
+
+# -- writing --------------------------------------------------------------------------------------
+def to_parts(contents: TrainerContents) -> tuple[dict, dict]:
+    """``(trainer, local)``: the dicts ``save_checkpoint`` writes, plain values and tensors only.
+
+    Raises:
+        TypeError: a slot or state value the codec cannot store, naming it.
+    """
+    r = contents.replicated
+    # Tensors first, in a fixed order: a prewarm's template numbers them as the save does.
+    trainer = {"optimizer": r.optimizer, "scheduler": r.scheduler, "scaler": r.scaler, **_state_part(r.state)}
+    trainer["layout"] = LAYOUT
+    local = contents.local
+    if local is None:
+        return trainer, {}
+    return trainer, {**_state_part(local.state), "rng": local.rng, "cursor": local.cursor}
+
+
+def _state_part(saved: SavedState | None) -> dict:
+    if saved is None:
+        return {"state": "", "slots": ""}
+    if isinstance(saved.slots, slots.Keyed):
+        return {"state": codec.dumps(saved.state), "slots": slots.dumps(saved.slots)}
+    return {"state": codec.dumps(saved.state), "positional_slots": codec.dumps(saved.slots)}
+
+
+# -- reading --------------------------------------------------------------------------------------
+def from_parts(trainer: dict, local: dict | None) -> TrainerContents:
+    """The contents ``to_parts`` wrote, from a loaded checkpoint's ``trainer`` and ``local``.
+
+    Raises:
+        ValueError: the parts were not written by pimm_fn, or by a newer
+            layout; or a state (not a slot) does not decode.
+    """
+    layout = trainer.get("layout", 1)
+    if layout not in (1, LAYOUT) or "state" not in trainer or "optimizer" not in trainer:
+        raise ValueError(
+            f"the checkpoint's trainer state has layout {layout!r} and entries {sorted(trainer)[:8]}; this "
+            f"version of pimm_fn reads layouts 1 to {LAYOUT}: resume it with the version that wrote it"
+        )
+    replicated = Replicated(trainer["optimizer"], trainer.get("scheduler"), trainer.get("scaler"),
+                            _read_state(trainer, layout))
+    if local is None:
+        return TrainerContents(replicated, None)
+    return TrainerContents(replicated, PerRank(_read_state(local, layout), local["rng"], local["cursor"]))
+
+
+def _read_state(part: dict, layout: int) -> SavedState:
+    state = codec.loads(part["state"])
+    if layout == 1:  # the whole State as one JSON, its slots by position
+        return SavedState(attrs.evolve(state, slots=()), state.slots)
+    if "positional_slots" in part:  # saved by a run whose hooks the save did not know
+        return SavedState(state, codec.loads(part["positional_slots"]))
+    return SavedState(state, slots.loads(part["slots"]))
