@@ -26,6 +26,8 @@ __all__ = [
     "Evaluate",
     "Log",
     "LoadWeights",
+    "Stop",
+    "StepScheduler",
 ]
 
 
@@ -116,3 +118,37 @@ class LoadWeights(Effect):
     path: str
     replacements: tuple = ()
     strict: bool = False
+
+
+@attrs.frozen
+class Stop(Effect):
+    """End training early: the epoch in progress closes and training ends; collective.
+
+    Every executor answers it with ``StopRequested(step, reason)``, which
+    records ``reason`` in ``State.stop``; from then on the lifecycle
+    (``pimm_fn.core.schedule.next_event``) runs only the closing events,
+    ``AfterEpoch`` of the epoch in progress and ``AfterTrain``, so the final
+    save and the epoch's logs still happen. Collective because every rank
+    must stop at the same step, so the decision may read only
+    rank-consistent state (broadcast metrics, progress).
+    """
+
+    scope: ClassVar[Scope] = Scope.COLLECTIVE
+    step: int
+    reason: str = "stop requested"
+
+
+@attrs.frozen
+class StepScheduler(Effect):
+    """Step the run's learning-rate scheduler once; each rank steps its own.
+
+    ``scheduler.step()``, or ``scheduler.step(value)`` when ``metric`` names
+    the published metric ``value`` comes from (``ReduceLROnPlateau``). A run
+    whose hooks declare that they emit it (``emits``) no longer has the
+    default train step step the scheduler.
+    """
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    step: int
+    metric: str | None = None
+    value: float | None = None

@@ -4,7 +4,8 @@ The lifecycle, in order: ``ModifyConfig`` once (fresh runs only), then
 ``BeforeTrain``, per epoch ``BeforeEpoch``, per step ``BeforeStep`` and
 ``AfterStep``, then ``AfterEpoch``, and ``AfterTrain`` once. Follow-up events
 such as ``MetricsPublished`` are delivered when an effect (an evaluation)
-finishes.
+finishes; ``StopRequested`` when a ``Stop`` effect ran, after which only the
+closing events (``AfterEpoch``, ``AfterTrain``) follow.
 """
 
 import attrs
@@ -21,6 +22,7 @@ __all__ = [
     "AfterEpoch",
     "AfterTrain",
     "MetricsPublished",
+    "StopRequested",
     "LIFECYCLE",
 ]
 
@@ -111,6 +113,19 @@ class MetricsPublished(Event):
     source: str = ""
     step: int = 0
     consistent: bool = True
+
+
+@attrs.frozen
+class StopRequested(Event):
+    """A ``Stop`` effect ran at global step ``step``: training ends early, for ``reason``.
+
+    Delivered on every rank alike (``Stop`` is collective). The core records
+    ``reason`` in ``State.stop`` before the hooks see it; the epoch in
+    progress then closes (``AfterEpoch``) and ``AfterTrain`` follows.
+    """
+
+    step: int
+    reason: str = "stop requested"
 
 
 # The events that move training forward, by name; ``State.position`` holds one.

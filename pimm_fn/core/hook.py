@@ -49,6 +49,7 @@ __all__ = [
     "evaluators",
     "bind",
     "saves_in_background",
+    "emits_any",
     "check_hooks",
     "hook_factory",
     "DuplicateHookError",
@@ -232,6 +233,23 @@ def bind(hooks, model) -> tuple:
 def saves_in_background(hooks) -> bool:
     """Whether some hook, at any depth, declares that it saves asynchronously (``async_save``)."""
     return any(getattr(h, "async_save", False) is True for h in leaves(hooks))
+
+
+def emits_any(hooks, effect_type) -> bool:
+    """Whether some hook, at any depth, declares in ``emits`` that it may emit ``effect_type`` (or a subclass).
+
+    A hook whose ``emits`` is unknown (not declared) counts as not emitting it.
+
+    >>> from pimm_fn.hooks import save_every
+    >>> from pimm_fn.core.effects import SaveCheckpoint, WriteBest
+    >>> emits_any([save_every(2)], SaveCheckpoint), emits_any([save_every(2)], WriteBest)
+    (True, False)
+    """
+    for hook in leaves(hooks):
+        emits = declared(hook).emits
+        if emits is not None and any(issubclass(t, effect_type) for t in emits):
+            return True
+    return False
 
 
 def check_hooks(hooks, where: str = "hooks") -> tuple:

@@ -52,6 +52,11 @@ def _position(instance, attribute, value):
         raise ValueError(f"'{attribute.name}' must be None or one of {list(_POSITIONS)} (got {value!r})")
 
 
+def _optional_str(instance, attribute, value):
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"'{attribute.name}' must be None or a str (got {value!r:.80})")
+
+
 @register
 @attrs.frozen
 class Progress:
@@ -101,6 +106,10 @@ class State:
         slot: while a hook runs, its own slot (``slots[i]``); ``None`` outside.
         position: the name of the last lifecycle event dispatched, which is
             where a resumed run continues from.
+        stop: ``None`` while training goes on; once a ``Stop`` effect ran,
+            its reason (rank-consistent: ``Stop`` is collective). The epoch
+            in progress then closes and training ends. Checkpoints written
+            before this field existed decode with ``None``.
     """
 
     progress: Progress = attrs.field(validator=_progress)
@@ -112,6 +121,7 @@ class State:
     slots: tuple = attrs.field(default=(), validator=_tuple)
     slot: Any = None
     position: str | None = attrs.field(default=None, validator=_position)
+    stop: str | None = attrs.field(default=None, validator=_optional_str)
 
     @property
     def finished(self) -> bool:

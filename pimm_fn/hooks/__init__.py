@@ -1,6 +1,7 @@
 """Built-in hooks: pure, frozen, validated at construction."""
 
 from pimm_fn.hooks.checkpointing import BestState, SaveEveryState, best_on, load_weights, save_every
+from pimm_fn.hooks.control import EarlyStopState, early_stop, step_scheduler
 from pimm_fn.hooks.evaluation import evaluate_every
 from pimm_fn.hooks.logs import LogState, log_every
 from pimm_fn.hooks.model import model_hook
@@ -15,4 +16,7 @@ __all__ = [
     "log_every",
     "LogState",
     "model_hook",
+    "early_stop",
+    "EarlyStopState",
+    "step_scheduler",
 ]

@@ -130,6 +130,30 @@ def _improves(value, best, mode) -> bool:
     return value > best if mode == "max" else value < best
 
 
+def check_spelling(caller: str, metric: str, event, step: int) -> tuple:
+    """Refuse a near-miss of ``metric`` among the published names: a typo the hook ``caller`` would never see.
+
+    Raised when every rank holds the same values (so every rank raises
+    alike); with rank-local values only some ranks could see the typo, so
+    it becomes a warning ``Log`` instead of a lone raising rank. Returns the
+    effects to emit (none when no name is close).
+
+    >>> check_spelling("best_on('miou')", "miou", ev.MetricsPublished({"loss": 1.0}), 3)
+    ()
+    """
+    values = event.values
+    lowered = {name.lower(): name for name in values}
+    guess = lowered.get(metric.lower()) or next(
+        iter(difflib.get_close_matches(metric, list(values), n=1, cutoff=0.8)), None
+    )
+    if guess is None:
+        return ()
+    message = f"{caller} got metrics {sorted(values)}: did you mean {guess!r}?"
+    if event.consistent:
+        raise ValueError(message)
+    return (Log(step, "warning", {"message": message}),)
+
+
 @attrs.frozen(repr=False)
 class _BestOn:
     factory_name: ClassVar[str] = "best_on"
@@ -158,23 +182,8 @@ class _BestOn:
         return state, (WriteBest(self.metric, value, step),)
 
     def _check_spelling(self, event, step) -> tuple:
-        """A near-miss name is a typo that would otherwise never save a best model.
-
-        Raised when every rank holds the same values (so every rank raises
-        alike); with rank-local values only some ranks could see the typo, so
-        it becomes a warning in the log instead of a lone raising rank.
-        """
-        values = event.values
-        lowered = {name.lower(): name for name in values}
-        guess = lowered.get(self.metric.lower()) or next(
-            iter(difflib.get_close_matches(self.metric, list(values), n=1, cutoff=0.8)), None
-        )
-        if guess is None:
-            return ()
-        message = f"best_on({self.metric!r}) got metrics {sorted(values)}: did you mean {guess!r}?"
-        if event.consistent:
-            raise ValueError(message)
-        return (Log(step, "warning", {"message": message}),)
+        """A near-miss name is a typo that would otherwise never save a best model."""
+        return check_spelling(f"best_on({self.metric!r})", self.metric, event, step)
 
     def __repr__(self):
         mode = "" if self.mode == "max" else f", mode={self.mode!r}"

@@ -45,7 +45,8 @@ def train_step(model, optimizer, batch, *, scheduler=None, scaler=None) -> Mappi
     """One optimizer step on ``batch``: ``loss = model(batch)["loss"]``, backward, step.
 
     With a ``torch.amp.GradScaler`` the forward runs under autocast and the
-    loss is scaled. The scheduler, if any, steps once per call.
+    loss is scaled. The scheduler, if any, steps once per call; the loop
+    passes ``scheduler=None`` when a hook steps it (``step_scheduler``).
 
     Returns:
         The model's outputs with a detached ``loss`` and the first group's ``lr``.

@@ -160,3 +160,89 @@ def test_state_at_step_agrees_with_walking(iters, epochs, step):
     assert final2.progress == final.progress
     assert full[len(full) - len(rest):] == rest
     assert sum(isinstance(e, ev.AfterStep) for e in rest) == iters * epochs - step
+
+
+# -- a stop requested (State.stop) ---------------------------------------------------------------
+
+
+def walk_stopping(state, after, reason="plateau"):
+    """``walk``, with a stop requested right after the event ``after`` (as a Stop effect's follow-up would)."""
+    seen = []
+    event = next_event(state)
+    while event is not None:
+        seen.append(event)
+        state = advance(state, event)
+        if event == after:
+            state = advance(state, ev.StopRequested(state.progress.global_step, reason))
+        event = next_event(state)
+    return seen, state
+
+
+def test_stop_mid_epoch_closes_the_epoch_early_then_ends_training():
+    """A stop after AfterStep(3) of a 4-step epoch: AfterEpoch(0) follows at once, then AfterTrain."""
+    events, final = walk_stopping(State(Progress(4, 3)), ev.AfterStep(3))
+    assert events[-3:] == [ev.AfterStep(3), ev.AfterEpoch(0), ev.AfterTrain()]
+    assert final.finished and final.stop == "plateau"
+    assert final.progress == Progress(4, 3, epoch=0, iter_in_epoch=3, global_step=3)
+
+
+def test_stop_at_before_epoch_closes_that_epoch_without_a_step():
+    """A stop at BeforeEpoch(1): AfterEpoch(1), AfterTrain; no step of epoch 1 trains."""
+    events, final = walk_stopping(State(Progress(2, 3)), ev.BeforeEpoch(1))
+    assert events[-3:] == [ev.BeforeEpoch(1), ev.AfterEpoch(1), ev.AfterTrain()]
+    assert final.progress.global_step == 2
+
+
+def test_stop_at_an_epochs_end_or_before_training_ends_training():
+    """A stop at AfterEpoch (epochs left) or at BeforeTrain goes straight to AfterTrain."""
+    events, _ = walk_stopping(State(Progress(2, 3)), ev.AfterEpoch(0))
+    assert events[-2:] == [ev.AfterEpoch(0), ev.AfterTrain()]
+    events, final = walk_stopping(State(Progress(2, 3)), ev.BeforeTrain())
+    assert events == [ev.ModifyConfig(), ev.BeforeTrain(), ev.AfterTrain()] and final.progress.global_step == 0
+
+
+def test_stop_at_before_step_still_trains_that_step():
+    """A step whose BeforeStep ran trains: AfterStep comes before the epoch closes."""
+    events, _ = walk_stopping(State(Progress(4, 1)), ev.BeforeStep(2))
+    assert events[-4:] == [ev.BeforeStep(2), ev.AfterStep(2), ev.AfterEpoch(0), ev.AfterTrain()]
+
+
+def test_stop_requested_keeps_the_first_reason_and_the_position():
+    """StopRequested records its reason once (a later one changes nothing) and leaves the position alone."""
+    s = State(Progress(4, 1, iter_in_epoch=1, global_step=1), position="AfterStep")
+    s1 = advance(s, ev.StopRequested(1, "first"))
+    assert (s1.stop, s1.position) == ("first", "AfterStep")
+    assert advance(s1, ev.StopRequested(1, "second")) is s1
+    assert advance(s, ev.StopRequested(1, "")).stop == "stop requested"
+
+
+def test_a_stopped_run_resumed_with_more_epochs_stays_stopped():
+    """resume_from(max_epochs=more) of a run that stopped early ends at once, training nothing."""
+    _, final = walk_stopping(State(Progress(2, 2)), ev.AfterStep(1))
+    assert walk(resume_from(final, max_epochs=5))[0] == [ev.AfterTrain()]
+
+
+def test_a_state_checkpointed_before_stop_existed_decodes_as_not_stopped():
+    """Encoded State data without the 'stop' field (an older checkpoint) decodes with stop=None."""
+    from pimm_fn.core import codec
+
+    data = codec.encode(State(Progress(4, 2), position="AfterStep"))
+    del data["fields"]["stop"]
+    restored = codec.decode(data)
+    assert restored.stop is None and restored == State(Progress(4, 2), position="AfterStep")
+
+
+def test_state_stop_must_be_a_str_or_none():
+    """State(stop=...) refuses anything but None or a str, naming the field."""
+    with pytest.raises(TypeError, match=r"'stop' must be None or a str \(got 1\)"):
+        State(Progress(4, 2), stop=1)
+
+
+@given(iters=st.integers(1, 5), epochs=st.integers(1, 4), at=st.integers(1, 20))
+def test_a_stop_after_any_step_ends_training_at_that_step(iters, epochs, at):
+    """Whatever the step it follows, a stop ends the walk with that global step, its epoch closed once."""
+    at = min(at, iters * epochs)
+    events, final = walk_stopping(State(Progress(iters, epochs)), ev.AfterStep(at))
+    assert final.finished and final.progress.global_step == at
+    assert events[-2:] == [ev.AfterEpoch((at - 1) // iters), ev.AfterTrain()]
+    assert sum(isinstance(e, ev.AfterEpoch) for e in events) == (at - 1) // iters + 1

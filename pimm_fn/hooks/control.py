@@ -1,0 +1,243 @@
+"""Hooks that steer training: stop it early, step the learning-rate scheduler.
+
+Both decide from data every rank holds alike: ``early_stop`` from broadcast
+metrics (its ``Stop`` is collective: every rank must end at the same step),
+``step_scheduler`` from the progress or a broadcast metric (each rank steps
+its own scheduler, so they must step alike to keep one learning rate). A
+metric that is not rank-consistent (``evaluate_every(..., broadcast=False)``)
+is refused with an error. As with ``best_on``, put the evaluator before
+these hooks' savers: a save at an evaluation step then records the decision.
+"""
+
+import math
+from typing import ClassVar
+
+import attrs
+
+from pimm_fn.core import events as ev
+from pimm_fn.core.codec import register
+from pimm_fn.core.effects import Log, StepScheduler, Stop
+from pimm_fn.core.hook import hook_factory
+from pimm_fn.hooks._validate import int_at_least, non_empty_str, one_of
+from pimm_fn.hooks.checkpointing import check_spelling
+
+__all__ = ["early_stop", "EarlyStopState", "step_scheduler"]
+
+
+def _non_negative_number(instance, attribute, value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 <= value < math.inf):
+        raise ValueError(
+            f"{instance.factory_name}: '{attribute.name}' must be a finite number >= 0 (got {value!r})"
+        )
+
+
+def _require_consistent(caller: str, metric: str, event) -> None:
+    """Refuse a rank-local value of ``metric`` for a decision every rank must take alike."""
+    if not event.consistent:
+        source = f" from evaluator {event.source!r}" if event.source else ""
+        raise ValueError(
+            f"{caller} got {metric!r}{source} as a rank-local value (broadcast=False): every rank must decide "
+            f"alike, so it needs the same value on every rank. Evaluate with broadcast=True "
+            f"(evaluate_every(..., broadcast=True), the default)"
+        )
+
+
+@register
+@attrs.frozen
+class EarlyStopState:
+    """``best``: the best value so far (``None`` before any); ``without_improvement``:
+    the evaluations since it last improved. Rank-consistent (broadcast metrics only)."""
+
+    best: float | None = None
+    without_improvement: int = 0
+
+
+@attrs.frozen(repr=False)
+class _EarlyStop:
+    factory_name: ClassVar[str] = "early_stop"
+    events: ClassVar[tuple] = (ev.MetricsPublished,)
+    emits: ClassVar[tuple] = (Stop, Log)
+    rank_consistent: ClassVar[bool] = True  # decides from broadcast metrics alone, and refuses others
+    metric: str = attrs.field(validator=non_empty_str)
+    patience: int = attrs.field(validator=int_at_least(1))
+    mode: str = attrs.field(default="max", validator=one_of("max", "min"))
+    min_delta: float = attrs.field(default=0.0, validator=_non_negative_number)
+
+    def init(self) -> EarlyStopState:
+        return EarlyStopState()
+
+    @property
+    def reads_metrics(self) -> tuple:
+        return (self.metric,)
+
+    def _improves(self, value, best) -> bool:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+            return False  # NaN (or a non-number) never improves
+        if best is None:
+            return True
+        return value > best + self.min_delta if self.mode == "max" else value < best - self.min_delta
+
+    def __call__(self, state, event):
+        values = event.values
+        step = state.progress.global_step
+        if self.metric not in values:
+            return state, check_spelling(repr(self), self.metric, event, step)
+        _require_consistent(repr(self), self.metric, event)
+        value, slot = values[self.metric], state.slot
+        if self._improves(value, slot.best):
+            return state.with_slot(EarlyStopState(value, 0)), ()
+        waited = slot.without_improvement + 1
+        state = state.with_slot(EarlyStopState(slot.best, waited))
+        if waited != self.patience:  # emitted once, when the count reaches patience
+            return state, ()
+        reason = f"{self!r}: {self.metric} has not improved on {slot.best!r} for {waited} evaluation(s)"
+        return state, (Stop(step, reason),)
+
+    def __repr__(self):
+        extra = "" if self.mode == "max" else f", mode={self.mode!r}"
+        extra += f", min_delta={self.min_delta!r}" if self.min_delta else ""
+        return f"early_stop({self.metric!r}, patience={self.patience}{extra})"
+
+
+@hook_factory
+def early_stop(metric: str, *, patience: int, mode: str = "max", min_delta: float = 0.0):
+    """Stop training when ``metric`` has not improved for ``patience`` evaluations.
+
+    Reacts to each publication of ``metric``: a value improves when it beats
+    the best so far by more than ``min_delta`` (strictly; NaN never
+    improves, and counts as an evaluation without improvement). When the
+    count of evaluations without improvement reaches ``patience`` it requests
+    a stop: the epoch in progress closes early (its ``AfterEpoch`` hooks
+    run), then ``AfterTrain`` (the final save). ``plan``, ``simulate`` and
+    the real loop all end at that step.
+
+    Args:
+        metric: the published metric name; it must be broadcast (the
+            default of ``evaluate_every``), so every rank stops alike.
+        patience: evaluations without improvement before stopping (>= 1).
+        mode: ``"max"`` (higher is better) or ``"min"``.
+        min_delta: the margin (>= 0) a value must beat the best by.
+
+    Emits:
+        ``Stop(step, reason)`` (collective), once, when the count reaches
+        ``patience``; a warning ``Log`` for a near-miss metric name in
+        rank-local metrics.
+
+    State:
+        ``EarlyStopState(best, without_improvement)``.
+
+    Raises:
+        ValueError: a bad argument, at once; ``metric`` published as a
+            rank-local value (``broadcast=False``); a near-miss of ``metric``
+            among broadcast metrics (a typo).
+
+    >>> from pimm_fn import evaluate_every, plan
+    >>> def val(model): ...
+    >>> scores = {2: {"acc": 0.5}, 4: {"acc": 0.6}, 6: {"acc": 0.6}, 8: {"acc": 0.55}}
+    >>> hooks = [evaluate_every(2, val), early_stop("acc", patience=2)]
+    >>> trace = plan(hooks, iters_per_epoch=5, max_epochs=4, metrics=scores)
+    >>> trace[-1].effect
+    Stop(step=8, reason="early_stop('acc', patience=2): acc has not improved on 0.6 for 2 evaluation(s)")
+    >>> early_stop("loss", patience=0, mode="min")
+    Traceback (most recent call last):
+    ValueError: early_stop: 'patience' must be an int >= 1 (got 0)
+    """
+    return _EarlyStop(metric, patience, mode, min_delta)
+
+
+_INTERVAL_EVENTS = {"step": (ev.AfterStep,), "epoch": (ev.AfterEpoch,), None: (ev.MetricsPublished,)}
+
+
+@attrs.frozen(repr=False)
+class _StepScheduler:
+    factory_name: ClassVar[str] = "step_scheduler"
+    emits: ClassVar[tuple] = (StepScheduler, Log)
+    rank_consistent: ClassVar[bool] = True  # emits nothing collective
+    interval: str | None = attrs.field(validator=attrs.validators.optional(one_of("step", "epoch")))
+    on: str | None = attrs.field(default=None, validator=attrs.validators.optional(non_empty_str))
+
+    def __attrs_post_init__(self):
+        if (self.interval is None) == (self.on is None):
+            raise ValueError(
+                f"step_scheduler: pass an interval, 'step' or 'epoch', or on='<metric>' for a scheduler that "
+                f"reads a metric (ReduceLROnPlateau), exactly one of them (got interval={self.interval!r}, "
+                f"on={self.on!r})"
+            )
+
+    @property
+    def events(self) -> tuple:
+        """``AfterStep`` for ``"step"``, ``AfterEpoch`` for ``"epoch"``, ``MetricsPublished`` for ``on``."""
+        return _INTERVAL_EVENTS[self.interval]
+
+    @property
+    def reads_metrics(self) -> tuple:
+        return (self.on,) if self.on is not None else ()
+
+    def __call__(self, state, event):
+        step = state.progress.global_step
+        match event:
+            case ev.AfterStep() if self.interval == "step":
+                return state, (StepScheduler(step),)
+            case ev.AfterEpoch() if self.interval == "epoch":
+                return state, (StepScheduler(step),)
+            case ev.MetricsPublished(values=values) if self.on is not None:
+                if self.on not in values:
+                    return state, check_spelling(repr(self), self.on, event, step)
+                _require_consistent(repr(self), self.on, event)
+                return state, (StepScheduler(step, self.on, values[self.on]),)
+        return state, ()
+
+    def __repr__(self):
+        return f"step_scheduler({self.interval!r})" if self.on is None else f"step_scheduler(on={self.on!r})"
+
+
+@hook_factory
+def step_scheduler(interval: str | None = None, *, on: str | None = None):
+    """Step the learning-rate scheduler per step, per epoch, or on a published metric.
+
+    ``step_scheduler("step")`` steps it after every training step,
+    ``step_scheduler("epoch")`` at every epoch's end (an epoch a stop closes
+    early included), and ``step_scheduler(on="val_loss")`` after every
+    evaluation publishing ``val_loss``, passing its value
+    (``ReduceLROnPlateau.step(value)``). With such a hook in the list the
+    default train step no longer steps the scheduler itself, and ``loop``
+    refuses to run it without a ``scheduler``.
+
+    Order: a checkpoint records the scheduler as it was when the save ran.
+    Put ``step_scheduler("step")`` before the savers (``loop`` refuses the
+    reverse: a resume would miss that step's scheduler step); for ``on=``,
+    put the evaluator before the savers, as for ``best_on``. Epoch-end saves
+    run after every other effect of their event, so ``"epoch"`` needs no care.
+
+    Args:
+        interval: ``"step"`` or ``"epoch"``.
+        on: instead of an interval, the metric whose every publication steps
+            the scheduler with its value; it must be broadcast (the default
+            of ``evaluate_every``), so every rank's scheduler steps alike.
+
+    Emits:
+        ``StepScheduler(step)``, or ``StepScheduler(step, metric, value)`` for
+        ``on`` (each rank steps its own); a warning ``Log`` for a near-miss
+        metric name in rank-local metrics.
+
+    Raises:
+        ValueError: neither or both of ``interval`` and ``on``, an unknown
+            interval, ``on`` published as a rank-local value, or a near-miss
+            of ``on`` among broadcast metrics (a typo).
+        TypeError: ``on`` not a non-empty str.
+
+    >>> step_scheduler("epoch"), step_scheduler(on="val_loss")
+    (step_scheduler('epoch'), step_scheduler(on='val_loss'))
+    >>> from pimm_fn import plan
+    >>> [e.effect for e in plan([step_scheduler("epoch")], iters_per_epoch=3, max_epochs=2)]
+    [StepScheduler(step=3, metric=None, value=None), StepScheduler(step=6, metric=None, value=None)]
+    >>> step_scheduler("val_loss")
+    Traceback (most recent call last):
+    ValueError: step_scheduler: 'interval' must be 'step' or 'epoch' (got 'val_loss'); to step on a metric, pass on='val_loss'
+    """
+    if isinstance(interval, str) and interval not in ("step", "epoch"):
+        raise ValueError(
+            f"step_scheduler: 'interval' must be 'step' or 'epoch' (got {interval!r}); "
+            f"to step on a metric, pass on={interval!r}"
+        )
+    return _StepScheduler(interval, on)
