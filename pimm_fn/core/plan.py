@@ -10,9 +10,9 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.effects import Evaluate
+from pimm_fn.core.effects import Evaluate, Stop
 from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots, process
-from pimm_fn.core.schedule import next_event, state_at_step
+from pimm_fn.core.schedule import advance, next_event, skip_to, state_at_step
 from pimm_fn.core.state import Progress, State
 
 __all__ = ["plan", "RecordingExecutor", "initial_state", "run_schedule"]
@@ -32,7 +32,9 @@ class RecordingExecutor:
 
     ``metrics(step, rank)`` returns the mapping an evaluation at ``step``
     produces on ``rank``, or ``None`` when that rank computed nothing. With
-    ``broadcast`` the main rank's result is what every rank publishes.
+    ``broadcast`` the main rank's result is what every rank publishes. A
+    ``Stop`` is answered with ``StopRequested``, as the real interpreter
+    answers it, so a planned run ends where the real one does.
     """
 
     metrics: MetricSource
@@ -45,19 +47,58 @@ class RecordingExecutor:
         self.trace.append(entry)
         effect = entry.effect
         if not isinstance(effect, Evaluate):
-            return ()
+            return (ev.StopRequested(effect.step, effect.reason),) if isinstance(effect, Stop) else ()
         source_rank = 0 if effect.broadcast else state.rank
         values = self.metrics(effect.step, source_rank) or {}
         return (ev.MetricsPublished(values, effect.evaluator, effect.step, consistent=effect.broadcast),)
 
 
-def run_schedule(hooks: Chain, state: State, executor, outputs=None, *, stop=None) -> State:
-    """Walk the lifecycle from ``state`` to the end (or until ``stop(state)``).
+def run_schedule(
+    hooks: Chain, state: State, executor, outputs=None, *, stop=None, visit=None, skip_quiet=True
+) -> State:
+    """Walk the lifecycle from ``state`` to the end (or until ``stop(state)``, checked after each event).
 
     ``outputs(step)`` supplies each ``AfterStep``'s scalar outputs.
+
+    With ``skip_quiet`` (the default) the events no hook is called for are
+    not processed one by one. A ``BeforeStep`` no hook subscribes to only
+    moves the position (``advance``). A run of quiet steps, on which no hook
+    is called at all, is crossed in one jump (``skip_to``): steps are quiet
+    when no hook subscribes to ``BeforeStep`` and no accumulator would see
+    outputs (none accumulates, or no ``outputs`` is given); the jump ends
+    just before the next step on which an ``AfterStep`` cadence fires, the
+    epoch's last step, or ``visit``, and those are walked as usual. The
+    trace and every state reached are what the event-by-event walk gives;
+    what is not done is calling ``outputs`` for skipped steps, and
+    ``executor.check`` for the events not processed (which emit nothing, on
+    every rank alike).
+
+    A ``stop`` that could turn true on a quiet step needs ``visit``: the one
+    step it waits for there (``stop`` is still asked after each jump). With
+    ``stop`` and no ``visit``, no step is jumped over.
     """
+    before_step_quiet = skip_quiet and not hooks.active(ev.BeforeStep)
+    jumps = (
+        before_step_quiet
+        and (stop is None or visit is not None)
+        and (outputs is None or hooks.accumulate is None)
+    )
     event = next_event(state)
     while event is not None:
+        if before_step_quiet and isinstance(event, ev.BeforeStep):
+            if jumps:
+                last = _last_quiet_step(hooks, state.progress, visit)
+                if last > state.progress.global_step:
+                    state = skip_to(state, last)
+                    if stop is not None and stop(state):
+                        return state
+                    event = next_event(state)
+            if isinstance(event, ev.BeforeStep):  # no hook is called for it: it only moves the position
+                state = advance(state, event)
+                if stop is not None and stop(state):
+                    return state
+                event = next_event(state)
+                continue
         if isinstance(event, ev.AfterStep) and outputs is not None:
             event = ev.AfterStep(event.step, outputs(event.step))
         state = process(hooks, state, event, executor)
@@ -65,6 +106,17 @@ def run_schedule(hooks: Chain, state: State, executor, outputs=None, *, stop=Non
             return state
         event = next_event(state)
     return state
+
+
+def _last_quiet_step(hooks: Chain, progress: Progress, visit) -> int:
+    """The step before the next one to walk event by event: where a cadence fires, the epoch ends, or ``visit``."""
+    step = progress.global_step
+    until = step + progress.iters_per_epoch - progress.iter_in_epoch
+    for every in hooks._cadences:  # the next multiple of each cadence, after ``step``
+        until = min(until, (step // every + 1) * every)
+    if visit is not None and visit > step:
+        until = min(until, visit)
+    return until - 1
 
 
 def _metric_source(metrics) -> MetricSource:
@@ -77,7 +129,19 @@ def _metric_source(metrics) -> MetricSource:
     raise TypeError(f"'metrics' must be a mapping {{step: {{name: value}}}} or a callable (got {metrics!r:.80})")
 
 
-def plan(hooks, *, iters_per_epoch: int, max_epochs: int, start_step: int = 0, metrics=None) -> tuple:
+def _placeholders(outputs):
+    """``outputs(step)`` giving each named output the placeholder 0.0, or ``None`` for no outputs."""
+    if isinstance(outputs, str) or not all(isinstance(name, str) for name in outputs):
+        raise TypeError(f"plan: 'outputs' must be a tuple of output names, e.g. ('loss',) (got {outputs!r:.80})")
+    if not outputs:
+        return None
+    values = dict.fromkeys(outputs, 0.0)
+    return lambda step: values
+
+
+def plan(
+    hooks, *, iters_per_epoch: int, max_epochs: int, start_step: int = 0, metrics=None, outputs=("loss",)
+) -> tuple:
     """The effects ``hooks`` would execute, in order, as ``TraceEntry`` values.
 
     Args:
@@ -90,6 +154,10 @@ def plan(hooks, *, iters_per_epoch: int, max_epochs: int, start_step: int = 0, m
             ``pimm_fn.testing.simulate(resume_at=...)`` resumes from the
             exact states instead.
         metrics: ``{step: {name: value}}`` an evaluation at ``step`` returns.
+        outputs: the names the train step reports (the default step reports
+            ``loss``). Each ``AfterStep`` of the dry run carries them with the
+            placeholder value ``0.0``, so a hook reading ``outputs["loss"]``
+            runs in ``plan`` as in a real run; ``()`` sends empty outputs.
 
     Returns:
         A tuple of entries with ``.step``, ``.event`` and ``.effect``.
@@ -99,10 +167,11 @@ def plan(hooks, *, iters_per_epoch: int, max_epochs: int, start_step: int = 0, m
     [4, 8, 12, 16, 20, 24, 28, 30]
     """
     hooks = chain(*hooks)
+    placeholders = _placeholders(outputs)
     state = initial_state(hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs)
     executor = RecordingExecutor(_metric_source(metrics))
     if start_step:
         # As a resumed run: BeforeTrain(resumed=True), then on from the checkpoint.
         state = process(hooks, state_at_step(state, start_step), ev.BeforeTrain(resumed=True), executor)
-    run_schedule(hooks, state, executor)
+    run_schedule(hooks, state, executor, placeholders)
     return tuple(executor.trace)

@@ -9,7 +9,7 @@ saved ``State.position`` says it stopped.
 from pimm_fn.core import events as ev
 from pimm_fn.core.state import Progress, State, evolvers, replace, setter
 
-__all__ = ["next_event", "advance", "resume_from", "state_at_step"]
+__all__ = ["next_event", "advance", "resume_from", "state_at_step", "skip_to"]
 
 
 def next_event(state: State) -> ev.Event | None:
@@ -17,26 +17,38 @@ def next_event(state: State) -> ev.Event | None:
 
     ``AfterStep`` is returned without outputs: the driver fills them in.
 
+    Once a stop was requested (``State.stop``, see ``pimm_fn.effects.Stop``)
+    only the closing events remain: an epoch in progress (after its
+    ``BeforeEpoch`` or a step) ends early with its ``AfterEpoch``, then
+    ``AfterTrain``; between epochs, ``AfterTrain`` follows at once. A step
+    whose ``BeforeStep`` ran still trains (its ``AfterStep`` comes first).
+
     >>> s = State(Progress(iters_per_epoch=2, max_epochs=1))
     >>> next_event(s)
     ModifyConfig()
+    >>> mid = State(Progress(10, 3, iter_in_epoch=4, global_step=4), position="AfterStep", stop="plateau")
+    >>> next_event(mid)
+    AfterEpoch(epoch=0)
     """
     p = state.progress
     match state.position:  # the two per-step positions first: this runs twice a step
         case "BeforeStep":
             return ev.AfterStep(p.global_step + 1)
         case "AfterStep":
-            return ev.AfterEpoch(p.epoch) if p.at_epoch_end else ev.BeforeStep(p.global_step + 1)
+            if p.at_epoch_end or state.stop is not None:
+                return ev.AfterEpoch(p.epoch)
+            return ev.BeforeStep(p.global_step + 1)
         case None:
             return ev.ModifyConfig()
         case "ModifyConfig":
             return ev.BeforeTrain()
         case "BeforeTrain":
-            return ev.BeforeEpoch(p.epoch) if p.epoch < p.max_epochs else ev.AfterTrain()
+            return ev.BeforeEpoch(p.epoch) if p.epoch < p.max_epochs and state.stop is None else ev.AfterTrain()
         case "BeforeEpoch":
-            return ev.BeforeStep(p.global_step + 1)
+            return ev.BeforeStep(p.global_step + 1) if state.stop is None else ev.AfterEpoch(p.epoch)
         case "AfterEpoch":
-            return ev.BeforeEpoch(p.epoch + 1) if p.epoch + 1 < p.max_epochs else ev.AfterTrain()
+            more = p.epoch + 1 < p.max_epochs and state.stop is None
+            return ev.BeforeEpoch(p.epoch + 1) if more else ev.AfterTrain()
         case "AfterTrain":
             return None
     raise ValueError(f"State.position {state.position!r} is not a lifecycle event name")
@@ -51,6 +63,9 @@ def advance(state: State, event: ev.Event) -> State:
             return evolvers[state.__class__](state, position="BeforeStep")
         case ev.MetricsPublished(values=values):
             return replace(state, metrics=state.metrics.merge(values))
+        case ev.StopRequested(reason=reason):
+            # The first request's reason is kept: a later one changes nothing.
+            return state if state.stop is not None else replace(state, stop=reason or "stop requested")
         case ev.BeforeEpoch(epoch=epoch):
             progress = replace(state.progress, epoch=epoch, iter_in_epoch=0)
             return replace(state, progress=progress, position="BeforeEpoch")
@@ -85,10 +100,47 @@ def stepped(p: Progress, event: ev.AfterStep) -> Progress:
     )
 
 
+def skip_to(state: State, step: int, *, batch_size: int = 0) -> State:
+    """``state`` after ``AfterStep(step)``, reached in one jump over steps no hook is called on.
+
+    Exactly what walking ``BeforeStep``/``AfterStep`` of each step from
+    ``global_step + 1`` to ``step`` leaves, provided none of them calls a
+    hook or accumulates an output: the progress moves on (``global_step``,
+    ``iter_in_epoch``, and ``samples_seen`` by ``batch_size`` a step: 0 in
+    ``plan`` and ``simulate``), the position is ``"AfterStep"``, the slots
+    are untouched. Whether the steps are quiet is the caller's to know
+    (``run_schedule`` asks the hooks' subscriptions).
+
+    Raises:
+        ValueError: when the next event is not a ``BeforeStep``, or ``step``
+            is not in ``[global_step, the epoch's last step]``.
+
+    >>> s = skip_to(advance(State(Progress(10, 2)), ev.BeforeEpoch(0)), 7)
+    >>> s.progress.global_step, s.progress.iter_in_epoch, s.position
+    (7, 7, 'AfterStep')
+    """
+    if not isinstance(next_event(state), ev.BeforeStep):
+        raise ValueError(f"skip_to: the next event must be a BeforeStep (position is {state.position!r})")
+    p = state.progress
+    last = p.global_step + p.iters_per_epoch - p.iter_in_epoch
+    if not p.global_step <= step <= last:
+        raise ValueError(f"skip_to: 'step' must be in [{p.global_step}, {last}] (this epoch's steps; got {step})")
+    if step == p.global_step:
+        return state
+    n = step - p.global_step
+    samples = p.samples_seen + n * batch_size
+    if p.__class__ is Progress:  # once per jump: the copy ``stepped`` makes, without keyword handling
+        progress = _stepped(p, step, p.iter_in_epoch + n, samples)
+    else:
+        progress = replace(p, global_step=step, iter_in_epoch=p.iter_in_epoch + n, samples_seen=samples)
+    return stepped_state(state, progress, state.slots)
+
+
 def resume_from(state: State, *, max_epochs: int | None = None) -> State:
     """``state`` as a resumed run starts from it, optionally with more epochs.
 
-    A finished run given a larger ``max_epochs`` continues with the next epoch.
+    A finished run given a larger ``max_epochs`` continues with the next
+    epoch, unless it stopped early (``State.stop``): that one stays stopped.
 
     Raises:
         ValueError: when ``max_epochs`` is below the epochs already trained

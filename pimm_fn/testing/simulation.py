@@ -9,6 +9,11 @@ appear on rank 0 only), and answers ``Evaluate`` like ``plan`` does.
 
 ``resume_at`` kills the run at a checkpoint and restarts every rank from the
 state that checkpoint holds, as ``loop(resume=...)`` would.
+
+Runs of steps on which no hook is called are crossed in one jump
+(``skip_quiet``, see ``pimm_fn.core.plan.run_schedule``), so a long run with
+sparse cadences costs about what its busy steps cost; the result is the
+same as walking every event.
 """
 
 from collections.abc import Callable, Iterable, Mapping
@@ -189,17 +194,18 @@ def resume_points(resume_at, max_steps: int) -> tuple:
     return points
 
 
-def _run_rank(hooks: Chain, state: State, executor: _SimExecutor, outputs, points, index: list) -> State:
+def _run_rank(hooks: Chain, state: State, executor: _SimExecutor, outputs, points, index: list, skip_quiet) -> State:
     for k in points:
         executor.target, executor.captured = k, None
-        run_schedule(hooks, state, executor, outputs, stop=executor.at_checkpoint)
+        # visit=k: a jump over quiet steps ends before step k, whose checkpoint point ends the segment.
+        run_schedule(hooks, state, executor, outputs, stop=executor.at_checkpoint, visit=k, skip_quiet=skip_quiet)
         if executor.captured is None:
             raise AssertionError(f"simulate: the run ended before the checkpoint of step {k}")
         index.append(len(executor.entries))
         # A real resume: restore the checkpoint's state, dispatch BeforeTrain(resumed=True), go on.
         state = process(hooks, executor.captured, _RESUMED, executor)
     executor.target = None
-    return run_schedule(hooks, state, executor, outputs)
+    return run_schedule(hooks, state, executor, outputs, skip_quiet=skip_quiet)
 
 
 def simulate(
@@ -211,6 +217,7 @@ def simulate(
     metrics=None,
     local=None,
     resume_at=None,
+    skip_quiet: bool = True,
 ) -> SimulationResult:
     """Run ``hooks`` on every rank of a simulated job and return each rank's trace.
 
@@ -236,6 +243,10 @@ def simulate(
             state after ``AfterStep(k)`` (after ``AfterEpoch`` when ``k`` ends
             an epoch). Each trace is then the stitched run: up to the
             checkpoint, ``BeforeTrain(resumed=True)``, and on.
+        skip_quiet: cross runs of steps on which no hook is called in one
+            jump (see ``pimm_fn.core.plan.run_schedule``); the traces and
+            states are the same either way, ``False`` walks every event
+            (and calls ``local`` for every step).
 
     Returns:
         A ``SimulationResult`` with ``traces`` and ``states``, one per rank.
@@ -254,6 +265,8 @@ def simulate(
     _int_at_least("world_size", world_size, 1)
     _int_at_least("iters_per_epoch", iters_per_epoch, 1)
     _int_at_least("max_epochs", max_epochs, 0)
+    if not isinstance(skip_quiet, bool):
+        raise TypeError(f"simulate: 'skip_quiet' must be a bool (got {skip_quiet!r})")
     source = _metric_source(metrics)
     points = resume_points(resume_at, iters_per_epoch * max_epochs)
     traces, states, indices = [], [], []
@@ -263,7 +276,7 @@ def simulate(
         )
         executor = _SimExecutor(source, rank=rank)
         index: list = []
-        states.append(_run_rank(hooks, state, executor, _outputs(local, rank), points, index))
+        states.append(_run_rank(hooks, state, executor, _outputs(local, rank), points, index, skip_quiet))
         traces.append(tuple(executor.entries))
         indices.append(tuple(index))
     return SimulationResult(hooks, tuple(traces), tuple(states), points, tuple(indices))

@@ -19,17 +19,22 @@ def saves(trace):
     return [(t.step, t.event, t.effect) for t in trace if isinstance(t.effect, SaveCheckpoint)]
 
 
+def stepped(k):
+    """The AfterStep a dry run delivers: the default step's output name with its placeholder."""
+    return ev.AfterStep(k, {"loss": 0.0})
+
+
 def test_plan_save_every_4_with_10_iters_and_3_epochs():
     """save_every(4), 10 iters x 3 epochs: 4..28 on the step cadence (20 deferred past epoch 1) and a final 30."""
     trace = plan([save_every(4)], iters_per_epoch=10, max_epochs=3)
     assert trace == (
-        TraceEntry(4, ev.AfterStep(4), SaveCheckpoint(4), 0),
-        TraceEntry(8, ev.AfterStep(8), SaveCheckpoint(8), 0),
-        TraceEntry(12, ev.AfterStep(12), SaveCheckpoint(12), 0),
-        TraceEntry(16, ev.AfterStep(16), SaveCheckpoint(16), 0),
+        TraceEntry(4, stepped(4), SaveCheckpoint(4), 0),
+        TraceEntry(8, stepped(8), SaveCheckpoint(8), 0),
+        TraceEntry(12, stepped(12), SaveCheckpoint(12), 0),
+        TraceEntry(16, stepped(16), SaveCheckpoint(16), 0),
         TraceEntry(20, ev.AfterEpoch(1), SaveCheckpoint(20, deferred=True), 0),
-        TraceEntry(24, ev.AfterStep(24), SaveCheckpoint(24), 0),
-        TraceEntry(28, ev.AfterStep(28), SaveCheckpoint(28), 0),
+        TraceEntry(24, stepped(24), SaveCheckpoint(24), 0),
+        TraceEntry(28, stepped(28), SaveCheckpoint(28), 0),
         TraceEntry(30, ev.AfterTrain(), SaveCheckpoint(30, final=True), 0),
     )
 
@@ -40,7 +45,7 @@ def test_plan_deferred_save_lands_after_the_epochs_end_effects(hooks):
     trace = plan(hooks, iters_per_epoch=10, max_epochs=3)
     at_20 = [(t.event, t.effect) for t in trace if t.step == 20]
     assert at_20 == [
-        (ev.AfterEpoch(1), Log(20, "epoch", {"epoch": 1})),
+        (ev.AfterEpoch(1), Log(20, "epoch", {"epoch": 1, "loss": 0.0})),
         (ev.AfterEpoch(1), SaveCheckpoint(20, deferred=True)),
     ]
 
@@ -49,11 +54,11 @@ def test_plan_never_saves_a_step_twice():
     """save_every(5) with 10x3 saves 5, 10, ..., 30, epoch ends at AfterEpoch, and no final save."""
     trace = plan([save_every(5)], iters_per_epoch=10, max_epochs=3)
     assert saves(trace) == [
-        (5, ev.AfterStep(5), SaveCheckpoint(5)),
+        (5, stepped(5), SaveCheckpoint(5)),
         (10, ev.AfterEpoch(0), SaveCheckpoint(10, deferred=True)),
-        (15, ev.AfterStep(15), SaveCheckpoint(15)),
+        (15, stepped(15), SaveCheckpoint(15)),
         (20, ev.AfterEpoch(1), SaveCheckpoint(20, deferred=True)),
-        (25, ev.AfterStep(25), SaveCheckpoint(25)),
+        (25, stepped(25), SaveCheckpoint(25)),
         (30, ev.AfterEpoch(2), SaveCheckpoint(30, deferred=True)),
     ]
 
@@ -148,7 +153,7 @@ def test_save_cadence_is_exact(n, iters, epochs):
         if step % iters == 0:
             assert event == (ev.AfterEpoch(step // iters - 1) if not effect.final else ev.AfterTrain())
         else:
-            assert event == (ev.AfterStep(step) if not effect.final else ev.AfterTrain())
+            assert event == (stepped(step) if not effect.final else ev.AfterTrain())
     finals = [effect for _, _, effect in trace if effect.final]
     assert len(finals) == (0 if total % n == 0 else 1)
     if finals:
@@ -166,3 +171,33 @@ def test_resumed_plan_matches_the_uninterrupted_tail(n, iters, epochs, data):
     k = data.draw(st.sampled_from(steps))
     resumed = plan([save_every(n)], iters_per_epoch=iters, max_epochs=epochs, start_step=k)
     assert resumed == tuple(t for t in full if t.step > k)
+
+
+def test_a_hook_reading_the_loss_runs_in_plan():
+    """A dry run's AfterStep carries the step's output names (placeholder 0.0), so outputs['loss'] works."""
+    from pimm_fn.core.effects import Log
+
+    def loss_alarm(state, event):
+        if isinstance(event, ev.AfterStep) and event.outputs["loss"] > 10:
+            return state, (Log(event.step, "alarm", {}),)
+        return state, ()
+
+    assert plan([loss_alarm], iters_per_epoch=3, max_epochs=1) == ()
+    seen = []
+
+    def record(state, event):
+        if isinstance(event, ev.AfterStep):
+            seen.append(dict(event.outputs))
+        return state, ()
+
+    plan([record], iters_per_epoch=2, max_epochs=1, outputs=("loss", "acc"))
+    assert seen == [{"loss": 0.0, "acc": 0.0}] * 2
+    seen.clear()
+    plan([record], iters_per_epoch=2, max_epochs=1, outputs=())
+    assert seen == [{}, {}]
+
+
+def test_plan_outputs_must_be_names():
+    """outputs='loss' (a bare string) is refused with the tuple form to use."""
+    with pytest.raises(TypeError, match=r"'outputs' must be a tuple of output names, e.g. \('loss',\)"):
+        plan([], iters_per_epoch=2, max_epochs=1, outputs="loss")

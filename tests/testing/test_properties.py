@@ -93,10 +93,10 @@ def test_best_improves_strictly_and_nan_never_improves(schedule, metrics, mode, 
 @SMALL
 @given(stack=any_stack(), schedule=schedules(max_resumes=0), metrics=metric_streams())
 def test_plan_equals_rank_0s_simulated_trace(stack, schedule, metrics):
-    """plan() is exactly what rank 0 of a simulated job executes."""
+    """plan() without outputs is exactly what rank 0 of a simulated job without local outputs executes."""
     result = simulate(stack, metrics=metrics, **schedule.kwargs())
     planned = plan(stack, iters_per_epoch=schedule.iters_per_epoch, max_epochs=schedule.max_epochs,
-                   metrics=metrics)
+                   metrics=metrics, outputs=())
     assert tuple(e.to_trace_entry() for e in result.traces[0]) == planned
 
 
