@@ -2,26 +2,33 @@
 
 What is compared:
 
-* once, at ``BeforeTrain``: the hook list (by type), the progress and the
-  schedule, so that every rank starts from the same place with the same hooks;
-* at every event a *watched* hook listens to: a 63-bit digest of the watched
-  hooks' collective effects (and whether there are any), in one small
-  all-reduce.
+* once, at the first event of a run (``ModifyConfig`` when fresh,
+  ``BeforeTrain`` when resumed), before any step: the *setup*. For each hook,
+  in order, its identity (``pimm_fn.core.hook.key``: the factory call for a
+  built-in, ``save_every(2)``, ``evaluate_every(4, acc)``,
+  ``save_every(5, async_save=True)``), the identities of the leaves of a
+  ``chain``, and what each declares (events, ``every``, ``rank_consistent``);
+  then the schedule (``iters_per_epoch``, ``max_epochs``, the progress and the
+  lifecycle position). One 63-bit digest in one all-reduce; only when the
+  digests differ are the details gathered, to say which hook, at which
+  position, differs and what each rank has. A rank-consistent hook's (every
+  built-in's) collective effects are a function of its arguments and the
+  progress alone, so equal setups make them equal on every rank for the
+  whole run;
+* then, only where a *watched* hook is called: a digest of the watched hooks'
+  collective effects (and whether there are any), in one small asynchronous
+  all-reduce. A watched hook is a top-level hook that does not declare
+  ``rank_consistent = True``. For ``AfterStep`` the guard honours its
+  cadence: a watched hook with ``every = 100`` costs one comparison per 100
+  steps; for other events, one per event of a type it listens to.
 
 A mismatch becomes ``CollectiveDivergenceError`` on every rank, naming the
-event, the step, the hooks and what each rank wanted, instead of a hang
-inside the first mismatched collective.
+hook and what each rank has or wanted, instead of a hang inside the first
+mismatched collective. ``comparisons`` counts the per-event comparisons
+started, for tests and benchmarks.
 
-Watched hooks are those not *verified*. The built-in hooks are verified:
-their collective effects are functions of the progress alone (a property the
-test suite's simulator checks under fuzzed rank-local inputs), so comparing
-them at every step would cost a collective per step and could never fail.
-A hook of your own can declare ``rank_consistent = True`` to be trusted the
-same way; declare it only when its collective decisions read nothing
-rank-local, and check the claim with ``pimm_fn.testing``'s simulator.
-
-Cost. A blocking all-reduce per step is a network round trip: on a tiny gloo
-DDP step it cost as much as the step itself. So a watched comparison is
+Cost. A blocking all-reduce is a network round trip: on a tiny gloo DDP step
+it costs as much as the step itself. So a per-event comparison is
 asynchronous and only waited for when it matters:
 
 * a rank with collective effects for the event waits at once and runs them
@@ -31,21 +38,20 @@ asynchronous and only waited for when it matters:
 
 On a divergence every rank that waited learns whether all ranks waited. If
 so, all raise at once. If not (some rank had nothing to run and went on), the
-ranks that know skip the event's effects, so no rank enters a collective the
-others skip; everyone then raises at the next guarded event, where all ranks
-read the answer at the same point of their collective sequence. Nothing
-collective runs between the divergence and the error except what every rank
-runs anyway (the next training step).
+ranks that know skip the event's watched effects, so no rank enters a
+collective the others skip; everyone then raises at the next guarded event,
+where all ranks read the answer at the same point of their collective
+sequence. Nothing collective runs between the divergence and the error
+except what every rank runs anyway (training steps, built-in hooks' effects).
 
-``loop(check_agreement=None)`` turns the guard on whenever a process group
-is initialized. With verified hooks only it costs one all-reduce per run;
-each event a watched hook listens to costs one tiny asynchronous all-reduce.
-Measured by ``benchmarks/guard.py`` on a tiny 2-rank gloo DDP step (about
-1.2 ms on 2 CPU cores): built-in hooks, 2 us per step inside the guard (0.2%);
-one hook of your own listening to every step, about 300 us inside the guard
-and 35-60% of that tiny step end to end, i.e. about one small collective's
-latency, which is under 1% of a 100 ms step. Where that matters, declare the
-hook ``rank_consistent`` or pass ``check_agreement=False``.
+Measured by ``benchmarks/guard.py`` on a tiny 2-rank gloo DDP step (1.3 to
+2.2 ms on 2 shared CPU cores; ``benchmarks/RESULTS.md``), time inside the
+guard per step: built-in hooks only, about 5 us (0.3%); a hook of your own
+called every step, about one small collective's latency, 600 us (a quarter
+of that tiny step, under 1% of a 100 ms one); the same hook with
+``every = 100``, about 12 us. Where it matters, declare the hook
+``rank_consistent`` (checking the claim with ``pimm_fn.testing``'s
+simulator), give it a cadence (``every``), or pass ``check_agreement=False``.
 """
 
 import hashlib
@@ -55,13 +61,21 @@ import torch
 import torch.distributed as td
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.effects import Scope
 from pimm_fn.core import hook as protocol
+from pimm_fn.core.effects import Scope
+from pimm_fn.runtime.setup import describe_setup, setup_of, stable
 
-__all__ = ["CollectiveDivergenceError", "AgreementGuard", "collective_part", "describe", "verified"]
+__all__ = [
+    "CollectiveDivergenceError",
+    "AgreementGuard",
+    "collective_part",
+    "describe",
+    "verified",
+]
+
 
 class CollectiveDivergenceError(RuntimeError):
-    """Ranks disagree on the collective effects of an event."""
+    """Ranks disagree on the collective effects of an event, or on the hooks and schedule that decide them."""
 
 
 def collective_part(emitted) -> tuple:
@@ -70,12 +84,12 @@ def collective_part(emitted) -> tuple:
 
 
 def verified(hook) -> bool:
-    """Whether ``hook``'s collective effects are known to be identical on every rank."""
+    """Whether ``hook`` declares its collective effects identical on every rank (``rank_consistent``)."""
     return protocol.declared(hook).rank_consistent
 
 
-def _digest(event, step, collective) -> int:
-    text = repr((type(event).__name__, step, collective)).encode()
+def _digest(*parts) -> int:
+    text = repr(parts).encode()
     # 63 bits, so that -digest fits an int64 too.
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
@@ -99,15 +113,24 @@ class _Comparison:
         return agreed, -neg_not_waiting == 1
 
 
+def _step_cadences(declared, watched) -> tuple:
+    """The distinct ``AfterStep`` cadences of the watched hooks, smallest first."""
+    return tuple(sorted({declared[i].every for i in watched if declared[i].wants(ev.AfterStep)}))
+
+
 class AgreementGuard:
-    """Compares collective effects across the default process group."""
+    """Compares the setup, then the watched hooks' collective effects, across the default process group."""
 
     def __init__(self, hooks):
         self.hooks = hooks
         backend = td.get_backend()
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        self.watched = frozenset(i for i, h in enumerate(hooks.hooks) if not verified(h))
-        self._guarded: dict = {}  # event type -> whether a watched hook listens to it
+        declared = [protocol.declared(h) for h in hooks.hooks]
+        self.watched = frozenset(i for i, d in enumerate(declared) if not d.rank_consistent)
+        self._cadences = _step_cadences(declared, self.watched)
+        self.comparisons = 0  # per-event comparisons started (the setup's is not counted)
+        self._started = False
+        self._guarded: dict = {}  # event type other than AfterStep -> whether a watched hook listens to it
         self._pending: _Comparison | None = None  # not waited for yet: this rank had nothing to run
         self._diverged: _Comparison | None = None  # known bad, to be raised at the next sync point
 
@@ -115,26 +138,49 @@ class AgreementGuard:
         """Whether an effect of an event found divergent must not run: a watched hook's."""
         return entry.hook in self.watched
 
+    def watches(self, event_type) -> bool:
+        """Whether the loop must hand this guard events of ``event_type``.
+
+        The events a run starts with (where the setup is compared, at the
+        same point on every rank), and those a watched hook may be called for.
+        """
+        if event_type is ev.ModifyConfig or event_type is ev.BeforeTrain:
+            return True
+        return any(i in self.watched for i in self.hooks.active(event_type))
+
+    def guards(self, event) -> bool:
+        """Whether a watched hook is called for ``event``: the same answer on every rank once setups agree."""
+        cls = event.__class__
+        if cls is ev.AfterStep:
+            step = event.step
+            for every in self._cadences:
+                if not step % every:
+                    return True
+            return False
+        guarded = self._guarded.get(cls)
+        if guarded is None:
+            guarded = self._guarded[cls] = any(i in self.watched for i in self.hooks.active(cls))
+        return guarded
+
     def check(self, state, event, emitted) -> bool:
         """Compare ``event``'s collective effects; False: skip the watched ones (a divergence is being reported).
 
         Raises:
-            CollectiveDivergenceError: on every rank, when the ranks disagree.
+            CollectiveDivergenceError: on every rank, when the ranks' setups or collective effects differ.
         """
-        if isinstance(event, ev.BeforeTrain):
+        if not self._started:
             self._start(state)
-        guarded = self._guarded.get(type(event))
-        if guarded is None:
-            guarded = self._guarded[type(event)] = any(i in self.watched for i in self.hooks.active(type(event)))
-        if not guarded:
-            return True  # no watched hook can emit here, on any rank: the hook lists are identical
+        if not self.guards(event):
+            return True  # no watched hook is called here, on any rank: the setups are identical
         self.settle()
+        self.comparisons += 1
+        step = state.progress.global_step
         collective = tuple((i, e) for i, e in collective_part(emitted) if i in self.watched)
-        digest = _digest(event, state.progress.global_step, collective)
+        digest = _digest(type(event).__name__, step, collective)
         has = 1 if collective else 0
         buffer = torch.tensor([digest, -digest, has, -has], dtype=torch.int64).to(self.device)
         work = td.all_reduce(buffer, op=td.ReduceOp.MAX, async_op=True)
-        comparison = _Comparison(work, buffer, digest, event, state.progress.global_step, collective)
+        comparison = _Comparison(work, buffer, digest, event, step, collective)
         if not collective:
             self._pending = comparison
             return True
@@ -147,14 +193,14 @@ class AgreementGuard:
         return False
 
     def _start(self, state) -> None:
-        """One blocking comparison of the hook list and the schedule, at the start of every run."""
-        self.settle()
-        p = state.progress
-        setup = (
-            tuple(f"{type(h).__module__}.{type(h).__qualname__}" for h in self.hooks.hooks),
-            (p.iters_per_epoch, p.max_epochs, p.epoch, p.iter_in_epoch, p.global_step, state.position),
-        )
-        digest = _digest(ev.BeforeTrain(), p.global_step, setup)
+        """One blocking comparison of the setup, at the first event of the run, before any step.
+
+        Every rank reaches it at its first event whatever its hooks, so even
+        ranks with different hook lists meet in this all-reduce.
+        """
+        self._started = True
+        setup = setup_of(self.hooks.hooks, state)
+        digest = _digest(setup)
         buffer = torch.tensor([digest, -digest], dtype=torch.int64).to(self.device)
         td.all_reduce(buffer, op=td.ReduceOp.MAX)
         high, neg_low = buffer.tolist()
@@ -162,12 +208,7 @@ class AgreementGuard:
             return
         everyone = [None] * td.get_world_size()
         td.all_gather_object(everyone, setup)
-        lines = [f"ranks start training differently (at global step {p.global_step}):"]
-        lines += [f"  rank {r}: hooks {list(hooks)}, (iters_per_epoch, max_epochs, epoch, iter_in_epoch, "
-                  f"global_step, position) = {where}" for r, (hooks, where) in enumerate(everyone)]
-        lines.append("Every rank must build the same hook list and see the same number of batches per epoch "
-                     "(a DistributedSampler pads the shards to equal length).")
-        raise CollectiveDivergenceError("\n".join(lines))
+        raise CollectiveDivergenceError(describe_setup(everyone))
 
     def settle(self) -> None:
         """Read the answer still in flight; raise on every rank if some event diverged.
@@ -183,7 +224,7 @@ class AgreementGuard:
             self._raise(pending)
 
     def _raise(self, comparison: _Comparison):
-        mine = [(i, repr(self.hooks.hooks[i]), repr(e)) for i, e in comparison.collective]
+        mine = [(i, stable(protocol.key(self.hooks.hooks[i])), repr(e)) for i, e in comparison.collective]
         everyone = [None] * td.get_world_size()
         td.all_gather_object(everyone, mine)
         raise CollectiveDivergenceError(describe(comparison.event, comparison.step, everyone))

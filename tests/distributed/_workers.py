@@ -157,6 +157,11 @@ def hooks_for(kind: str, scores=None, rank: int = 0) -> list:
         return [pf.save_every(4), _SnapshotOnRank1()]
     if kind == "rank1_extra":
         return [pf.save_every(4)] + ([pf.log_every(7)] if rank == 1 else [])
+    if kind == "rank_config":  # the same hooks, configured from the rank: three differences
+        return [pf.save_every(2 + rank), pf.evaluate_every(4 + rank, ValLoss(), name="val"),
+                pf.save_every(5, async_save=rank == 0), pf.log_every(5)]
+    if kind == "rank_chain":  # a named chain whose leaves differ: the chain's own identity is the same
+        return [pf.save_every(4), pf.chain(pf.log_every(5), pf.save_every(6 if rank == 0 else 7), name="extras")]
     raise ValueError(kind)
 
 
@@ -226,11 +231,29 @@ def train(rank, world, out, *, save_dir, tag, hooks="standard", scores=None, res
                     os.kill(os.getpid(), signal.SIGKILL)
             run.run(steps=steps)
         except pf.CollectiveDivergenceError as exc:
+            print(f"CollectiveDivergenceError: {exc}", flush=True)  # in the rank's log too
             result["error"] = ("CollectiveDivergenceError", str(exc))
             result["step"] = run.state.progress.global_step
     result["warnings"] = [(w.category.__name__, str(w.message)) for w in caught]
     result["final"] = _snapshot(run)
     result["trace"] = run.trace
+    return _dump(out, tag, rank, result)
+
+
+def resume_differently(rank, world, out, *, save_dir, tag, steps=4):
+    """Train ``steps`` steps with ``rank_chain``'s rank-0 hooks on every rank, then resume with each rank's own."""
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for("rank_chain", rank=0), max_epochs=MAX_EPOCHS,
+                  save_dir=save_dir, console=False, ddp=True)
+    run.run(steps=steps)
+    result = {"rank": rank, "error": None}
+    try:
+        pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for("rank_chain", rank=rank), max_epochs=MAX_EPOCHS,
+                save_dir=save_dir, resume="auto", console=False, ddp=True)
+    except pf.CollectiveDivergenceError as exc:
+        result["error"] = ("CollectiveDivergenceError", str(exc))
     return _dump(out, tag, rank, result)
 
 

@@ -93,6 +93,42 @@ def test_guard_catches_different_hook_lists_before_training(tmp_path):
     for rank in results(tmp_path, "lists", 2):
         kind, message = rank["error"]
         assert kind == "CollectiveDivergenceError"
-        assert "ranks start training differently" in message
-        assert "_LogEvery" in message.splitlines()[2] and "_LogEvery" not in message.splitlines()[1]
+        assert "hook #1: rank 0: (no hook); rank 1: log_every(7)" in message
+        assert "hook #0" not in message  # save_every(4) is the same on both ranks
         assert rank["final"]["progress"].global_step == 0
+
+
+def test_guard_names_every_hook_configured_from_the_rank_before_training(tmp_path):
+    """save_every(2) vs (3), evaluate_every(4, ...) vs (5, ...), async save on rank 0 only: every rank raises
+    before step 1, naming each hook by position and identity with each rank's value, and saying how to fix it."""
+    ranks = run_ranks("train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="config",
+                      hooks="rank_config").check()
+    found = results(tmp_path, "config", 2)
+    messages = []
+    for rank in found:
+        kind, message = rank["error"]
+        assert kind == "CollectiveDivergenceError"
+        assert rank["final"]["progress"].global_step == 0 and rank["trace"] == []
+        messages.append(message)
+    assert messages[0] == messages[1]
+    lines = messages[0].splitlines()
+    assert "hook #0: rank 0: save_every(2); rank 1: save_every(3)" in lines[1]
+    assert ("hook #1: rank 0: evaluate_every(4, ValLoss, name='val'); "
+            "rank 1: evaluate_every(5, ValLoss, name='val')") in lines[2]
+    assert "hook #2: rank 0: save_every(5, async_save=True); rank 1: save_every(5)" in lines[3]
+    assert "hook #3" not in messages[0] and "iters_per_epoch" not in messages[0]
+    assert "Every rank must build the same hook list, with the same arguments" in messages[0]
+    for r in range(2):  # each rank's own log says it too
+        assert "CollectiveDivergenceError: ranks would start training with different hooks" in ranks.log(r)
+        assert "rank 0: save_every(2); rank 1: save_every(3)" in ranks.log(r)
+    assert not (tmp_path / "run" / "model").exists()
+
+
+def test_guard_compares_the_setup_of_a_resumed_run(tmp_path):
+    """Resuming a checkpoint with a named chain whose leaves differ per rank raises on every rank at BeforeTrain."""
+    run_ranks("resume_differently", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="resumed").check()
+    for rank in results(tmp_path, "resumed", 2):
+        kind, message = rank["error"]
+        assert kind == "CollectiveDivergenceError"
+        assert ("hook #1: rank 0: extras (leaves: log_every(5), save_every(6)); "
+                "rank 1: extras (leaves: log_every(5), save_every(7))") in message
