@@ -21,19 +21,23 @@ from pimm_fn.core import effects, events
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Scope
 from pimm_fn.core.fold import Chain, TraceEntry, chain
+from pimm_fn.core.hook import DuplicateHookError, hook_factory
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.plan import plan
 from pimm_fn.core.state import Progress, State
 from pimm_fn.hooks import (
     BestState,
+    EarlyStopState,
     LogState,
     SaveEveryState,
     best_on,
+    early_stop,
     evaluate_every,
     load_weights,
     log_every,
     model_hook,
     save_every,
+    step_scheduler,
 )
 
 _RUNTIME = {
@@ -44,6 +48,7 @@ _RUNTIME = {
     "ResumeError": "pimm_fn.runtime.resume",
     "ResumeNotExactWarning": "pimm_fn.runtime.feed",
     "MissingHandlerError": "pimm_fn.runtime.interpreter",
+    "ConfigurationWarning": "pimm_fn.runtime.advice",
 }
 
 __all__ = [
@@ -55,6 +60,8 @@ __all__ = [
     "Chain",
     "TraceEntry",
     "chain",
+    "DuplicateHookError",
+    "hook_factory",
     "FrozenMap",
     "plan",
     "Progress",
@@ -68,6 +75,9 @@ __all__ = [
     "log_every",
     "LogState",
     "model_hook",
+    "early_stop",
+    "EarlyStopState",
+    "step_scheduler",
     *_RUNTIME,
 ]
 

@@ -22,9 +22,9 @@ ROOT = pathlib.Path(pimm_fn.__file__).parent
 PUBLIC = {
     "compat", "effects", "events", "register", "Scope", "Chain", "TraceEntry", "chain", "FrozenMap", "plan",
     "Progress", "State", "save_every", "SaveEveryState", "best_on", "BestState", "evaluate_every",
-    "load_weights", "log_every", "LogState", "model_hook",
+    "load_weights", "log_every", "LogState", "model_hook", "early_stop", "EarlyStopState", "step_scheduler",
     "loop", "Loop", "train_step", "CollectiveDivergenceError", "ResumeError", "ResumeNotExactWarning",
-    "MissingHandlerError",
+    "MissingHandlerError", "ConfigurationWarning", "DuplicateHookError", "hook_factory",
 }
 
 
@@ -116,18 +116,23 @@ HOOKS = [
     pimm_fn.chain(pimm_fn.save_every(2), pimm_fn.chain(pimm_fn.best_on("a"), pimm_fn.log_every(1))),
     pimm_fn.evaluate_every(200, validate),
     pimm_fn.evaluate_every(0, validate, name="val", broadcast=False),
+    pimm_fn.early_stop("loss", patience=3, mode="min", min_delta=0.01),
+    pimm_fn.step_scheduler("epoch"),
+    pimm_fn.step_scheduler(on="loss"),
 ]
 
 EVENTS = [
     ev.ModifyConfig(), ev.BeforeTrain(), ev.BeforeTrain(resumed=True), ev.BeforeEpoch(3), ev.BeforeStep(7),
     ev.AfterStep(7, {"loss": 0.5}, batch_size=8), ev.AfterEpoch(3), ev.AfterTrain(),
     ev.MetricsPublished({"miou": 0.5}, "val", 7, consistent=False),
+    ev.StopRequested(7, "plateau"),
 ]
 
 EFFECTS = [
     fx.SaveCheckpoint(8), fx.SaveCheckpoint(30, snapshot=True, final=True), fx.WriteBest("miou", 0.5, 8),
     fx.Evaluate("val", 8, broadcast=False), fx.Log(8, "train", {"loss": 0.5}),
     fx.LoadWeights("w.pth", (("a.", "b."),), strict=True),
+    fx.Stop(7, "plateau"), fx.StepScheduler(7), fx.StepScheduler(8, "loss", 0.5),
 ]
 
 
@@ -137,7 +142,8 @@ def test_every_event_and_effect_type_is_covered():
     effect_types = {getattr(fx, n) for n in fx.__all__ if isinstance(getattr(fx, n), type)} - {fx.Effect, fx.Scope}
     assert {type(e) for e in EVENTS} == event_types
     assert {type(e) for e in EFFECTS} == effect_types
-    hook_factories = {"save_every", "best_on", "log_every", "load_weights", "model_hook", "evaluate_every"}
+    hook_factories = {"save_every", "best_on", "log_every", "load_weights", "model_hook", "evaluate_every",
+                      "early_stop", "step_scheduler"}
     assert {repr(h).split("(")[0] for h in HOOKS} >= hook_factories
 
 

@@ -9,6 +9,7 @@ Layout under a ``model_dir`` (``save_dir/"model"``)::
     iter_<step>/            snapshot of a published ``last/`` (hard links)
     last.pth, iter_<step>.pth   the same, legacy one-file format
     model_best.pth (+ .json)    best weights and what made them best
+    model_best_<metric>.pth (+ .json)   the same per metric, when several are tracked
     .staging-*              being written; never read, removed at next save
     .retired-*              the previous ``last/`` during a publish
 
@@ -38,6 +39,17 @@ WEIGHTS = "model.pth"
 TRAINER = "trainer"
 BEST = "model_best.pth"
 BEST_META = "model_best.json"
+
+
+def best_stem(metric: str | None = None) -> str:
+    """``model_best``, or ``model_best_<metric>`` (unsafe characters as ``_``) when one file per metric is kept.
+
+    >>> best_stem(), best_stem("val/mIoU")
+    ('model_best', 'model_best_val_mIoU')
+    """
+    if metric is None:
+        return "model_best"
+    return "model_best_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric)
 STAGING = ".staging-"
 RETIRED = ".retired-"
 FORMATS = ("standard", "legacy")

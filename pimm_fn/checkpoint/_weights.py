@@ -146,8 +146,13 @@ def _normalized_rules(replacements) -> dict[str, tuple[str, str]]:
     return rules
 
 
-def write_best(model_dir: str | os.PathLike, weights: dict, *, metric: str, value: float, step: int) -> pathlib.Path:
+def write_best(
+    model_dir: str | os.PathLike, weights: dict, *, metric: str, value: float, step: int, per_metric: bool = False
+) -> pathlib.Path:
     """Atomically write ``model_best.pth`` and ``model_best.json`` (main rank only).
+
+    With ``per_metric`` the files are ``model_best_<metric>.pth`` and
+    ``.json``, so runs tracking several metrics keep one best model each.
 
     The weights file is replaced first, then the JSON; each replace is atomic.
 
@@ -157,9 +162,10 @@ def write_best(model_dir: str | os.PathLike, weights: dict, *, metric: str, valu
         metric: the metric's name, e.g. ``"mIoU"``.
         value: its finite value.
         step: the global step the weights come from.
+        per_metric: name the files after ``metric``.
 
     Returns:
-        The path of ``model_best.pth``.
+        The path of the weights file written.
 
     Raises:
         RuntimeError: called on a rank other than 0.
@@ -174,9 +180,10 @@ def write_best(model_dir: str | os.PathLike, weights: dict, *, metric: str, valu
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"write_best: 'step' must be an int >= 0 (got {step!r})")
     root = pathlib.Path(model_dir)
-    path = L.atomic_write(root / L.BEST, lambda f: torch.save(weights, f))
+    stem = L.best_stem(metric if per_metric else None)
+    path = L.atomic_write(root / f"{stem}.pth", lambda f: torch.save(weights, f))
     meta = json.dumps({"metric": metric, "value": float(value), "step": step}, sort_keys=True).encode()
-    L.atomic_write(root / L.BEST_META, lambda f: f.write(meta))
+    L.atomic_write(root / f"{stem}.json", lambda f: f.write(meta))
     return path
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint import dist
-from pimm_fn.core import codec
+from pimm_fn.checkpoint.contents import PerRank, Replicated, TrainerContents, saved_state, to_parts
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.events import MetricsPublished
@@ -25,25 +25,28 @@ __all__ = [
 
 
 def trainer_state(ctx, state) -> tuple[dict, dict]:
-    """(replicated, rank-local) parts of a checkpoint of ``state``.
+    """(replicated, rank-local) parts of a checkpoint of ``state``, as ``save_checkpoint`` takes them.
 
-    The replicated part carries the main rank's ``State`` so a resume on a
+    Built as a ``pimm_fn.checkpoint.contents.TrainerContents``: the
+    replicated part carries the main rank's ``State`` so a resume on a
     different world size starts from the agreed values; each rank's own
-    ``State``, RNG and data cursor go in its local part.
+    ``State``, RNG and data cursor go in its local part. Hook slots are kept
+    by the identity of ``ctx.hooks`` (by position when the context was built
+    without them, and a resume then needs the same hook list).
     """
-    own = codec.dumps(state)
-    local = {"state": own, "rng": capture_rng(), "cursor": ctx.feed.state_dict()}
-    return _replicated(ctx, dist.broadcast_object(own)), local
+    own = saved_state(state, ctx.hooks)
+    local = PerRank(own, capture_rng(), ctx.feed.state_dict())
+    return to_parts(TrainerContents(_replicated(ctx, dist.broadcast_object(own)), local))
 
 
-def _replicated(ctx, agreed_state: str) -> dict:
+def _replicated(ctx, agreed) -> Replicated:
     # One function for the save and the prewarm: the same tree numbers its tensors the same way.
-    return {
-        "optimizer": ctx.optimizer.state_dict(),
-        "scheduler": ctx.scheduler.state_dict() if ctx.scheduler is not None else None,
-        "scaler": ctx.scaler.state_dict() if ctx.scaler is not None else None,
-        "state": agreed_state,
-    }
+    return Replicated(
+        optimizer=ctx.optimizer.state_dict(),
+        scheduler=ctx.scheduler.state_dict() if ctx.scheduler is not None else None,
+        scaler=ctx.scaler.state_dict() if ctx.scaler is not None else None,
+        state=agreed,
+    )
 
 
 def _weights_for_background(ctx) -> dict:
@@ -107,7 +110,8 @@ def _start_prewarm(ctx, pause_s: float):
     """The prewarm of what a background save of ``ctx`` stages (RNG states and cursor, a few KB, are left to the save)."""
     try:
         return checkpoint.prewarm_async_save(
-            weights=unwrap(ctx.model).state_dict(), trainer=_replicated(ctx, ""), local={}, pause_s=pause_s
+            weights=unwrap(ctx.model).state_dict(), trainer=to_parts(TrainerContents(_replicated(ctx, None), None))[0],
+            local={}, pause_s=pause_s
         )
     except (TypeError, ValueError):
         return None  # state the save cannot pack: the save itself reports it
@@ -147,7 +151,10 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
 
 
 def write_best(effect: WriteBest, state, ctx) -> tuple:
-    path = checkpoint.write_best(ctx.model_dir, ctx.weights(), metric=effect.metric, value=effect.value, step=effect.step)
+    path = checkpoint.write_best(
+        ctx.model_dir, ctx.weights(), metric=effect.metric, value=effect.value, step=effect.step,
+        per_metric=ctx.best_per_metric,
+    )
     ctx.say(f"new best {effect.metric}={effect.value:.6g} at step {effect.step}: wrote {path}")
     return ()
 
@@ -170,6 +177,8 @@ def evaluate(effect: Evaluate, state, ctx) -> tuple:
     if fn is None:
         raise LookupError(f"no evaluator named {effect.evaluator!r} (known: {sorted(ctx.evaluators)})")
     values = _as_metrics(fn(ctx.model), effect.evaluator)
+    if ctx.advice is not None:
+        ctx.advice.evaluated(effect.evaluator, values)
     if effect.broadcast:
         values = dist.broadcast_object(values)
     return (MetricsPublished(values or {}, effect.evaluator, effect.step, consistent=effect.broadcast),)
@@ -212,10 +221,13 @@ def load_weights(effect: LoadWeights, state, ctx) -> tuple:
     return ()
 
 
+from pimm_fn.runtime.control import CONTROL_HANDLERS  # noqa: E402 - Stop and StepScheduler, in their own module
+
 DEFAULT_HANDLERS = {
     SaveCheckpoint: save_checkpoint,
     WriteBest: write_best,
     Evaluate: evaluate,
     Log: log,
     LoadWeights: load_weights,
+    **CONTROL_HANDLERS,
 }

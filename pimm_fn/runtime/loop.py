@@ -6,17 +6,21 @@ interpreter as executor. Its ``state`` is always a plain value, so a notebook
 can look at it between steps.
 """
 
+import warnings
 from pathlib import Path
 
 import torch
 
 from pimm_fn.checkpoint import dist
 from pimm_fn.core import events as ev
+from pimm_fn.core import hook as protocol
 from pimm_fn.core.fold import chain, process
 from pimm_fn.core.plan import initial_state
 from pimm_fn.core.schedule import advance, next_event, resume_from
-from pimm_fn.core import hook as protocol
+from pimm_fn.runtime import arguments
+from pimm_fn.runtime.advice import Advice, ConfigurationWarning, saver_before_evaluator
 from pimm_fn.runtime.context import Context, unwrap
+from pimm_fn.runtime.control import check_scheduler_hooks, hooks_step_scheduler
 from pimm_fn.runtime.feed import Feed
 from pimm_fn.runtime.guard import AgreementGuard
 from pimm_fn.runtime.handlers import DEFAULT_HANDLERS, prewarm_staging
@@ -75,6 +79,9 @@ def _runner(step_fn, read: bool):
 class Loop:
     """A training run in progress. Build it with ``loop(...)``.
 
+    When a hook declares that it emits ``StepScheduler``, the step function
+    is handed ``scheduler=None``: the hook's effects step the scheduler.
+
     Attributes:
         state: the current ``State`` (progress, metrics, best values, slots).
         trace: the effects executed so far, as ``TraceEntry`` values.
@@ -87,10 +94,13 @@ class Loop:
         self._step_fn = step_fn
         self._interpreter = interpreter
         self._peeked = (None, None)  # (state, next_event(state)): the step's tail computes the next head
-        # Event classes that process() must see: some hook wants them, or a guard compares every event.
-        guarded = getattr(interpreter, "guard", None) is not None
-        self._processed = {cls: guarded or bool(hooks.active(cls)) for cls in ev.LIFECYCLE}
+        # Event classes that process() must see: some hook wants them, or the guard compares them.
+        guard = getattr(interpreter, "guard", None)
+        self._processed = {
+            cls: bool(hooks.active(cls)) or (guard is not None and guard.watches(cls)) for cls in ev.LIFECYCLE
+        }
         self._run_step = _runner(step_fn, self._processed[ev.AfterStep])
+        self._scheduler_in_step = not hooks_step_scheduler(hooks.hooks)  # else the hooks step it
 
     @property
     def trace(self) -> list:
@@ -118,7 +128,8 @@ class Loop:
         """Train global step ``step``; returns its ``AfterStep``."""
         ctx = self.ctx
         batch = ctx.feed.next_batch()
-        scalars = self._run_step(ctx.model, ctx.optimizer, batch, ctx.scheduler, ctx.scaler)
+        scheduler = ctx.scheduler if self._scheduler_in_step else None
+        scalars = self._run_step(ctx.model, ctx.optimizer, batch, scheduler, ctx.scaler)
         return ev.after_step(step, scalars, _batch_size(batch))
 
     def _advance(self) -> ev.Event | None:
@@ -140,11 +151,18 @@ class Loop:
         return event
 
     def step(self) -> "Loop":
-        """Train one step, with the events around it (epoch end, training end)."""
+        """Train one step, with the events around it (epoch end, training end).
+
+        After a stop was requested (``State.stop``) the epoch closes and
+        training ends within this call; a call on a stopped run that had not
+        closed yet (resumed from a checkpoint of the stopping step) only
+        runs the closing events.
+        """
         state = self.state
         p = state.progress
         position = state.position
-        if position == "BeforeEpoch" or (position == "AfterStep" and p.iter_in_epoch < p.iters_per_epoch):
+        mid_epoch = position == "BeforeEpoch" or (position == "AfterStep" and p.iter_in_epoch < p.iters_per_epoch)
+        if mid_epoch and state.stop is None:
             # Mid-epoch: the next events are BeforeStep and AfterStep of the next step.
             step = p.global_step + 1
             if self._processed[ev.BeforeStep]:
@@ -153,7 +171,7 @@ class Loop:
             # the AfterStep below overwrites: skipped. A step that raises then leaves the
             # state as it was before the step, and the next step() trains it again.
             self._dispatch(self._train(step))
-            if not self.state.progress.at_epoch_end:
+            if not self.state.progress.at_epoch_end and self.state.stop is None:
                 return self  # the next event is a BeforeStep: nothing closes
         else:
             while True:
@@ -226,12 +244,18 @@ def loop(
         model, optimizer: what trains; the model may be wrapped in DDP.
         train_data: a DataLoader, a StatefulDataLoader (exact mid-epoch
             resume), or any re-iterable with ``len``.
-        hooks: hook functions, run in this order for every event.
-        max_epochs: epochs to train.
+        hooks: a list (or tuple) of hooks, run in this order for every
+            event; chains nest freely. Each hook's identity must be unique
+            in its list (see ``pimm_fn.chain(..., name=)``).
+        max_epochs: epochs to train (>= 1 for a fresh run).
         save_dir: where checkpoints (``model/``) and ``log.jsonl`` go.
         step_fn: ``step_fn(model, optimizer, batch, *, scheduler, scaler)``
             returning a mapping of outputs; default ``train_step``.
         scheduler, scaler: stepped by the default step and checkpointed.
+            When a hook steps the scheduler (``step_scheduler(...)``, or any
+            hook declaring it emits ``StepScheduler``), the step function is
+            handed ``scheduler=None`` and the hook's effects step it instead;
+            such a hook needs a ``scheduler``.
         resume: ``None`` (fresh), ``"auto"`` (latest complete checkpoint in
             ``save_dir``, fresh if none) or a checkpoint path.
         iters_per_epoch: steps per epoch (default ``len(train_data)``).
@@ -241,13 +265,18 @@ def loop(
         check_agreement: compare collective effects across ranks before
             running them, raising ``CollectiveDivergenceError`` on every rank
             instead of hanging (default ``None``: on whenever a process group
-            is initialized; ``False`` turns it off). It compares the hook list
-            and schedule once per run, and then only the effects of hooks that
-            are not built-in (or declared ``rank_consistent``), with one
-            small asynchronous all-reduce per event such a hook listens to:
-            free with built-in hooks, about one collective's latency per step
-            for a hook of your own listening to every step
-            (``benchmarks/guard.py``).
+            is initialized; ``False`` turns it off). Before the first step it
+            compares, in one all-reduce, each hook's identity and arguments
+            (``save_every(2)`` against ``save_every(3)``), in order, and the
+            schedule (steps per epoch, epochs, progress), naming the hook and
+            each rank's value on a difference. Then it compares only the
+            collective effects of hooks not declared ``rank_consistent`` (the
+            built-ins are), with one small asynchronous all-reduce where such
+            a hook is called: on its ``AfterStep`` cadence (``every``) and on
+            the other events it listens to. Free with built-in hooks; about
+            one collective's latency (a few hundred us) per call of a hook of
+            your own, so per step for one called every step and a hundredth
+            of that for one with ``every = 100`` (``benchmarks/guard.py``).
         strict_resume: refuse a resume that cannot restore the data position.
         handlers: ``{EffectType: handler}`` overriding or adding handlers.
         config: initial ``State.config``.
@@ -257,25 +286,49 @@ def loop(
             wrapped); the wrapper is ``run.ctx.model``. Build the optimizer on
             ``model.parameters()`` before or after: DDP keeps the same tensors.
 
+    Warns:
+        ConfigurationWarning: once each, when a saver precedes an evaluator
+            acting on the same mid-epoch step, when an evaluator returns
+            ``None`` in a single-process run, and when a metric a hook reads
+            (``best_on``, ``early_stop``) is not among what the evaluators
+            publish. With several ``best_on`` metrics each keeps its own
+            ``model_best_<metric>.pth``.
+
     Raises:
+        TypeError, ValueError: a malformed argument, said before anything is
+            built: ``hooks`` not a list, an uncalled hook factory, a ``resume``
+            that is not ``None``/``"auto"``/a path, a saving hook without
+            ``save_dir``, ``max_epochs < 1`` on a fresh run, a hook stepping
+            the scheduler with ``scheduler=None`` or after a saver.
         FileExistsError: a fresh run into a ``save_dir`` that holds checkpoints.
     """
     if checkpoint_format not in ("standard", "legacy"):
         raise ValueError(f"checkpoint_format must be 'standard' or 'legacy' (got {checkpoint_format!r})")
+    hooks = protocol.check_hooks(hooks)
+    arguments.check_resume(resume)
+    arguments.check_max_epochs(max_epochs, fresh=resume is None)
+    arguments.check_save_dir(hooks, save_dir)
+    check_scheduler_hooks(hooks, scheduler)
     if ddp:
         model = _wrap_ddp(model)
-    hooks = chain(*protocol.bind(protocol.check_hooks(hooks), unwrap(model)))
+    hooks = chain(*protocol.bind(hooks, unwrap(model)))
     save_dir = Path(save_dir) if save_dir is not None else None
     feed = Feed(train_data, iters_per_epoch)
     ctx = Context(
         model=model, optimizer=optimizer, feed=feed, save_dir=save_dir, scheduler=scheduler, scaler=scaler,
         evaluators=protocol.evaluators(hooks.hooks), checkpoint_format=checkpoint_format, keep_snapshots=keep_snapshots,
         rank=dist.rank(), world_size=dist.world_size(), console=console,
+        hooks=hooks.hooks,
+        best_per_metric=len(arguments.best_metrics(hooks.hooks)) > 1,
+        advice=Advice(hooks.hooks, world_size=dist.world_size()),
     )
     guarded = dist.is_initialized() and check_agreement is not False
     interpreter = Interpreter(ctx, {**DEFAULT_HANDLERS, **(handlers or {})}, AgreementGuard(hooks) if guarded else None)
+    for message in saver_before_evaluator(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=max_epochs):
+        warnings.warn(message, ConfigurationWarning, stacklevel=2)
     info = locate(resume, save_dir)
     if info is None:
+        arguments.check_max_epochs(max_epochs, fresh=True)  # resume='auto' found nothing: a fresh run
         state = initial_state(
             hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=max_epochs,
             rank=ctx.rank, world_size=ctx.world_size, config=config,

@@ -32,9 +32,9 @@ def _train(run, *, wait_for_prewarm=False) -> dict:
     return seen
 
 
-def test_the_staging_area_is_ready_before_the_first_save():
+def test_the_staging_area_is_ready_before_the_first_save(tmp_path):
     """Right after the first step, before any save, a prewarm readies memory for the weights and optimizer state."""
-    model, run = tw.build(None, hooks=[pf.save_every(4, async_save=True)], max_epochs=1)
+    model, run = tw.build(tmp_path, hooks=[pf.save_every(4, async_save=True)], max_epochs=1)
     assert run.ctx.prewarm is None  # nothing before the optimizer state exists
     run.step()
     warming = run.ctx.prewarm.wait()

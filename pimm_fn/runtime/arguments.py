@@ -1,0 +1,61 @@
+"""``loop()``'s arguments, checked before anything is built, loaded or written.
+
+Each check fails with what was wrong and how to fix it, at construction
+rather than at the first save (which may be hours in).
+"""
+
+import os
+
+from pimm_fn.core import hook as protocol
+from pimm_fn.core.effects import SaveCheckpoint, WriteBest
+
+__all__ = ["check_resume", "check_max_epochs", "check_save_dir", "best_metrics"]
+
+
+def check_resume(resume) -> None:
+    """``resume`` must be ``None``, ``"auto"`` or a checkpoint path.
+
+    >>> check_resume(True)
+    Traceback (most recent call last):
+    TypeError: loop: 'resume' must be None (a fresh run), 'auto' (the latest checkpoint in save_dir, else fresh) or a checkpoint path (got True)
+    """
+    if resume is None or resume == "auto":
+        return
+    if isinstance(resume, (str, os.PathLike)) and not isinstance(resume, bool):
+        if not str(os.fspath(resume)):
+            raise ValueError("loop: 'resume' is an empty path: pass None, 'auto' or a checkpoint path")
+        return
+    raise TypeError(
+        f"loop: 'resume' must be None (a fresh run), 'auto' (the latest checkpoint in save_dir, else fresh) "
+        f"or a checkpoint path (got {resume!r:.80})"
+    )
+
+
+def check_max_epochs(max_epochs, *, fresh: bool) -> None:
+    """``max_epochs`` is an int; a fresh run trains at least one epoch."""
+    if not isinstance(max_epochs, int) or isinstance(max_epochs, bool):
+        raise TypeError(f"loop: 'max_epochs' must be an int (got {max_epochs!r:.80})")
+    if fresh and max_epochs < 1:
+        raise ValueError(f"loop: 'max_epochs' must be >= 1 for a fresh run (got {max_epochs}): it would train nothing")
+
+
+def check_save_dir(hooks, save_dir) -> None:
+    """A hook that writes checkpoints or best weights needs ``save_dir``."""
+    if save_dir is not None:
+        return
+    writers = [d.key for d in map(protocol.declared, protocol.leaves(hooks))
+               if d.emits is not None and any(issubclass(t, (SaveCheckpoint, WriteBest)) for t in d.emits)]
+    if writers:
+        raise ValueError(
+            f"loop: hook(s) {', '.join(writers)} write checkpoints or best weights, but save_dir is None: "
+            f"pass save_dir='runs/my_run' (or drop those hooks)"
+        )
+
+
+def best_metrics(hooks) -> tuple:
+    """The metrics whose best weights the hooks write, in hook order (``best_on``'s metrics)."""
+    found = []
+    for declared in map(protocol.declared, protocol.leaves(hooks)):
+        if declared.emits is not None and WriteBest in declared.emits:
+            found.extend(m for m in declared.reads_metrics if m not in found)
+    return tuple(found)
