@@ -7,6 +7,8 @@ from typing import ClassVar
 import attrs
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import pimm_fn as pf
 from pimm_fn import checkpoint
@@ -219,3 +221,19 @@ def test_a_checkpoint_with_positional_slots_and_another_hook_count_is_refused(tm
     _interrupted(tmp_path, handlers={SaveCheckpoint: _positional_save})
     message, untouched = _refused(tmp_path, [pf.save_every(3)])
     assert "written by a run with 4 hook(s), this run has 1" in message and untouched
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(order=st.permutations(range(4)), add_progress=st.booleans(), data=st.data())
+def test_resume_after_any_reordering_or_added_stateless_hook_is_bit_identical(
+    tmp_path_factory, uninterrupted, order, add_progress, data
+):
+    """Whatever the new order of the hooks, with or without a stateless hook added anywhere, weights end bit-identical."""
+    expected_weights, _ = uninterrupted
+    save_dir = tmp_path_factory.mktemp("any_order")
+    _interrupted(save_dir)
+    hooks = [tw.standard_hooks()[i] for i in order]
+    if add_progress:
+        hooks.insert(data.draw(st.integers(0, len(hooks)), label="at"), progress)
+    got_weights, _, start = _resumed(save_dir, hooks)
+    assert start == 6 and tw.same_weights(got_weights, expected_weights)
