@@ -70,7 +70,6 @@ __all__ = [
     "AgreementGuard",
     "collective_part",
     "describe",
-    "verified",
 ]
 
 
@@ -81,11 +80,6 @@ class CollectiveDivergenceError(RuntimeError):
 def collective_part(emitted) -> tuple:
     """The (hook index, effect) pairs every rank must execute alike."""
     return tuple((i, e) for i, e in emitted if e.scope is Scope.COLLECTIVE)
-
-
-def verified(hook) -> bool:
-    """Whether ``hook`` declares its collective effects identical on every rank (``rank_consistent``)."""
-    return protocol.declared(hook).rank_consistent
 
 
 def _digest(*parts) -> int:
