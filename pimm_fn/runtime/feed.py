@@ -15,6 +15,12 @@ How a run resumes mid-epoch depends on the data:
 
 A ``DistributedSampler`` gets ``set_epoch(epoch)`` at every epoch, resumed
 ones included.
+
+A fetch that raises (an exception, a KeyboardInterrupt) loses no batch: the
+feed rebuilds its iterator at the cursor from before the fetch, the same
+way (replayed from the iterator's start, or reloaded from the loader's
+state), and puts the torch RNG back as it was, so the next fetch returns
+the batch the failed one would have.
 """
 
 import warnings
@@ -22,9 +28,11 @@ from collections.abc import Iterator
 
 import torch
 
-from pimm_fn.runtime.rng import capture_rng, restore_rng
+from pimm_fn.runtime.rng import capture_rng, restore_rng, set_torch_rng, torch_rng
 
-__all__ = ["Feed", "ResumeNotExactWarning"]
+__all__ = ["Feed", "ResumeNotExactWarning", "batch_size"]
+
+_Tensor = torch.Tensor
 
 
 class ResumeNotExactWarning(UserWarning):
@@ -65,6 +73,12 @@ class Feed:
         self._iterator = None
         self._epoch_start = None
         self._epoch_done = False
+        # How the current iterator was opened, ("rng", states) or ("loader", state), and how many
+        # batches it gave since: the cursor a failed fetch goes back to.
+        self._source = None
+        self._drawn = 0
+        # Only a loader fetching in this process can draw from its RNG (augmentations) while fetching.
+        self._in_process = not getattr(data, "num_workers", 0)
 
     def _rng(self) -> dict:
         return {"torch": torch.get_rng_state(), "generator": self.generator.get_state() if self.generator else None}
@@ -81,21 +95,60 @@ class Feed:
             sampler.set_epoch(epoch)
         self._epoch_start = self._rng()
         self._epoch_done = False
-        self._iterator = iter(self.data)
+        self._open(("rng", self._epoch_start))
+
+    def _open(self, source, drawn: int = 0) -> None:
+        """Open an iterator from ``source`` (what ``_source`` holds) and skip ``drawn`` batches.
+
+        The iterator replaces the current one only once it is at the cursor.
+        """
+        kind, value = source
+        if kind == "rng":
+            self._set_rng(value)
+            iterator = iter(self.data)
+            if self.stateful:  # its sampler keeps a generator of its own: only its state reopens it alike
+                source = ("loader", self.data.state_dict())
+        else:
+            self.data.load_state_dict(value)
+            iterator = self._iter_without_draws()
+        for _ in range(drawn):
+            next(iterator)
+        self._iterator, self._source, self._drawn = iterator, source, drawn
 
     def next_batch(self):
-        """The next batch; an epoch longer than the data restarts the data."""
+        """The next batch; an epoch longer than the data restarts the data.
+
+        When the fetch raises, the cursor is put back first (see the module
+        docstring): calling again returns the batch this call would have.
+        """
+        rng = torch_rng() if self._in_process else None
         try:
-            return next(self._iterator)
-        except StopIteration:
-            self._iterator = iter(self.data)
-            return next(self._iterator)
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                self._open(("rng", self._rng()))
+                batch = next(self._iterator)
+        except BaseException:
+            # Back to the cursor before this fetch, lazily: the next fetch rebuilds the iterator first.
+            # A one-shot iterator has nothing to rebuild from: the batch it was giving may be lost.
+            if self._iterator.__class__ is not _Reopen and not self.one_shot and self._source is not None:
+                self._iterator = _Reopen(self, rng)
+            raise
+        self._drawn += 1
+        return batch
 
     def end_epoch(self) -> None:
         """Close the epoch; a stateful loader is drained so its state says so."""
         if self._drains and self._iterator is not None:
-            for _ in self._iterator:  # empty: the epoch used every batch
-                pass
+            iterator = self._iterator
+            if iterator.__class__ is _Reopen:
+                iterator = iterator.reopen()
+            try:
+                for _ in iterator:  # empty: the epoch used every batch
+                    pass
+            except BaseException:
+                self._iterator = _Reopen(self, None)  # drained again from the cursor next time
+                raise
             self._epoch_done = True
         self._iterator = None
 
@@ -131,6 +184,7 @@ class Feed:
         if self.stateful and "loader" in cursor:
             self.data.load_state_dict(cursor["loader"])
             self._iterator = self._iter_without_draws()
+            self._source, self._drawn = ("loader", cursor["loader"]), 0
         elif not self.one_shot and cursor.get("epoch_start") is not None:
             self._replay(cursor["epoch_start"], iter_in_epoch)
         else:
@@ -141,6 +195,7 @@ class Feed:
                 ResumeNotExactWarning,
                 stacklevel=3,
             )
+            self._source, self._drawn = ("rng", self._rng()), 0
             self._iterator = iter(self.data)
 
     def _load_finished(self, loader_state) -> None:
@@ -166,9 +221,62 @@ class Feed:
 
     def _replay(self, epoch_start: dict, skip: int) -> None:
         resumed = capture_rng()
-        self._set_rng(epoch_start)
         self._epoch_start = epoch_start
-        self._iterator = iter(self.data)
-        for _ in range(skip):
-            next(self._iterator)
+        self._open(("rng", epoch_start), skip)
         restore_rng(resumed)
+
+
+class _Reopen:
+    """The iterator of a feed whose last fetch raised: the next fetch first rebuilds it at the cursor.
+
+    It rebuilds the way the failed iterator was opened (``Feed._source``),
+    skips the batches given before, and puts back ``rng``, the torch RNG
+    from before the failed fetch (``None`` when the loader fetches in worker
+    processes, which draw nothing here). If that raises too, it stays in
+    place for the fetch after.
+    """
+
+    def __init__(self, feed: Feed, rng):
+        self.feed = feed
+        self.rng = rng
+
+    def reopen(self):
+        feed = self.feed
+        try:
+            feed._open(feed._source, feed._drawn)
+        except BaseException:
+            feed._iterator = self
+            raise
+        if self.rng is not None:
+            set_torch_rng(self.rng)
+        return feed._iterator
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        iterator = self.reopen()
+        try:
+            return next(iterator)
+        except BaseException:
+            self.feed._iterator = self  # the retry starts from this fetch's cursor and RNG again
+            raise
+
+
+def batch_size(batch) -> int:
+    """The samples in ``batch``: the first dimension of its first tensor (0 when it has none)."""
+    cls = batch.__class__
+    if (cls is tuple or cls is list) and batch:  # the common (inputs, targets) batch, without a getattr miss
+        first = batch[0]
+        if first.__class__ is _Tensor:  # a plain tensor: its shape, without a call
+            shape = first.shape
+            return shape[0] if shape else 0
+        return batch_size(first)
+    shape = getattr(batch, "shape", None)
+    if shape:
+        return int(shape[0])
+    if isinstance(batch, dict):
+        return max((batch_size(v) for v in batch.values()), default=0)
+    if isinstance(batch, (list, tuple)) and batch:
+        return batch_size(batch[0])
+    return 0

@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from pimm_fn.runtime.loop import _batch_size
+from pimm_fn.runtime.feed import batch_size as _batch_size
 from pimm_fn.runtime.step import scalar_outputs, train_step, train_step_scalars
 
 
