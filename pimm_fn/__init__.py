@@ -49,6 +49,8 @@ _RUNTIME = {
     "ResumeNotExactWarning": "pimm_fn.runtime.feed",
     "MissingHandlerError": "pimm_fn.runtime.interpreter",
     "ConfigurationWarning": "pimm_fn.runtime.advice",
+    "NonFiniteLossError": "pimm_fn.runtime.step",
+    "NonFiniteLossWarning": "pimm_fn.runtime.step",
 }
 
 __all__ = [

@@ -24,6 +24,7 @@ PUBLIC = {
     "Progress", "State", "save_every", "SaveEveryState", "best_on", "BestState", "evaluate_every",
     "load_weights", "log_every", "LogState", "model_hook", "early_stop", "EarlyStopState", "step_scheduler",
     "loop", "Loop", "train_step", "CollectiveDivergenceError", "ResumeError", "ResumeNotExactWarning",
+    "NonFiniteLossError", "NonFiniteLossWarning",
     "MissingHandlerError", "ConfigurationWarning", "DuplicateHookError", "hook_factory",
 }
 

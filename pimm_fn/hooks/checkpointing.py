@@ -122,9 +122,20 @@ class BestState:
     step: int = -1
 
 
+def finite_number(value) -> bool:
+    """``value`` is a real number that can be a best: not a bool, not NaN, not +/-inf.
+
+    >>> finite_number(0.5), finite_number(float("inf")), finite_number(float("nan")), finite_number(True)
+    (True, False, False, False)
+    """
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _improves(value, best, mode) -> bool:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
-        return False  # NaN never improves
+    if not finite_number(value):
+        return False  # NaN and +/-inf never improve: a diverged evaluation must not become model_best
     if best is None:
         return True
     return value > best if mode == "max" else value < best
@@ -194,8 +205,9 @@ class _BestOn:
 def best_on(metric: str, *, mode: str = "max"):
     """Track the best value of ``metric`` and write ``model_best`` when it improves.
 
-    Reacts to each ``MetricsPublished`` once: improvement is strict, NaN never
-    improves, and a later step never reuses an old value. The new best is in
+    Reacts to each ``MetricsPublished`` once: improvement is strict, NaN and
+    +/-inf never improve (so ``model_best`` never holds a diverged model), and
+    a later step never reuses an old value. The new best is in
     ``state.best`` before any later effect of the same event runs, so a
     checkpoint saved at an evaluation step records it. The decision feeds only
     ``WriteBest``, a main-rank effect, never a collective one.

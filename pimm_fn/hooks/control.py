@@ -19,7 +19,7 @@ from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Log, StepScheduler, Stop
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.hooks._validate import int_at_least, non_empty_str, one_of
-from pimm_fn.hooks.checkpointing import check_spelling
+from pimm_fn.hooks.checkpointing import check_spelling, finite_number
 
 __all__ = ["early_stop", "EarlyStopState", "step_scheduler"]
 
@@ -71,8 +71,8 @@ class _EarlyStop:
         return (self.metric,)
 
     def _improves(self, value, best) -> bool:
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
-            return False  # NaN (or a non-number) never improves
+        if not finite_number(value):
+            return False  # NaN, +/-inf (or a non-number) never improves
         if best is None:
             return True
         return value > best + self.min_delta if self.mode == "max" else value < best - self.min_delta
@@ -104,8 +104,8 @@ def early_stop(metric: str, *, patience: int, mode: str = "max", min_delta: floa
     """Stop training when ``metric`` has not improved for ``patience`` evaluations.
 
     Reacts to each publication of ``metric``: a value improves when it beats
-    the best so far by more than ``min_delta`` (strictly; NaN never
-    improves, and counts as an evaluation without improvement). When the
+    the best so far by more than ``min_delta`` (strictly; NaN and +/-inf never
+    improve, and count as evaluations without improvement). When the
     count of evaluations without improvement reaches ``patience`` it requests
     a stop: the epoch in progress closes early (its ``AfterEpoch`` hooks
     run), then ``AfterTrain`` (the final save). ``plan``, ``simulate`` and

@@ -9,7 +9,10 @@ import os
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import SaveCheckpoint, WriteBest
 
-__all__ = ["check_resume", "check_max_epochs", "check_save_dir", "best_metrics"]
+__all__ = [
+    "check_resume", "check_max_epochs", "check_save_dir", "check_on_nonfinite", "check_resume_hyperparameters",
+    "best_metrics",
+]
 
 
 def check_resume(resume) -> None:
@@ -49,6 +52,40 @@ def check_save_dir(hooks, save_dir) -> None:
         raise ValueError(
             f"loop: hook(s) {', '.join(writers)} write checkpoints or best weights, but save_dir is None: "
             f"pass save_dir='runs/my_run' (or drop those hooks)"
+        )
+
+
+def check_on_nonfinite(on_nonfinite, *, custom_step: bool) -> None:
+    """``on_nonfinite`` is ``"raise"``, ``"skip"`` or ``"warn"``; ``"skip"`` needs the default step.
+
+    A custom ``step_fn`` reports its loss after its optimizer step ran, too
+    late to leave the batch out of the update.
+
+    >>> check_on_nonfinite("ignore", custom_step=False)
+    Traceback (most recent call last):
+    ValueError: loop: 'on_nonfinite' must be 'raise', 'skip' or 'warn' (got 'ignore')
+    """
+    if not isinstance(on_nonfinite, str) or on_nonfinite not in ("raise", "skip", "warn"):
+        raise ValueError(f"loop: 'on_nonfinite' must be 'raise', 'skip' or 'warn' (got {on_nonfinite!r:.80})")
+    if on_nonfinite == "skip" and custom_step:
+        raise ValueError(
+            "loop: on_nonfinite='skip' needs the default step: a custom step_fn has already applied its "
+            "optimizer step when the loop sees its 'loss'. Skip inside your step_fn (check the loss before "
+            "optimizer.step()), or pass on_nonfinite='raise' or 'warn'"
+        )
+
+
+def check_resume_hyperparameters(value) -> None:
+    """``resume_hyperparameters`` is ``"checkpoint"`` or ``"new"``.
+
+    >>> check_resume_hyperparameters("user")
+    Traceback (most recent call last):
+    ValueError: loop: 'resume_hyperparameters' must be 'checkpoint' (the checkpoint's optimizer hyper-parameters win) or 'new' (this run's optimizer's win) (got 'user')
+    """
+    if not isinstance(value, str) or value not in ("checkpoint", "new"):
+        raise ValueError(
+            f"loop: 'resume_hyperparameters' must be 'checkpoint' (the checkpoint's optimizer hyper-parameters "
+            f"win) or 'new' (this run's optimizer's win) (got {value!r:.80})"
         )
 
 

@@ -40,6 +40,7 @@ class Context:
     hooks: tuple | None = None  # the run's top-level hooks: a checkpoint keeps their slots by identity
     best_per_metric: bool = False  # several metrics' best weights are kept: one model_best_<metric> file each
     advice: Any = None  # the run's Advice, told of every evaluation
+    nonfinite: Any = None  # the step's NonFinite policy for a NaN/inf loss (loop(on_nonfinite=)); None: no check
     pending_save: Any = None  # the background save in flight (an AsyncSave), if any
     save_gate: Any = None  # the optimizer pre-step hook that waits for its staging
     prewarm_hook: Any = None  # the optimizer post-step hook that readies the staging memory of background saves

@@ -5,6 +5,27 @@ progress, hook slots and best values. On a different world size the
 per-rank parts (RNG, data cursor) cannot be restored: the interrupted epoch
 restarts from its first batch, with a warning, or an error under ``strict``.
 
+Steps per epoch that changed since the checkpoint (another batch size,
+other data, another ``iters_per_epoch``) follow one rule, said in a
+``ResumeNotExactWarning`` naming both lengths and the samples consumed:
+the interrupted epoch continues *by samples consumed*. When the samples the
+epoch consumed can be told from the progress (every batch before the
+interruption full), are a multiple of the new batch size, and the data can
+be replayed to that point (a ``DataLoader`` over a sampler, not a one-shot
+iterator), the epoch continues at the batch starting with the first
+unconsumed sample: no sample is repeated or skipped. Otherwise the
+interrupted epoch restarts from its first batch, as on a world-size change,
+and the warning says why. Either way ``global_step`` and ``samples_seen``
+are kept, and the epoch is the new length from then on (so ``global_step``
+no longer equals ``epoch * steps_per_epoch + step_in_epoch``; step-cadence
+hooks follow ``global_step``). At an epoch boundary only the length changes.
+
+The optimizer's hyper-parameters as this run built them are compared with
+the checkpoint's (``pimm_fn.runtime.hyperparameters``): each difference is
+said once (a console line and a ``ConfigurationWarning``), and
+``resume_hyperparameters`` chooses which wins: ``"checkpoint"`` (default)
+or ``"new"``.
+
 Hook slots come back by hook identity (``pimm_fn.core.slots``): the run may
 list its hooks in another order, add hooks (they start from their initial
 slot) or leave some out (their slots are dropped, with a console line). A
@@ -14,6 +35,9 @@ hook whose saved slot no longer fits it is a ``ResumeError`` naming it.
 import warnings
 
 import attrs
+
+from pimm_fn.runtime import hyperparameters as hp
+from pimm_fn.runtime.advice import ConfigurationWarning
 
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint.contents import SavedState, from_parts
@@ -65,11 +89,21 @@ def _contents(loaded, info):
         raise ResumeError(f"cannot resume from {info.path}: {exc}") from None
 
 
-def restore(info, ctx, hooks, *, strict=False) -> State:
+def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> State:
     """Load ``info`` into ``ctx``'s objects and return the state to continue from.
 
     Everything that can refuse the resume is checked before the model,
     optimizer or RNG is touched, so a refused resume changes nothing.
+
+    Args:
+        strict: refuse a world-size change mid-epoch.
+        hyperparameters: ``"checkpoint"`` or ``"new"``: whose optimizer
+            hyper-parameters win where they differ (each difference is said).
+
+    Warns:
+        ResumeNotExactWarning: the data position cannot carry over (another
+            world size; another number of steps per epoch, see above).
+        ConfigurationWarning: an optimizer hyper-parameter differs from the checkpoint's.
 
     Raises:
         ResumeError: a hook's saved slot no longer fits it (naming the hook,
@@ -85,23 +119,40 @@ def restore(info, ctx, hooks, *, strict=False) -> State:
         raise ResumeError(_world_message(info, ctx) + "; resume with the same world size, or pass strict_resume=False")
     unwrap(ctx.model).load_state_dict(loaded.weights)
     replicated = held.replicated
+    built = hp.hyperparameters(ctx.optimizer)
     ctx.optimizer.load_state_dict(replicated.optimizer)
     for name in ("scheduler", "scaler"):
         target, stored = getattr(ctx, name), getattr(replicated, name)
         if target is not None and stored is not None:
             target.load_state_dict(stored)
+    _settle_hyperparameters(ctx, built, hyperparameters)
     if dropped:
         ctx.say(_dropped_message(dropped))
     state = attrs.evolve(saved, rank=ctx.rank, world_size=ctx.world_size)
     p = state.progress
-    if same_world:
+    if not same_world:
+        state = _restart_epoch(state, ctx, info)
+    elif ctx.feed.iters_per_epoch == p.iters_per_epoch:
         restore_rng(held.local.rng)
         ctx.feed.resume(held.local.cursor, p.epoch, p.iter_in_epoch)
     else:
-        state = _restart_epoch(state, ctx, info)
+        restore_rng(held.local.rng)
+        state = _new_epoch_length(state, ctx, info, held.local.cursor)
     if ctx.feed.iters_per_epoch != state.progress.iters_per_epoch:
         state = attrs.evolve(state, progress=attrs.evolve(state.progress, iters_per_epoch=ctx.feed.iters_per_epoch))
     return state
+
+
+def _settle_hyperparameters(ctx, built, winner) -> None:
+    """Say each hyper-parameter the checkpoint changed; under ``"new"``, put this run's back."""
+    found = hp.differences(built, hp.hyperparameters(ctx.optimizer), ctx.scheduler)
+    if not found:
+        return
+    if winner == "new":
+        hp.apply_new(ctx.optimizer, built, found)
+    message = hp.describe(found, winner)
+    ctx.say(message)
+    warnings.warn(message, ConfigurationWarning, stacklevel=4)
 
 
 def _dropped_message(dropped) -> str:
@@ -132,3 +183,83 @@ def _restart_epoch(state, ctx, info) -> State:
     ctx.feed.start_epoch(p.epoch)
     progress = attrs.evolve(p, iter_in_epoch=0, iters_per_epoch=ctx.feed.iters_per_epoch)
     return attrs.evolve(state, progress=progress, position="BeforeEpoch")
+
+
+def _samples_in_epoch(p, data) -> int | None:
+    """The samples the interrupted epoch consumed, when the progress pins them down; else ``None``.
+
+    Every batch before the interruption is full (only an epoch's last batch
+    may be short), so the epoch consumed ``iter_in_epoch * b`` samples for
+    the old batch size ``b``, which the checkpoint does not record. It is
+    found two ways, each checked against the old steps per epoch: every
+    earlier epoch a full pass over the sampler's ``n`` samples (``b`` from
+    ``samples_seen - epoch * n``), or every step so far one full batch
+    (``b = samples_seen / global_step``, epochs capped by ``iters_per_epoch``).
+    """
+    try:
+        n = len(data.sampler)
+    except (AttributeError, TypeError):
+        return None
+    i, old = p.iter_in_epoch, p.iters_per_epoch
+    within = p.samples_seen - p.epoch * n
+    if 0 < within < n and within % i == 0:
+        b = within // i
+        if old in (-(-n // b), n // b):
+            return within
+    if p.global_step and p.samples_seen % p.global_step == 0:
+        b = p.samples_seen // p.global_step
+        if 0 < b and b * old <= n:
+            return i * b
+    return None
+
+
+def _position(p, data, feed, cursor) -> tuple[int | None, str]:
+    """The batch index of the new epoch length that continues the interrupted epoch, or ``None`` and why not."""
+    within = _samples_in_epoch(p, data)
+    if within is None:
+        return None, "the samples it consumed cannot be told from the checkpoint"
+    size = getattr(data, "batch_size", None)
+    if not isinstance(size, int) or size < 1:
+        return None, f"{within} samples of it were consumed, but the data has no batch_size to position by"
+    if within % size:
+        return None, f"its {within} consumed samples are not a multiple of the new batch size {size}"
+    if feed.one_shot or cursor.get("epoch_start") is None:
+        return None, f"its {within} consumed samples were known, but the data cannot be replayed to that point"
+    return within // size, f"{within} samples consumed / batch size {size}"
+
+
+def _new_epoch_length(state, ctx, info, cursor) -> State:
+    """``state`` on the new steps per epoch, by the rule of this module's docstring; the data positioned."""
+    p, feed = state.progress, ctx.feed
+    old, new = p.iters_per_epoch, feed.iters_per_epoch
+    # A loader's own state describes batches of the old length: positions come from replay instead.
+    cursor = {k: v for k, v in cursor.items() if k not in ("loader", "epoch_done")}
+    head = (
+        f"steps per epoch changed since the checkpoint of step {p.global_step} ({info.path}): {old} then, "
+        f"{new} now (another batch size, other data or iters_per_epoch); {p.samples_seen} samples consumed in all"
+    )
+    if not _mid_epoch(state) or p.iter_in_epoch == 0:
+        feed.resume(cursor, p.epoch, 0)  # between epochs: nothing of an epoch to position
+        ctx.say(f"{head}; resuming at an epoch boundary, global_step stays {p.global_step}")
+        at_end = p.iter_in_epoch if not p.at_epoch_end else new
+        return attrs.evolve(state, progress=attrs.evolve(p, iters_per_epoch=new, iter_in_epoch=at_end))
+    index, why = _position(p, feed.data, feed, cursor)
+    if index is None:
+        warnings.warn(
+            f"{head}. Epoch {p.epoch} was interrupted after {p.iter_in_epoch} of its {old} steps, and {why}: "
+            f"epoch {p.epoch} restarts from its first batch; global_step stays {p.global_step}",
+            ResumeNotExactWarning,
+            stacklevel=4,
+        )
+        feed.start_epoch(p.epoch)
+        progress = attrs.evolve(p, iter_in_epoch=0, iters_per_epoch=new)
+        return attrs.evolve(state, progress=progress, position="BeforeEpoch")
+    index = min(index, new)  # the samples consumed reach past the new epoch: it has ended
+    warnings.warn(
+        f"{head}. Epoch {p.epoch} was interrupted after {p.iter_in_epoch} of its {old} steps ({why}): it continues "
+        f"at batch index {index} of {new}, with no sample repeated or skipped; global_step stays {p.global_step}",
+        ResumeNotExactWarning,
+        stacklevel=4,
+    )
+    feed.resume(cursor, p.epoch, index)
+    return attrs.evolve(state, progress=attrs.evolve(p, iters_per_epoch=new, iter_in_epoch=index))

@@ -1,11 +1,111 @@
-"""The default training step and the conversion of its outputs to numbers."""
+"""The default training step, the conversion of its outputs to numbers, and a NaN loss.
+
+What the loop does with a non-finite loss is ``loop(on_nonfinite=...)``'s
+policy, carried by a ``NonFinite`` value:
+
+* ``"raise"`` (the default): ``NonFiniteLossError`` naming the global step
+  and the batch of the epoch;
+* ``"skip"``: the default step leaves that batch out of the update (no
+  backward, no optimizer, scaler or scheduler step: the gradients stay
+  zeroed) but the step counts: progress advances and the batch is consumed.
+  Refused with a custom ``step_fn``, whose loss is seen only after its step ran;
+* ``"warn"``: a ``NonFiniteLossWarning``, and the step goes on as usual.
+
+Each occurrence under ``"skip"``/``"warn"`` is a warning with the count so
+far. The default step checks the loss after the forward, before backward;
+a custom ``step_fn`` is checked on the ``"loss"`` it returns, after it ran.
+
+Cost: the check reads the loss (``loss.item()``). When hooks read the step's
+outputs the loop reads it anyway, so the check adds no device sync (on GPU
+it moves that sync from after the optimizer step to before the backward);
+when none does, it is one sync per step on GPU (free on CPU). With several
+ranks the decision is agreed by one all-reduce of a flag per step, so every
+rank skips, warns or raises alike instead of one rank leaving a collective.
+"""
 
 import contextlib
+import math
+import warnings
 from collections.abc import Mapping
 
 import torch
 
-__all__ = ["train_step", "train_step_scalars", "scalar_outputs"]
+__all__ = [
+    "train_step", "train_step_scalars", "scalar_outputs", "NonFinite", "NonFiniteLossError", "NonFiniteLossWarning",
+    "NONFINITE_POLICIES", "runner",
+]
+
+NONFINITE_POLICIES = ("raise", "skip", "warn")
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss is NaN or infinite, under ``loop(on_nonfinite="raise")`` (the default)."""
+
+
+class NonFiniteLossWarning(RuntimeWarning):
+    """A NaN or infinite training loss, under ``loop(on_nonfinite="skip")`` or ``"warn"``."""
+
+
+class NonFinite:
+    """The loop's policy for a NaN or infinite loss, and where training stands when one comes.
+
+    Args:
+        policy: ``"raise"``, ``"skip"`` or ``"warn"``.
+        world_size: ranks that must agree on the decision (one all-reduce a step when > 1).
+        where: ``() -> Progress`` before the step being trained (``loop()`` sets it).
+    """
+
+    def __init__(self, policy: str = "raise", *, world_size: int = 1, where=None):
+        self.policy = policy
+        self.world_size = world_size
+        self.where = where
+        self.count = 0  # occurrences so far in this process
+
+    def finite(self, value: float, device) -> bool:
+        """Whether the loss ``value`` is finite on every rank (one all-reduce with several ranks)."""
+        if self.world_size == 1:
+            return math.isfinite(value)
+        import torch.distributed as td
+
+        if td.get_backend() == "nccl":
+            device = torch.device("cuda", torch.cuda.current_device())
+        flag = torch.tensor([0.0 if math.isfinite(value) else 1.0], device=device)
+        td.all_reduce(flag, op=td.ReduceOp.MAX)
+        return flag.item() == 0.0
+
+    def __call__(self, value: float, *, ran: bool = False) -> bool:
+        """Act on a non-finite loss ``value``; True when the step is to go ahead (``"warn"``).
+
+        ``ran``: the step already ran (a custom ``step_fn``), so nothing can be skipped.
+
+        Raises:
+            NonFiniteLossError: under ``"raise"``.
+        """
+        self.count += 1
+        p = self.where() if self.where is not None else None
+        place = (
+            f"global step {p.global_step + 1} (batch index {p.iter_in_epoch} of epoch {p.epoch}, counting from 0)"
+            if p is not None else "this step"
+        )
+        which = f"is {value}" if not math.isfinite(value) else f"is not finite on another rank (here {value})"
+        if self.policy == "raise":
+            raise NonFiniteLossError(
+                f"the training loss {which} at {place}. Pass loop(on_nonfinite='skip') to leave such batches "
+                f"out of the update, or on_nonfinite='warn' to warn and go on"
+            )
+        if self.policy == "skip" and not ran:
+            action = "its optimizer step was skipped (the step still counts)"
+        else:
+            action = "the step ran" if ran else "the step goes ahead (on_nonfinite='warn')"
+        warnings.warn(
+            f"the training loss {which} at {place}: {action}; {self.count} non-finite loss(es) so far",
+            NonFiniteLossWarning,
+            stacklevel=4,
+        )
+        return self.policy == "warn" or ran
+
+    def __repr__(self):
+        return f"NonFinite({self.policy!r}, world_size={self.world_size})"
 
 
 def _autocast(model, scaler):
@@ -15,8 +115,12 @@ def _autocast(model, scaler):
     return torch.autocast(device, dtype=torch.float16 if device == "cuda" else torch.bfloat16)
 
 
-def _optimize(model, optimizer, batch, scheduler=None, scaler=None) -> tuple:
-    """The default step's work; returns ``(model outputs, loss)``."""
+def _optimize(model, optimizer, batch, scheduler=None, scaler=None, nonfinite=None) -> tuple:
+    """The default step's work; returns ``(model outputs, loss, loss value)``.
+
+    The value (a float) is read only under a ``nonfinite`` policy, before
+    the backward, so a skipped batch never reaches the optimizer; else ``None``.
+    """
     optimizer.zero_grad(set_to_none=True)
     if scaler is None:
         outputs = model(batch)
@@ -29,6 +133,11 @@ def _optimize(model, optimizer, batch, scheduler=None, scaler=None) -> tuple:
             f"(got {type(outputs).__name__}); return {{'loss': loss, ...}} or pass step_fn= to loop()"
         )
     loss = outputs["loss"]
+    value = None
+    if nonfinite is not None:
+        value = loss.item()
+        if not nonfinite.finite(value, loss.device) and not nonfinite(value):
+            return outputs, loss, value  # skipped: no backward ran, so the gradients stay zeroed
     if scaler is not None:
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -38,7 +147,7 @@ def _optimize(model, optimizer, batch, scheduler=None, scaler=None) -> tuple:
         optimizer.step()
     if scheduler is not None:
         scheduler.step()
-    return outputs, loss
+    return outputs, loss, value
 
 
 def train_step(model, optimizer, batch, *, scheduler=None, scaler=None) -> Mapping:
@@ -51,22 +160,23 @@ def train_step(model, optimizer, batch, *, scheduler=None, scaler=None) -> Mappi
     Returns:
         The model's outputs with a detached ``loss`` and the first group's ``lr``.
     """
-    outputs, loss = _optimize(model, optimizer, batch, scheduler, scaler)
+    outputs, loss, _ = _optimize(model, optimizer, batch, scheduler, scaler)
     return {**outputs, "loss": loss.detach(), "lr": optimizer.param_groups[0]["lr"]}
 
 
-def train_step_scalars(model, optimizer, batch, scheduler=None, scaler=None) -> dict:
+def train_step_scalars(model, optimizer, batch, scheduler=None, scaler=None, *, nonfinite=None) -> dict:
     """``scalar_outputs(train_step(...))``, the loop's default step when hooks read the outputs.
 
     Equal to the two calls, in value and key order, without building the
     intermediate dict or detaching the loss (``item()`` reads it directly).
+    Under a ``nonfinite`` policy the loss is read once, before the backward.
     """
-    outputs, loss = _optimize(model, optimizer, batch, scheduler, scaler)
+    outputs, loss, value = _optimize(model, optimizer, batch, scheduler, scaler, nonfinite)
     lr = optimizer.param_groups[0]["lr"]
     if len(outputs) == 1 and loss.__class__ is torch.Tensor and lr.__class__ is float:
         # {"loss": loss}, what most models return; backward() took it, so it is one float element.
-        return {"loss": loss.item(), "lr": lr}
-    return scalar_outputs({**outputs, "lr": lr})
+        return {"loss": loss.item() if value is None else value, "lr": lr}
+    return scalar_outputs({**outputs, "lr": lr} if value is None else {**outputs, "loss": value, "lr": lr})
 
 
 def _scalar(value):
@@ -94,3 +204,55 @@ def scalar_outputs(outputs) -> dict:
         elif (value := _scalar(value)) is not None:
             scalars[name] = value
     return scalars
+
+
+def _loss_value(outputs):
+    """The ``"loss"`` a custom step returned, as a float (``None`` when it reports none)."""
+    if outputs is None:
+        return None
+    if outputs.__class__ is dict or isinstance(outputs, Mapping):
+        return _scalar(outputs["loss"]) if "loss" in outputs else None
+    return _scalar(outputs)
+
+
+def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
+    """``run(model, optimizer, batch, scheduler, scaler) -> scalar outputs`` for ``step_fn``.
+
+    Only hooks read the outputs: when none listens to ``AfterStep`` (``read``
+    False) the conversion, a device sync on GPU, is skipped. The default step
+    converts its own outputs, knowing which entries are scalars. Under a
+    ``nonfinite`` policy the default step checks its loss before the
+    backward; a custom one is checked on the ``"loss"`` it returns.
+    """
+    if step_fn is train_step:
+        if nonfinite is None:
+            return train_step_scalars if read else _default_quiet
+        if read:
+            def run(model, optimizer, batch, scheduler, scaler):
+                return train_step_scalars(model, optimizer, batch, scheduler, scaler, nonfinite=nonfinite)
+        else:
+            def run(model, optimizer, batch, scheduler, scaler):
+                _optimize(model, optimizer, batch, scheduler, scaler, nonfinite)
+                return {}
+        return run
+    if nonfinite is not None:
+        def run(model, optimizer, batch, scheduler, scaler):
+            outputs = step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
+            scalars = scalar_outputs(outputs) if read else {}
+            value = scalars.get("loss") if read else _loss_value(outputs)
+            if value is not None and not nonfinite.finite(value, torch.device("cpu")):
+                nonfinite(value, ran=True)
+            return scalars
+    elif read:
+        def run(model, optimizer, batch, scheduler, scaler):
+            return scalar_outputs(step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler))
+    else:
+        def run(model, optimizer, batch, scheduler, scaler):
+            step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
+            return {}
+    return run
+
+
+def _default_quiet(model, optimizer, batch, scheduler, scaler) -> dict:
+    _optimize(model, optimizer, batch, scheduler, scaler)
+    return {}

@@ -35,8 +35,8 @@ def test_first_value_is_best():
         ("min", 0.5, 0.4, True),
         ("min", 0.5, 0.6, False),
         ("min", 0.5, 0.5, False),
-        ("max", 0.5, math.inf, True),
-        ("min", 0.5, -math.inf, True),
+        ("max", 0.5, math.inf, False),
+        ("min", 0.5, -math.inf, False),
         ("max", 0.5, 1, True),
     ],
 )
@@ -59,6 +59,24 @@ def test_nan_never_improves(best, mode):
     """A NaN value never becomes the best, not even the first one."""
     state = at(3, BestState(best, 1 if best is not None else -1))
     assert best_on("miou", mode=mode)(state, published(miou=math.nan)) == (state, ())
+
+
+@pytest.mark.parametrize("best", [None, 0.5])
+@pytest.mark.parametrize("mode", ["max", "min"])
+@pytest.mark.parametrize("value", [math.inf, -math.inf])
+def test_infinity_never_improves(best, mode, value):
+    """+/-inf never becomes the best in either mode, not even the first value: no model_best from a diverged run."""
+    state = at(3, BestState(best, 1 if best is not None else -1))
+    assert best_on("miou", mode=mode)(state, published(miou=value)) == (state, ())
+
+
+def test_a_finite_value_after_infinity_is_the_best():
+    """After an inf publication the next finite value is still judged against the last finite best."""
+    hook = best_on("loss", mode="min")
+    state, effects = hook(at(3, BestState()), published(loss=-math.inf))
+    assert effects == () and state.slot == BestState()
+    state, effects = hook(attrs.evolve(state, progress=attrs.evolve(state.progress, global_step=6)), published(loss=2.0))
+    assert effects == (WriteBest("loss", 2.0, 6),)
 
 
 @pytest.mark.parametrize("value", ["0.9", None, True, (1.0,)])

@@ -80,9 +80,9 @@ def test_improvement_must_beat_the_best_by_more_than_min_delta(mode, value, impr
 
 
 @pytest.mark.parametrize("best", [None, 0.5])
-@pytest.mark.parametrize("value", [math.nan, "0.9", None, True])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, "0.9", None, True])
 def test_nan_and_non_numbers_never_improve_and_count(best, value):
-    """NaN (or a non-number) is never a best, not even the first; it counts as no improvement."""
+    """NaN, +/-inf (or a non-number) is never a best, not even the first; it counts as no improvement."""
     state = at(3, EarlyStopState(best, 0))
     out, effects = early_stop("m", patience=1)(state, published(m=value))
     assert out.slot == EarlyStopState(best, 1)

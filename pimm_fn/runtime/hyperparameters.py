@@ -1,0 +1,104 @@
+"""An optimizer's hyper-parameters, as this run built them, against a checkpoint's.
+
+Loading a checkpoint's optimizer state replaces every hyper-parameter of
+every param group (``lr``, ``weight_decay``, ``momentum``, ``betas``...)
+with the checkpoint's, so a run resumed with ``lr=0.01`` whose checkpoint
+says ``lr=0.1`` would go on at 0.1 without a word. ``restore`` compares the
+two, says each difference, and lets ``loop(resume_hyperparameters=)``
+choose which wins:
+
+* ``"checkpoint"`` (the default): the checkpoint's values, as saved;
+* ``"new"``: this run's values, applied to the param groups after the
+  optimizer state was loaded.
+
+With a scheduler, ``lr`` moves on its schedule, so it is compared through
+``initial_lr`` (the lr the schedule started from, which the scheduler
+writes into each group); ``lr`` itself is not (nor ``momentum``/``betas``
+under a scheduler that cycles them, ``cycle_momentum``). A scheduler that
+writes no ``initial_lr`` (``ReduceLROnPlateau``) leaves ``lr`` unchecked.
+The scheduler's own state (its step count, ``base_lrs``) always comes from
+the checkpoint: under ``"new"`` the groups take this run's ``initial_lr``
+and ``lr``, then at its next step a scheduler that multiplies the current
+lr (``StepLR``, ``ExponentialLR``) continues from the new lr, while one that
+computes lr from its ``base_lrs`` (``LambdaLR``, ``CosineAnnealingLR``,
+``OneCycleLR``) returns to the checkpoint's schedule. To change a schedule,
+build the scheduler anew and start a fresh run with ``load_weights``.
+"""
+
+import torch
+
+__all__ = ["hyperparameters", "differences", "apply_new", "describe"]
+
+# How a group is computed, not what it computes: a change is no change of training.
+_IMPLEMENTATION = frozenset({"params", "param_names", "foreach", "fused", "capturable", "differentiable"})
+
+
+def hyperparameters(optimizer) -> list[dict]:
+    """A copy of each param group's hyper-parameters (everything but the parameters)."""
+    return [
+        {k: v.detach().clone() if isinstance(v, torch.Tensor) else v for k, v in group.items() if k != "params"}
+        for group in optimizer.param_groups
+    ]
+
+
+def _scheduled(scheduler) -> frozenset:
+    """The keys ``scheduler`` moves on its own schedule: compared through ``initial_lr`` or not at all."""
+    if scheduler is None:
+        return frozenset()
+    if getattr(scheduler, "cycle_momentum", False):
+        return frozenset({"lr", "momentum", "betas"})
+    return frozenset({"lr"})
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return torch.equal(torch.as_tensor(a).cpu().double(), torch.as_tensor(b).cpu().double())
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(a == b)
+
+
+def differences(built: list[dict], loaded: list[dict], scheduler=None) -> list[tuple]:
+    """``(group, key, checkpoint value, new value)`` for each hyper-parameter that differs.
+
+    Only keys both sides hold are compared, minus implementation switches
+    (``foreach``, ``fused``...) and the keys ``scheduler`` moves.
+
+    >>> differences([{"lr": 0.01, "momentum": 0.9}], [{"lr": 0.1, "momentum": 0.9}])
+    [(0, 'lr', 0.1, 0.01)]
+    """
+    skipped = _IMPLEMENTATION | _scheduled(scheduler)
+    found = []
+    for i, (new, old) in enumerate(zip(built, loaded)):
+        for key in new:
+            if key in old and key not in skipped and not _same(old[key], new[key]):
+                found.append((i, key, old[key], new[key]))
+    return found
+
+
+def apply_new(optimizer, built: list[dict], found: list[tuple]) -> None:
+    """Give ``optimizer``'s groups this run's value for each difference (``resume_hyperparameters="new"``).
+
+    A new ``initial_lr`` (the schedule's start) brings this run's ``lr`` along.
+    """
+    for i, key, _, new in found:
+        group = optimizer.param_groups[i]
+        group[key] = new
+        if key == "initial_lr" and "lr" in built[i]:
+            group["lr"] = built[i]["lr"]
+
+
+def _show(value) -> str:
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    return repr(value)
+
+
+def describe(found: list[tuple], winner: str) -> str:
+    """One line naming each difference and which value the run goes on with."""
+    items = "; ".join(f"group {i} {key!r}: checkpoint {_show(old)}, new {_show(new)}" for i, key, old, new in found)
+    if winner == "new":
+        outcome = "using this run's values (resume_hyperparameters='new'); the scheduler's state is the checkpoint's"
+    else:
+        outcome = "keeping the checkpoint's values; pass resume_hyperparameters='new' to use this run's"
+    return f"the optimizer's hyper-parameters differ from the checkpoint's: {items}; {outcome}"
