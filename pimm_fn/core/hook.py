@@ -19,10 +19,13 @@ and the agreement guard need to know about it. Every one is optional:
 ``emits``           the effect types it may emit (default: unknown).
 ``reads_metrics``   the metric names it reacts to (``best_on("acc")``).
 ``evaluators()``    ``{name: fn}`` the interpreter runs for its ``Evaluate``.
+``with_evaluator``  ``with_evaluator(name, fn) -> hook``: the same hook running
+                    ``fn`` as evaluator ``name`` (a live run's fix).
 ``bind(model)``     the hook to use in a real run of ``model``.
 ``hook_key``        its stable identity, overriding the default below.
 ``children``        the hooks of a composite (``chain``), walked by every
-                    lookup here, at any depth.
+                    lookup here, at any depth; ``with_children(hooks)``
+                    rebuilds the composite around new children.
 ==================  =========================================================
 
 Identity (``key``): the ``hook_key`` it declares; else, for a function, its
@@ -48,6 +51,8 @@ __all__ = [
     "init_slot",
     "evaluators",
     "bind",
+    "with_children",
+    "with_evaluator",
     "saves_in_background",
     "emits_any",
     "check_hooks",
@@ -217,13 +222,35 @@ def evaluators(hooks) -> dict:
     return found
 
 
+def with_children(hook, hooks):
+    """The composite ``hook`` rebuilt around ``hooks`` (its name and kind kept)."""
+    if children(hook) is None:
+        raise TypeError(f"hook {hook!r:.80} is not a composite: it has no children to replace")
+    return hook.with_children(tuple(hooks))
+
+
+def with_evaluator(hook, name: str, fn):
+    """``hook`` running ``fn`` as its evaluator ``name``, when it declares ``with_evaluator``.
+
+    Raises:
+        TypeError: the hook cannot swap its evaluator; replace the whole hook instead.
+    """
+    swap = getattr(hook, "with_evaluator", None)
+    if not callable(swap):
+        raise TypeError(
+            f"hook {key(hook)!r} provides evaluator {name!r} but cannot swap it (no with_evaluator): "
+            f"build its replacement and replace the whole hook"
+        )
+    return swap(name, fn)
+
+
 def bind(hooks, model) -> tuple:
     """``hooks`` with every hook that declares ``bind`` bound to ``model``, at any depth."""
     bound = []
     for hook in hooks:
         inner = children(hook)
         if inner is not None:
-            hook = hook.with_children(bind(inner, model))
+            hook = with_children(hook, bind(inner, model))
         elif callable(getattr(hook, "bind", None)):
             hook = hook.bind(model)
         bound.append(hook)

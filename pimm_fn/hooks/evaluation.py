@@ -41,6 +41,12 @@ class _EvaluateEvery:
         """The callables the interpreter may run for this hook's ``Evaluate``."""
         return {self.name: self.fn}
 
+    def with_evaluator(self, name: str, fn) -> "_EvaluateEvery":
+        """This hook with ``fn`` as its evaluator (same cadence, name and broadcast)."""
+        if name != self.name:
+            raise ValueError(f"evaluate_every provides evaluator {self.name!r}, not {name!r}")
+        return attrs.evolve(self, fn=fn)
+
     def __call__(self, state, event):
         match event:
             case ev.AfterStep(step=step) if self.n:

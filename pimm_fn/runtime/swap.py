@@ -1,0 +1,251 @@
+"""Swapping one hook of a live run for another: fix a hook (or an evaluator) and continue.
+
+A run's hooks are fixed when ``loop()`` builds it: the hook list is bound to
+the model, the evaluators are collected, the checkpoint handler keys slots by
+the hooks' identities, and the driver caches which events some hook wants.
+``Loop.replace`` (built on ``replace`` here) changes one hook, at any depth
+of nested chains, and rebuilds every one of those from the new hook list, so
+the run goes on as if it had been built with it, from the current step.
+
+Exactness is kept: the new hook takes over the old one's slot, so it is
+refused when that slot does not fit the new hook (see ``carried_slot``). It
+is refused in a run with a process group, where every rank would have to
+swap at the same point of its collective sequence: rebuild the loop with the
+new hook list there and resume from the last checkpoint.
+
+>>> from pimm_fn.hooks import save_every, log_every
+>>> from pimm_fn.core.fold import chain
+>>> locate([save_every(3), chain(log_every(5), name="logs")], "log_every(5)")
+(1, 0)
+>>> locate([save_every(3), chain(log_every(5), name="logs")], "logs / log_every(5)")
+(1, 0)
+"""
+
+import warnings
+
+from pimm_fn.checkpoint import dist
+from pimm_fn.core import hook as protocol
+from pimm_fn.core import slots as keyed_slots
+from pimm_fn.core.state import replace as evolve
+from pimm_fn.runtime import arguments
+from pimm_fn.runtime.advice import Advice, ConfigurationWarning, saver_before_evaluator
+from pimm_fn.runtime.context import unwrap
+from pimm_fn.runtime.control import check_scheduler_hooks
+from pimm_fn.runtime.handlers import prewarm_staging
+
+__all__ = ["replace", "replace_evaluator", "locate", "carried_slot"]
+
+_PATH = " / "  # joins the identities of a hook inside chains, outermost first (as checkpoints do)
+_CACHED = ("hooks", "_processed", "_run_step", "_scheduler_in_step")  # what Loop.__init__ derives from the hooks
+
+
+# -- finding a hook -------------------------------------------------------------------------------
+def _entries(hooks, at: tuple = (), names: tuple = ()):
+    """``(index path, identity path, hook)`` of every hook, composites included, depth first."""
+    for i, hook in enumerate(hooks):
+        path, keys = at + (i,), names + (protocol.key(hook),)
+        yield path, keys, hook
+        inner = protocol.children(hook)
+        if inner is not None:
+            yield from _entries(inner, path, keys)
+
+
+def locate(hooks, old) -> tuple:
+    """The index path of ``old`` in ``hooks``, at any depth of nested chains.
+
+    ``old`` is a hook (matched as that very object, else by identity), its
+    identity (``pimm_fn.core.hook.key``), or its identity path inside chains
+    (``'logs / log_every(5)'``).
+
+    Raises:
+        ValueError: no hook matches (listing the hooks there are), or several
+            do (listing their paths).
+    """
+    entries = list(_entries(hooks))
+    if isinstance(old, str):
+        wanted = old
+        found = [(p, k) for p, k, _ in entries if k[-1] == wanted or _PATH.join(k) == wanted]
+    else:
+        wanted = protocol.key(old)
+        found = [(p, k) for p, k, h in entries if h is old] or [(p, k) for p, k, _ in entries if k[-1] == wanted]
+    if len(found) == 1:
+        return found[0][0]
+    if not found:
+        there = ", ".join(repr(_PATH.join(k)) for _, k, _ in entries) or "none"
+        raise ValueError(
+            f"replace: this run has no hook {wanted!r}; its hooks are: {there}. Pass a hook of the run, its "
+            f"identity (pimm_fn.core.hook.key(hook)) or its path inside chains ('outer / inner')"
+        )
+    places = ", ".join(repr(_PATH.join(k)) for _, k in found)
+    raise ValueError(
+        f"replace: the run has a hook {wanted!r} at several places ({places}): pass the path of the one to "
+        f"replace, e.g. run.replace({_PATH.join(found[0][1])!r}, new)"
+    )
+
+
+# -- the slot taken over --------------------------------------------------------------------------
+def _type_name(value) -> str:
+    if value is None:
+        return "None"
+    cls = type(value)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def carried_slot(old, new, slot, *, fresh: bool = False):
+    """The slot ``new`` continues from, taking over ``slot``, the current slot of ``old``.
+
+    A leaf takes ``slot`` as it is when its initial slot has the same type
+    (both ``None`` included), or when neither hook declares an initial slot
+    (a hook without ``init`` takes any slot, as on a resume). A chain
+    replacing a chain takes its children's slots by identity, as a resume
+    does: a child the old chain lacks starts from its initial slot.
+    With ``fresh`` the new hook starts from its initial slot instead.
+
+    Raises:
+        TypeError: the slot does not fit the new hook, naming both hooks, the
+            type found and the type expected, and what to do.
+    """
+    initial = protocol.init_slot(new)
+    if fresh:
+        return initial
+    old_inner, new_inner = protocol.children(old), protocol.children(new)
+    if old_inner is not None and new_inner is not None:
+        try:
+            saved = keyed_slots.keyed(old_inner, slot if slot is not None else protocol.init_slot(old))
+            return keyed_slots.unkeyed(new_inner, saved)[0]
+        except keyed_slots.SlotMismatch as exc:
+            raise _mismatch(old, new, exc.found, exc.expected, f" (its child {exc.key!r})") from None
+    if initial is None and protocol.init_slot(old) is None:
+        return slot
+    if type(initial) is type(slot):
+        return slot
+    raise _mismatch(old, new, _type_name(slot), _type_name(initial))
+
+
+def _mismatch(old, new, found: str, expected: str, where: str = "") -> TypeError:
+    return TypeError(
+        f"replace: {protocol.key(old)!r} cannot be replaced by {protocol.key(new)!r}{where}: the old hook's slot is "
+        f"of type {found}, the new hook's initial slot of type {expected}, so the new hook could not take it over. "
+        f"Keep the slot class in the new version of the hook, pass fresh=True to start it from its initial slot, "
+        f"or rebuild the loop with the new hook list"
+    )
+
+
+# -- rebuilding -----------------------------------------------------------------------------------
+def _with_hook(hooks: tuple, path: tuple, new) -> tuple:
+    i, rest = path[0], path[1:]
+    # A composite rebuilt around its new children, as pimm_fn.core.hook.bind rebuilds it.
+    hook = new if not rest else protocol.with_children(hooks[i], _with_hook(protocol.children(hooks[i]), rest, new))
+    return hooks[:i] + (hook,) + hooks[i + 1:]
+
+
+def _slot_at(slots: tuple, hooks: tuple, path: tuple):
+    i, rest = path[0], path[1:]
+    if not rest:
+        return slots[i]
+    inner = slots[i] if slots[i] is not None else protocol.init_slot(hooks[i])
+    return _slot_at(tuple(inner), protocol.children(hooks[i]), rest)
+
+
+def _with_slot(slots: tuple, hooks: tuple, path: tuple, slot) -> tuple:
+    i, rest = path[0], path[1:]
+    if rest:
+        inner = slots[i] if slots[i] is not None else protocol.init_slot(hooks[i])
+        slot = _with_slot(tuple(inner), protocol.children(hooks[i]), rest, slot)
+    return slots[:i] + (slot,) + slots[i + 1:]
+
+
+def _refuse_collision(level: tuple, index: int, old, new) -> None:
+    name = protocol.key(new)
+    for position, other in enumerate(level):
+        if position != index and protocol.key(other) == name:
+            raise protocol.DuplicateHookError(
+                f"replace: the new hook {name!r} replacing {protocol.key(old)!r} has the identity of another hook "
+                f"beside it (position {position}): checkpoints keep hook slots by identity, so each needs its own. "
+                f"Name the new hook: pimm_fn.chain(hook, name='...')"
+            )
+
+
+def _refuse_process_group(run, old, new) -> None:
+    if dist.is_initialized() or getattr(run._interpreter, "guard", None) is not None:
+        raise RuntimeError(
+            f"replace: cannot swap {protocol.key(old) if not isinstance(old, str) else old!r} for "
+            f"{protocol.key(new)!r} in a run with a process group: every rank would have to swap at the same "
+            f"point of its collective sequence. Rebuild the loop on every rank with the new hook list and "
+            f"resume='auto' (or a checkpoint path)"
+        )
+
+
+def replace(run, old, new, *, fresh: bool = False) -> None:
+    """Swap ``old`` for ``new`` in ``run`` (a ``Loop``) between steps; see ``Loop.replace``.
+
+    Everything is checked before anything changes: a refused swap leaves
+    the run as it was.
+    """
+    _refuse_process_group(run, old, new)
+    protocol.check_hooks([new], "replace")
+    protocol.declared(new)  # a malformed declaration fails here, not at the next event
+    top = run.hooks.hooks
+    path = locate(top, old)
+    level = _level(top, path)
+    current = level[path[-1]]
+    bound = protocol.bind([new], unwrap(run.ctx.model))[0]
+    _refuse_collision(level, path[-1], current, bound)
+    slot = carried_slot(current, bound, _slot_at(run.state.slots, top, path), fresh=fresh)
+    hooks = run.hooks.with_children(_with_hook(top, path, bound))
+    ctx = run.ctx
+    evaluators = protocol.evaluators(hooks.hooks)
+    arguments.check_save_dir(hooks.hooks, ctx.save_dir)
+    check_scheduler_hooks(hooks.hooks, ctx.scheduler)
+    state = evolve(run.state, slots=_with_slot(run.state.slots, top, path, slot))
+    _commit(run, hooks, state, evaluators)
+
+
+def _level(hooks: tuple, path: tuple) -> tuple:
+    for i in path[:-1]:
+        hooks = protocol.children(hooks[i])
+    return hooks
+
+
+def _commit(run, hooks, state, evaluators) -> None:
+    """Rebuild everything derived from the hooks, as ``loop()`` and ``Loop.__init__`` build it."""
+    ctx, old = run.ctx, run.hooks.hooks
+    ctx.hooks = hooks.hooks  # the next checkpoint keys the new hook's slot by its identity
+    ctx.evaluators = evaluators
+    ctx.best_per_metric = len(arguments.best_metrics(hooks.hooks)) > 1
+    said = ctx.advice.said if ctx.advice is not None else set()
+    ctx.advice = Advice(hooks.hooks, world_size=ctx.world_size)
+    ctx.advice.said = said  # a warning already given is not given again
+    run.state = state
+    # Loop.__init__ derives its caches from the hooks: a Loop built on the same parts gives them.
+    fresh = type(run)(ctx, hooks, state, run._step_fn, run._interpreter)
+    for name in _CACHED:
+        setattr(run, name, getattr(fresh, name))
+    run._peeked = (None, None)
+    prewarm_staging(ctx, hooks.hooks)  # a no-op unless the new hook is the first to save in the background
+    p = state.progress
+    before = set(saver_before_evaluator(old, iters_per_epoch=p.iters_per_epoch, max_epochs=p.max_epochs))
+    for message in saver_before_evaluator(hooks.hooks, iters_per_epoch=p.iters_per_epoch, max_epochs=p.max_epochs):
+        if message not in before:
+            warnings.warn(message, ConfigurationWarning, stacklevel=4)
+
+
+def replace_evaluator(run, name: str, fn) -> None:
+    """Swap the function of the ``evaluate_every`` hook whose evaluator is ``name``; see ``Loop.replace_evaluator``.
+
+    Raises:
+        ValueError: no hook provides an evaluator ``name`` (listing those there are).
+        TypeError: the hook providing it is not an ``evaluate_every`` hook.
+    """
+    found = [(p, k, h) for p, k, h in _entries(run.hooks.hooks)
+             if protocol.children(h) is None and name in protocol.evaluators([h])]
+    if not found:
+        raise ValueError(
+            f"replace_evaluator: no evaluator named {name!r} in this run (known: {sorted(run.ctx.evaluators)})"
+        )
+    path, keys, hook = found[0]
+    try:
+        new = protocol.with_evaluator(hook, name, fn)  # the same cadence, name and broadcast; validated again
+    except TypeError as error:
+        raise TypeError(f"replace_evaluator: {error}; call run.replace({_PATH.join(keys)!r}, new_hook)") from None
+    replace(run, _PATH.join(keys), new)
