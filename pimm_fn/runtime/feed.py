@@ -72,6 +72,7 @@ class Feed:
         self._drains = self.stateful and hasattr(data, "__len__") and len(data) == self.iters_per_epoch
         self._iterator = None
         self._epoch_start = None
+        self._opening = None  # the epoch whose opening failed, to retry from the same RNG
         self._epoch_done = False
         # How the current iterator was opened, ("rng", states) or ("loader", state), and how many
         # batches it gave since: the cursor a failed fetch goes back to.
@@ -93,9 +94,14 @@ class Feed:
         sampler = _sampler(self.data)
         if sampler is not None:
             sampler.set_epoch(epoch)
-        self._epoch_start = self._rng()
+        if self._opening == epoch:  # a retry after opening it failed: from the same RNG as the first try
+            self._set_rng(self._epoch_start)
+        else:
+            self._epoch_start = self._rng()
+        self._opening = epoch
         self._epoch_done = False
         self._open(("rng", self._epoch_start))
+        self._opening = None
 
     def _open(self, source, drawn: int = 0) -> None:
         """Open an iterator from ``source`` (what ``_source`` holds) and skip ``drawn`` batches.

@@ -8,7 +8,7 @@ can look at it between steps. Each step is a transaction: an exception or
 exactly. Build one with ``pimm_fn.loop``.
 """
 
-import warnings
+import sys
 
 import attrs
 
@@ -18,12 +18,14 @@ from pimm_fn.core.schedule import advance, next_event
 from pimm_fn.runtime import swap
 from pimm_fn.runtime.control import hooks_step_scheduler
 from pimm_fn.runtime.context import Context
-from pimm_fn.runtime.feed import ResumeNotExactWarning, batch_size
+from pimm_fn.runtime.ctrl_c import CTRL_C
+from pimm_fn.runtime.feed import batch_size
+from pimm_fn.runtime.peers import across_ranks
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.step import runner, scalar_outputs, train_step
 from pimm_fn.runtime.transaction import (
-    AFTER_OPTIMIZER, LOADING, OPTIMIZING, SCHEDULING, TRAINING, Interruption, StepWatch, effect_phase, failing_hook,
-    hook_phase,
+    LOADING, SCHEDULING, TRAINING, Interruption, StepWatch, effect_phase, failing_hook, hook_phase, step_of,
+    warn_if_not_exact,
 )
 
 __all__ = ["Loop"]
@@ -49,6 +51,12 @@ class Loop:
     then continues to the weights and trace of an uninterrupted run. Not
     exact, and warned about (``ResumeNotExactWarning``): an exception inside
     ``optimizer.step()`` itself, which may have updated some parameters.
+
+    With several ranks, a failure alike on every rank (same step, same
+    phase: a deterministic bug in a hook or handler) continues exactly the
+    same way. A failure on some ranks only never hangs the others: the
+    group is shut down and every rank raises within seconds (those that did
+    not fail: ``PeerFailureError``); rebuild with ``resume="auto"`` (``peers``).
 
     Attributes:
         state: the current ``State`` (progress, metrics, best values, slots).
@@ -83,6 +91,7 @@ class Loop:
         self._event = None  # an event whose driver work is done (a step trained, an epoch opened), not folded
         self._work = None  # a Pending: a folded event's effects, not all executed
         self._rng = None  # the torch RNG the failed effect started from
+        self._keys = CTRL_C  # a real Ctrl-C: taken inside the step's work, held back in the loop's records
 
     @property
     def trace(self) -> list:
@@ -97,19 +106,25 @@ class Loop:
         """Where the last step stopped on an exception, until it is completed; else ``None``."""
         return self._interrupted
 
-    def _stopped(self, step: int, phase: str) -> None:
-        self._interrupted = Interruption(step, phase)
+    def _stopped(self, step: int, phase: str) -> None:  # in every failure's except block
+        self._keys.open = False
+        self._interrupted = Interruption(step, phase)  # first: an interrupt while the ranks agree keeps it
+        self._interrupted, instead = across_ranks(self._interrupted, sys.exc_info()[1])  # see peers
         self.ctx.say(str(self._interrupted))
+        if instead is not None:  # a PeerFailureError: this rank's error came from another rank's failure
+            raise instead
 
     def _dispatch(self, event) -> None:
         if self._processed.get(event.__class__, True):
             try:
+                self._keys.start()
                 state, work = start(self.hooks, self.state, event, self._interpreter)
             except BaseException as error:  # the fold is pure: nothing changed, the event folds again
                 hook = failing_hook(error)
                 phase = hook_phase(hook) if hook is not None else f"processing {type(event).__name__}"
-                self._stopped(_step_of(event, self.state), phase)
+                self._stopped(step_of(event, self.state), phase)
                 raise
+            self._keys.open = False
             self._event, self.state = None, state
             if work is not None:
                 self._finish(work)
@@ -123,7 +138,9 @@ class Loop:
             entry = work.next_effect
             rng = torch_rng() if entry is not None else None  # a retried effect draws the same numbers
             try:
+                self._keys.start()
                 work = work.advance(hooks, interpreter)
+                self._keys.open = False
             except BaseException as error:
                 self._work, self._rng, self.state = work, rng, work.state
                 if entry is not None:
@@ -131,7 +148,7 @@ class Loop:
                 else:
                     hook = failing_hook(error)
                     phase = hook_phase(hook) if hook is not None else f"processing {type(work.next_followup).__name__}"
-                self._stopped(_step_of(work.frames[0].event, work.state), phase)
+                self._stopped(step_of(work.frames[0].event, work.state), phase)
                 raise
         self._work = None
         self.state = work.state
@@ -150,7 +167,9 @@ class Loop:
         held = self._held
         if held is None:
             try:
+                self._keys.start()
                 batch = ctx.feed.next_batch()  # on an exception the feed is back before this fetch
+                self._keys.open = False
             except BaseException:
                 self._stopped(step, LOADING)
                 raise
@@ -165,10 +184,14 @@ class Loop:
         watch = self._watch
         done = watch.arm() if watch is not None else 0
         try:
+            self._keys.start()
             scalars = self._run_step(ctx.model, ctx.optimizer, batch, None if after else scheduler, ctx.scaler)
         except BaseException:
-            self._step_failed(step, watch.phase(done) if watch is not None else TRAINING)
+            phase = watch.phase(done) if watch is not None else TRAINING
+            warn_if_not_exact(step, phase)
+            self._stopped(step, phase)
             raise
+        self._keys.open = False
         self._held = None
         if after:
             # A batch the non-finite policy left out of the update leaves the scheduler too.
@@ -178,22 +201,13 @@ class Loop:
         self._event = event = ev.after_step(step, scalars, batch_size(batch))
         return event
 
-    def _step_failed(self, step: int, phase: str) -> None:
-        if phase is OPTIMIZING or phase is AFTER_OPTIMIZER:
-            where = "inside optimizer.step()" if phase is OPTIMIZING else "after optimizer.step() in the train step"
-            warnings.warn(
-                f"step {step} was interrupted {where}: some parameters may already be updated, so training it "
-                f"again from its batch (what run() does) will not end bit-identical to an uninterrupted run",
-                ResumeNotExactWarning,
-                stacklevel=4,
-            )
-        self._stopped(step, phase)
-
     def _schedule(self, step: int, scalars: dict, size: int) -> ev.AfterStep:
         """The scheduler step after the default step's optimizer step; returns the step's ``AfterStep``."""
         self._trained = (step, scalars, size)
         try:
+            self._keys.start()
             self.ctx.scheduler.step()
+            self._keys.open = False
         except BaseException:
             self._stopped(step, SCHEDULING)
             raise
@@ -211,11 +225,19 @@ class Loop:
         if cls is ev.AfterStep:
             event = self._train(event.step)
         elif cls is ev.BeforeEpoch:
-            self.ctx.feed.start_epoch(event.epoch)
+            try:
+                self._keys.start()
+                self.ctx.feed.start_epoch(event.epoch)  # a retry opens it from the same RNG
+                self._keys.open = False
+            except BaseException:
+                self._stopped(self.state.progress.global_step, LOADING)
+                raise
             self._event = event  # opened: a failed fold of it must not open the epoch again
         elif cls is ev.AfterEpoch:
             try:
+                self._keys.start()
                 self.ctx.feed.end_epoch()  # a stateful loader is drained: a fetch, as fallible
+                self._keys.open = False
             except BaseException:
                 self._stopped(self.state.progress.global_step, LOADING)
                 raise
@@ -236,13 +258,22 @@ class Loop:
         closed yet (resumed from a checkpoint of the stopping step) only
         runs the closing events. After an interruption (``interrupted``) it
         completes the interrupted step instead, from where it stopped.
+        A Ctrl-C the loop held back (``pimm_fn.runtime.ctrl_c``) is raised
+        at the end, where nothing is in flight.
         """
-        if self._interrupted is not None:
-            return self._continue()
-        return self._step()
+        with self._keys:
+            self._continue() if self._interrupted is not None else self._step()
+            try:
+                self._keys.safe_point()
+            except KeyboardInterrupt:
+                self.ctx.say(f"interrupted after step {self.state.progress.global_step}; run() continues exactly")
+                raise
+        return self
 
     def _continue(self) -> "Loop":
         """``step()`` after an interruption: finish what the step left, then the rest of it."""
+        if not self._interrupted.continues:
+            raise RuntimeError(f"cannot continue this run: {self._interrupted}")
         if self._recover():
             while self._next_event().__class__ in _CLOSING:
                 self._advance()
@@ -302,6 +333,10 @@ class Loop:
 
         After an interruption the first of them completes the interrupted step.
         """
+        with self._keys:
+            return self._run(steps)
+
+    def _run(self, steps: int | None):
         p = self.state.progress
         done = 0
         if self._interrupted is not None:
@@ -330,71 +365,17 @@ class Loop:
         return f"<Loop step {p.global_step}/{p.max_steps}, epoch {p.epoch}, hooks={list(self.hooks.hooks)!r}>"
 
     def replace(self, old, new, *, fresh: bool = False) -> "Loop":
-        """Swap hook ``old`` for ``new`` in this live run, and continue without rebuilding it.
+        """Swap hook ``old`` (a hook, its identity or its path in chains) for ``new`` in this live run.
 
-        For fixing a hook, or an evaluator function, between steps (after a
-        ``step()``/``run(steps=n)``, or after one raised): redefine it, swap
-        it in, call ``run()`` again. ``old`` is found at any depth of nested
-        chains. The new hook is bound to the model (``model_hook``), and
-        everything built from the hooks is rebuilt from the new list: the
-        evaluators (an ``Evaluate`` runs the new function), the hook
-        identities the next checkpoint keys slots by, the run's advice and
-        which events the loop processes. The new hook takes over the old
-        one's slot (counters keep counting); its subscription (``events``,
-        ``every``) may differ, by design: it decides what happens from now
-        on, and the steps already trained are not revisited.
-
-        A checkpoint written after the swap keeps the new hook's slot under
-        the new hook's identity: resume from it with the new hook list (with
-        the old list, the old hook would start from its initial slot).
-
-        Args:
-            old: a hook of the run, its identity (``pimm_fn.core.hook.key``,
-                e.g. ``"log_every(5)"``), or its identity path inside chains
-                (``"logs / log_every(5)"``).
-            new: the hook that takes its place.
-            fresh: start ``new`` from its initial slot instead of taking over
-                the old one's.
-
-        Returns:
-            This ``Loop``, for chaining (``run.replace(a, b).run()``).
-
-        Raises:
-            ValueError: no hook ``old`` (the message lists the hooks there
-                are), or several at different depths (pass its path).
-            TypeError: ``new`` is not a hook, or the old hook's slot does not
-                fit ``new`` (its initial slot has another type): the message
-                names both hooks and both types.
-            DuplicateHookError: ``new``'s identity is another hook's beside it.
-            RuntimeError: a process group is initialized: rebuild the loop
-                with the new hook list on every rank and resume instead.
-
-        >>> run.replace(pf.evaluate_every(4, broken, name="val"),
-        ...             pf.evaluate_every(4, fixed, name="val")).run()  # doctest: +SKIP
+        Fix a hook between steps, or after one raised, and ``run()`` on; see
+        ``pimm_fn.runtime.swap.replace`` for what carries over and what is
+        refused. Returns this ``Loop``: ``run.replace(a, b).run()``.
         """
         swap.replace(self, old, new, fresh=fresh)
         return self
 
     def replace_evaluator(self, name: str, fn) -> "Loop":
-        """Swap the function of the ``evaluate_every`` hook whose evaluator is ``name``; see ``replace``.
-
-        The hook keeps its cadence, name and ``broadcast``; only ``fn`` changes
-        (and with it the hook's identity, which names the function).
-
-        Returns:
-            This ``Loop``, for chaining.
-
-        Raises:
-            ValueError: no evaluator ``name`` (the message lists those there are).
-            TypeError: ``name`` comes from a hook other than ``evaluate_every``:
-                build its replacement and call ``replace``.
-
-        >>> run.replace_evaluator("val", fixed).run()  # doctest: +SKIP
-        """
+        """Swap the function of the ``evaluate_every`` hook whose evaluator is ``name``; see ``replace``."""
         swap.replace_evaluator(self, name, fn)
         return self
 
-
-def _step_of(event, state) -> int:
-    """The step an event belongs to, for a message: the one a step's events name, else the last trained."""
-    return event.step if event.__class__ in (ev.BeforeStep, ev.AfterStep) else state.progress.global_step

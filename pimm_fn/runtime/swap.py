@@ -177,10 +177,47 @@ def _refuse_process_group(run, old, new) -> None:
 
 
 def replace(run, old, new, *, fresh: bool = False) -> None:
-    """Swap ``old`` for ``new`` in ``run`` (a ``Loop``) between steps; see ``Loop.replace``.
+    """Swap hook ``old`` for ``new`` in ``run`` (a ``Loop``), which continues without rebuilding (``Loop.replace``).
+
+    For fixing a hook, or an evaluator function, between steps (after a
+    ``step()``/``run(steps=n)``, or after one raised): redefine it, swap
+    it in, call ``run()`` again. ``old`` is found at any depth of nested
+    chains. The new hook is bound to the model (``model_hook``), and
+    everything built from the hooks is rebuilt from the new list: the
+    evaluators (an ``Evaluate`` runs the new function), the hook
+    identities the next checkpoint keys slots by, the run's advice and
+    which events the loop processes. The new hook takes over the old
+    one's slot (counters keep counting); its subscription (``events``,
+    ``every``) may differ, by design: it decides what happens from now
+    on, and the steps already trained are not revisited.
+
+    A checkpoint written after the swap keeps the new hook's slot under
+    the new hook's identity: resume from it with the new hook list (with
+    the old list, the old hook would start from its initial slot).
+
+    Args:
+        old: a hook of the run, its identity (``pimm_fn.core.hook.key``,
+            e.g. ``"log_every(5)"``), or its identity path inside chains
+            (``"logs / log_every(5)"``).
+        new: the hook that takes its place.
+        fresh: start ``new`` from its initial slot instead of taking over
+            the old one's.
 
     Everything is checked before anything changes: a refused swap leaves
     the run as it was.
+
+    Raises:
+        ValueError: no hook ``old`` (the message lists the hooks there
+            are), or several at different depths (pass its path).
+        TypeError: ``new`` is not a hook, or the old hook's slot does not
+            fit ``new`` (its initial slot has another type): the message
+            names both hooks and both types.
+        DuplicateHookError: ``new``'s identity is another hook's beside it.
+        RuntimeError: a process group is initialized: rebuild the loop
+            with the new hook list on every rank and resume instead.
+
+    >>> run.replace(pf.evaluate_every(4, broken, name="val"),
+    ...             pf.evaluate_every(4, fixed, name="val")).run()  # doctest: +SKIP
     """
     _refuse_process_group(run, old, new)
     protocol.check_hooks([new], "replace")

@@ -13,13 +13,27 @@ the core's resumable ``process`` (``pimm_fn.core.fold.Pending``):
   it (some parameters may have changed: not exact, and said so), or after;
 * ``failing_hook``, the hook a fold raised in, read from the traceback so
   the fold itself pays nothing for it.
+
+Across ranks (a process group of two or more), see ``pimm_fn.runtime.peers``:
+a step that fails on every rank at the same global step and in the same
+phase (a deterministic bug in a hook or an effect handler) leaves every rank
+at a point ``run()`` continues from exactly, as in one process. A step that
+fails on some ranks only, or in different places, never hangs the others:
+the process group is shut down, every rank raises within seconds (the ranks
+that did not fail with ``PeerFailureError`` naming the rank that did), and
+``interrupted.continues`` is False: the run must be rebuilt on every rank,
+in a fresh process group, with ``resume="auto"``.
 """
 
+import warnings
 import weakref
 
 import attrs
 
+from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
+from pimm_fn.runtime.ctrl_c import CTRL_C
+from pimm_fn.runtime.feed import ResumeNotExactWarning
 
 __all__ = ["Interruption", "StepWatch", "failing_hook", "effect_phase"]
 
@@ -44,9 +58,16 @@ class Interruption:
 
     step: int
     phase: str
+    continues: bool = True
 
     def __str__(self) -> str:
-        return f"interrupted at step {self.step} during {self.phase}; run() continues exactly from here"
+        where = f"interrupted at step {self.step} during {self.phase}"
+        if self.continues:
+            return f"{where}; run() continues exactly from here"
+        return (
+            f"{where}; the ranks did not fail alike, so the process group was shut down: rebuild the run on every "
+            f'rank in a fresh process group with resume="auto"'
+        )
 
 
 def effect_phase(effect) -> str:
@@ -73,6 +94,23 @@ def failing_hook(error: BaseException):
             found = frame.f_locals.get("hook", found)
         tb = tb.tb_next
     return found
+
+
+def step_of(event, state) -> int:
+    """The step an event belongs to, for a message: the one a step's events name, else the last trained."""
+    return event.step if event.__class__ in (ev.BeforeStep, ev.AfterStep) else state.progress.global_step
+
+
+def warn_if_not_exact(step: int, phase: str) -> None:
+    """Warn (``ResumeNotExactWarning``) when a train step raised once ``optimizer.step()`` had begun."""
+    if phase is OPTIMIZING or phase is AFTER_OPTIMIZER:
+        where = "inside optimizer.step()" if phase is OPTIMIZING else "after optimizer.step() in the train step"
+        warnings.warn(
+            f"step {step} was interrupted {where}: some parameters may already be updated, so training it "
+            f"again from its batch (what run() does) will not end bit-identical to an uninterrupted run",
+            ResumeNotExactWarning,
+            stacklevel=4,
+        )
 
 
 def hook_phase(hook) -> str:
@@ -115,9 +153,11 @@ class StepWatch:
 
     def _entering(self, optimizer, args, kwargs):
         self.entered += 1
+        CTRL_C.holding = True  # a Ctrl-C waits for the parameters to be all updated
 
     def _stepped(self, optimizer, args, kwargs):
         self.done += 1
+        CTRL_C.holding = False
 
     def arm(self) -> int:
         """Before a step: keep the pre-hook last; returns the completions so far, for ``phase``."""

@@ -274,6 +274,102 @@ def _dump(out, tag, rank, result):
         pickle.dump(result, f)
 
 
+# -- a step that raises on every rank alike, or on one rank only (test_interruption_ranks) ---------------
+
+_FIRED = set()  # the injected failures already raised in this process: each raises once
+
+
+@attrs.frozen
+class _RaiseAt:
+    """A hook of the user's own that raises once, at ``AfterStep(step)``, on the ranks in ``ranks``."""
+
+    step: int
+    ranks: tuple = ()
+    events = (ev.AfterStep,)
+
+    def __call__(self, state, event):
+        if event.step == self.step and state.rank in self.ranks and self not in _FIRED:
+            _FIRED.add(self)
+            raise ValueError(f"injected hook failure at step {event.step} on rank {state.rank}")
+        return state, ()
+
+    def __repr__(self):  # the same on every rank: the ranks that fail are the bug, not the configuration
+        return f"raise_at({self.step})"
+
+
+@attrs.define(eq=False)
+class _FlakyValLoss(ValLoss):
+    """``ValLoss`` whose ``fail_call``-th call raises on ``ranks``, once, before its all-reduce."""
+
+    fail_call: int = 0
+    ranks: tuple = ()
+    calls: int = 0
+
+    def __call__(self, model):
+        self.calls += 1
+        if self.calls == self.fail_call and dist.rank() in self.ranks:
+            raise ValueError(f"injected evaluator failure at call {self.calls} on rank {dist.rank()}")
+        return super().__call__(model)
+
+
+def _interrupt_run(rank, world, save_dir, raise_at=(0, ()), fail_eval=(0, ())):
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    hooks = [pf.evaluate_every(4, _FlakyValLoss(*fail_eval), name="val"), pf.save_every(4),
+             pf.best_on("val_loss", mode="min"), pf.log_every(5), _RaiseAt(*raise_at)]
+    return pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=2, save_dir=save_dir,
+                   console=False, ddp=True)
+
+
+def _failure(exc) -> dict:
+    return {"type": type(exc).__name__, "message": "\n".join([str(exc), *getattr(exc, "__notes__", ())])}
+
+
+def interrupt_alike(rank, world, out, *, save_dir, tag):
+    """An uninterrupted run, then one whose hook raises at step 5 and one whose evaluator raises at step 8,
+    both on every rank, each continued with run(): what each ended with."""
+    result = {"rank": rank}
+    reference = _interrupt_run(rank, world, f"{save_dir}/ref")
+    reference.run()
+    result["ref"] = {**_snapshot(reference), "trace": reference.trace}
+    for kind, arguments in (("hook", dict(raise_at=(5, (0, 1)))), ("effect", dict(fail_eval=(2, (0, 1))))):
+        run = _interrupt_run(rank, world, f"{save_dir}/{kind}", **arguments)
+        try:
+            run.run()
+            raise AssertionError("the injected failure did not raise")
+        except ValueError as exc:
+            found = {"error": _failure(exc), "interrupted": run.interrupted}
+        run.run()
+        result[kind] = {**found, **_snapshot(run), "trace": run.trace}
+    return _dump(out, tag, rank, result)
+
+
+def interrupt_one_rank(rank, world, out, *, save_dir, tag, where):
+    """A run whose evaluator (``where="effect"``) or hook (``where="hook"``) raises on rank 1 only."""
+    import time
+
+    arguments = dict(fail_eval=(2, (1,))) if where == "effect" else dict(raise_at=(5, (1,)))
+    run = _interrupt_run(rank, world, save_dir, **arguments)
+    start = time.monotonic()
+    result = {"rank": rank}
+    try:
+        run.run()
+        result["error"] = None
+    except Exception as exc:
+        result["error"] = _failure(exc)
+    result["seconds"] = time.monotonic() - start
+    result["interrupted"] = run.interrupted
+    try:
+        run.run()
+        result["again"] = None
+    except Exception as exc:
+        result["again"] = _failure(exc)
+    _dump(out, tag, rank, result)
+    sys.stdout.flush()
+    os._exit(0)  # the process group is shut down: main()'s destroy_process_group has nothing to destroy
+
+
 def main(argv) -> int:
     function, rank, world, out, kwargs = argv[1], int(argv[2]), int(argv[3]), argv[4], json.loads(argv[5])
     torch.set_num_threads(1)

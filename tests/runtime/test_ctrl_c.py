@@ -1,0 +1,98 @@
+"""A real Ctrl-C (SIGINT) is taken inside the step's work and held back inside the loop's own records."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from pimm_fn.runtime.ctrl_c import CtrlC
+
+
+def _sigint_and_spin():
+    """Deliver a real SIGINT to this process while running code of this (user) file."""
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):  # the handler runs at the next bytecode boundary
+        time.sleep(0)
+
+
+def test_a_sigint_inside_opened_work_raises_at_once():
+    """With a piece of work open, a SIGINT landing in user code is a KeyboardInterrupt there."""
+    keys = CtrlC()
+    with keys:
+        keys.start()
+        with pytest.raises(KeyboardInterrupt):
+            _sigint_and_spin()
+    assert not keys.pending
+
+
+def test_a_sigint_between_pieces_of_work_is_held_until_the_next_one_starts():
+    """Outside opened work the signal is held; the next start() raises it, where the loop records it."""
+    keys = CtrlC()
+    with keys:
+        _sigint_and_spin()  # nothing open: held
+        assert keys.pending
+        with pytest.raises(KeyboardInterrupt):
+            keys.start()
+        assert not keys.pending and not keys.open
+
+
+def test_a_sigint_during_the_optimizer_step_waits_for_it_to_finish():
+    """While holding (inside optimizer.step()), the signal waits; the end of the step raises it."""
+    keys = CtrlC()
+    with keys:
+        keys.start()
+        keys.holding = True
+        _sigint_and_spin()
+        assert keys.pending
+        with pytest.raises(KeyboardInterrupt):
+            keys.safe_point()
+
+
+def test_the_previous_handler_is_back_after_the_run():
+    """Leaving the outermost run() restores whatever SIGINT handler was installed before."""
+    before = signal.getsignal(signal.SIGINT)
+    keys = CtrlC()
+    with keys:
+        with keys:  # run() calling step()
+            assert signal.getsignal(signal.SIGINT) == keys._handle
+        assert signal.getsignal(signal.SIGINT) == keys._handle
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_real_sigints_at_any_moment_then_run_again_end_bit_identical(tmp_path):
+    """SIGINTs sent at arbitrary moments of a real run, each followed by run(), end as the uninterrupted run."""
+    import threading
+
+    import torch
+
+    import pimm_fn as pf
+    import _tiny_workload as tw
+
+    def build(save_dir):
+        hooks = [pf.evaluate_every(7, tw.negative_mse, name="val"), pf.save_every(25), pf.best_on("score"),
+                 pf.log_every(10)]
+        return tw.build(save_dir, kind="stateful", hooks=hooks, max_epochs=30)
+
+    model, run = build(tmp_path / "reference")
+    run()
+    expected, trace = tw.weights(model), [repr(e) for e in run.trace]
+    model, run = build(tmp_path / "interrupted")
+    interrupts = 0
+    outside = signal.signal(signal.SIGINT, lambda signum, frame: None)  # a late signal outside run() is dropped
+    try:
+        for delay in (0.01, 0.023, 0.037, 0.05, 0.071, 0.09, 0.13):
+            timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            try:
+                run.run()
+            except BaseException:  # a save interrupted inside the checkpoint writer arrives wrapped by it
+                interrupts += 1
+            timer.cancel()
+            timer.join()
+        run.run()
+    finally:
+        signal.signal(signal.SIGINT, outside)
+    assert interrupts >= 3
+    assert tw.same_weights(tw.weights(model), expected)
+    assert [repr(e) for e in run.trace] == trace
