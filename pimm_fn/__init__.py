@@ -49,6 +49,7 @@ _RUNTIME = {
     "ResumeNotExactWarning": "pimm_fn.runtime.feed",
     "MissingHandlerError": "pimm_fn.runtime.interpreter",
     "ConfigurationWarning": "pimm_fn.runtime.advice",
+    "PeerFailureError": "pimm_fn.runtime.peers",
     "NonFiniteLossError": "pimm_fn.runtime.step",
     "NonFiniteLossWarning": "pimm_fn.runtime.step",
 }

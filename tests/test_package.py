@@ -25,7 +25,7 @@ PUBLIC = {
     "load_weights", "log_every", "LogState", "model_hook", "early_stop", "EarlyStopState", "step_scheduler",
     "loop", "Loop", "train_step", "CollectiveDivergenceError", "ResumeError", "ResumeNotExactWarning",
     "NonFiniteLossError", "NonFiniteLossWarning",
-    "MissingHandlerError", "ConfigurationWarning", "DuplicateHookError", "hook_factory",
+    "MissingHandlerError", "ConfigurationWarning", "PeerFailureError", "DuplicateHookError", "hook_factory",
 }
 
 

@@ -312,14 +312,44 @@ class _FlakyValLoss(ValLoss):
         return super().__call__(model)
 
 
-def _interrupt_run(rank, world, save_dir, raise_at=(0, ()), fail_eval=(0, ())):
+class _FlakyNet(Net):
+    """``Net`` whose training forward number ``fail_call`` raises once, on ``ranks``."""
+
+    def __init__(self, fail_call=0, ranks=()):
+        super().__init__()
+        self.fail_call, self.ranks, self.calls = fail_call, tuple(ranks), 0
+
+    def forward(self, batch):
+        self.calls += self.training
+        if self.training and self.calls == self.fail_call and dist.rank() in self.ranks:
+            raise ValueError(f"injected forward failure at call {self.calls} on rank {dist.rank()}")
+        return super().forward(batch)
+
+
+def _flaky_save(step, ranks):
+    """The real save handler, raising once before the save of ``step`` on ``ranks``."""
+    from pimm_fn.runtime.handlers import save_checkpoint
+
+    fired = []
+
+    def handler(effect, state, ctx):
+        if effect.step == step and dist.rank() in ranks and not fired:
+            fired.append(step)
+            raise ValueError(f"injected save failure at step {step} on rank {dist.rank()}")
+        return save_checkpoint(effect, state, ctx)
+
+    return handler
+
+
+def _interrupt_run(rank, world, save_dir, raise_at=(0, ()), fail_eval=(0, ()), fail_forward=(0, ()),
+                   fail_save=(0, ())):
     torch.manual_seed(0)
-    model = Net()
+    model = _FlakyNet(*fail_forward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     hooks = [pf.evaluate_every(4, _FlakyValLoss(*fail_eval), name="val"), pf.save_every(4),
              pf.best_on("val_loss", mode="min"), pf.log_every(5), _RaiseAt(*raise_at)]
     return pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=2, save_dir=save_dir,
-                   console=False, ddp=True)
+                   console=False, ddp=True, handlers={SaveCheckpoint: _flaky_save(*fail_save)})
 
 
 def _failure(exc) -> dict:
@@ -327,13 +357,15 @@ def _failure(exc) -> dict:
 
 
 def interrupt_alike(rank, world, out, *, save_dir, tag):
-    """An uninterrupted run, then one whose hook raises at step 5 and one whose evaluator raises at step 8,
-    both on every rank, each continued with run(): what each ended with."""
+    """An uninterrupted run, then runs whose hook (step 5), evaluator (step 8), forward (step 6) or save
+    (step 4) raises on every rank, each continued with run(): what each ended with."""
     result = {"rank": rank}
     reference = _interrupt_run(rank, world, f"{save_dir}/ref")
     reference.run()
     result["ref"] = {**_snapshot(reference), "trace": reference.trace}
-    for kind, arguments in (("hook", dict(raise_at=(5, (0, 1)))), ("effect", dict(fail_eval=(2, (0, 1))))):
+    every = (0, 1)
+    for kind, arguments in (("hook", dict(raise_at=(5, every))), ("effect", dict(fail_eval=(2, every))),
+                            ("forward", dict(fail_forward=(6, every))), ("save", dict(fail_save=(4, every)))):
         run = _interrupt_run(rank, world, f"{save_dir}/{kind}", **arguments)
         try:
             run.run()

@@ -25,13 +25,16 @@ def assert_same(found, expected):
 
 
 def test_a_failure_alike_on_every_rank_continues_exactly(tmp_path):
-    """A hook (step 5) or an evaluator (step 8) raising on both ranks, then run(): the uninterrupted run's end."""
+    """A hook (step 5), evaluator (step 8), forward (step 6) or save (step 4) raising on both ranks, then run():
+    the uninterrupted run's end, bit for bit."""
     run_ranks("interrupt_alike", 2, tmp_path, timeout=90, save_dir=str(tmp_path / "run"), tag="alike").check()
     for rank in results(tmp_path, "alike", 2):
         assert rank["hook"]["error"]["message"].startswith(f"injected hook failure at step 5 on rank {rank['rank']}")
         assert rank["hook"]["interrupted"].phase == "hook raise_at(5)"
         assert rank["effect"]["interrupted"].phase == "effect Evaluate(evaluator='val', step=8, broadcast=True)"
-        for kind in ("hook", "effect"):
+        assert rank["forward"]["interrupted"].phase == "the train step"
+        assert rank["save"]["interrupted"].phase.startswith("effect SaveCheckpoint(step=4")
+        for kind in ("hook", "effect", "forward", "save"):
             assert rank[kind]["interrupted"].continues
             assert_same(rank[kind], rank["ref"])
 
