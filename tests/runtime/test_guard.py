@@ -1,11 +1,8 @@
 """The agreement guard's pure parts (the setup and its description) and its comparison schedule."""
 
-import socket
-
 import attrs
 import pytest
 import torch
-import torch.distributed as td
 
 import pimm_fn as pf
 from pimm_fn.core import events as ev
@@ -13,6 +10,7 @@ from pimm_fn.core.plan import initial_state
 from pimm_fn.runtime.guard import AgreementGuard
 from pimm_fn.runtime.setup import describe_setup, setup_of
 from _tiny_workload import TinyNet, loader, negative_mse
+from _process_group import one_rank_group  # noqa: F401 - a fixture
 
 
 def setup(*hooks, iters_per_epoch=6, max_epochs=3):
@@ -106,19 +104,6 @@ def test_description_names_differing_schedule_values_and_their_fix():
     text = describe_setup([setup(pf.save_every(2), iters_per_epoch=6), setup(pf.save_every(2), iters_per_epoch=7)])
     assert "  iters_per_epoch: rank 0: 6; rank 1: 7" in text.splitlines()
     assert "DistributedSampler" in text and "same hook list" not in text
-
-
-@pytest.fixture
-def one_rank_group():
-    """A real gloo process group of one rank in this process, removed afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        td.destroy_process_group()
 
 
 def guarded_run(hooks, max_epochs=4):

@@ -1,17 +1,15 @@
 """Swapping a hook (or an evaluator's function) in a live run, and continuing exactly."""
 
-import socket
-
 import attrs
 import pytest
 import torch
-import torch.distributed as td
 
 import pimm_fn as pf
 from pimm_fn.core.effects import Evaluate
 from pimm_fn.hooks import LogState
 
 import _tiny_workload as tw
+from _process_group import one_rank_group  # noqa: F401 - a fixture
 
 EPOCHS = 3  # 5 steps per epoch: 15 steps
 
@@ -213,19 +211,6 @@ def test_what_is_not_a_hook_or_evaluator_is_refused(tmp_path):
         run.replace("save_every(3)", pf.save_every)
     with pytest.raises(ValueError, match=r"no evaluator named 'test' in this run \(known: \['val'\]\)"):
         run.replace_evaluator("test", tw.negative_mse)
-
-
-@pytest.fixture
-def one_rank_group():
-    """A real gloo process group of one rank in this process, removed afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        td.destroy_process_group()
 
 
 def test_a_swap_with_a_process_group_is_refused(one_rank_group):
