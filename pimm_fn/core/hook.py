@@ -146,6 +146,10 @@ class Declared:
     def wants(self, event_type) -> bool:
         return self.events is None or any(issubclass(event_type, t) for t in self.events)
 
+    def may_emit(self, effect_type) -> bool:
+        """Whether ``emits`` declares ``effect_type`` (or a subclass; a tuple of types: any). Undeclared: no."""
+        return self.emits is not None and any(issubclass(t, effect_type) for t in self.emits)
+
 
 def _every(hook) -> int:
     every = getattr(hook, "every", 1)
@@ -273,8 +277,7 @@ def emits_any(hooks, effect_type) -> bool:
     (True, False)
     """
     for hook in leaves(hooks):
-        emits = declared(hook).emits
-        if emits is not None and any(issubclass(t, effect_type) for t in emits):
+        if declared(hook).may_emit(effect_type):
             return True
     return False
 

@@ -23,10 +23,6 @@ class ConfigurationWarning(UserWarning):
     """A run's configuration is valid but probably not what was meant."""
 
 
-def _describe(declared) -> str:
-    return declared.key
-
-
 def saver_before_evaluator(hooks, *, iters_per_epoch: int, max_epochs: int) -> list[str]:
     """Messages for each saver that precedes an evaluator firing on a common mid-epoch step.
 
@@ -39,23 +35,19 @@ def saver_before_evaluator(hooks, *, iters_per_epoch: int, max_epochs: int) -> l
     max_steps = iters_per_epoch * max_epochs
     messages = []
     for i, saver in enumerate(found):
-        if not _emits(saver, SaveCheckpoint) or not saver.wants(AfterStep):
+        if not saver.may_emit(SaveCheckpoint) or not saver.wants(AfterStep):
             continue
         for evaluator in found[i + 1:]:
-            if not _emits(evaluator, Evaluate) or not evaluator.wants(AfterStep):
+            if not evaluator.may_emit(Evaluate) or not evaluator.wants(AfterStep):
                 continue
             common = math.lcm(saver.every, evaluator.every)
             if common <= max_steps and common % iters_per_epoch:
                 messages.append(
-                    f"{_describe(saver)} comes before {_describe(evaluator)} in the hook list and both act at "
+                    f"{saver.key} comes before {evaluator.key} in the hook list and both act at "
                     f"step {common}: that checkpoint is written before the evaluation and misses its result. "
                     f"Put the evaluator first"
                 )
     return messages
-
-
-def _emits(declared, effect_type) -> bool:
-    return declared.emits is not None and any(issubclass(t, effect_type) for t in declared.emits)
 
 
 class Advice:

@@ -46,8 +46,7 @@ def check_save_dir(hooks, save_dir) -> None:
     """A hook that writes checkpoints or best weights needs ``save_dir``."""
     if save_dir is not None:
         return
-    writers = [d.key for d in map(protocol.declared, protocol.leaves(hooks))
-               if d.emits is not None and any(issubclass(t, (SaveCheckpoint, WriteBest)) for t in d.emits)]
+    writers = [d.key for d in map(protocol.declared, protocol.leaves(hooks)) if d.may_emit((SaveCheckpoint, WriteBest))]
     if writers:
         raise ValueError(
             f"loop: hook(s) {', '.join(writers)} write checkpoints or best weights, but save_dir is None: "
@@ -93,6 +92,6 @@ def best_metrics(hooks) -> tuple:
     """The metrics whose best weights the hooks write, in hook order (``best_on``'s metrics)."""
     found = []
     for declared in map(protocol.declared, protocol.leaves(hooks)):
-        if declared.emits is not None and WriteBest in declared.emits:
+        if declared.may_emit(WriteBest):
             found.extend(m for m in declared.reads_metrics if m not in found)
     return tuple(found)

@@ -73,7 +73,7 @@ def check_scheduler_hooks(hooks, scheduler) -> None:
     if not hooks_step_scheduler(hooks):
         return
     declared = [protocol.declared(h) for h in protocol.leaves(hooks)]
-    steppers = [d for d in declared if d.emits is not None and any(issubclass(t, StepScheduler) for t in d.emits)]
+    steppers = [d for d in declared if d.may_emit(StepScheduler)]
     if scheduler is None:
         raise ValueError(
             f"loop: hook(s) {', '.join(d.key for d in steppers)} step the learning-rate scheduler, but "
@@ -83,7 +83,7 @@ def check_scheduler_hooks(hooks, scheduler) -> None:
     for d in declared:
         if d.emits is None or not d.wants(ev.AfterStep):
             continue
-        if saver is None and any(issubclass(t, SaveCheckpoint) for t in d.emits):
+        if saver is None and d.may_emit(SaveCheckpoint):
             saver = d
         elif saver is not None and d in steppers:
             raise ValueError(

@@ -14,7 +14,7 @@ from pimm_fn.core.effects import Evaluate, Log, SaveCheckpoint, WriteBest
 from pimm_fn.runtime.feed import ResumeNotExactWarning
 from pimm_fn.runtime.handlers import DEFAULT_HANDLERS
 from pimm_fn.runtime.transaction import Interruption
-from _tiny_workload import TinyNet, dataset, loader, weights
+from _tiny_workload import TinyNet, dataset, loader, same, weights
 
 
 class Injector:
@@ -150,17 +150,6 @@ def outcome(save_dir, model, optimizer, scheduler, run) -> dict:
         "trace": [repr(e) for e in run.trace], "state": run.state, "log": [json.loads(line) for line in log],
         "rng": torch.get_rng_state(),
     }
-
-
-def same(a, b) -> bool:
-    """Equal, tensors bit for bit, at any depth."""
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 _REFERENCE = {}

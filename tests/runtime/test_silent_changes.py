@@ -5,20 +5,9 @@ import warnings
 
 import pytest
 import torch
-from torch.utils.data import DataLoader
 
 import pimm_fn as pf
-from _tiny_workload import TinyNet, dataset, same_weights, weights
-
-
-def _loader(kind, batch_size):
-    data = dataset()
-    if kind == "plain":
-        return DataLoader(data, batch_size=batch_size, shuffle=True)
-    from torchdata.stateful_dataloader import StatefulDataLoader
-
-    generator = torch.Generator().manual_seed(7) if kind == "generator" else None
-    return StatefulDataLoader(data, batch_size=batch_size, shuffle=True, generator=generator)
+from _tiny_workload import TinyNet, dataset, loader, same_weights, weights
 
 
 def _recording(rows):
@@ -41,7 +30,7 @@ def _run(save_dir, *, kind="plain", batch_size=8, rows=None, resume=None, hooks=
     model = TinyNet()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     return pf.loop(
-        model, optimizer, _loader(kind, batch_size), hooks=[pf.save_every(3)] if hooks is None else hooks,
+        model, optimizer, loader(kind, batch_size), hooks=[pf.save_every(3)] if hooks is None else hooks,
         max_epochs=2, save_dir=save_dir, resume=resume, console=False,
         step_fn=_recording(rows) if rows is not None else None, **kwargs,
     )
@@ -107,7 +96,7 @@ def _sgd_run(save_dir, resume=None, scheduler=False, **hyper):
     settings = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0, **hyper}
     optimizer = torch.optim.SGD(model.parameters(), **settings)
     sched = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5) if scheduler else None
-    return pf.loop(model, optimizer, _loader("plain", 8), hooks=[pf.save_every(3)], max_epochs=1, save_dir=save_dir,
+    return pf.loop(model, optimizer, loader("plain", 8), hooks=[pf.save_every(3)], max_epochs=1, save_dir=save_dir,
                    resume=resume, scheduler=sched, console=True, **mode)
 
 
@@ -178,7 +167,7 @@ def _nan_run(at, hooks=(), step_fn=None, **kwargs):
     model = NaNAt(at)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
-    run = pf.loop(model, optimizer, _loader("plain", 8), hooks=list(hooks), max_epochs=2, scheduler=scheduler,
+    run = pf.loop(model, optimizer, loader("plain", 8), hooks=list(hooks), max_epochs=2, scheduler=scheduler,
                   step_fn=step_fn, console=False, **kwargs)
     return model, run
 
@@ -247,7 +236,7 @@ def test_best_on_never_writes_model_best_from_an_infinite_or_nan_evaluation(tmp_
     torch.manual_seed(0)
     model = TinyNet()
     hooks = [pf.evaluate_every(2, evaluator, name="val"), pf.best_on("score"), pf.best_on("score", mode="min")]
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), _loader("plain", 8), hooks=hooks,
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader("plain", 8), hooks=hooks,
                   max_epochs=2, save_dir=tmp_path, console=False)
     run.run(steps=4)
     assert not list((tmp_path / "model").glob("model_best*")) and dict(run.state.best) == {}
