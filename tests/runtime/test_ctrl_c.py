@@ -72,7 +72,7 @@ def test_real_sigints_at_any_moment_then_run_again_end_bit_identical(tmp_path):
     def build(save_dir):
         hooks = [pf.evaluate_every(7, tw.negative_mse, name="val"), pf.save_every(25), pf.best_on("score"),
                  pf.log_every(10)]
-        return tw.build(save_dir, kind="stateful", hooks=hooks, max_epochs=30)
+        return tw.build(save_dir, kind="plain", hooks=hooks, max_epochs=30)
 
     model, run = build(tmp_path / "reference")
     run()
