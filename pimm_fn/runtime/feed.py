@@ -46,6 +46,17 @@ def _sampler(data):
     return None
 
 
+def _sampler_generators(data, own) -> tuple:
+    """Generators the loader's samplers keep across epochs (torchdata's RandomSampler), besides ``own``."""
+    found = []
+    for holder in (getattr(data, "sampler", None), getattr(data, "batch_sampler", None),
+                   getattr(getattr(data, "batch_sampler", None), "sampler", None)):
+        generator = getattr(holder, "generator", None)
+        if isinstance(generator, torch.Generator) and generator is not own and all(generator is not g for g in found):
+            found.append(generator)
+    return tuple(found)
+
+
 def _length(data) -> int:
     try:
         length = len(data)
@@ -69,6 +80,8 @@ class Feed:
             and callable(getattr(data, "load_state_dict", None))
             and self.generator is None  # its restore leaves an own generator off by a draw
         )
+        # Drawn from when an epoch opens: part of the RNG an opening that failed, or a replay, puts back.
+        self._sampler_generators = _sampler_generators(data, self.generator)
         self._drains = self.stateful and hasattr(data, "__len__") and len(data) == self.iters_per_epoch
         self._iterator = None
         self._epoch_start = None
@@ -82,12 +95,20 @@ class Feed:
         self._in_process = not getattr(data, "num_workers", 0)
 
     def _rng(self) -> dict:
-        return {"torch": torch.get_rng_state(), "generator": self.generator.get_state() if self.generator else None}
+        return {
+            "torch": torch.get_rng_state(),
+            "generator": self.generator.get_state() if self.generator else None,
+            "samplers": [generator.get_state() for generator in self._sampler_generators],
+        }
 
     def _set_rng(self, states: dict) -> None:
         torch.set_rng_state(states["torch"])
         if self.generator is not None and states.get("generator") is not None:
             self.generator.set_state(states["generator"])
+        saved = states.get("samplers") or ()
+        if len(saved) == len(self._sampler_generators):
+            for generator, state in zip(self._sampler_generators, saved):
+                generator.set_state(state)
 
     def start_epoch(self, epoch: int) -> None:
         """Begin ``epoch``: tell the sampler, remember the RNG, open the iterator."""
@@ -160,7 +181,8 @@ class Feed:
 
     def state_dict(self) -> dict:
         """The cursor: the loader's own state, and the RNG states replay needs."""
-        cursor = {"epoch_start": self._epoch_start, "generator": self._rng()["generator"]}
+        now = self._rng()
+        cursor = {"epoch_start": self._epoch_start, "generator": now["generator"], "samplers": now["samplers"]}
         if self.stateful:
             cursor.update(loader=self.data.state_dict(), epoch_done=self._epoch_done)
         return cursor
@@ -170,8 +192,8 @@ class Feed:
 
         Call with the process RNG already restored to the checkpoint's.
         """
-        if self.generator is not None and cursor.get("generator") is not None:
-            self.generator.set_state(cursor["generator"])
+        if cursor.get("generator") is not None or cursor.get("samplers"):
+            self._set_rng({**cursor, "torch": torch.get_rng_state()})
         if iter_in_epoch == 0 or iter_in_epoch >= self.iters_per_epoch:
             if self.stateful and cursor.get("epoch_done"):
                 self._load_finished(cursor["loader"])  # its sampler's state for the next epoch

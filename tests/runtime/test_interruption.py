@@ -62,7 +62,9 @@ class FlakyLoader:
         return len(self.data)
 
     def __iter__(self):
-        return FlakyIterator(iter(self.data))
+        iterator = iter(self.data)
+        inject("open")  # after the loader opened its epoch (its sampler has drawn the order)
+        return FlakyIterator(iterator)
 
     def __getattr__(self, name):
         return getattr(self.data, name)
@@ -118,7 +120,7 @@ HANDLERS = {
 
 # The calls each site sees in the 10 steps of the workload (about): where an injection can land.
 SITES = {
-    "fetch": 11, "fetch_drawn": 10, "forward": 10, "backward": 10, "optimizer": 10, "scheduler": 11,
+    "open": 2, "fetch": 11, "fetch_drawn": 10, "forward": 10, "backward": 10, "optimizer": 10, "scheduler": 11,
     "hook": 12, "before_hook": 12, "evaluate": 2, "evaluate_handler": 2, "save": 4, "best": 2, "log": 6,
 }
 
