@@ -12,9 +12,11 @@ while ``run()`` or ``step()`` runs in the main thread, the loop's handler:
   lands outside the loop's own files (in the data loader, the model, torch,
   a hook, a handler);
 * otherwise holds it, and the loop raises it at its next safe point: the
-  start of the next piece of work, or the end of the step. Inside
-  ``optimizer.step()`` it is held too (``holding``): a step stopped half-way
-  through its parameters could not be continued exactly.
+  start of the next piece of work, or the end of the step. From the start
+  of ``optimizer.step()`` to the end of the train step it is held too
+  (``holding``): a step stopped half-way through its parameters, or after
+  them but before the loop recorded the step, could not be continued
+  exactly.
 
 The previous SIGINT handler is put back when ``run()``/``step()`` returns.
 """

@@ -153,11 +153,12 @@ class StepWatch:
 
     def _entering(self, optimizer, args, kwargs):
         self.entered += 1
-        CTRL_C.holding = True  # a Ctrl-C waits for the parameters to be all updated
+        # A Ctrl-C waits for the parameters to be all updated and the step recorded; the next
+        # piece of work the loop opens (CtrlC.start) releases it.
+        CTRL_C.holding = True
 
     def _stepped(self, optimizer, args, kwargs):
         self.done += 1
-        CTRL_C.holding = False
 
     def arm(self) -> int:
         """Before a step: keep the pre-hook last; returns the completions so far, for ``phase``."""

@@ -49,6 +49,34 @@ def test_a_sigint_during_the_optimizer_step_waits_for_it_to_finish():
             keys.safe_point()
 
 
+def test_a_sigint_after_the_optimizer_step_but_inside_the_train_step_is_held_to_its_end(tmp_path):
+    """A SIGINT after optimizer.step()'s hooks, before the train step returns: the step completes, then it stops, exactly."""
+    import warnings
+
+    import _tiny_workload as tw
+
+    _, reference = tw.build(tmp_path / "reference", max_epochs=1)
+    reference()
+    model, run = tw.build(tmp_path / "interrupted", max_epochs=1)
+    fired = []
+
+    def interrupt_once(optimizer, args, kwargs):  # registered last: runs after the loop's own step hooks
+        if run.state.progress.global_step == 2 and not fired:
+            fired.append(True)
+            _sigint_and_spin()
+
+    run.ctx.optimizer.register_step_post_hook(interrupt_once)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a ResumeNotExactWarning would fail the test
+        with pytest.raises(KeyboardInterrupt):
+            run()
+        assert run.interrupted is not None
+        run()
+    assert fired
+    assert tw.same_weights(tw.weights(model), tw.weights(reference.ctx.model))
+    assert [repr(e) for e in run.trace] == [repr(e) for e in reference.trace]
+
+
 def test_the_previous_handler_is_back_after_the_run():
     """Leaving the outermost run() restores whatever SIGINT handler was installed before."""
     before = signal.getsignal(signal.SIGINT)
@@ -60,7 +88,8 @@ def test_the_previous_handler_is_back_after_the_run():
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_real_sigints_at_any_moment_then_run_again_end_bit_identical(tmp_path):
+@pytest.mark.parametrize("kind", ["plain", "stateful"])
+def test_real_sigints_at_any_moment_then_run_again_end_bit_identical(tmp_path, kind):
     """SIGINTs sent at arbitrary moments of a real run, each followed by run(), end as the uninterrupted run."""
     import threading
 
@@ -72,7 +101,7 @@ def test_real_sigints_at_any_moment_then_run_again_end_bit_identical(tmp_path):
     def build(save_dir):
         hooks = [pf.evaluate_every(7, tw.negative_mse, name="val"), pf.save_every(25), pf.best_on("score"),
                  pf.log_every(10)]
-        return tw.build(save_dir, kind="plain", hooks=hooks, max_epochs=30)
+        return tw.build(save_dir, kind=kind, hooks=hooks, max_epochs=30)
 
     model, run = build(tmp_path / "reference")
     run()
