@@ -2,6 +2,9 @@
 
     python _workers.py <function> <rank> <world> <out_dir> <json kwargs>
 
+``<function>`` names a function of this module, or ``module:function`` for
+one of another worker module beside it (``_fsdp_workers:train``).
+
 A world of 2 or more joins a gloo group from the torchrun-style environment;
 a world of 1 runs without a process group, as a plain script would. Results
 go to ``out_dir`` as ``<tag>-rank<r>.pkl`` files the tests read back.
@@ -10,6 +13,7 @@ go to ``out_dir`` as ``<tag>-rank<r>.pkl`` files the tests read back.
 from __future__ import annotations
 
 import copy
+import importlib
 import json
 import os
 import pathlib
@@ -408,7 +412,12 @@ def main(argv) -> int:
     if world > 1:
         td.init_process_group(backend="gloo")
     try:
-        globals()[function](rank, world, out, **kwargs)
+        if ":" in function:
+            module, name = function.split(":")
+            target = getattr(importlib.import_module(module), name)
+        else:
+            target = globals()[function]
+        target(rank, world, out, **kwargs)
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()
