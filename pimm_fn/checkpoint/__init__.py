@@ -21,12 +21,14 @@ from ._api import LoadedCheckpoint, load_checkpoint, save_checkpoint
 from ._async import AsyncSave, prewarm_async_save, save_checkpoint_async
 from ._discovery import find_checkpoint, latest_checkpoint
 from ._layout import CheckpointInfo
+from ._publish import CheckpointStorageError
 from ._weights import WeightsReport, load_weights_file, remap_state_dict, write_best
 from .contents import PerRank, Replicated, SavedState, TrainerContents, from_parts, saved_state, to_parts
 
 __all__ = [
     "AsyncSave",
     "CheckpointInfo",
+    "CheckpointStorageError",
     "LoadedCheckpoint",
     "PerRank",
     "Replicated",

@@ -28,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 from . import _layout as L
-from . import dist
+from . import _publish, dist
 from ._pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
 
 _SKELETON = "skeleton"
@@ -50,10 +50,13 @@ def write_state(directory: pathlib.Path, state: dict[str, torch.Tensor], group=N
 
     DCP fsyncs each file it writes (``sync_files``), then writes its
     ``.metadata`` last, also fsynced; the caller fsyncs the directories.
+    Every rank's receipt is checked afterwards (``CheckpointStorageError``).
     """
+    _publish.write_receipt(directory)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
         dcp.save(state, storage_writer=dcp.FileSystemWriter(directory / L.TRAINER, sync_files=True), process_group=group)
+    _publish.check_receipts(directory, group)
 
 
 def packed_state(trainer: dict, local: dict) -> dict[str, torch.Tensor]:

@@ -59,10 +59,10 @@ def test_optimizer_state_loads_into_fresh_optimizer_without_template(tmp_path):
 
 
 def test_standard_layout_on_disk(tmp_path):
-    """last/ holds model.pth, a DCP trainer/ dir and the COMPLETE marker; nothing is left in staging."""
+    """last/ holds model.pth, a DCP trainer/ dir, each rank's receipt and the COMPLETE marker; nothing is left in staging."""
     save_checkpoint(tmp_path, step=3, weights={"w": torch.ones(2)}, trainer={}, local={})
     last = tmp_path / "last"
-    assert sorted(p.name for p in last.iterdir()) == ["COMPLETE", "model.pth", "trainer"]
+    assert sorted(p.name for p in last.iterdir()) == ["COMPLETE", "model.pth", "receipts", "trainer"]
     assert json.loads((last / "COMPLETE").read_text()) == {"step": 3, "format": "standard", "world_size": 1, "version": 1}
     assert (last / "trainer" / ".metadata").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
