@@ -119,6 +119,16 @@ def _last_quiet_step(hooks: Chain, progress: Progress, visit) -> int:
     return until - 1
 
 
+def _state_at(state: State, start: Progress) -> State:
+    """``state`` at the resumed progress ``start``: after its last step, its epoch's end, or its epoch's start."""
+    progress = attrs.evolve(start, iters_per_epoch=state.progress.iters_per_epoch, max_epochs=state.progress.max_epochs)
+    if progress.at_epoch_end:
+        position = "AfterEpoch"
+    else:
+        position = "AfterStep" if progress.iter_in_epoch else "BeforeEpoch"
+    return attrs.evolve(state, progress=progress, position=position)
+
+
 def _metric_source(metrics) -> MetricSource:
     if metrics is None:
         return lambda step, rank: None
@@ -140,7 +150,8 @@ def _placeholders(outputs):
 
 
 def plan(
-    hooks, *, iters_per_epoch: int, max_epochs: int, start_step: int = 0, metrics=None, outputs=("loss",)
+    hooks, *, iters_per_epoch: int, max_epochs: int, start_step: int = 0, start: Progress | None = None,
+    metrics=None, outputs=("loss",),
 ) -> tuple:
     """The effects ``hooks`` would execute, in order, as ``TraceEntry`` values.
 
@@ -153,6 +164,11 @@ def plan(
             as ``save_every``'s final save, may differ from a real resume;
             ``pimm_fn.testing.simulate(resume_at=...)`` resumes from the
             exact states instead.
+        start: plan a run resumed at this progress instead: a restored
+            ``run.state.progress`` after a resume on another world size or
+            batch size, whose ``global_step`` no longer equals
+            ``epoch * iters_per_epoch + iter_in_epoch``. Its steps per epoch
+            and epochs are the ones given here. Slots start fresh, as above.
         metrics: ``{step: {name: value}}`` an evaluation at ``step`` returns.
         outputs: the names the train step reports (the default step reports
             ``loss``). Each ``AfterStep`` of the dry run carries them with the
@@ -170,7 +186,9 @@ def plan(
     placeholders = _placeholders(outputs)
     state = initial_state(hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs)
     executor = RecordingExecutor(_metric_source(metrics))
-    if start_step:
+    if start is not None:
+        state = process(hooks, _state_at(state, start), ev.BeforeTrain(resumed=True), executor)
+    elif start_step:
         # As a resumed run: BeforeTrain(resumed=True), then on from the checkpoint.
         state = process(hooks, state_at_step(state, start_step), ev.BeforeTrain(resumed=True), executor)
     run_schedule(hooks, state, executor, placeholders)

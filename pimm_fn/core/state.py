@@ -81,6 +81,20 @@ class Progress:
         return self.iters_per_epoch * self.max_epochs
 
     @property
+    def steps_left(self) -> int:
+        """Steps still to train: the rest of this epoch and the later ones.
+
+        Not ``max_steps - global_step``: a resume that changed the epoch's
+        length (another world size or batch size) keeps ``global_step``.
+
+        >>> Progress(iters_per_epoch=10, max_epochs=3, epoch=1, iter_in_epoch=4, global_step=9).steps_left
+        16
+        """
+        if self.completed_epochs >= self.max_epochs:
+            return 0
+        return self.iters_per_epoch - self.iter_in_epoch + (self.max_epochs - self.epoch - 1) * self.iters_per_epoch
+
+    @property
     def at_epoch_end(self) -> bool:
         """True once the last step of the current epoch has run."""
         return self.iter_in_epoch == self.iters_per_epoch

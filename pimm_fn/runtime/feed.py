@@ -14,7 +14,17 @@ How a run resumes mid-epoch depends on the data:
 * a one-shot iterator cannot be rewound: a warning says so.
 
 A ``DistributedSampler`` gets ``set_epoch(epoch)`` at every epoch, resumed
-ones included.
+ones included. An epoch can also continue at a position of its permutation
+(``continue_at``, see ``pimm_fn.runtime.remainder``): how a resume on
+another world size goes on after the last sample consumed on all ranks. The
+cursor records that position, so a later resume mid-epoch continues it too.
+
+The cursor also records the loader's batch size, ``num_workers`` and
+dataset length. When one of them changed, the loader's own state (which
+describes the old ones) is not loaded: one ``ResumeNotExactWarning`` line
+names the change and the epoch is replayed from its start to the same batch
+(the same samples in the same order when only ``num_workers`` changed; see
+``pimm_fn.runtime.resume`` for another batch size).
 
 A fetch that raises (an exception, a KeyboardInterrupt) loses no batch: the
 feed rebuilds its iterator at the cursor from before the fetch, the same
@@ -28,9 +38,10 @@ from collections.abc import Iterator
 
 import torch
 
+from pimm_fn.runtime import remainder
 from pimm_fn.runtime.rng import capture_rng, restore_rng, set_torch_rng, torch_rng
 
-__all__ = ["Feed", "ResumeNotExactWarning", "batch_size"]
+__all__ = ["Feed", "ResumeNotExactWarning", "batch_size", "describe", "changes"]
 
 _Tensor = torch.Tensor
 
@@ -55,6 +66,25 @@ def _sampler_generators(data, own) -> tuple:
         if isinstance(generator, torch.Generator) and generator is not own and all(generator is not g for g in found):
             found.append(generator)
     return tuple(found)
+
+
+def describe(data) -> dict:
+    """What of ``data`` a loader's saved state depends on: batch size, ``num_workers``, dataset length."""
+    try:
+        samples = len(data.dataset)
+    except (AttributeError, TypeError):
+        samples = None
+    return {"batch_size": getattr(data, "batch_size", None), "num_workers": getattr(data, "num_workers", 0),
+            "samples": samples}
+
+
+def changes(saved: dict | None, now: dict) -> str:
+    """The differences between two ``describe`` records, as ``"num_workers 0 -> 2"``; ``""`` when none (or unknown)."""
+    if not saved:
+        return ""
+    names = {"batch_size": "batch size", "num_workers": "num_workers", "samples": "dataset length"}
+    return ", ".join(f"{label} {saved.get(key)} -> {now.get(key)}" for key, label in names.items()
+                     if saved.get(key) != now.get(key))
 
 
 def _length(data) -> int:
@@ -86,6 +116,9 @@ class Feed:
         self._iterator = None
         self._epoch_start = None
         self._opening = None  # the epoch whose opening failed, to retry from the same RNG
+        # ``(offset, first)`` while the epoch continues at a permutation position: the rest from global
+        # position ``offset`` on, begun at the epoch's step ``first`` (see ``continue_at``).
+        self._rest = None
         self._epoch_done = False
         # How the current iterator was opened, ("rng", states) or ("loader", state), and how many
         # batches it gave since: the cursor a failed fetch goes back to.
@@ -112,6 +145,7 @@ class Feed:
 
     def start_epoch(self, epoch: int) -> None:
         """Begin ``epoch``: tell the sampler, remember the RNG, open the iterator."""
+        self._end_rest()
         sampler = _sampler(self.data)
         if sampler is not None:
             sampler.set_epoch(epoch)
@@ -178,11 +212,34 @@ class Feed:
                 raise
             self._epoch_done = True
         self._iterator = None
+        self._end_rest()
+
+    def _end_rest(self) -> None:
+        if self._rest is not None:
+            remainder.give_back(self.data)
+            self._rest = None
+
+    def continue_at(self, epoch: int, offset: int) -> int:
+        """Begin the rest of ``epoch`` from global position ``offset`` of its permutation, split over this run's ranks.
+
+        Returns:
+            The step of the epoch it continues at: its steps per epoch less the batches of the rest.
+        """
+        sampler = _sampler(self.data)
+        sampler.set_epoch(epoch)
+        remainder.lend(self.data, epoch, offset)
+        first = max(self.iters_per_epoch - len(self.data), 0)
+        self._rest = (offset, first)
+        self._epoch_start = self._rng()
+        self._epoch_done = False
+        self._open(("rng", self._epoch_start))
+        return first
 
     def state_dict(self) -> dict:
         """The cursor: the loader's own state, and the RNG states replay needs."""
         now = self._rng()
-        cursor = {"epoch_start": self._epoch_start, "generator": now["generator"], "samplers": now["samplers"]}
+        cursor = {"epoch_start": self._epoch_start, "generator": now["generator"], "samplers": now["samplers"],
+                  "rest": self._rest, "data": describe(self.data)}
         if self.stateful:
             cursor.update(loader=self.data.state_dict(), epoch_done=self._epoch_done)
         return cursor
@@ -194,7 +251,11 @@ class Feed:
         """
         if cursor.get("generator") is not None or cursor.get("samplers"):
             self._set_rng({**cursor, "torch": torch.get_rng_state()})
-        if iter_in_epoch == 0 or iter_in_epoch >= self.iters_per_epoch:
+        boundary = iter_in_epoch == 0 or iter_in_epoch >= self.iters_per_epoch
+        fresh = self._without_stale_loader(cursor, epoch, iter_in_epoch, boundary)
+        if boundary:
+            if fresh is not cursor:
+                return  # the next epoch opens afresh: the warning said so
             if self.stateful and cursor.get("epoch_done"):
                 self._load_finished(cursor["loader"])  # its sampler's state for the next epoch
             elif self.stateful and iter_in_epoch:
@@ -209,12 +270,17 @@ class Feed:
         sampler = _sampler(self.data)
         if sampler is not None:
             sampler.set_epoch(epoch)
+        cursor, skip = fresh, iter_in_epoch
+        if cursor.get("rest") is not None:  # the epoch was continued at a position: continue it there again
+            offset, first = cursor["rest"]
+            remainder.lend(self.data, epoch, offset)
+            self._rest, skip = (offset, first), iter_in_epoch - first
         if self.stateful and "loader" in cursor:
             self.data.load_state_dict(cursor["loader"])
             self._iterator = self._iter_without_draws()
             self._source, self._drawn = ("loader", cursor["loader"]), 0
         elif not self.one_shot and cursor.get("epoch_start") is not None:
-            self._replay(cursor["epoch_start"], iter_in_epoch)
+            self._replay(cursor["epoch_start"], skip)
         else:
             warnings.warn(
                 f"cannot restore the data position of epoch {epoch} (step {iter_in_epoch} of it): the epoch "
@@ -225,6 +291,25 @@ class Feed:
             )
             self._source, self._drawn = ("rng", self._rng()), 0
             self._iterator = iter(self.data)
+
+    def _without_stale_loader(self, cursor: dict, epoch: int, iter_in_epoch: int, boundary: bool) -> dict:
+        """``cursor`` without the loader's state when the loader changed since (named in one warning line).
+
+        That state describes the old batch size, workers and dataset: loading
+        it fails inside the loader, or continues at a wrong sample.
+        """
+        changed = changes(cursor.get("data"), describe(self.data))
+        if not changed or (boundary and "loader" not in cursor):
+            return cursor  # nothing of the old loader is loaded, or positioned by
+        then = (f"epoch {epoch + (iter_in_epoch > 0)} opens afresh" if boundary
+                else f"epoch {epoch} is replayed from its start to step {iter_in_epoch}")
+        warnings.warn(
+            f"the training data changed since the checkpoint ({changed}): the loader's saved state (if any) is "
+            f"not loaded; {then}",
+            ResumeNotExactWarning,
+            stacklevel=4,
+        )
+        return {k: v for k, v in cursor.items() if k not in ("loader", "epoch_done")}
 
     def _load_finished(self, loader_state) -> None:
         """Load the state a finished epoch left in the loader, drawing no random numbers.

@@ -344,7 +344,7 @@ class Loop:
                 return self.state
             self.step()
             done = 1
-        elif self.finished or p.global_step >= p.max_steps:
+        elif self.finished or not p.steps_left:
             # A checkpoint of the last step may predate AfterTrain (its save was the deferred
             # epoch-end one): then only the closing events remain, and no step to train.
             self.ctx.say(f"training already finished at step {p.global_step}: nothing to do")
@@ -362,7 +362,7 @@ class Loop:
 
     def __repr__(self):
         p = self.state.progress
-        return f"<Loop step {p.global_step}/{p.max_steps}, epoch {p.epoch}, hooks={list(self.hooks.hooks)!r}>"
+        return f"<Loop step {p.global_step}/{p.global_step + p.steps_left}, epoch {p.epoch}, hooks={list(self.hooks.hooks)!r}>"
 
     def replace(self, old, new, *, fresh: bool = False) -> "Loop":
         """Swap hook ``old`` (a hook, its identity or its path in chains) for ``new`` in this live run.
