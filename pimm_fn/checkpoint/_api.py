@@ -35,14 +35,16 @@ class LoadedCheckpoint:
 
     Attributes:
         info: the checkpoint that was read.
-        weights: the model state_dict (CPU tensors).
+        weights: the model state_dict (CPU tensors); ``None`` when the
+            checkpoint has no weights file (a sharded model's, saved with
+            ``weights=None``: ``sharded.read_full_weights`` assembles them).
         trainer: the replicated trainer state, as saved.
         local: this rank's local state, or ``None`` when the checkpoint was
             written by fewer ranks and has no entry for this one.
     """
 
     info: CheckpointInfo
-    weights: dict
+    weights: dict | None
     trainer: dict
     local: dict | None
 
@@ -57,6 +59,7 @@ def save_checkpoint(
     format: str = "standard",
     snapshot: bool = False,
     keep_snapshots: int | None = None,
+    sharded: dict | None = None,
 ) -> CheckpointInfo:
     """Write a checkpoint and publish it atomically as ``last``.
 
@@ -65,13 +68,18 @@ def save_checkpoint(
     Args:
         model_dir: the checkpoint root (``save_dir/"model"``).
         step: the global step, ``>= 0``.
-        weights: the model state_dict (replicated; rank 0's is written).
+        weights: the model state_dict (replicated; rank 0's is written), or
+            ``None`` to write no weights file (a sharded model's weights are
+            then only its shards; see :mod:`.sharded`).
         trainer: replicated nested state (optimizer, scheduler, scaler state
             dicts, plain values); must be identical on every rank.
         local: this rank's nested state (RNG states, data cursor, hook state).
         format: ``"standard"`` (``last/``) or ``"legacy"`` (``last.pth``).
         snapshot: also keep a copy as ``iter_<step>``.
         keep_snapshots: keep only the newest N ``iter_*`` snapshots.
+        sharded: this rank's shards of a sharded model and optimizer
+            (``sharded.state``), written by DCP beside ``trainer``; exempt
+            from the agreement check. Standard format only.
 
     Returns:
         The published checkpoint (``last`` or ``last.pth``), on every rank.
@@ -87,15 +95,16 @@ def save_checkpoint(
         >>> info.path.name, info.step, load_checkpoint(info).trainer
         ('last', 5, {'lr': 0.1})
     """
-    _check_args(step, format, keep_snapshots, weights=weights, trainer=trainer, local=local)
+    _check_args(step, format, keep_snapshots, weights=weights, trainer=trainer, local=local, sharded=sharded)
     root = pathlib.Path(model_dir)
     world = dist.world_size()
     if format == "standard":
         staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step))
         state = _standard.packed_state(trainer, local)  # collective: fails on every rank before any write
+        state.update(sharded or {})
         # The weights file is written (in place: the staging directory is
         # invisible until published) and fsynced while DCP writes the trainer.
-        weights_file = L.BackgroundWrite(staging / L.WEIGHTS, lambda f: torch.save(weights, f)) if dist.is_main() else None
+        weights_file = L.weights_write(staging, weights) if dist.is_main() else None
         try:
             _standard.write_state(staging, state)
         except BaseException:
@@ -127,7 +136,7 @@ def save_checkpoint(
     return dist.run_on_main(publish_and_retain)
 
 
-def load_checkpoint(info: CheckpointInfo) -> LoadedCheckpoint:
+def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedCheckpoint:
     """Read a checkpoint found by ``latest_checkpoint`` or ``find_checkpoint``.
 
     Collective in a process group for the standard format (``dcp.load``).
@@ -135,6 +144,8 @@ def load_checkpoint(info: CheckpointInfo) -> LoadedCheckpoint:
 
     Args:
         info: which checkpoint to read.
+        weights: read the weights file (``False``: leave ``weights`` ``None``,
+            for a sharded model, which loads its shards instead).
 
     Returns:
         Weights, replicated trainer state and this rank's local state.
@@ -149,25 +160,36 @@ def load_checkpoint(info: CheckpointInfo) -> LoadedCheckpoint:
             "use find_checkpoint(path) or latest_checkpoint(model_dir) to get one"
         )
     if info.format == "legacy":
-        weights, trainer, local = _legacy.read(info.path, dist.rank())
-        return LoadedCheckpoint(info, weights, trainer, local)
+        found, trainer, local = _legacy.read(info.path, dist.rank())
+        return LoadedCheckpoint(info, found, trainer, local)
     L.check_standard_dir(info.path)
-    weights = torch.load(info.path / L.WEIGHTS, map_location="cpu", weights_only=True)
+    weights_path = info.path / L.WEIGHTS
+    read = weights and weights_path.is_file()
+    found = torch.load(weights_path, map_location="cpu", weights_only=True) if read else None
     trainer, local = _standard.read_trainer(info.path, dist.rank())
-    return LoadedCheckpoint(info, weights, trainer, local)
+    return LoadedCheckpoint(info, found, trainer, local)
 
 
-def _check_args(step, format, keep_snapshots, **parts) -> None:
+def _check_args(step, format, keep_snapshots, *, sharded=None, **parts) -> None:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"save_checkpoint: 'step' must be an int >= 0 (got {step!r})")
     if format not in L.FORMATS:
         raise ValueError(f"save_checkpoint: 'format' must be one of {L.FORMATS} (got {format!r})")
     if keep_snapshots is not None and (isinstance(keep_snapshots, bool) or not isinstance(keep_snapshots, int) or keep_snapshots < 0):
         raise ValueError(f"save_checkpoint: 'keep_snapshots' must be None or an int >= 0 (got {keep_snapshots!r})")
+    if sharded is not None and format != "standard":
+        raise ValueError(
+            "save_checkpoint: a sharded model's state is written by DCP, in the standard format only; "
+            "use checkpoint_format='standard'"
+        )
+    if parts["weights"] is None:
+        if sharded is None:
+            raise TypeError("save_checkpoint: 'weights' may be None only beside 'sharded' state (the shards hold them)")
+        parts = {k: v for k, v in parts.items() if k != "weights"}
     for name, value in parts.items():
         if not isinstance(value, Mapping):
             raise TypeError(f"save_checkpoint: {name!r} must be a dict (got {type(value).__name__})")
-    for key, value in parts["weights"].items():
+    for key, value in parts.get("weights", {}).items():
         if not isinstance(value, torch.Tensor) and value is not None and not isinstance(value, (bool, int, float, str)):
             raise TypeError(
                 f"save_checkpoint: weights[{key!r}] is a {type(value).__name__}; weights must map names to tensors "

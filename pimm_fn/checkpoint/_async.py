@@ -151,6 +151,7 @@ def save_checkpoint_async(
     local: dict,
     snapshot: bool = False,
     keep_snapshots: int | None = None,
+    sharded: dict | None = None,
 ) -> AsyncSave:
     """Start a standard-format save that stages, writes and publishes in the background.
 
@@ -160,8 +161,9 @@ def save_checkpoint_async(
     ``wait()`` returned.
 
     Args:
-        model_dir, step, weights, trainer, local, snapshot, keep_snapshots:
-            as for :func:`save_checkpoint` (standard format only).
+        model_dir, step, weights, trainer, local, snapshot, keep_snapshots, sharded:
+            as for :func:`save_checkpoint` (standard format only). Shards
+            (DTensors) are copied into fresh memory, not the reused staging area.
 
     Returns:
         An :class:`AsyncSave`; ``wait()`` gives the published ``CheckpointInfo``.
@@ -174,12 +176,13 @@ def save_checkpoint_async(
         >>> pending.wait().step
         2
     """
-    _check_args(step, "standard", keep_snapshots, weights=weights, trainer=trainer, local=local)
+    _check_args(step, "standard", keep_snapshots, weights=weights, trainer=trainer, local=local, sharded=sharded)
     root = pathlib.Path(model_dir)
     world = dist.world_size()
     group = _background_group()
     staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step))
     state = _standard.packed_state(trainer, local)  # non-tensor values are frozen into JSON now
+    state.update(sharded or {})
     pending = AsyncSave(step)
 
     def work(mark_staged) -> CheckpointInfo:
@@ -190,9 +193,7 @@ def save_checkpoint_async(
             copy.run()
             copy.wait()
             mark_staged()
-            weights_file = None
-            if staged_weights is not None:
-                weights_file = L.BackgroundWrite(staging / L.WEIGHTS, lambda f: torch.save(staged_weights, f))
+            weights_file = L.weights_write(staging, staged_weights) if dist.is_main() else None
             try:
                 _standard.write_state(staging, staged_state, group=group)
             finally:

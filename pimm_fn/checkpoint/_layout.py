@@ -3,8 +3,10 @@
 Layout under a ``model_dir`` (``save_dir/"model"``)::
 
     last/                   rolling checkpoint, standard format
-      model.pth             model weights (torch.save of the state_dict)
+      model.pth             model weights (torch.save of the full state_dict); a sharded
+                            model saved without it has model.pth.skipped instead
       trainer/              torch.distributed.checkpoint directory
+      receipts/rank<r>      JSON: rank r wrote its part here (rank, world size, host)
       COMPLETE              JSON marker, written last
     iter_<step>/            snapshot of a published ``last/`` (hard links)
     last.pth, iter_<step>.pth   the same, legacy one-file format
@@ -29,6 +31,7 @@ import threading
 from typing import Callable
 
 import attrs
+import torch
 
 __all__ = ["CheckpointInfo"]
 
@@ -36,9 +39,17 @@ LAST = "last"
 LEGACY_LAST = "last.pth"
 MARKER = "COMPLETE"
 WEIGHTS = "model.pth"
+# Stands in for the weights file of a sharded model saved without it: says where the weights are.
+WEIGHTS_SKIPPED = "model.pth.skipped"
+_SKIPPED_NOTE = (
+    b"This checkpoint has no model.pth: it was saved from a sharded model with loop(weights_file=False).\n"
+    b"The weights are the sharded/model/ entries of trainer/ (a DCP directory);\n"
+    b"pimm_fn.checkpoint.load_weights_file('<this directory>') assembles them into a full state dict.\n"
+)
 TRAINER = "trainer"
 BEST = "model_best.pth"
 BEST_META = "model_best.json"
+RECEIPTS = "receipts"
 
 
 def best_stem(metric: str | None = None) -> str:
@@ -131,7 +142,8 @@ def check_standard_dir(path: pathlib.Path) -> CheckpointInfo:
         info = info_from_marker(path, payload, "standard")
     except ValueError as exc:
         raise ValueError(f"{marker}: {exc}") from None
-    for needed in (path / WEIGHTS, path / TRAINER / ".metadata"):
+    weights = path / WEIGHTS if not (path / WEIGHTS_SKIPPED).is_file() else path / WEIGHTS_SKIPPED
+    for needed in (weights, path / TRAINER / ".metadata"):
         if not needed.is_file():
             raise ValueError(f"{path} has a marker but lacks {needed.relative_to(path)}: it was damaged after publishing")
     return info
@@ -218,6 +230,13 @@ class BackgroundWrite:
     def join(self) -> None:
         """Wait for the thread without raising (when another error is already on its way)."""
         self._thread.join()
+
+
+def weights_write(directory: pathlib.Path, weights: dict | None) -> BackgroundWrite:
+    """Start writing ``weights`` as ``directory``'s weights file, or, for ``None``, the note saying why there is none."""
+    if weights is None:
+        return BackgroundWrite(directory / WEIGHTS_SKIPPED, lambda f: f.write(_SKIPPED_NOTE))
+    return BackgroundWrite(directory / WEIGHTS, lambda f: torch.save(weights, f))
 
 
 def write_marker(directory: pathlib.Path, step: int, world_size: int, *, staged: bool = False) -> None:

@@ -206,6 +206,10 @@ def load_weights_file(path: str | os.PathLike) -> dict:
     p = pathlib.Path(path)
     if p.is_dir():
         info = find_checkpoint(p)
+        if info.format == "standard" and (info.path / L.WEIGHTS_SKIPPED).is_file():
+            from .sharded import read_full_weights  # a sharded model saved without a weights file
+
+            return read_full_weights(info.path)
         p = info.path / L.WEIGHTS if info.format == "standard" else info.path
     elif not p.exists():
         raise FileNotFoundError(f"load_weights_file: {str(p)!r} does not exist")

@@ -9,12 +9,14 @@ module describes. The trainer state has three parts, by who holds them:
 * **per-rank**, each rank's own: its ``State`` (with its rank-local metrics
   and the per-rank sums hooks keep in their slots), its RNG states and its
   data cursor;
-* **sharded**, each rank's shard of a model and optimizer too large to
-  replicate. Not written yet: ``None``, while the model goes in the weights
-  file and the optimizer in the replicated part. A later change fills it for
-  FSDP2, with ``torch.distributed.checkpoint.state_dict.get_state_dict(model,
-  optimizer)`` on save and ``set_state_dict`` on resume, written by DCP beside
-  the other parts.
+* **sharded**, each rank's shards of a model and optimizer no rank holds
+  whole (FSDP2): ``sharded.state(model, optimizer)``, written by DCP beside
+  the other parts and read back into the model and optimizer as they are
+  sharded then (``sharded.load_into``), on any world size. The replicated
+  part then keeps only what is not a tensor of the optimizer state (its
+  param groups), and says so (``Replicated.sharded``). ``None`` for a
+  replicated model: its weights go in the weights file, its optimizer in
+  the replicated part.
 
 Each ``State`` is kept as a ``SavedState``: the state without its slots, and
 the slots by hook identity (``pimm_fn.core.slots``), never by position, so a
@@ -97,6 +99,7 @@ class Replicated:
     scheduler: dict | None
     scaler: dict | None
     state: SavedState | None
+    sharded: bool = False  # the optimizer's tensors and the model are in the shards, not here
 
 
 @attrs.frozen(eq=False)
@@ -108,12 +111,14 @@ class PerRank:
     cursor: Any
 
 
-def _unsharded(instance, attribute, value):
-    if value is not None:
-        raise ValueError(
-            "TrainerContents: 'sharded' is the place of sharded (FSDP2) model and optimizer state, which "
-            f"checkpoints do not hold yet; pass None (got {type(value).__name__})"
+def _shards(instance, attribute, value):
+    if value is not None and not isinstance(value, dict):
+        raise TypeError(
+            "TrainerContents: 'sharded' holds a sharded model's and optimizer's shards as "
+            f"pimm_fn.checkpoint.sharded.state gives them (a dict), or None (got {type(value).__name__})"
         )
+    if value is not None and not instance.replicated.sharded:
+        raise ValueError("TrainerContents: shards given, but the replicated part does not say so (Replicated.sharded)")
 
 
 @attrs.frozen(eq=False)
@@ -121,17 +126,21 @@ class TrainerContents:
     """Everything a trainer checkpoint holds beside the weights file (see the module docstring).
 
     ``local`` is ``None`` when read on a rank the checkpoint has no entry
-    for (it was written by fewer ranks), and in a template.
+    for (it was written by fewer ranks), and in a template. ``sharded`` is
+    what this rank writes of a sharded model; a read leaves it ``None`` (the
+    shards load into the model, not into a value).
     """
 
     replicated: Replicated
     local: PerRank | None
-    sharded: None = attrs.field(default=None, validator=_unsharded)
+    sharded: dict | None = attrs.field(default=None, validator=_shards)
 
 
 # -- writing --------------------------------------------------------------------------------------
 def to_parts(contents: TrainerContents) -> tuple[dict, dict]:
     """``(trainer, local)``: the dicts ``save_checkpoint`` writes, plain values and tensors only.
+
+    The shards, if any, are not in them: ``save_checkpoint(sharded=contents.sharded)``.
 
     Raises:
         TypeError: a slot or state value the codec cannot store, naming it.
@@ -140,6 +149,8 @@ def to_parts(contents: TrainerContents) -> tuple[dict, dict]:
     # Tensors first, in a fixed order: a prewarm's template numbers them as the save does.
     trainer = {"optimizer": r.optimizer, "scheduler": r.scheduler, "scaler": r.scaler, **_state_part(r.state)}
     trainer["layout"] = LAYOUT
+    if r.sharded:
+        trainer["sharded"] = True
     local = contents.local
     if local is None:
         return trainer, {}
@@ -169,7 +180,7 @@ def from_parts(trainer: dict, local: dict | None) -> TrainerContents:
             f"version of pimm_fn reads layouts 1 to {LAYOUT}: resume it with the version that wrote it"
         )
     replicated = Replicated(trainer["optimizer"], trainer.get("scheduler"), trainer.get("scaler"),
-                            _read_state(trainer, layout))
+                            _read_state(trainer, layout), trainer.get("sharded", False))
     if local is None:
         return TrainerContents(replicated, None)
     return TrainerContents(replicated, PerRank(_read_state(local, layout), local["rng"], local["cursor"]))

@@ -11,7 +11,7 @@ from pimm_fn.core.effects import SaveCheckpoint, WriteBest
 
 __all__ = [
     "check_resume", "check_max_epochs", "check_save_dir", "check_on_nonfinite", "check_resume_hyperparameters",
-    "best_metrics",
+    "best_metrics", "check_sharding",
 ]
 
 
@@ -95,3 +95,21 @@ def best_metrics(hooks) -> tuple:
         if declared.may_emit(WriteBest):
             found.extend(m for m in declared.reads_metrics if m not in found)
     return tuple(found)
+
+
+def check_sharding(shards: bool, *, ddp: bool, checkpoint_format: str, weights_file) -> None:
+    """A sharded (FSDP2) model needs no DDP wrapper and the standard (DCP) checkpoint format."""
+    if not isinstance(weights_file, bool):
+        raise TypeError(f"loop: 'weights_file' must be True or False (got {weights_file!r:.80})")
+    if not shards:
+        return
+    if ddp:
+        raise ValueError(
+            "loop: the model is sharded (its parameters are DTensors, as fully_shard makes them) and ddp=True asks to "
+            "wrap it in DistributedDataParallel as well: drop ddp=True, FSDP2 already synchronizes the gradients"
+        )
+    if checkpoint_format != "standard":
+        raise ValueError(
+            "loop: a sharded model is checkpointed shard by shard through DCP, in the standard format; "
+            f"checkpoint_format={checkpoint_format!r} writes one gathered file: use checkpoint_format='standard'"
+        )

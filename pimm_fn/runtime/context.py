@@ -45,6 +45,9 @@ class Context:
     save_gate: Any = None  # the optimizer pre-step hook that waits for its staging
     prewarm_hook: Any = None  # the optimizer post-step hook that readies the staging memory of background saves
     prewarm: Any = None  # the staging prewarm it started (a checkpoint Prewarm), once it fired
+    sharded: bool = False  # the model keeps DTensor parameters (FSDP2): its state goes through DCP's state_dict API
+    weights_file: bool = True  # a sharded model's checkpoints gather its full weights into model.pth
+    everywhere: tuple = ()  # main-rank effect types every rank executes (a sharded model's WriteBest gathers)
 
     def wait_for_save(self) -> None:
         """Block until the background save in flight (if any) is published."""

@@ -10,7 +10,7 @@ import numbers
 from collections.abc import Mapping
 
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import dist
+from pimm_fn.checkpoint import dist, sharded
 from pimm_fn.checkpoint.contents import PerRank, Replicated, TrainerContents, saved_state, to_parts
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
@@ -20,6 +20,7 @@ from pimm_fn.runtime.rng import capture_rng
 
 __all__ = [
     "DEFAULT_HANDLERS", "save_checkpoint", "write_best", "evaluate", "log", "load_weights", "trainer_state",
+    "trainer_contents",
     "prewarm_staging",
 ]
 
@@ -34,19 +35,33 @@ def trainer_state(ctx, state) -> tuple[dict, dict]:
     by the identity of ``ctx.hooks`` (by position when the context was built
     without them, and a resume then needs the same hook list).
     """
+    return to_parts(trainer_contents(ctx, state))
+
+
+def trainer_contents(ctx, state) -> TrainerContents:
+    """The ``TrainerContents`` of a checkpoint of ``state``; a sharded model's shards in its ``sharded``."""
     own = saved_state(state, ctx.hooks)
     local = PerRank(own, capture_rng(), ctx.feed.state_dict())
-    return to_parts(TrainerContents(_replicated(ctx, dist.broadcast_object(own)), local))
+    shards, optimizer = sharded.state(unwrap(ctx.model), ctx.optimizer) if ctx.sharded else (None, None)
+    return TrainerContents(_replicated(ctx, dist.broadcast_object(own), optimizer), local, shards)
 
 
-def _replicated(ctx, agreed) -> Replicated:
+def _replicated(ctx, agreed, optimizer=None) -> Replicated:
     # One function for the save and the prewarm: the same tree numbers its tensors the same way.
     return Replicated(
-        optimizer=ctx.optimizer.state_dict(),
+        optimizer=ctx.optimizer.state_dict() if optimizer is None else optimizer,
         scheduler=ctx.scheduler.state_dict() if ctx.scheduler is not None else None,
         scaler=ctx.scaler.state_dict() if ctx.scaler is not None else None,
         state=agreed,
+        sharded=optimizer is not None,
     )
+
+
+def _weights(ctx) -> dict | None:
+    """The weights file's contents: a sharded model's gathered to rank 0 (collective), or ``None`` when skipped."""
+    if not ctx.sharded:
+        return ctx.weights()
+    return sharded.full_weights(unwrap(ctx.model)) if ctx.weights_file else None
 
 
 def _weights_for_background(ctx) -> dict:
@@ -81,8 +96,8 @@ def prewarm_staging(ctx, hooks, *, pause_s: float = 0.0) -> None:
     first background save copies into ready memory instead of faulting fresh
     pages in beside the next forward and backward. Training never waits for
     it; a save arriving first takes over (``pimm_fn.checkpoint.prewarm_async_save``).
-    A no-op without such a hook, with the legacy format, or with an optimizer
-    that takes no step hooks. Calling it again replaces an arming that has
+    A no-op without such a hook, with the legacy format, a sharded model, or
+    an optimizer that takes no step hooks. Calling it again replaces an arming that has
     not fired yet.
 
     Args:
@@ -90,8 +105,8 @@ def prewarm_staging(ctx, hooks, *, pause_s: float = 0.0) -> None:
         hooks: the run's hooks.
         pause_s: seconds the prewarm sleeps after each chunk (tests).
     """
-    if ctx.checkpoint_format != "standard" or not protocol.saves_in_background(hooks):
-        return
+    if ctx.checkpoint_format != "standard" or ctx.sharded or not protocol.saves_in_background(hooks):
+        return  # a sharded model's shards are copied apart from the staging area: nothing to ready
     register = getattr(ctx.optimizer, "register_step_post_hook", None)
     if register is None or ctx.prewarm is not None:
         return
@@ -122,37 +137,44 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
     if ctx.prewarm is not None and ctx.prewarm_hook is not None:  # it fired: off the optimizer, now that it is idle
         ctx.prewarm_hook.remove()
         ctx.prewarm_hook = None
-    replicated, local = trainer_state(ctx, state)
+    contents = trainer_contents(ctx, state)
+    replicated, local = to_parts(contents)
     if effect.async_save and ctx.checkpoint_format == "standard":
         _gate(ctx)
         ctx.pending_save = checkpoint.save_checkpoint_async(
             ctx.model_dir,
             step=effect.step,
-            weights=_weights_for_background(ctx),
+            weights=_weights(ctx) if ctx.sharded else _weights_for_background(ctx),
             trainer=replicated,
             local=local,
             snapshot=effect.snapshot,
             keep_snapshots=ctx.keep_snapshots,
+            sharded=contents.sharded,
         )
         ctx.say(f"saving checkpoint of step {effect.step} to {ctx.model_dir} in the background")
         return ()
     info = checkpoint.save_checkpoint(
         ctx.model_dir,
         step=effect.step,
-        weights=ctx.weights(),
+        weights=_weights(ctx),
         trainer=replicated,
         local=local,
         format=ctx.checkpoint_format,
         snapshot=effect.snapshot,
         keep_snapshots=ctx.keep_snapshots,
+        sharded=contents.sharded,
     )
     ctx.say(f"saved checkpoint of step {effect.step} to {info.path}")
     return ()
 
 
 def write_best(effect: WriteBest, state, ctx) -> tuple:
+    """Rank 0 writes; a sharded model's weights are gathered first, by every rank (see ``Context.everywhere``)."""
+    weights = sharded.full_weights(unwrap(ctx.model)) if ctx.sharded else ctx.weights()
+    if ctx.rank != 0:
+        return ()
     path = checkpoint.write_best(
-        ctx.model_dir, ctx.weights(), metric=effect.metric, value=effect.value, step=effect.step,
+        ctx.model_dir, weights, metric=effect.metric, value=effect.value, step=effect.step,
         per_metric=ctx.best_per_metric,
     )
     ctx.say(f"new best {effect.metric}={effect.value:.6g} at step {effect.step}: wrote {path}")
@@ -176,6 +198,12 @@ def evaluate(effect: Evaluate, state, ctx) -> tuple:
     fn = ctx.evaluators.get(effect.evaluator)
     if fn is None:
         raise LookupError(f"no evaluator named {effect.evaluator!r} (known: {sorted(ctx.evaluators)})")
+    if not effect.broadcast and WriteBest in ctx.everywhere:
+        raise ValueError(
+            f"evaluator {effect.evaluator!r} publishes rank-local metrics (broadcast=False), but this run's model is "
+            f"sharded, so writing model_best gathers it on every rank and every rank must decide alike: evaluate "
+            f"with broadcast=True (the default)"
+        )
     values = _as_metrics(fn(ctx.model), effect.evaluator)
     if ctx.advice is not None:
         ctx.advice.evaluated(effect.evaluator, values)
@@ -216,7 +244,10 @@ def load_weights(effect: LoadWeights, state, ctx) -> tuple:
             f"(file keys look like {list(remapped)[:3]}, model keys like {list(targets)[:3]}); "
             f"pass replacements={{old_prefix: new_prefix}} to map them"
         )
-    module.load_state_dict(remapped, strict=effect.strict)
+    if ctx.sharded:
+        sharded.load_full_weights(module, remapped, strict=effect.strict)
+    else:
+        module.load_state_dict(remapped, strict=effect.strict)
     ctx.say(f"loaded weights from {effect.path}: {report.summary()}")
     return ()
 

@@ -1,8 +1,9 @@
 """The only place effects become actions: one handler per effect type.
 
 ``Interpreter`` is the executor ``process`` hands each event's effects to.
-It runs ``MAIN`` effects on rank 0 only, ``COLLECTIVE`` and ``LOCAL`` ones on
-every rank, records what it executed in ``trace``, and asks the agreement
+It runs ``MAIN`` effects on rank 0 only (but those ``ctx.everywhere`` names:
+a sharded model's best write, which gathers on every rank), ``COLLECTIVE``
+and ``LOCAL`` ones on every rank, records what it executed in ``trace``, and asks the agreement
 guard (when on) before anything runs. Handlers are plain functions
 ``handler(effect, state, ctx) -> follow-up events``; pass your own to
 ``loop(handlers={EffectType: fn})`` to replace or add one.
@@ -52,7 +53,7 @@ class Interpreter:
         if entry.event is self._skipped and self.guard.skips(entry):
             return ()
         effect = entry.effect
-        if effect.scope is Scope.MAIN and self.ctx.rank != 0:
+        if effect.scope is Scope.MAIN and self.ctx.rank != 0 and effect.__class__ not in self.ctx.everywhere:
             return ()
         handler = self.handler_for(effect)
         followups = handler(effect, state, self.ctx)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import torch
 
-from pimm_fn.checkpoint import dist
+from pimm_fn.checkpoint import dist, sharded
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
+from pimm_fn.core.effects import WriteBest
 from pimm_fn.core.fold import chain
 from pimm_fn.core.plan import initial_state
 from pimm_fn.core.schedule import resume_from
@@ -21,6 +22,7 @@ from pimm_fn.runtime import arguments
 from pimm_fn.runtime.advice import Advice, ConfigurationWarning, saver_before_evaluator
 from pimm_fn.runtime.context import Context, unwrap
 from pimm_fn.runtime.control import check_scheduler_hooks
+from pimm_fn.runtime.device import use_local_cuda_device
 from pimm_fn.runtime.feed import Feed
 from pimm_fn.runtime.guard import AgreementGuard
 from pimm_fn.runtime.handlers import DEFAULT_HANDLERS, prewarm_staging
@@ -64,6 +66,7 @@ def loop(
     config=None,
     console: bool = True,
     ddp: bool = False,
+    weights_file: bool = True,
 ) -> Loop:
     """A training loop over ``train_data`` driven by ``hooks``.
 
@@ -132,6 +135,15 @@ def loop(
             group is initialized (a no-op without one, or when it is already
             wrapped); the wrapper is ``run.ctx.model``. Build the optimizer on
             ``model.parameters()`` before or after: DDP keeps the same tensors.
+            A sharded model (FSDP2, ``fully_shard``) is passed as it is,
+            without ``ddp``: its checkpoints keep each rank's shards through
+            DCP and resume on any world size (``pimm_fn.checkpoint.sharded``).
+        weights_file: with a sharded model, gather its full weights into each
+            checkpoint's ``model.pth`` (collective; loadable by anyone with
+            ``torch.load``). ``False`` skips the gather for a model too large
+            for rank 0's memory: the checkpoint then holds the shards only,
+            and ``pimm_fn.checkpoint.load_weights_file`` assembles them.
+            Replicated models always write ``model.pth``.
 
     Warns:
         ConfigurationWarning: once each, when a saver precedes an evaluator
@@ -166,6 +178,9 @@ def loop(
     arguments.check_on_nonfinite(on_nonfinite, custom_step=step_fn not in (None, train_step))
     arguments.check_resume_hyperparameters(resume_hyperparameters)
     check_scheduler_hooks(hooks, scheduler)
+    shards = sharded.is_sharded(unwrap(model))
+    arguments.check_sharding(shards, ddp=ddp, checkpoint_format=checkpoint_format, weights_file=weights_file)
+    use_local_cuda_device(model)  # LOCAL_RANK's GPU, before DDP, the guard or DCP allocate on the current one
     if ddp:
         model = _wrap_ddp(model)
     hooks = chain(*protocol.bind(hooks, unwrap(model)))
@@ -179,6 +194,7 @@ def loop(
         best_per_metric=len(arguments.best_metrics(hooks.hooks)) > 1,
         advice=Advice(hooks.hooks, world_size=dist.world_size()),
         nonfinite=NonFinite(on_nonfinite, world_size=dist.world_size()),
+        sharded=shards, weights_file=weights_file, everywhere=(WriteBest,) if shards else (),
     )
     guarded = dist.is_initialized() and check_agreement is not False
     interpreter = Interpreter(ctx, {**DEFAULT_HANDLERS, **(handlers or {})}, AgreementGuard(hooks) if guarded else None)

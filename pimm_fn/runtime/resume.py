@@ -1,21 +1,36 @@
 """Putting a run back where a checkpoint left it.
 
 Restores the model, optimizer, scheduler, scaler, RNG states, data cursor,
-progress, hook slots and best values. On a different world size the
-per-rank parts (RNG, data cursor) cannot be restored: the interrupted epoch
-restarts from its first batch, with a warning, or an error under ``strict``.
+progress, hook slots and best values.
+
+On a different world size the per-rank RNG states cannot carry over, but
+the position in the epoch does, as samples consumed: ``i`` steps of ``b``
+samples on ``W`` ranks consumed the first ``i * b * W`` positions of the
+epoch's ``DistributedSampler`` permutation, and the epoch continues after
+them, split over the new ranks (``pimm_fn.runtime.remainder``): no sample
+repeated or skipped. The epoch's step is then its new steps per epoch less
+the batches left, ``global_step`` and ``samples_seen`` are kept (cadences
+go on by ``global_step``), and every later epoch has the new length: the
+run ends after ``max_epochs`` epochs, at the step ``plan`` predicts from the
+restored progress (``plan(..., start=run.state.progress)``). At an epoch
+boundary only the length changes. Where the data cannot be positioned so
+(another sampler, a one-shot iterator, an ``iters_per_epoch`` other than
+``len(loader)``, another dataset length, a checkpoint without the record),
+the interrupted epoch restarts from its first batch with a
+``ResumeNotExactWarning`` saying why, or a ``ResumeError`` under ``strict``.
 
 Steps per epoch that changed since the checkpoint (another batch size,
 other data, another ``iters_per_epoch``) follow one rule, said in a
 ``ResumeNotExactWarning`` naming both lengths and the samples consumed:
-the interrupted epoch continues *by samples consumed*. When the samples the
-epoch consumed can be told from the progress (every batch before the
+the interrupted epoch continues *by samples consumed*. A torch
+``DistributedSampler`` epoch continues at its permutation position, as on
+another world size (the batch size the cursor records gives the samples
+consumed). Otherwise, when the samples the epoch consumed can be told from the progress (every batch before the
 interruption full), are a multiple of the new batch size, and the data can
 be replayed to that point (a ``DataLoader`` over a sampler, not a one-shot
 iterator), the epoch continues at the batch starting with the first
 unconsumed sample: no sample is repeated or skipped. Otherwise the
-interrupted epoch restarts from its first batch, as on a world-size change,
-and the warning says why. Either way ``global_step`` and ``samples_seen``
+interrupted epoch restarts from its first batch, and the warning says why. Either way ``global_step`` and ``samples_seen``
 are kept, and the epoch is the new length from then on (so ``global_step``
 no longer equals ``epoch * steps_per_epoch + step_in_epoch``; step-cadence
 hooks follow ``global_step``). At an epoch boundary only the length changes.
@@ -40,11 +55,13 @@ from pimm_fn.runtime import hyperparameters as hp
 from pimm_fn.runtime.advice import ConfigurationWarning
 
 from pimm_fn import checkpoint
+from pimm_fn.checkpoint import dist, sharded
 from pimm_fn.checkpoint.contents import SavedState, from_parts
 from pimm_fn.core.slots import SlotMismatch
 from pimm_fn.core.state import State
 from pimm_fn.runtime.context import unwrap
-from pimm_fn.runtime.feed import ResumeNotExactWarning
+from pimm_fn.runtime import remainder
+from pimm_fn.runtime.feed import ResumeNotExactWarning, changes, describe
 from pimm_fn.runtime.rng import restore_rng
 
 __all__ = ["locate", "restore", "ResumeError"]
@@ -96,31 +113,38 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
     optimizer or RNG is touched, so a refused resume changes nothing.
 
     Args:
-        strict: refuse a world-size change mid-epoch.
+        strict: refuse a resume on another world size whose interrupted epoch
+            cannot be positioned (it would restart from its first batch).
         hyperparameters: ``"checkpoint"`` or ``"new"``: whose optimizer
             hyper-parameters win where they differ (each difference is said).
 
     Warns:
-        ResumeNotExactWarning: the data position cannot carry over (another
-            world size; another number of steps per epoch, see above).
+        ResumeNotExactWarning: another world size (per-rank RNG states do not
+            carry over; the epoch continues by samples, or restarts, saying
+            why); another number of steps per epoch (see above).
         ConfigurationWarning: an optimizer hyper-parameter differs from the checkpoint's.
 
     Raises:
         ResumeError: a hook's saved slot no longer fits it (naming the hook,
             the slot type found and the one expected); a checkpoint written
             before slots were keyed, by another number of hooks; a resume on
-            another world size mid-epoch under ``strict``.
+            another world size whose epoch would restart, under ``strict``.
     """
-    loaded = checkpoint.load_checkpoint(info)
+    loaded = checkpoint.load_checkpoint(info, weights=not ctx.sharded)  # shards load apart, below
     held = _contents(loaded, info)
+    _check_sharding(held.replicated, ctx, info)
     same_world = info.world_size == ctx.world_size and held.local is not None
     saved, dropped = _with_slots(held.local.state if same_world else held.replicated.state, hooks, info)
-    if not same_world and strict and _mid_epoch(saved):
-        raise ResumeError(_world_message(info, ctx) + "; resume with the same world size, or pass strict_resume=False")
-    unwrap(ctx.model).load_state_dict(loaded.weights)
+    cursor = None if same_world else _main_cursor(held)
+    offset, why = (None, "") if same_world else _world_offset(saved.progress, ctx, info, cursor)
+    if not same_world and strict and _mid_epoch(saved) and offset is None:
+        raise ResumeError(
+            _world_message(info, ctx) + f"; {why}, so epoch {saved.progress.epoch} would restart from its first "
+            f"batch: resume with the same world size, or pass strict_resume=False"
+        )
     replicated = held.replicated
     built = hp.hyperparameters(ctx.optimizer)
-    ctx.optimizer.load_state_dict(replicated.optimizer)
+    _load_model_and_optimizer(loaded, replicated, ctx, info)
     for name in ("scheduler", "scaler"):
         target, stored = getattr(ctx, name), getattr(replicated, name)
         if target is not None and stored is not None:
@@ -131,7 +155,7 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
     state = attrs.evolve(saved, rank=ctx.rank, world_size=ctx.world_size)
     p = state.progress
     if not same_world:
-        state = _restart_epoch(state, ctx, info)
+        state = _new_world(state, ctx, info, offset, why, cursor)
     elif ctx.feed.iters_per_epoch == p.iters_per_epoch:
         restore_rng(held.local.rng)
         ctx.feed.resume(held.local.cursor, p.epoch, p.iter_in_epoch)
@@ -141,6 +165,25 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
     if ctx.feed.iters_per_epoch != state.progress.iters_per_epoch:
         state = attrs.evolve(state, progress=attrs.evolve(state.progress, iters_per_epoch=ctx.feed.iters_per_epoch))
     return state
+
+
+def _check_sharding(replicated, ctx, info) -> None:
+    """A sharded model resumes from shards (written by a sharded model of any world size), never from a weights file."""
+    if ctx.sharded and not replicated.sharded:
+        raise ResumeError(
+            f"cannot resume this sharded model from {info.path}: that checkpoint was written by a replicated "
+            f"(unsharded) model, whose optimizer state is keyed by parameter position. Resume it with the model "
+            f"unsharded, or start the sharded run from its weights (load_weights({str(info.path)!r}))"
+        )
+
+
+def _load_model_and_optimizer(loaded, replicated, ctx, info) -> None:
+    """A sharded checkpoint's shards through DCP (any world size or sharding); else the weights file and optimizer."""
+    if replicated.sharded:
+        sharded.load_into(info.path, unwrap(ctx.model), ctx.optimizer, replicated.optimizer)
+        return
+    unwrap(ctx.model).load_state_dict(loaded.weights)
+    ctx.optimizer.load_state_dict(replicated.optimizer)
 
 
 def _settle_hyperparameters(ctx, built, winner) -> None:
@@ -170,16 +213,78 @@ def _mid_epoch(state: State) -> bool:
 def _world_message(info, ctx) -> str:
     return (
         f"checkpoint of step {info.step} was written by {info.world_size} rank(s), this run has "
-        f"{ctx.world_size}: per-rank RNG states and data positions cannot carry over"
+        f"{ctx.world_size}: per-rank RNG states cannot carry over"
     )
 
 
-def _restart_epoch(state, ctx, info) -> State:
+def _main_cursor(held):
+    """Rank 0's data cursor on every rank: its batch size and position are the same on all ranks (collective)."""
+    return dist.broadcast_object(held.local.cursor if dist.rank() == 0 and held.local is not None else None)
+
+
+def _consumed(p, cursor, world: int) -> tuple[int | None, str]:
+    """The positions of its permutation the interrupted epoch consumed on all ``world`` ranks, or ``None`` and why not."""
+    data = (cursor or {}).get("data")
+    if not data or not isinstance(data.get("batch_size"), int):
+        return None, "the checkpoint does not record its loader's batch size"
+    offset, first = (cursor.get("rest") or (0, 0))
+    return offset + (p.iter_in_epoch - first) * data["batch_size"] * world, ""
+
+
+def _positioning(ctx, cursor) -> str | None:
+    """Why this run's data cannot continue an epoch at a position of its permutation, or ``None``."""
+    feed = ctx.feed
+    if feed.one_shot:
+        return "the training data is a one-shot iterator"
+    why = remainder.why_not(feed.data)
+    if why is not None:
+        return f"the training data cannot be positioned ({why})"
+    if feed.iters_per_epoch != len(feed.data):
+        return f"iters_per_epoch={feed.iters_per_epoch} differs from len(loader)={len(feed.data)}"
+    saved, now = ((cursor or {}).get("data") or {}).get("samples"), describe(feed.data)["samples"]
+    if saved != now:
+        return f"the dataset length changed ({saved} -> {now}): its permutation is another one"
+    return None
+
+
+def _world_offset(p, ctx, info, cursor) -> tuple[int | None, str]:
+    """Where in its permutation the interrupted epoch continues on this world size, or ``None`` and why not."""
+    offset, why = _consumed(p, cursor, info.world_size)
+    why = why or _positioning(ctx, cursor)
+    if why:
+        return None, why
+    if offset >= len(ctx.feed.data.sampler.dataset):
+        return None, f"its {offset} consumed samples reach past the dataset"
+    return offset, ""
+
+
+def _new_world(state, ctx, info, offset, why, cursor) -> State:
+    """``state`` on this run's world size, by the rule of this module's docstring; the data positioned."""
+    p, new = state.progress, ctx.feed.iters_per_epoch
     if not _mid_epoch(state):
-        return state
+        ctx.say(f"resumed on {ctx.world_size} rank(s) at an epoch boundary (written by {info.world_size}): "
+                f"epochs now have {new} steps, global_step stays {p.global_step}")
+        at_end = new if p.at_epoch_end else p.iter_in_epoch
+        return attrs.evolve(state, progress=attrs.evolve(p, iters_per_epoch=new, iter_in_epoch=at_end))
+    if offset is None:
+        return _restart_epoch(state, ctx, info, why)
+    first = ctx.feed.continue_at(p.epoch, offset)
+    changed = changes((cursor or {}).get("data"), describe(ctx.feed.data))
+    warnings.warn(
+        f"{_world_message(info, ctx)}. Epoch {p.epoch} was interrupted after {p.iter_in_epoch} of its "
+        f"{p.iters_per_epoch} steps, {offset} samples consumed on all ranks{f' ({changed})' if changed else ''}: "
+        f"it continues after them at step {first} of {new}, no sample repeated or skipped; "
+        f"global_step stays {p.global_step}",
+        ResumeNotExactWarning,
+        stacklevel=4,
+    )
+    return attrs.evolve(state, progress=attrs.evolve(p, iters_per_epoch=new, iter_in_epoch=first))
+
+
+def _restart_epoch(state, ctx, info, why) -> State:
     p = state.progress
-    message = _world_message(info, ctx) + f"; epoch {p.epoch} restarts from its first batch"
-    warnings.warn(message, ResumeNotExactWarning, stacklevel=4)
+    message = _world_message(info, ctx) + f"; {why}, so epoch {p.epoch} restarts from its first batch"
+    warnings.warn(message, ResumeNotExactWarning, stacklevel=5)
     ctx.feed.start_epoch(p.epoch)
     progress = attrs.evolve(p, iter_in_epoch=0, iters_per_epoch=ctx.feed.iters_per_epoch)
     return attrs.evolve(state, progress=progress, position="BeforeEpoch")
@@ -233,16 +338,28 @@ def _new_epoch_length(state, ctx, info, cursor) -> State:
     p, feed = state.progress, ctx.feed
     old, new = p.iters_per_epoch, feed.iters_per_epoch
     # A loader's own state describes batches of the old length: positions come from replay instead.
+    # (The feed is handed the cursor without its loader record, "data": the warning below says the change.)
     cursor = {k: v for k, v in cursor.items() if k not in ("loader", "epoch_done")}
     head = (
         f"steps per epoch changed since the checkpoint of step {p.global_step} ({info.path}): {old} then, "
         f"{new} now (another batch size, other data or iters_per_epoch); {p.samples_seen} samples consumed in all"
     )
     if not _mid_epoch(state) or p.iter_in_epoch == 0:
-        feed.resume(cursor, p.epoch, 0)  # between epochs: nothing of an epoch to position
+        feed.resume({**cursor, "data": None}, p.epoch, 0)  # between epochs: nothing of an epoch to position
         ctx.say(f"{head}; resuming at an epoch boundary, global_step stays {p.global_step}")
         at_end = p.iter_in_epoch if not p.at_epoch_end else new
         return attrs.evolve(state, progress=attrs.evolve(p, iters_per_epoch=new, iter_in_epoch=at_end))
+    offset, why = _world_offset(p, ctx, info, cursor)  # a DistributedSampler epoch continues by positions
+    if offset is not None:
+        first = feed.continue_at(p.epoch, offset)
+        warnings.warn(
+            f"{head}. Epoch {p.epoch} was interrupted after {p.iter_in_epoch} of its {old} steps, {offset} samples "
+            f"consumed on all ranks: it continues after them at step {first} of {new}, with no sample repeated or "
+            f"skipped; global_step stays {p.global_step}",
+            ResumeNotExactWarning,
+            stacklevel=4,
+        )
+        return attrs.evolve(state, progress=attrs.evolve(p, iters_per_epoch=new, iter_in_epoch=first))
     index, why = _position(p, feed.data, feed, cursor)
     if index is None:
         warnings.warn(
@@ -261,5 +378,5 @@ def _new_epoch_length(state, ctx, info, cursor) -> State:
         ResumeNotExactWarning,
         stacklevel=4,
     )
-    feed.resume(cursor, p.epoch, index)
+    feed.resume({**cursor, "data": None}, p.epoch, index)
     return attrs.evolve(state, progress=attrs.evolve(p, iters_per_epoch=new, iter_in_epoch=index))

@@ -1,0 +1,168 @@
+"""Sharded model and optimizer state (FSDP2): written through DCP, read back on any world size.
+
+A model whose parameters are ``DTensor``s (``torch.distributed.fsdp.fully_shard``)
+has no full copy on any rank. Its state and its optimizer's are taken with
+``torch.distributed.checkpoint.state_dict.get_state_dict`` (keyed by
+parameter name, each rank holding its shards) and written by DCP beside the
+trainer state, as ``sharded/model/<name>`` and ``sharded/optim/<name>/<key>``.
+DCP stores each shard once with its place in the full tensor, so a resume
+on another world size, another sharding or none reads its own part of every
+tensor (:func:`load_into`). What is not a tensor in the optimizer state
+(param groups, hyper-parameters) stays in the replicated trainer part, where
+every rank must agree on it; the shards are exempt from that check.
+
+The weights file ``model.pth`` holds :func:`full_weights`: the full state
+dict, gathered collectively to rank 0, loadable by anyone with
+``torch.load(weights_only=True)``. A run may skip it (``loop(weights_file=False)``)
+for a model too large to gather; :func:`read_full_weights` then assembles
+the full weights from the shards, in one process.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from . import _layout as L
+
+__all__ = [
+    "MODEL", "OPTIM", "is_sharded", "state", "full_weights", "load_full_weights", "load_into", "read_full_weights",
+    "has_shards",
+]
+
+MODEL = "sharded/model/"
+OPTIM = "sharded/optim/"
+_NO_GROUP_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
+
+
+def is_sharded(model) -> bool:
+    """Whether ``model`` keeps DTensor parameters (FSDP2): no rank holds it whole."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def state(model, optimizer) -> tuple[dict, dict]:
+    """``(shards, optimizer_rest)``: the tensors DCP writes, and the optimizer state without them.
+
+    ``shards`` maps ``sharded/...`` keys to this rank's DTensors (and any
+    plain tensors, which DCP writes once); ``optimizer_rest`` is the
+    optimizer state dict by parameter name with its tensors left out.
+    """
+    if not optimizer.state:  # nothing to save yet; get_state_dict would create it with a step (Adam counts it)
+        return {MODEL + name: value for name, value in get_model_state_dict(model).items()}, {"state": {}, "param_groups": None}
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    shards = {MODEL + name: value for name, value in model_state.items()}
+    rest = {}
+    for name, entries in optimizer_state["state"].items():
+        rest[name] = {key: value for key, value in entries.items() if not isinstance(value, torch.Tensor)}
+        shards.update({_optim_key(name, key): v for key, v in entries.items() if isinstance(v, torch.Tensor)})
+    return shards, {"state": rest, "param_groups": optimizer_state["param_groups"]}
+
+
+def _optim_key(name: str, key) -> str:
+    return f"{OPTIM}{name}/{key}"
+
+
+def full_weights(model) -> dict:
+    """The full model state dict on rank 0 (CPU tensors), ``{}`` elsewhere; collective."""
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_weights(model, weights: dict, *, strict: bool = False) -> None:
+    """Load a full state dict (every rank holds it) into a sharded ``model``: each rank keeps its shards."""
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=strict))
+
+
+def load_into(directory: pathlib.Path, model, optimizer, optimizer_rest: dict) -> None:
+    """Load a checkpoint's shards into ``model`` and ``optimizer`` as they are sharded now; collective.
+
+    The optimizer's state is created first (a step with zero learning rate
+    and zero gradients, as ``set_state_dict`` does), so every state tensor
+    exists, sharded like its parameter, for DCP to read its part into.
+
+    Raises:
+        ValueError: the checkpoint lacks a tensor this model or optimizer has
+            (another model, another optimizer type).
+    """
+    if optimizer_rest["param_groups"] is None:  # saved before the optimizer's first step: it stays fresh
+        _load(directory, template := {MODEL + name: value for name, value in get_model_state_dict(model).items()})
+        set_model_state_dict(model, {name[len(MODEL):]: value for name, value in template.items()})
+        return
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    _init_optim_state(optimizer)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    template = {MODEL + name: value for name, value in model_state.items()}
+    for name, entries in optimizer_state["state"].items():
+        template.update({_optim_key(name, key): v for key, v in entries.items() if isinstance(v, torch.Tensor)})
+    _load(directory, template)
+    loaded = {
+        name: {**optimizer_rest["state"].get(name, {}),
+               **{key: template[_optim_key(name, key)] for key, v in entries.items() if isinstance(v, torch.Tensor)}}
+        for name, entries in optimizer_state["state"].items()
+    }
+    set_state_dict(
+        model, optimizer,
+        model_state_dict={name: template[MODEL + name] for name in model_state},
+        optim_state_dict={"state": loaded, "param_groups": optimizer_rest["param_groups"]},
+    )
+
+
+def _load(directory: pathlib.Path, template: dict) -> None:
+    """Read the checkpoint's part of every tensor of ``template`` into it, in place; collective."""
+    _check_keys(directory, template)
+    from ._standard import _SafeReader
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
+        dcp.load(template, storage_reader=_SafeReader(directory / L.TRAINER))
+
+
+def _check_keys(directory: pathlib.Path, template: dict) -> None:
+    saved = _metadata(directory)
+    missing = [key for key in template if key not in saved]
+    if missing:
+        found = sorted(k for k in saved if k.startswith("sharded/"))[:4]
+        raise ValueError(
+            f"{directory} holds no {missing[0]!r} ({len(missing)} tensor(s) of this model and optimizer are "
+            f"missing; the checkpoint has e.g. {found}): it was written by another model or optimizer type"
+        )
+
+
+def _metadata(directory: pathlib.Path) -> dict:
+    from ._standard import _SafeReader
+
+    return _SafeReader(directory / L.TRAINER).read_metadata().state_dict_metadata
+
+
+def has_shards(directory: pathlib.Path) -> bool:
+    """Whether a standard checkpoint directory keeps its model as shards (written from a sharded model)."""
+    return any(key.startswith(MODEL) for key in _metadata(directory))
+
+
+def read_full_weights(directory: pathlib.Path) -> dict:
+    """The full model state dict assembled from a checkpoint's shards, in this process alone (CPU)."""
+    template = {}
+    for key, entry in _metadata(directory).items():
+        if key.startswith(MODEL):
+            if not isinstance(entry, TensorStorageMetadata):
+                raise ValueError(f"{directory}: entry {key!r} is not a tensor; refusing to load it")
+            template[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
+    from ._standard import _SafeReader
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
+        dcp.load(template, storage_reader=_SafeReader(directory / L.TRAINER), no_dist=True)
+    return {key[len(MODEL):]: value for key, value in template.items()}
