@@ -1,9 +1,10 @@
 """Run every benchmark, print one report and write ``benchmarks/RESULTS.md``.
 
 ``python -m benchmarks [--quick]``. Each part also runs alone, e.g.
-``python -m benchmarks.loop_overhead``. The simulation and guard benchmarks
-(``benchmarks.simulation``, ``benchmarks.guard``) run too when present; their
-figures are read back from ``results/simulation.json`` and ``results/guard.json``.
+``python -m benchmarks.loop_overhead``. The simulation, guard and FSDP2
+checkpoint benchmarks (``benchmarks.simulation``, ``benchmarks.guard``,
+``benchmarks.fsdp_io``, which starts its own ranks) run as processes of their
+own when present; their figures are read back from ``results/<name>.json``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from benchmarks import _common
 
 HERE = pathlib.Path(__file__).resolve().parent
 OURS = ("loop_overhead", "checkpoint_io", "async_save")
-OTHERS = ("simulation", "guard")
+OTHERS = ("simulation", "guard", "fsdp_io")
 
 
 def _run_other(name: str, quick: bool) -> str | None:
