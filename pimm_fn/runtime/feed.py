@@ -31,6 +31,14 @@ feed rebuilds its iterator at the cursor from before the fetch, the same
 way (replayed from the iterator's start, or reloaded from the loader's
 state), and puts the torch RNG back as it was, so the next fetch returns
 the batch the failed one would have.
+
+Grouped (``Feed(data, group=k)``, for a step accumulating ``k``
+micro-batches), each step draws ``k`` batches and gets them as one
+``MicroBatches``. The progress counts steps; the cursor, replay and a
+failed fetch count batches: ``i`` steps into an epoch are ``i * k``
+batches, and a fetch that raises puts the cursor back to the start of its
+group, so no step ever holds part of a group. An epoch is ``len(data) // k``
+steps by default: the last ``len(data) % k`` batches are left out.
 """
 
 import warnings
@@ -41,9 +49,18 @@ import torch
 from pimm_fn.runtime import remainder
 from pimm_fn.runtime.rng import capture_rng, restore_rng, set_torch_rng, torch_rng
 
-__all__ = ["Feed", "ResumeNotExactWarning", "batch_size", "describe", "changes"]
+__all__ = ["Feed", "MicroBatches", "ResumeNotExactWarning", "batch_size", "describe", "changes"]
 
 _Tensor = torch.Tensor
+
+
+class MicroBatches(tuple):
+    """The ``k`` batches of one optimizer step, as a grouped feed gives them (``Feed(group=k)``)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return f"MicroBatches({list(self)!r})"
 
 
 class ResumeNotExactWarning(UserWarning):
@@ -97,13 +114,33 @@ def _length(data) -> int:
     return length
 
 
-class Feed:
-    """Batches for the loop, epoch by epoch, with a checkpointable cursor."""
+def _steps(data, group: int) -> int:
+    """Steps per epoch of ``group`` batches each: ``len(data) // group``."""
+    length = _length(data)
+    if length < group:
+        raise ValueError(
+            f"the training data has {length} batches, fewer than the {group} micro-batches of one step "
+            f"(accumulate={group}): use more data, smaller batches or a smaller accumulate"
+        )
+    return length // group
 
-    def __init__(self, data, iters_per_epoch: int | None = None):
+
+class Feed:
+    """Batches for the loop, epoch by epoch, with a checkpointable cursor.
+
+    Args:
+        data: the training data (see the module docstring for what resumes exactly).
+        iters_per_epoch: steps per epoch (default ``len(data) // group``).
+        group: batches per step; above 1 a step gets them as one ``MicroBatches``.
+    """
+
+    def __init__(self, data, iters_per_epoch: int | None = None, group: int = 1):
+        if not isinstance(group, int) or isinstance(group, bool) or group < 1:
+            raise ValueError(f"Feed: 'group' must be an int >= 1 (got {group!r})")
         self.data = data
+        self.group = group
         self.one_shot = isinstance(data, Iterator)
-        self.iters_per_epoch = iters_per_epoch or _length(data)
+        self.iters_per_epoch = iters_per_epoch or _steps(data, group)
         self.generator = getattr(data, "generator", None)
         self.stateful = (
             callable(getattr(data, "state_dict", None))
@@ -112,7 +149,7 @@ class Feed:
         )
         # Drawn from when an epoch opens: part of the RNG an opening that failed, or a replay, puts back.
         self._sampler_generators = _sampler_generators(data, self.generator)
-        self._drains = self.stateful and hasattr(data, "__len__") and len(data) == self.iters_per_epoch
+        self._drains = self.stateful and hasattr(data, "__len__") and len(data) // group == self.iters_per_epoch
         self._iterator = None
         self._epoch_start = None
         self._opening = None  # the epoch whose opening failed, to retry from the same RNG
@@ -181,8 +218,16 @@ class Feed:
 
         When the fetch raises, the cursor is put back first (see the module
         docstring): calling again returns the batch this call would have.
+        Grouped, it is the next ``group`` batches as one ``MicroBatches``.
         """
         rng = torch_rng() if self._in_process else None
+        if self.group == 1:
+            return self._fetch(rng, None)
+        start = (self._source, self._drawn)  # where a failure anywhere in the group puts the cursor back
+        return MicroBatches([self._fetch(rng, start) for _ in range(self.group)])
+
+    def _fetch(self, rng, start):
+        """One batch; on a failure the cursor goes back to ``start`` (``None``: before this fetch)."""
         try:
             try:
                 batch = next(self._iterator)
@@ -193,6 +238,8 @@ class Feed:
             # Back to the cursor before this fetch, lazily: the next fetch rebuilds the iterator first.
             # A one-shot iterator has nothing to rebuild from: the batch it was giving may be lost.
             if self._iterator.__class__ is not _Reopen and not self.one_shot and self._source is not None:
+                if start is not None:
+                    self._source, self._drawn = start
                 self._iterator = _Reopen(self, rng)
             raise
         self._drawn += 1
@@ -205,7 +252,7 @@ class Feed:
             if iterator.__class__ is _Reopen:
                 iterator = iterator.reopen()
             try:
-                for _ in iterator:  # empty: the epoch used every batch
+                for _ in iterator:  # empty, or the fewer than ``group`` batches a grouped epoch leaves out
                     pass
             except BaseException:
                 self._iterator = _Reopen(self, None)  # drained again from the cursor next time
@@ -228,7 +275,7 @@ class Feed:
         sampler = _sampler(self.data)
         sampler.set_epoch(epoch)
         remainder.lend(self.data, epoch, offset)
-        first = max(self.iters_per_epoch - len(self.data), 0)
+        first = max(self.iters_per_epoch - len(self.data) // self.group, 0)
         self._rest = (offset, first)
         self._epoch_start = self._rng()
         self._epoch_done = False
@@ -270,11 +317,11 @@ class Feed:
         sampler = _sampler(self.data)
         if sampler is not None:
             sampler.set_epoch(epoch)
-        cursor, skip = fresh, iter_in_epoch
+        cursor, skip = fresh, iter_in_epoch * self.group  # batches, not steps
         if cursor.get("rest") is not None:  # the epoch was continued at a position: continue it there again
             offset, first = cursor["rest"]
             remainder.lend(self.data, epoch, offset)
-            self._rest, skip = (offset, first), iter_in_epoch - first
+            self._rest, skip = (offset, first), (iter_in_epoch - first) * self.group
         if self.stateful and "loader" in cursor:
             self.data.load_state_dict(cursor["loader"])
             self._iterator = self._iter_without_draws()
@@ -379,6 +426,8 @@ class _Reopen:
 def batch_size(batch) -> int:
     """The samples in ``batch``: the first dimension of its first tensor (0 when it has none)."""
     cls = batch.__class__
+    if cls is MicroBatches:  # a step's micro-batches: all their samples
+        return sum(batch_size(part) for part in batch)
     if (cls is tuple or cls is list) and batch:  # the common (inputs, targets) batch, without a getattr miss
         first = batch[0]
         if first.__class__ is _Tensor:  # a plain tensor: its shape, without a call
