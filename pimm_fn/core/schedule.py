@@ -6,6 +6,7 @@ events, and a run restored from any checkpoint continues exactly where the
 saved ``State.position`` says it stopped.
 """
 
+from pimm_fn.core import budget
 from pimm_fn.core import events as ev
 from pimm_fn.core.state import Progress, State, evolvers, replace, setter
 
@@ -22,6 +23,8 @@ def next_event(state: State) -> ev.Event | None:
     ``BeforeEpoch`` or a step) ends early with its ``AfterEpoch``, then
     ``AfterTrain``; between epochs, ``AfterTrain`` follows at once. A step
     whose ``BeforeStep`` ran still trains (its ``AfterStep`` comes first).
+    A step budget (``Progress.step_limit``) spent closes the same way: the
+    step that reaches it ends its epoch (``Progress.at_epoch_end``).
 
     >>> s = State(Progress(iters_per_epoch=2, max_epochs=1))
     >>> next_event(s)
@@ -43,15 +46,21 @@ def next_event(state: State) -> ev.Event | None:
         case "ModifyConfig":
             return ev.BeforeTrain()
         case "BeforeTrain":
-            return ev.BeforeEpoch(p.epoch) if p.epoch < p.max_epochs and state.stop is None else ev.AfterTrain()
+            return ev.BeforeEpoch(p.epoch) if _begins(p, p.epoch) and state.stop is None else ev.AfterTrain()
         case "BeforeEpoch":
-            return ev.BeforeStep(p.global_step + 1) if state.stop is None else ev.AfterEpoch(p.epoch)
+            spent = p.global_step == p.step_limit
+            return ev.BeforeStep(p.global_step + 1) if state.stop is None and not spent else ev.AfterEpoch(p.epoch)
         case "AfterEpoch":
-            more = p.epoch + 1 < p.max_epochs and state.stop is None
+            more = _begins(p, p.epoch + 1) and state.stop is None
             return ev.BeforeEpoch(p.epoch + 1) if more else ev.AfterTrain()
         case "AfterTrain":
             return None
     raise ValueError(f"State.position {state.position!r} is not a lifecycle event name")
+
+
+def _begins(p: Progress, epoch: int) -> bool:
+    """Whether ``epoch`` begins: within ``max_epochs``, or, under a step budget, while steps are left."""
+    return epoch < p.max_epochs if p.step_limit is None else p.global_step < p.step_limit
 
 
 def advance(state: State, event: ev.Event) -> State:
@@ -122,7 +131,7 @@ def skip_to(state: State, step: int, *, batch_size: int = 0) -> State:
     if not isinstance(next_event(state), ev.BeforeStep):
         raise ValueError(f"skip_to: the next event must be a BeforeStep (position is {state.position!r})")
     p = state.progress
-    last = p.global_step + p.iters_per_epoch - p.iter_in_epoch
+    last = p.epoch_end_step
     if not p.global_step <= step <= last:
         raise ValueError(f"skip_to: 'step' must be in [{p.global_step}, {last}] (this epoch's steps; got {step})")
     if step == p.global_step:
@@ -136,29 +145,19 @@ def skip_to(state: State, step: int, *, batch_size: int = 0) -> State:
     return stepped_state(state, progress, state.slots)
 
 
-def resume_from(state: State, *, max_epochs: int | None = None) -> State:
-    """``state`` as a resumed run starts from it, optionally with more epochs.
+def resume_from(state: State, *, max_epochs: int | None = None, max_steps: int | None = None) -> State:
+    """``state`` as a resumed run starts from it, optionally with another budget.
 
-    A finished run given a larger ``max_epochs`` continues with the next
-    epoch, unless it stopped early (``State.stop``): that one stays stopped.
+    A finished run given a larger ``max_epochs`` or ``max_steps`` continues
+    with the next epoch, unless it stopped early (``State.stop``): that one
+    stays stopped. A ``max_steps`` already reached ends the run at once.
+    See ``pimm_fn.core.budget.resumed``.
 
     Raises:
         ValueError: when ``max_epochs`` is below the epochs already trained
             (an epoch in progress counts).
     """
-    p = state.progress
-    if max_epochs is None or max_epochs == p.max_epochs:
-        return state
-    # An epoch in progress counts: resuming would finish it, past max_epochs.
-    started = p.iter_in_epoch > 0 or state.position in ("BeforeEpoch", "BeforeStep")
-    done = p.epoch + (1 if started else 0)
-    if max_epochs < done:
-        raise ValueError(
-            f"max_epochs={max_epochs} is below the {done} epoch(s) this checkpoint already trained or began: "
-            f"pass max_epochs >= {done}"
-        )
-    position = "AfterEpoch" if state.finished else state.position
-    return replace(state, progress=replace(p, max_epochs=max_epochs), position=position)
+    return budget.resumed(state, max_epochs=max_epochs, max_steps=max_steps)
 
 
 def state_at_step(state: State, step: int) -> State:
@@ -174,14 +173,14 @@ def state_at_step(state: State, step: int) -> State:
     if step == 0:
         return state
     epoch, iter_in_epoch = divmod(step, p.iters_per_epoch)
-    position = "AfterStep"
     if iter_in_epoch == 0:
-        epoch, iter_in_epoch, position = epoch - 1, p.iters_per_epoch, "AfterEpoch"
+        epoch, iter_in_epoch = epoch - 1, p.iters_per_epoch
     progress = Progress(
         iters_per_epoch=p.iters_per_epoch,
         max_epochs=p.max_epochs,
         epoch=epoch,
         iter_in_epoch=iter_in_epoch,
         global_step=step,
+        step_limit=p.step_limit,
     )
-    return replace(state, progress=progress, position=position)
+    return replace(state, progress=progress, position="AfterEpoch" if progress.at_epoch_end else "AfterStep")

@@ -82,6 +82,7 @@ def setup_of(hooks, state) -> Setup:
     schedule = (
         ("iters_per_epoch", p.iters_per_epoch), ("max_epochs", p.max_epochs), ("epoch", p.epoch),
         ("iter_in_epoch", p.iter_in_epoch), ("global_step", p.global_step), ("position", state.position),
+        ("max_steps", p.step_limit),
     )
     return Setup(tuple(_hook_setup(h) for h in hooks), schedule)
 

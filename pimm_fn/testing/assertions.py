@@ -145,7 +145,7 @@ def assert_resume_continuity(hooks, *, resume_at, **simulate_kwargs) -> None:
         hooks: the hook list.
         resume_at: a step or an iterable of steps in ``[1, max steps]``.
         **simulate_kwargs: ``world_size``, ``iters_per_epoch``, ``max_epochs``
-            and optionally ``metrics`` and ``local``, as for ``simulate``.
+            (or ``max_steps``) and optionally ``metrics`` and ``local``, as for ``simulate``.
 
     Raises:
         AssertionError: naming the rank, the resume step and the first entry
@@ -159,7 +159,7 @@ def assert_resume_continuity(hooks, *, resume_at, **simulate_kwargs) -> None:
     ...                          max_epochs=2, metrics=lambda step, rank: {"mIoU": step % 3})
     """
     baseline = simulate(hooks, **simulate_kwargs)
-    max_steps = simulate_kwargs["iters_per_epoch"] * simulate_kwargs["max_epochs"]
+    max_steps = baseline.states[0].progress.max_steps
     if isinstance(resume_at, Iterable) and not isinstance(resume_at, (str, bytes)):
         points = tuple(resume_at)
     else:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 import attrs
 
 from pimm_fn.core import events as ev
+from pimm_fn.core.budget import check_budget
 from pimm_fn.core.effects import Effect, SaveCheckpoint, Scope
 from pimm_fn.core.events import Event
 from pimm_fn.core.fold import Chain, TraceEntry, chain, process
@@ -213,7 +214,8 @@ def simulate(
     *,
     world_size: int,
     iters_per_epoch: int,
-    max_epochs: int,
+    max_epochs: int | None = None,
+    max_steps: int | None = None,
     metrics=None,
     local=None,
     resume_at=None,
@@ -229,6 +231,8 @@ def simulate(
         hooks: the hook list, as given to ``loop`` (or one ``Chain``).
         world_size: number of ranks (>= 1).
         iters_per_epoch, max_epochs: the schedule.
+        max_steps: instead of ``max_epochs``, train this many global steps,
+            as ``loop(max_steps=N)`` does (``pimm_fn.core.budget``).
         metrics: what an evaluation at ``step`` returns: ``{step: {name:
             value}}`` (the same on every rank), or ``metrics(step, rank)``
             returning a mapping or ``None`` (that rank computed nothing). As
@@ -264,15 +268,16 @@ def simulate(
     hooks = hooks if isinstance(hooks, Chain) else chain(*_hook_list(hooks))
     _int_at_least("world_size", world_size, 1)
     _int_at_least("iters_per_epoch", iters_per_epoch, 1)
-    _int_at_least("max_epochs", max_epochs, 0)
+    check_budget(max_epochs, max_steps, caller="simulate")
     if not isinstance(skip_quiet, bool):
         raise TypeError(f"simulate: 'skip_quiet' must be a bool (got {skip_quiet!r})")
     source = _metric_source(metrics)
-    points = resume_points(resume_at, iters_per_epoch * max_epochs)
+    points = resume_points(resume_at, max_steps or iters_per_epoch * max_epochs)
     traces, states, indices = [], [], []
     for rank in range(world_size):
         state = initial_state(
-            hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs, rank=rank, world_size=world_size
+            hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps, rank=rank,
+            world_size=world_size,
         )
         executor = _SimExecutor(source, rank=rank)
         index: list = []
