@@ -4,8 +4,12 @@ A checkpoint is the model's weights file beside the trainer state this
 module describes. The trainer state has three parts, by who holds them:
 
 * **replicated**, identical on every rank and written once: the optimizer,
-  scheduler and scaler state dicts, and the *agreed* ``State`` (the main
-  rank's), which a resume on another world size starts from;
+  scheduler and scaler state dicts (a run of several named optimizers keeps
+  each one's under its name, in ``optimizers``), the extra state
+  (``loop(extra_state=)``, the ``ema`` averages: each object's
+  ``state_dict()`` by name, rank 0's written, every rank's must agree in
+  structure), and the *agreed* ``State`` (the main rank's), which a resume
+  on another world size starts from;
 * **per-rank**, each rank's own: its ``State`` (with its rank-local metrics
   and the per-rank sums hooks keep in their slots), its RNG states and its
   data cursor;
@@ -95,11 +99,13 @@ class Replicated:
     ahead of a save (the staging prewarm): states hold no tensors.
     """
 
-    optimizer: dict
+    optimizer: dict | None  # None when the run has several named optimizers (``optimizers``)
     scheduler: dict | None
     scaler: dict | None
     state: SavedState | None
     sharded: bool = False  # the optimizer's tensors and the model are in the shards, not here
+    optimizers: dict | None = None  # name -> state dict, for loop(optimizers=)
+    extra: dict | None = None  # name -> state dict, for loop(extra_state=) and the ema() averages
 
 
 @attrs.frozen(eq=False)
@@ -147,7 +153,12 @@ def to_parts(contents: TrainerContents) -> tuple[dict, dict]:
     """
     r = contents.replicated
     # Tensors first, in a fixed order: a prewarm's template numbers them as the save does.
-    trainer = {"optimizer": r.optimizer, "scheduler": r.scheduler, "scaler": r.scaler, **_state_part(r.state)}
+    trainer = {"optimizer": r.optimizer, "scheduler": r.scheduler, "scaler": r.scaler}
+    if r.optimizers is not None:
+        trainer["optimizers"] = r.optimizers
+    if r.extra:
+        trainer["extra"] = r.extra
+    trainer.update(_state_part(r.state))
     trainer["layout"] = LAYOUT
     if r.sharded:
         trainer["sharded"] = True
@@ -180,7 +191,8 @@ def from_parts(trainer: dict, local: dict | None) -> TrainerContents:
             f"version of pimm_fn reads layouts 1 to {LAYOUT}: resume it with the version that wrote it"
         )
     replicated = Replicated(trainer["optimizer"], trainer.get("scheduler"), trainer.get("scaler"),
-                            _read_state(trainer, layout), trainer.get("sharded", False))
+                            _read_state(trainer, layout), trainer.get("sharded", False),
+                            trainer.get("optimizers"), trainer.get("extra"))
     if local is None:
         return TrainerContents(replicated, None)
     return TrainerContents(replicated, PerRank(_read_state(local, layout), local["rng"], local["cursor"]))

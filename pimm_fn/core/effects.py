@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import attrs
 
-from pimm_fn.core.frozen import FrozenMap, freeze
+from pimm_fn.core.frozen import FrozenMap, freeze, repr_unless_none
 
 __all__ = [
     "Scope",
@@ -28,6 +28,7 @@ __all__ = [
     "LoadWeights",
     "Stop",
     "StepScheduler",
+    "UpdateEma",
 ]
 
 
@@ -76,28 +77,40 @@ class SaveCheckpoint(Effect):
         return self.deferred or self.final
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class WriteBest(Effect):
-    """Write the current weights as ``model_best`` (``metric`` improved)."""
+    """Write the current weights as ``model_best`` (``metric`` improved).
+
+    ``weights`` names the average (``pimm_fn.ema``) whose weights were
+    evaluated, so the file holds what earned the metric; ``None``: the model's own.
+    """
 
     scope: ClassVar[Scope] = Scope.MAIN
     metric: str
     value: float
     step: int
+    weights: str | None = None
+
+    __repr__ = repr_unless_none("weights")
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class Evaluate(Effect):
     """Run the evaluator registered as ``evaluator`` on every rank.
 
     With ``broadcast`` the main rank's result is sent to every rank, so the
     published metrics are rank-consistent; without it each rank keeps its own.
+    ``weights`` names an average (``pimm_fn.ema``) swapped into the model for
+    the evaluation; ``None``: the model's own weights.
     """
 
     scope: ClassVar[Scope] = Scope.COLLECTIVE
     evaluator: str
     step: int
     broadcast: bool = True
+    weights: str | None = None
+
+    __repr__ = repr_unless_none("weights")
 
 
 @attrs.frozen
@@ -152,3 +165,18 @@ class StepScheduler(Effect):
     step: int
     metric: str | None = None
     value: float | None = None
+
+
+@attrs.frozen
+class UpdateEma(Effect):
+    """Fold the model's weights into the moving average ``name`` (``pimm_fn.ema``); each rank its own copy.
+
+    ``average = decay * average + (1 - decay) * weights`` for the parameters;
+    buffers are copied. Every rank holds the same weights, so every rank's
+    average is the same.
+    """
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    name: str
+    step: int
+    decay: float

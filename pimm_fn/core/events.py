@@ -10,7 +10,7 @@ closing events (``AfterEpoch``, ``AfterTrain``) follow.
 
 import attrs
 
-from pimm_fn.core.frozen import FrozenMap, freeze, own
+from pimm_fn.core.frozen import FrozenMap, freeze, own, repr_unless_none
 
 __all__ = [
     "Event",
@@ -100,19 +100,23 @@ class AfterTrain(Event):
     """Once, when the last epoch has ended."""
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class MetricsPublished(Event):
     """An evaluation finished: ``values`` maps metric names to numbers.
 
     ``consistent`` is True when every rank holds the same ``values`` (the
     main rank's result was broadcast); False when each rank kept its own, in
-    which case no collective decision may depend on them.
+    which case no collective decision may depend on them. ``weights`` names
+    the average (``pimm_fn.ema``) that was evaluated; ``None``: the model's own.
     """
 
     values: FrozenMap = attrs.field(converter=freeze)
     source: str = ""
     step: int = 0
     consistent: bool = True
+    weights: str | None = None
+
+    __repr__ = repr_unless_none("weights")
 
 
 @attrs.frozen

@@ -6,7 +6,7 @@ shared between hooks; ``FrozenMap`` cannot, so a ``State`` really is a value.
 
 from collections.abc import Mapping
 
-__all__ = ["FrozenMap"]
+__all__ = ["FrozenMap", "repr_unless_none"]
 
 
 class FrozenMap(Mapping):
@@ -125,3 +125,17 @@ def freeze(mapping) -> FrozenMap:
     if isinstance(mapping, FrozenMap):
         return mapping
     return FrozenMap(mapping or ())
+
+
+def repr_unless_none(*names):
+    """A ``__repr__`` for an attrs class that leaves out ``names`` while they are ``None``.
+
+    A field added later with a ``None`` default keeps the older values' repr
+    (what traces and messages print) unchanged.
+    """
+
+    def __repr__(self):
+        shown = (f for f in type(self).__attrs_attrs__ if f.repr and not (f.name in names and getattr(self, f.name) is None))
+        return f"{type(self).__name__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
+
+    return __repr__

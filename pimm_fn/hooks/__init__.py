@@ -2,6 +2,7 @@
 
 from pimm_fn.hooks.checkpointing import BestState, SaveEveryState, best_on, load_weights, save_every
 from pimm_fn.hooks.control import EarlyStopState, early_stop, step_scheduler
+from pimm_fn.hooks.ema import ema
 from pimm_fn.hooks.evaluation import evaluate_every
 from pimm_fn.hooks.logs import LogState, log_every
 from pimm_fn.hooks.model import model_hook
@@ -19,4 +20,5 @@ __all__ = [
     "early_stop",
     "EarlyStopState",
     "step_scheduler",
+    "ema",
 ]

@@ -190,7 +190,7 @@ class _BestOn:
             return state, ()
         step = state.progress.global_step
         state = attrs.evolve(state, best=state.best.set(self.metric, value), slot=BestState(value, step))
-        return state, (WriteBest(self.metric, value, step),)
+        return state, (WriteBest(self.metric, value, step, event.weights),)
 
     def _check_spelling(self, event, step) -> tuple:
         """A near-miss name is a typo that would otherwise never save a best model."""
@@ -217,7 +217,9 @@ def best_on(metric: str, *, mode: str = "max"):
         mode: ``"max"`` or ``"min"``.
 
     Emits:
-        ``WriteBest(metric, value, step)`` (main rank) on strict improvement.
+        ``WriteBest(metric, value, step, weights)`` (main rank) on strict
+        improvement; ``weights`` names the average that was evaluated
+        (``evaluate_every(..., weights="ema")``), so ``model_best`` holds it.
 
     Raises:
         ValueError: when broadcast metrics hold a near-miss of ``metric``

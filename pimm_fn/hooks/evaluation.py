@@ -26,6 +26,7 @@ class _EvaluateEvery:
     fn: Any = attrs.field(validator=is_callable)
     name: str = attrs.field(validator=non_empty_str)
     broadcast: bool = attrs.field(default=True, validator=is_bool)
+    weights: str | None = attrs.field(default=None, validator=attrs.validators.optional(non_empty_str))
 
     @property
     def events(self) -> tuple:
@@ -50,20 +51,21 @@ class _EvaluateEvery:
     def __call__(self, state, event):
         match event:
             case ev.AfterStep(step=step) if self.n:
-                return state, (Evaluate(self.name, step, self.broadcast),)
+                return state, (Evaluate(self.name, step, self.broadcast, self.weights),)
             case ev.AfterEpoch() if not self.n:
-                return state, (Evaluate(self.name, state.progress.global_step, self.broadcast),)
+                return state, (Evaluate(self.name, state.progress.global_step, self.broadcast, self.weights),)
         return state, ()
 
     def __repr__(self):
         fn_name = evaluator_name(self.fn)
         extra = "" if self.name == fn_name else f", name={self.name!r}"
         extra += "" if self.broadcast else ", broadcast=False"
+        extra += "" if self.weights is None else f", weights={self.weights!r}"
         return f"evaluate_every({self.n}, {fn_name}{extra})"
 
 
 @hook_factory
-def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = True):
+def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = True, weights: str | None = None):
     """Evaluate the model every ``n`` global steps (``n=0``: at each epoch's end).
 
     The interpreter calls ``fn(model)`` on every rank (evaluation is
@@ -77,18 +79,26 @@ def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = Tru
     Put evaluators before savers in the hook list, so a save at an
     evaluation step runs after the evaluation and records its result.
 
+    The loop runs ``fn`` with the model in eval mode under
+    ``torch.inference_mode()`` and puts every module's training flag back
+    afterwards, whatever ``fn`` did or raised. With ``weights="ema"`` the
+    moving average kept by ``pimm_fn.ema()`` is swapped into the model for
+    the call (and swapped back after), and ``best_on`` writes those weights.
+
     Args:
         n: steps between evaluations (>= 1), or 0 for once per epoch.
         fn: ``fn(model) -> Mapping[str, float] | float | None``; a module-level
             function or a picklable callable object.
         name: the evaluator's name in effects and logs (default: ``fn``'s name).
         broadcast: publish the main rank's result on every rank.
+        weights: the name of an ``ema(...)`` average to evaluate instead of
+            the model's own weights (default ``None``: the model's own).
 
     Emits:
-        ``Evaluate(name, step, broadcast)`` (collective).
+        ``Evaluate(name, step, broadcast, weights)`` (collective).
 
     >>> def accuracy(model): return {"acc": 1.0}
     >>> evaluate_every(200, accuracy)
     evaluate_every(200, accuracy)
     """
-    return _EvaluateEvery(n, fn, name if name is not None else evaluator_name(fn), broadcast)
+    return _EvaluateEvery(n, fn, name if name is not None else evaluator_name(fn), broadcast, weights)

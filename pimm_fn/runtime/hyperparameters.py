@@ -94,11 +94,12 @@ def _show(value) -> str:
     return repr(value)
 
 
-def describe(found: list[tuple], winner: str) -> str:
-    """One line naming each difference and which value the run goes on with."""
+def describe(found: list[tuple], winner: str, name: str | None = None) -> str:
+    """One line naming each difference and which value the run goes on with; ``name``: the optimizer's, of several."""
     items = "; ".join(f"group {i} {key!r}: checkpoint {_show(old)}, new {_show(new)}" for i, key, old, new in found)
     if winner == "new":
         outcome = "using this run's values (resume_hyperparameters='new'); the scheduler's state is the checkpoint's"
     else:
         outcome = "keeping the checkpoint's values; pass resume_hyperparameters='new' to use this run's"
-    return f"the optimizer's hyper-parameters differ from the checkpoint's: {items}; {outcome}"
+    which = "the optimizer's" if name is None else f"optimizer {name!r}'s"
+    return f"{which} hyper-parameters differ from the checkpoint's: {items}; {outcome}"

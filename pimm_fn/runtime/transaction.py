@@ -27,6 +27,7 @@ in a fresh process group, with ``resume="auto"``.
 
 import warnings
 import weakref
+from collections.abc import Mapping
 
 import attrs
 
@@ -140,7 +141,13 @@ class StepWatch:
 
     @classmethod
     def of(cls, optimizer) -> "StepWatch | None":
-        """The watch of ``optimizer``, made on first use; ``None`` for an optimizer without step hooks."""
+        """The watch of ``optimizer``, made on first use; ``None`` for an optimizer without step hooks.
+
+        For a mapping of named optimizers (``loop(optimizers=)``), one watch over all of them.
+        """
+        if isinstance(optimizer, Mapping):
+            watches = [cls.of(o) for o in optimizer.values()]
+            return None if not watches or None in watches else _Watches(watches)
         if not hasattr(optimizer, "_optimizer_step_pre_hooks") or not hasattr(optimizer, "register_step_post_hook"):
             return None
         try:
@@ -173,4 +180,23 @@ class StepWatch:
         if self.done > done_before:
             return AFTER_OPTIMIZER
         return OPTIMIZING if entered > self.done else TRAINING
+
+
+class _Watches:
+    """The watches of several optimizers, read as one: a step raised after any of them stepped is not exact."""
+
+    def __init__(self, watches):
+        self.watches = tuple(watches)
+
+    def arm(self) -> int:
+        return sum(w.arm() for w in self.watches)
+
+    def phase(self, done_before: int) -> str:
+        inside = False
+        for w in self.watches:
+            inside |= w.entered > w.done
+            w.entered = w.done
+        if sum(w.done for w in self.watches) > done_before:
+            return AFTER_OPTIMIZER
+        return OPTIMIZING if inside else TRAINING
 

@@ -1,0 +1,129 @@
+"""What a run trains and keeps beyond one optimizer: named optimizers, extra state, weight averages.
+
+``loop(optimizers={"g": opt_g, "d": opt_d})`` hands the dict to a custom
+``step_fn`` as its ``optimizer`` argument and checkpoints each optimizer's
+state under its name. ``loop(extra_state={"name": obj})`` checkpoints any
+object with ``state_dict()``/``load_state_dict()`` in the replicated part
+(rank 0's is written, so it must be the same on every rank: keep rank-local
+things in the data cursor or a hook's slot). The ``ema()`` hooks' averages
+join the extra state under their names. Every check here runs before
+anything is built, with the fix in the message.
+"""
+
+from collections.abc import Mapping
+
+from pimm_fn.core import hook as protocol
+from pimm_fn.core.effects import SaveCheckpoint
+from pimm_fn.runtime.ema import EmaWeights
+from pimm_fn.runtime.step import train_step
+
+__all__ = ["check_optimizers", "extra_state"]
+
+
+def _steps_one_optimizer(step_fn) -> bool:
+    """Whether ``step_fn`` is a built-in step, which trains with one optimizer."""
+    if step_fn is None or step_fn is train_step:
+        return True
+    try:
+        from pimm_fn.runtime.train_step import TrainStep
+    except ImportError:
+        return False
+    return isinstance(step_fn, TrainStep)
+
+
+def _names(value, argument: str) -> None:
+    if not isinstance(value, Mapping) or not value:
+        raise TypeError(f"loop: '{argument}' must be a non-empty dict of names to objects (got {value!r:.80})")
+    bad = [k for k in value if not isinstance(k, str) or not k]
+    if bad:
+        raise TypeError(f"loop: the names in '{argument}' must be non-empty strings (got {bad[0]!r})")
+
+
+def _stateful(obj, where: str) -> None:
+    missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
+    if missing:
+        raise TypeError(
+            f"loop: {where} is a {type(obj).__name__}, which has no {' or '.join(missing)}(): the checkpoint keeps "
+            f"what state_dict() returns and a resume hands it to load_state_dict()"
+        )
+
+
+def check_optimizers(optimizer, optimizers, step_fn, *, sharded: bool) -> tuple:
+    """``(optimizer, optimizers)`` for the run's ``Context``: the step's argument, and the named ones or ``None``.
+
+    Raises:
+        TypeError: both or neither given; names or optimizers of the wrong kind.
+        ValueError: several optimizers with a built-in step, or with a sharded model.
+    """
+    if optimizers is None:
+        if optimizer is None:
+            raise TypeError("loop: pass the optimizer (loop(model, optimizer, data, ...)), or optimizers={name: opt}")
+        if isinstance(optimizer, Mapping):
+            raise TypeError("loop: 'optimizer' is a dict: pass several optimizers as optimizers={name: opt, ...}")
+        return optimizer, None
+    if optimizer is not None:
+        raise TypeError("loop: pass either 'optimizer' or 'optimizers', not both (optimizer=None with optimizers=)")
+    _names(optimizers, "optimizers")
+    for name, opt in optimizers.items():
+        _stateful(opt, f"optimizers[{name!r}]")
+    if _steps_one_optimizer(step_fn):
+        raise ValueError(
+            f"loop: the built-in train step steps one optimizer, but optimizers={sorted(optimizers)} were given: "
+            f"pass step_fn=your_step (it receives the dict as its 'optimizer'), or one optimizer"
+        )
+    if sharded:
+        raise ValueError(
+            "loop: several optimizers with a sharded (FSDP2) model are not supported yet: its optimizer state "
+            "is checkpointed as shards of one optimizer"
+        )
+    named = dict(optimizers)
+    return named, named
+
+
+def extra_state(given, hooks, *, sharded: bool) -> dict:
+    """``{name: object}`` the checkpoint keeps: ``given`` and one ``EmaWeights`` per ``ema()`` hook.
+
+    Raises:
+        TypeError: a name or an object of the wrong kind.
+        ValueError: a name taken twice; an evaluation of an average no
+            ``ema`` keeps; an ``ema`` after a saver or an evaluator of it;
+            an ``ema`` of a sharded model.
+    """
+    found = {}
+    if given is not None:
+        _names(given, "extra_state")
+        for name, obj in given.items():
+            _stateful(obj, f"extra_state[{name!r}]")
+        found.update(given)
+    averages = protocol.averages(hooks)
+    if averages and sharded:
+        raise ValueError("loop: ema() of a sharded (FSDP2) model is not supported yet: its average would be sharded too")
+    for name in averages:
+        if name in found:
+            raise ValueError(f"loop: extra_state has an entry {name!r}, and so has ema(name={name!r}): rename one")
+        found[name] = EmaWeights()
+    _check_evaluated(hooks, averages)
+    return found
+
+
+def _check_evaluated(hooks, averages) -> None:
+    """Each ``weights=`` names an average; the ``ema`` comes before the savers and the evaluators that use it."""
+    for hook_key, name in protocol.evaluated_averages(hooks):
+        if name not in averages:
+            known = f"the run keeps {sorted(averages)}" if averages else "add pimm_fn.ema(0.999) to the hooks"
+            raise ValueError(f"loop: hook {hook_key} evaluates weights={name!r}, but no ema(name={name!r}) keeps them: {known}")
+    seen_saver = None
+    evaluators = {}
+    for leaf in protocol.leaves(hooks):
+        d = protocol.declared(leaf)
+        for name in protocol.averages([leaf]):
+            late = seen_saver or evaluators.get(name)
+            if late is not None:
+                raise ValueError(
+                    f"loop: {d.key} comes after {late} in hooks: a checkpoint or an evaluation at a step must "
+                    f"see that step's average, so put the ema before it"
+                )
+        if seen_saver is None and d.may_emit(SaveCheckpoint):
+            seen_saver = d.key
+        for hook_key, name in protocol.evaluated_averages([leaf]):
+            evaluators.setdefault(name, hook_key)
