@@ -32,6 +32,7 @@ from pimm_fn.hooks import (
     SaveEveryState,
     best_on,
     early_stop,
+    ema,
     evaluate_every,
     load_weights,
     log_every,
@@ -44,6 +45,8 @@ _RUNTIME = {
     "loop": "pimm_fn.runtime.loop",
     "Loop": "pimm_fn.runtime.loop",
     "train_step": "pimm_fn.runtime.step",
+    "EmaWeights": "pimm_fn.runtime.ema",
+    "TrainStep": "pimm_fn.runtime.train_step",
     "CollectiveDivergenceError": "pimm_fn.runtime.guard",
     "ResumeError": "pimm_fn.runtime.resume",
     "ResumeNotExactWarning": "pimm_fn.runtime.feed",
@@ -81,6 +84,7 @@ __all__ = [
     "early_stop",
     "EarlyStopState",
     "step_scheduler",
+    "ema",
     *_RUNTIME,
 ]
 

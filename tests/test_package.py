@@ -23,8 +23,8 @@ PUBLIC = {
     "compat", "effects", "events", "register", "Scope", "Chain", "TraceEntry", "chain", "FrozenMap", "plan",
     "Progress", "State", "save_every", "SaveEveryState", "best_on", "BestState", "evaluate_every",
     "load_weights", "log_every", "LogState", "model_hook", "early_stop", "EarlyStopState", "step_scheduler",
-    "loop", "Loop", "train_step", "CollectiveDivergenceError", "ResumeError", "ResumeNotExactWarning",
-    "NonFiniteLossError", "NonFiniteLossWarning",
+    "loop", "Loop", "train_step", "TrainStep", "CollectiveDivergenceError", "ResumeError", "ResumeNotExactWarning",
+    "NonFiniteLossError", "NonFiniteLossWarning", "ema", "EmaWeights",
     "MissingHandlerError", "ConfigurationWarning", "PeerFailureError", "DuplicateHookError", "hook_factory",
 }
 
@@ -120,12 +120,16 @@ HOOKS = [
     pimm_fn.early_stop("loss", patience=3, mode="min", min_delta=0.01),
     pimm_fn.step_scheduler("epoch"),
     pimm_fn.step_scheduler(on="loss"),
+    pimm_fn.ema(0.999),
+    pimm_fn.ema(0.99, every=4, name="slow"),
+    pimm_fn.evaluate_every(200, validate, weights="ema"),
 ]
 
 EVENTS = [
     ev.ModifyConfig(), ev.BeforeTrain(), ev.BeforeTrain(resumed=True), ev.BeforeEpoch(3), ev.BeforeStep(7),
     ev.AfterStep(7, {"loss": 0.5}, batch_size=8), ev.AfterEpoch(3), ev.AfterTrain(),
     ev.MetricsPublished({"miou": 0.5}, "val", 7, consistent=False),
+    ev.MetricsPublished({"miou": 0.5}, "val", 7, weights="ema"),
     ev.StopRequested(7, "plateau"),
 ]
 
@@ -134,6 +138,7 @@ EFFECTS = [
     fx.Evaluate("val", 8, broadcast=False), fx.Log(8, "train", {"loss": 0.5}),
     fx.LoadWeights("w.pth", (("a.", "b."),), strict=True),
     fx.Stop(7, "plateau"), fx.StepScheduler(7), fx.StepScheduler(8, "loss", 0.5),
+    fx.UpdateEma("ema", 8, 0.999), fx.Evaluate("val", 8, weights="ema"), fx.WriteBest("miou", 0.5, 8, "ema"),
 ]
 
 
@@ -144,7 +149,7 @@ def test_every_event_and_effect_type_is_covered():
     assert {type(e) for e in EVENTS} == event_types
     assert {type(e) for e in EFFECTS} == effect_types
     hook_factories = {"save_every", "best_on", "log_every", "load_weights", "model_hook", "evaluate_every",
-                      "early_stop", "step_scheduler"}
+                      "early_stop", "step_scheduler", "ema"}
     assert {repr(h).split("(")[0] for h in HOOKS} >= hook_factories
 
 

@@ -73,6 +73,15 @@ def _cadences_of(chain) -> tuple:
     return tuple(sorted({every for _, every, _ in chain._step}))
 
 
+def _reading_cadences_of(chain) -> tuple:
+    """The cadences, at any depth, of the children that read a step's outputs when called for it."""
+    found = set()
+    for hook, d in zip(chain.hooks, chain._declared):
+        if d.wants(AfterStep) and d.reads_outputs:
+            found.update(hook._reading if isinstance(hook, Chain) else (d.every,))
+    return tuple(sorted(found))
+
+
 def _accumulators_of(chain) -> tuple:
     return tuple((i, acc) for i, _, acc in chain._step if acc is not None)
 
@@ -92,6 +101,7 @@ class Chain:
     _step: tuple = _cached(_step_subscribers)
     _cadences: tuple = _cached(_cadences_of)
     _accumulators: tuple = _cached(_accumulators_of)
+    _reading: tuple = _cached(_reading_cadences_of)
 
     # -- the hook protocol, derived from the children ---------------------------------------------
     @property
@@ -146,6 +156,17 @@ class Chain:
             if not step % every:
                 return True
         return False
+
+    def reads(self, step: int) -> bool:
+        """Whether some child called for ``AfterStep(step)`` reads its outputs (``reads_outputs``)."""
+        for every in self._reading:
+            if not step % every:
+                return True
+        return False
+
+    @property
+    def reads_outputs(self) -> bool:
+        return bool(self._reading)
 
     def _accumulate(self, slots: tuple, outputs) -> tuple:
         """``slots`` with every accumulating child's ``accumulate`` applied to ``outputs``."""

@@ -14,6 +14,10 @@ and the agreement guard need to know about it. Every one is optional:
 ``accumulate``      ``accumulate(slot, outputs) -> slot``: folds the outputs
                     of an ``AfterStep`` its cadence skips into its slot
                     (a running loss sum); called only for non-empty outputs.
+``reads_outputs``   False when, called for ``AfterStep``, it reads neither the
+                    step's outputs nor its slot's sums of them, and saves
+                    nothing (a weight average): the loop then need not read
+                    the outputs off the device for it (default True).
 ``rank_consistent`` True when its collective effects read nothing
                     rank-local, so the guard need not compare them per step.
 ``emits``           the effect types it may emit (default: unknown).
@@ -21,6 +25,9 @@ and the agreement guard need to know about it. Every one is optional:
 ``evaluators()``    ``{name: fn}`` the interpreter runs for its ``Evaluate``.
 ``with_evaluator``  ``with_evaluator(name, fn) -> hook``: the same hook running
                     ``fn`` as evaluator ``name`` (a live run's fix).
+``averages()``      ``{name: decay}`` of the weight averages it keeps
+                    (``pimm_fn.ema``): the runtime holds one per name.
+``weights``         the average an evaluator hook evaluates (``"ema"``), or ``None``.
 ``bind(model)``     the hook to use in a real run of ``model``.
 ``hook_key``        its stable identity, overriding the default below.
 ``children``        the hooks of a composite (``chain``), walked by every
@@ -50,6 +57,8 @@ __all__ = [
     "children",
     "init_slot",
     "evaluators",
+    "averages",
+    "evaluated_averages",
     "bind",
     "with_children",
     "with_evaluator",
@@ -142,6 +151,7 @@ class Declared:
     rank_consistent: bool
     emits: tuple | None
     reads_metrics: tuple
+    reads_outputs: bool = True
 
     def wants(self, event_type) -> bool:
         return self.events is None or any(issubclass(event_type, t) for t in self.events)
@@ -181,8 +191,12 @@ def declared(hook) -> Declared:
     if not isinstance(rank_consistent, bool):
         raise TypeError(f"hook {hook!r:.80}: 'rank_consistent' must be a bool (got {rank_consistent!r})")
     reads = tuple(getattr(hook, "reads_metrics", ()))
+    reads_outputs = getattr(hook, "reads_outputs", True)
+    if not isinstance(reads_outputs, bool):
+        raise TypeError(f"hook {hook!r:.80}: 'reads_outputs' must be a bool (got {reads_outputs!r})")
     return Declared(
-        key(hook), _types(hook, "events"), _every(hook), accumulate, rank_consistent, _types(hook, "emits"), reads
+        key(hook), _types(hook, "events"), _every(hook), accumulate, rank_consistent, _types(hook, "emits"), reads,
+        reads_outputs,
     )
 
 
@@ -224,6 +238,27 @@ def evaluators(hooks) -> dict:
                 )
             found[name] = fn
     return found
+
+
+def averages(hooks) -> dict:
+    """``{name: decay}`` of every weight average the hooks keep, nested chains included.
+
+    Raises:
+        ValueError: two hooks keep an average of the same name.
+    """
+    found = {}
+    for hook in leaves(hooks):
+        provide = getattr(hook, "averages", None)
+        for name, decay in (provide() if callable(provide) else {}).items():
+            if name in found:
+                raise ValueError(f"two hooks keep a weight average named {name!r}: give each ema(..., name=...) its own")
+            found[name] = decay
+    return found
+
+
+def evaluated_averages(hooks) -> list:
+    """``(hook key, average name)`` for each hook evaluating an average's weights (``weights=``), in order."""
+    return [(key(h), h.weights) for h in leaves(hooks) if isinstance(getattr(h, "weights", None), str)]
 
 
 def with_children(hook, hooks):

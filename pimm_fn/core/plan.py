@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from pimm_fn.core import events as ev
+from pimm_fn.core.budget import check_budget, epochs_reaching, fresh_progress
 from pimm_fn.core.effects import Evaluate, Stop
 from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots, process
 from pimm_fn.core.schedule import advance, next_event, skip_to, state_at_step
@@ -20,9 +21,11 @@ __all__ = ["plan", "RecordingExecutor", "initial_state", "run_schedule"]
 MetricSource = Callable[[int, int], Mapping | None]
 
 
-def initial_state(hooks, *, iters_per_epoch, max_epochs, rank=0, world_size=1, config=None) -> State:
-    """The state a fresh run of ``hooks`` starts from."""
-    progress = Progress(iters_per_epoch=iters_per_epoch, max_epochs=max_epochs)
+def initial_state(
+    hooks, *, iters_per_epoch, max_epochs=None, max_steps=None, rank=0, world_size=1, config=None
+) -> State:
+    """The state a fresh run of ``hooks`` starts from, with one budget: ``max_epochs`` or ``max_steps``."""
+    progress = fresh_progress(iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps)
     return State(progress, rank=rank, world_size=world_size, config=config or {}, slots=init_slots(hooks))
 
 
@@ -50,7 +53,7 @@ class RecordingExecutor:
             return (ev.StopRequested(effect.step, effect.reason),) if isinstance(effect, Stop) else ()
         source_rank = 0 if effect.broadcast else state.rank
         values = self.metrics(effect.step, source_rank) or {}
-        return (ev.MetricsPublished(values, effect.evaluator, effect.step, consistent=effect.broadcast),)
+        return (ev.MetricsPublished(values, effect.evaluator, effect.step, consistent=effect.broadcast, weights=effect.weights),)
 
 
 def run_schedule(
@@ -111,7 +114,7 @@ def run_schedule(
 def _last_quiet_step(hooks: Chain, progress: Progress, visit) -> int:
     """The step before the next one to walk event by event: where a cadence fires, the epoch ends, or ``visit``."""
     step = progress.global_step
-    until = step + progress.iters_per_epoch - progress.iter_in_epoch
+    until = progress.epoch_end_step
     for every in hooks._cadences:  # the next multiple of each cadence, after ``step``
         until = min(until, (step // every + 1) * every)
     if visit is not None and visit > step:
@@ -121,12 +124,18 @@ def _last_quiet_step(hooks: Chain, progress: Progress, visit) -> int:
 
 def _state_at(state: State, start: Progress) -> State:
     """``state`` at the resumed progress ``start``: after its last step, its epoch's end, or its epoch's start."""
-    progress = attrs.evolve(start, iters_per_epoch=state.progress.iters_per_epoch, max_epochs=state.progress.max_epochs)
+    planned = state.progress
+    progress = attrs.evolve(
+        start, iters_per_epoch=planned.iters_per_epoch, max_epochs=planned.max_epochs, step_limit=planned.step_limit
+    )
     if progress.at_epoch_end:
         position = "AfterEpoch"
     else:
         position = "AfterStep" if progress.iter_in_epoch else "BeforeEpoch"
-    return attrs.evolve(state, progress=progress, position=position)
+    state = attrs.evolve(state, progress=progress, position=position)
+    if progress.step_limit is None:
+        return state
+    return attrs.evolve(state, progress=attrs.evolve(progress, max_epochs=epochs_reaching(state)))
 
 
 def _metric_source(metrics) -> MetricSource:
@@ -150,14 +159,18 @@ def _placeholders(outputs):
 
 
 def plan(
-    hooks, *, iters_per_epoch: int, max_epochs: int, start_step: int = 0, start: Progress | None = None,
-    metrics=None, outputs=("loss",),
+    hooks, *, iters_per_epoch: int, max_epochs: int | None = None, max_steps: int | None = None,
+    start_step: int = 0, start: Progress | None = None, metrics=None, outputs=("loss",),
 ) -> tuple:
     """The effects ``hooks`` would execute, in order, as ``TraceEntry`` values.
 
     Args:
         hooks: a list of hooks, as given to ``loop``.
         iters_per_epoch, max_epochs: the schedule.
+        max_steps: instead of ``max_epochs``, train this many global steps,
+            as ``loop(max_steps=N)``: the epoch in progress at step ``N``
+            ends there (its ``AfterEpoch`` runs, a save on step ``N`` is
+            deferred past it) and training ends (``pimm_fn.core.budget``).
         start_step: plan a run resumed from the checkpoint of this global step.
             The hooks start from fresh slots (a dry run cannot know what a
             checkpoint holds), so a hook whose decision reads its slot, such
@@ -181,10 +194,13 @@ def plan(
     >>> from pimm_fn.hooks import save_every
     >>> [e.step for e in plan([save_every(4)], iters_per_epoch=10, max_epochs=3)]
     [4, 8, 12, 16, 20, 24, 28, 30]
+    >>> [(e.step, type(e.event).__name__) for e in plan([save_every(4)], iters_per_epoch=10, max_steps=24)][-2:]
+    [(20, 'AfterEpoch'), (24, 'AfterEpoch')]
     """
+    check_budget(max_epochs, max_steps, caller="plan")
     hooks = chain(*hooks)
     placeholders = _placeholders(outputs)
-    state = initial_state(hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs)
+    state = initial_state(hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps)
     executor = RecordingExecutor(_metric_source(metrics))
     if start is not None:
         state = process(hooks, _state_at(state, start), ev.BeforeTrain(resumed=True), executor)

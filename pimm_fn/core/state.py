@@ -27,6 +27,11 @@ def _positive(instance, attribute, value):
         raise ValueError(f"'{attribute.name}' must be an int >= 1 (got {value!r})")
 
 
+def _optional_positive(instance, attribute, value):
+    if value is not None:
+        _positive(instance, attribute, value)
+
+
 def _progress(instance, attribute, value):
     if not isinstance(value, Progress):
         raise TypeError(f"'{attribute.name}' must be a Progress (got {value!r:.80})")
@@ -65,8 +70,17 @@ class Progress:
     ``global_step`` counts completed optimizer steps (the first step is 1),
     ``iter_in_epoch`` the steps completed in the current ``epoch`` (0-based).
 
+    The budget is ``max_epochs`` epochs, or, with ``step_limit`` (from
+    ``loop(max_steps=N)``), ``N`` global steps: the epoch in progress at
+    step ``N`` ends there (``at_epoch_end``), as at a stop, and training
+    ends. ``max_epochs`` then only says how many epochs reach step ``N``
+    (``pimm_fn.core.budget`` keeps it so). Checkpoints written before
+    ``step_limit`` existed decode with ``None``.
+
     >>> Progress(iters_per_epoch=10, max_epochs=3).max_steps
     30
+    >>> Progress(iters_per_epoch=10, max_epochs=3, step_limit=25).max_steps
+    25
     """
 
     iters_per_epoch: int = attrs.field(validator=_positive)
@@ -75,10 +89,12 @@ class Progress:
     iter_in_epoch: int = attrs.field(default=0, validator=_non_negative)
     global_step: int = attrs.field(default=0, validator=_non_negative)
     samples_seen: int = attrs.field(default=0, validator=_non_negative)
+    step_limit: int | None = attrs.field(default=None, validator=_optional_positive)
 
     @property
     def max_steps(self) -> int:
-        return self.iters_per_epoch * self.max_epochs
+        """The global step training ends at, when the epochs keep their length."""
+        return self.step_limit if self.step_limit is not None else self.iters_per_epoch * self.max_epochs
 
     @property
     def steps_left(self) -> int:
@@ -90,14 +106,22 @@ class Progress:
         >>> Progress(iters_per_epoch=10, max_epochs=3, epoch=1, iter_in_epoch=4, global_step=9).steps_left
         16
         """
+        if self.step_limit is not None:
+            return max(self.step_limit - self.global_step, 0)
         if self.completed_epochs >= self.max_epochs:
             return 0
         return self.iters_per_epoch - self.iter_in_epoch + (self.max_epochs - self.epoch - 1) * self.iters_per_epoch
 
     @property
     def at_epoch_end(self) -> bool:
-        """True once the last step of the current epoch has run."""
-        return self.iter_in_epoch == self.iters_per_epoch
+        """True once the last step of the current epoch has run: its length, or the step budget, reached."""
+        return self.iter_in_epoch == self.iters_per_epoch or self.global_step == self.step_limit
+
+    @property
+    def epoch_end_step(self) -> int:
+        """The global step the current epoch ends at (its last step, or the step budget)."""
+        end = self.global_step + self.iters_per_epoch - self.iter_in_epoch
+        return end if self.step_limit is None else min(end, max(self.step_limit, self.global_step))
 
     @property
     def completed_epochs(self) -> int:
@@ -180,7 +204,7 @@ def setter(cls, *names):
     it skips the keyword handling of ``evolvers``. Only for exactly ``cls``.
 
     >>> setter(Progress, "global_step")(Progress(10, 2), 3)
-    Progress(iters_per_epoch=10, max_epochs=2, epoch=0, iter_in_epoch=0, global_step=3, samples_seen=0)
+    Progress(iters_per_epoch=10, max_epochs=2, epoch=0, iter_in_epoch=0, global_step=3, samples_seen=0, step_limit=None)
     """
     fields = tuple(f.name for f in attrs.fields(cls))
     unknown = [n for n in names if n not in fields]

@@ -6,11 +6,13 @@ from pimm_fn.runtime.interpreter import Interpreter, MissingHandlerError
 from pimm_fn.runtime.loop import Loop, loop
 from pimm_fn.runtime.resume import ResumeError
 from pimm_fn.runtime.step import train_step
+from pimm_fn.runtime.train_step import TrainStep
 
 __all__ = [
     "Loop",
     "loop",
     "train_step",
+    "TrainStep",
     "Interpreter",
     "MissingHandlerError",
     "CollectiveDivergenceError",

@@ -6,11 +6,13 @@ rather than at the first save (which may be hours in).
 
 import os
 
+from pimm_fn.core import budget
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import SaveCheckpoint, WriteBest
 
 __all__ = [
-    "check_resume", "check_max_epochs", "check_save_dir", "check_on_nonfinite", "check_resume_hyperparameters",
+    "check_resume", "check_max_epochs", "check_budget", "check_save_dir", "check_on_nonfinite",
+    "check_resume_hyperparameters",
     "best_metrics", "check_sharding",
 ]
 
@@ -40,6 +42,16 @@ def check_max_epochs(max_epochs, *, fresh: bool) -> None:
         raise TypeError(f"loop: 'max_epochs' must be an int (got {max_epochs!r:.80})")
     if fresh and max_epochs < 1:
         raise ValueError(f"loop: 'max_epochs' must be >= 1 for a fresh run (got {max_epochs}): it would train nothing")
+
+
+def check_budget(max_epochs, max_steps, *, fresh: bool) -> None:
+    """Exactly one budget, an int: ``max_epochs`` (>= 1 for a fresh run) or ``max_steps`` (>= 1)."""
+    if max_steps is None and max_epochs is not None:
+        check_max_epochs(max_epochs, fresh=fresh)
+        return
+    if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool)):
+        raise TypeError(f"loop: 'max_steps' must be an int (got {max_steps!r:.80})")
+    budget.check_budget(max_epochs, max_steps, caller="loop")
 
 
 def check_save_dir(hooks, save_dir) -> None:

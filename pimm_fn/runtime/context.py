@@ -48,6 +48,12 @@ class Context:
     sharded: bool = False  # the model keeps DTensor parameters (FSDP2): its state goes through DCP's state_dict API
     weights_file: bool = True  # a sharded model's checkpoints gather its full weights into model.pth
     everywhere: tuple = ()  # main-rank effect types every rank executes (a sharded model's WriteBest gathers)
+    optimizers: dict | None = None  # loop(optimizers=): name -> optimizer; then ``optimizer`` is this dict too
+    extra_state: dict = attrs.Factory(dict)  # loop(extra_state=) and the ema() averages: name -> object with state_dict()
+
+    def named_optimizers(self) -> dict:
+        """``{name: optimizer}``: the ``optimizers=`` of the run, or ``{None: optimizer}`` for its one optimizer."""
+        return self.optimizers if self.optimizers is not None else {None: self.optimizer}
 
     def wait_for_save(self) -> None:
         """Block until the background save in flight (if any) is published."""

@@ -16,6 +16,9 @@ from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.events import MetricsPublished
 from pimm_fn.runtime.context import unwrap
+from pimm_fn.runtime.outputs import materialized
+from pimm_fn.runtime.ema import EMA_HANDLERS, EmaWeights
+from pimm_fn.runtime.evaluation import evaluating
 from pimm_fn.runtime.rng import capture_rng
 
 __all__ = [
@@ -38,23 +41,47 @@ def trainer_state(ctx, state) -> tuple[dict, dict]:
     return to_parts(trainer_contents(ctx, state))
 
 
-def trainer_contents(ctx, state) -> TrainerContents:
-    """The ``TrainerContents`` of a checkpoint of ``state``; a sharded model's shards in its ``sharded``."""
-    own = saved_state(state, ctx.hooks)
+def trainer_contents(ctx, state, *, background: bool = False) -> TrainerContents:
+    """The ``TrainerContents`` of a checkpoint of ``state``; a sharded model's shards in its ``sharded``.
+
+    ``background``: for a save that copies the tensors later (``async_save``).
+    """
+    own = saved_state(materialized(state), ctx.hooks)  # sums a hook keeps on the device, as floats
     local = PerRank(own, capture_rng(), ctx.feed.state_dict())
     shards, optimizer = sharded.state(unwrap(ctx.model), ctx.optimizer) if ctx.sharded else (None, None)
-    return TrainerContents(_replicated(ctx, dist.broadcast_object(own), optimizer), local, shards)
+    return TrainerContents(_replicated(ctx, dist.broadcast_object(own), optimizer, background=background), local, shards)
 
 
-def _replicated(ctx, agreed, optimizer=None) -> Replicated:
+def _replicated(ctx, agreed, optimizer=None, *, background=False) -> Replicated:
     # One function for the save and the prewarm: the same tree numbers its tensors the same way.
+    several = ctx.optimizers is not None
     return Replicated(
-        optimizer=ctx.optimizer.state_dict() if optimizer is None else optimizer,
+        optimizer=None if several else ctx.optimizer.state_dict() if optimizer is None else optimizer,
         scheduler=ctx.scheduler.state_dict() if ctx.scheduler is not None else None,
         scaler=ctx.scaler.state_dict() if ctx.scaler is not None else None,
         state=agreed,
         sharded=optimizer is not None,
+        optimizers={name: o.state_dict() for name, o in ctx.optimizers.items()} if several else None,
+        extra={name: _extra_state(obj, background) for name, obj in ctx.extra_state.items()},
     )
+
+
+def _extra_state(obj, background: bool) -> dict:
+    """``obj.state_dict()``; for a background save, its tensors copied now (what changes them does not wait)."""
+    state = obj.state_dict()
+    if not background or isinstance(obj, EmaWeights):  # an average's update waits for the staging (update_ema)
+        return state
+    return _cloned(state)
+
+
+def _cloned(tree):
+    if hasattr(tree, "clone") and hasattr(tree, "data_ptr"):
+        return tree.detach().clone()
+    if isinstance(tree, dict):
+        return {k: _cloned(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_cloned(v) for v in tree)
+    return tree
 
 
 def _weights(ctx) -> dict | None:
@@ -74,15 +101,26 @@ def _weights_for_background(ctx) -> dict:
             for k, v in module.state_dict().items()}
 
 
+class _Handles:
+    """The step hooks registered on each of a run's optimizers, removed together."""
+
+    def __init__(self, handles):
+        self.handles = tuple(handles)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 def _gate(ctx) -> None:
-    """Make ``ctx.optimizer.step()`` wait until a background save has staged its copy."""
+    """Make each optimizer's ``step()`` wait until a background save has staged its copy."""
     if ctx.save_gate is None:
         def wait_for_staging(optimizer, args, kwargs):
             pending = ctx.pending_save
             if pending is not None and not pending.staged:
                 pending.wait_staged()
 
-        ctx.save_gate = ctx.optimizer.register_step_pre_hook(wait_for_staging)
+        ctx.save_gate = _Handles(o.register_step_pre_hook(wait_for_staging) for o in ctx.named_optimizers().values())
 
 
 def prewarm_staging(ctx, hooks, *, pause_s: float = 0.0) -> None:
@@ -107,25 +145,28 @@ def prewarm_staging(ctx, hooks, *, pause_s: float = 0.0) -> None:
     """
     if ctx.checkpoint_format != "standard" or ctx.sharded or not protocol.saves_in_background(hooks):
         return  # a sharded model's shards are copied apart from the staging area: nothing to ready
-    register = getattr(ctx.optimizer, "register_step_post_hook", None)
-    if register is None or ctx.prewarm is not None:
+    optimizers = list(ctx.named_optimizers().values())
+    if not all(hasattr(o, "register_step_post_hook") for o in optimizers) or ctx.prewarm is not None:
         return
     if ctx.prewarm_hook is not None:
         ctx.prewarm_hook.remove()
+    stepped = set()  # the optimizers that stepped: their state exists once all did
 
     def after_first_step(optimizer, args, kwargs):
         # Not removed here, while the optimizer iterates its hooks: it idles until the next save removes it.
-        if ctx.prewarm is None:
+        stepped.add(id(optimizer))
+        if ctx.prewarm is None and len(stepped) == len(optimizers):
             ctx.prewarm = _start_prewarm(ctx, pause_s) or False
 
-    ctx.prewarm_hook = register(after_first_step)
+    ctx.prewarm_hook = _Handles(o.register_step_post_hook(after_first_step) for o in optimizers)
 
 
 def _start_prewarm(ctx, pause_s: float):
     """The prewarm of what a background save of ``ctx`` stages (RNG states and cursor, a few KB, are left to the save)."""
     try:
         return checkpoint.prewarm_async_save(
-            weights=unwrap(ctx.model).state_dict(), trainer=to_parts(TrainerContents(_replicated(ctx, None), None))[0],
+            weights=unwrap(ctx.model).state_dict(),
+            trainer=to_parts(TrainerContents(_replicated(ctx, None, background=True), None))[0],
             local={}, pause_s=pause_s
         )
     except (TypeError, ValueError):
@@ -137,9 +178,10 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
     if ctx.prewarm is not None and ctx.prewarm_hook is not None:  # it fired: off the optimizer, now that it is idle
         ctx.prewarm_hook.remove()
         ctx.prewarm_hook = None
-    contents = trainer_contents(ctx, state)
+    background = effect.async_save and ctx.checkpoint_format == "standard"
+    contents = trainer_contents(ctx, state, background=background)
     replicated, local = to_parts(contents)
-    if effect.async_save and ctx.checkpoint_format == "standard":
+    if background:
         _gate(ctx)
         ctx.pending_save = checkpoint.save_checkpoint_async(
             ctx.model_dir,
@@ -170,7 +212,10 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
 
 def write_best(effect: WriteBest, state, ctx) -> tuple:
     """Rank 0 writes; a sharded model's weights are gathered first, by every rank (see ``Context.everywhere``)."""
-    weights = sharded.full_weights(unwrap(ctx.model)) if ctx.sharded else ctx.weights()
+    if effect.weights is not None:  # the average that was evaluated (not for sharded models: loop refuses ema)
+        weights = ctx.extra_state[effect.weights].weights_of(unwrap(ctx.model))
+    else:
+        weights = sharded.full_weights(unwrap(ctx.model)) if ctx.sharded else ctx.weights()
     if ctx.rank != 0:
         return ()
     path = checkpoint.write_best(
@@ -195,6 +240,7 @@ def _as_metrics(result, name) -> dict | None:
 
 
 def evaluate(effect: Evaluate, state, ctx) -> tuple:
+    """Run the evaluator in its own mode (``pimm_fn.runtime.evaluation``), so training resumes as it was."""
     fn = ctx.evaluators.get(effect.evaluator)
     if fn is None:
         raise LookupError(f"no evaluator named {effect.evaluator!r} (known: {sorted(ctx.evaluators)})")
@@ -204,12 +250,14 @@ def evaluate(effect: Evaluate, state, ctx) -> tuple:
             f"sharded, so writing model_best gathers it on every rank and every rank must decide alike: evaluate "
             f"with broadcast=True (the default)"
         )
-    values = _as_metrics(fn(ctx.model), effect.evaluator)
+    with evaluating(ctx, effect.weights) as model:  # eval mode, inference mode; training's mode and weights back after
+        values = _as_metrics(fn(model), effect.evaluator)
     if ctx.advice is not None:
         ctx.advice.evaluated(effect.evaluator, values)
     if effect.broadcast:
         values = dist.broadcast_object(values)
-    return (MetricsPublished(values or {}, effect.evaluator, effect.step, consistent=effect.broadcast),)
+    return (MetricsPublished(values or {}, effect.evaluator, effect.step, consistent=effect.broadcast,
+                             weights=effect.weights),)
 
 
 def _format(value) -> str:
@@ -261,4 +309,5 @@ DEFAULT_HANDLERS = {
     Log: log,
     LoadWeights: load_weights,
     **CONTROL_HANDLERS,
+    **EMA_HANDLERS,
 }

@@ -17,8 +17,9 @@ from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import WriteBest
 from pimm_fn.core.fold import chain
 from pimm_fn.core.plan import initial_state
+from pimm_fn.core.budget import budget_lines
 from pimm_fn.core.schedule import resume_from
-from pimm_fn.runtime import arguments
+from pimm_fn.runtime import arguments, extras
 from pimm_fn.runtime.advice import Advice, ConfigurationWarning, saver_before_evaluator
 from pimm_fn.runtime.context import Context, unwrap
 from pimm_fn.runtime.control import check_scheduler_hooks
@@ -29,6 +30,7 @@ from pimm_fn.runtime.handlers import DEFAULT_HANDLERS, prewarm_staging
 from pimm_fn.runtime.interpreter import Interpreter
 from pimm_fn.runtime.resume import locate, restore
 from pimm_fn.runtime.step import NonFinite, train_step
+from pimm_fn.runtime.train_step import loop_scaler
 from pimm_fn.runtime.run import Loop
 
 __all__ = ["Loop", "loop"]
@@ -45,11 +47,14 @@ def _wrap_ddp(model):
 
 def loop(
     model,
-    optimizer,
-    train_data,
+    optimizer=None,
+    train_data=None,
     *,
+    optimizers=None,
+    extra_state=None,
     hooks=(),
-    max_epochs: int,
+    max_epochs: int | None = None,
+    max_steps: int | None = None,
     save_dir=None,
     step_fn=None,
     scheduler=None,
@@ -72,23 +77,47 @@ def loop(
 
     Args:
         model, optimizer: what trains; the model may be wrapped in DDP.
+        optimizers: several named optimizers instead of ``optimizer``
+            (``optimizer=None``), for a custom ``step_fn`` (a GAN's
+            ``{"g": opt_g, "d": opt_d}``), which receives the dict as its
+            ``optimizer``. Each is checkpointed under its name; a resume
+            needs the same names (``pimm_fn.runtime.extras``).
+        extra_state: ``{name: obj}`` of objects with ``state_dict()`` and
+            ``load_state_dict()`` checkpointed with the run and restored
+            exactly (the same on every rank: rank 0's is written). The
+            ``ema()`` hooks' averages join it under their names.
         train_data: a DataLoader, a StatefulDataLoader (exact mid-epoch
             resume), or any re-iterable with ``len``.
         hooks: a list (or tuple) of hooks, run in this order for every
             event; chains nest freely. Each hook's identity must be unique
             in its list (see ``pimm_fn.chain(..., name=)``).
         max_epochs: epochs to train (>= 1 for a fresh run).
+        max_steps: instead of ``max_epochs`` (give exactly one), global
+            steps to train (>= 1). The epoch in progress at step ``max_steps``
+            ends there, as its last step: its ``AfterEpoch`` runs (epoch-end
+            evaluations and logs; a save falling on that step is deferred
+            past them, as at any epoch end), then ``AfterTrain`` and the
+            final save, at step ``max_steps``. It holds on resume, also on
+            another world size (epochs of another length): pass the same
+            ``max_steps``, a larger one to extend a finished run (from the
+            next epoch), or a smaller one already reached to end at once.
+            ``plan`` and ``pimm_fn.testing.simulate`` take it too.
         save_dir: where checkpoints (``model/``) and ``log.jsonl`` go.
         step_fn: ``step_fn(model, optimizer, batch, *, scheduler, scaler)``
-            returning a mapping of outputs; default ``train_step``.
+            returning a mapping of outputs; default ``train_step``. A
+            ``TrainStep`` configures device, precision, accumulation and
+            clipping; with ``accumulate=k`` each step is fed ``k`` batches.
         scheduler, scaler: stepped by the default step and checkpointed.
             When a hook steps the scheduler (``step_scheduler(...)``, or any
             hook declaring it emits ``StepScheduler``), the step function is
             handed ``scheduler=None`` and the hook's effects step it instead;
-            such a hook needs a ``scheduler``.
+            such a hook needs a ``scheduler``. With ``scaler=None``, a
+            ``TrainStep(precision="fp16")`` makes its own, checkpointed the
+            same way; ``TrainStep`` under ``"32"``/``"bf16"`` refuses one.
         resume: ``None`` (fresh), ``"auto"`` (latest complete checkpoint in
             ``save_dir``, fresh if none) or a checkpoint path.
-        iters_per_epoch: steps per epoch (default ``len(train_data)``).
+        iters_per_epoch: steps per epoch (default ``len(train_data)``, or
+            ``len(train_data) // k`` for a step accumulating ``k`` batches).
         checkpoint_format: ``"standard"`` (weights + DCP directory) or
             ``"legacy"`` (one file).
         keep_snapshots: keep only the newest N ``iter_<step>`` snapshots.
@@ -121,13 +150,14 @@ def loop(
             ``lr`` on from it (``pimm_fn.runtime.hyperparameters``).
         on_nonfinite: what a NaN or infinite training loss does:
             ``"raise"`` (default; ``NonFiniteLossError`` naming the global
-            step and the batch of the epoch), ``"skip"`` (the default step
-            leaves the batch out of the update; the step still counts; each
-            occurrence warns) or ``"warn"`` (warns and goes on). The default
-            step checks before its backward; a custom ``step_fn`` is checked
-            on the ``"loss"`` it returns, after its step ran, so ``"skip"``
-            is refused with one. Reading the loss is a device sync per step
-            on GPU when no hook reads the outputs (``pimm_fn.runtime.step``).
+            steps since the losses were last read), ``"skip"`` (the default
+            step leaves the batch out of the update; the step still counts;
+            each occurrence warns) or ``"warn"`` (warns and goes on).
+            ``"raise"``/``"warn"`` sum the losses on the device and read the
+            sum where a hook reads the outputs and at each epoch's end (no
+            host sync on other steps); ``"skip"`` reads each loss before the
+            backward (a sync per step), and is refused with a custom
+            ``step_fn``, whose loss comes after its step (``pimm_fn.runtime.step``).
         handlers: ``{EffectType: handler}`` overriding or adding handlers.
         config: initial ``State.config``.
         console: print progress lines on the main rank.
@@ -161,7 +191,8 @@ def loop(
         TypeError, ValueError: a malformed argument, said before anything is
             built: ``hooks`` not a list, an uncalled hook factory, a ``resume``
             that is not ``None``/``"auto"``/a path, a saving hook without
-            ``save_dir``, ``max_epochs < 1`` on a fresh run, a hook stepping
+            ``save_dir``, both or neither of ``max_epochs`` and ``max_steps``,
+            ``max_epochs < 1`` on a fresh run, ``max_steps < 1``, a hook stepping
             the scheduler with ``scheduler=None`` or after a saver, an unknown
             ``on_nonfinite`` or ``resume_hyperparameters``, ``"skip"`` with a
             custom ``step_fn``.
@@ -172,20 +203,25 @@ def loop(
     if checkpoint_format not in ("standard", "legacy"):
         raise ValueError(f"checkpoint_format must be 'standard' or 'legacy' (got {checkpoint_format!r})")
     hooks = protocol.check_hooks(hooks)
+    if train_data is None:
+        raise TypeError("loop: 'train_data' is missing: loop(model, optimizer, train_data, ...)")
     arguments.check_resume(resume)
-    arguments.check_max_epochs(max_epochs, fresh=resume is None)
+    arguments.check_budget(max_epochs, max_steps, fresh=resume is None)
     arguments.check_save_dir(hooks, save_dir)
     arguments.check_on_nonfinite(on_nonfinite, custom_step=step_fn not in (None, train_step))
     arguments.check_resume_hyperparameters(resume_hyperparameters)
     check_scheduler_hooks(hooks, scheduler)
     shards = sharded.is_sharded(unwrap(model))
     arguments.check_sharding(shards, ddp=ddp, checkpoint_format=checkpoint_format, weights_file=weights_file)
+    optimizer, optimizers = extras.check_optimizers(optimizer, optimizers, step_fn, sharded=shards)
+    extra_state = extras.extra_state(extra_state, hooks, sharded=shards)
     use_local_cuda_device(model)  # LOCAL_RANK's GPU, before DDP, the guard or DCP allocate on the current one
     if ddp:
         model = _wrap_ddp(model)
     hooks = chain(*protocol.bind(hooks, unwrap(model)))
     save_dir = Path(save_dir) if save_dir is not None else None
-    feed = Feed(train_data, iters_per_epoch)
+    feed = Feed(train_data, iters_per_epoch, group=getattr(step_fn, "accumulate", 1))  # k micro-batches a step
+    scaler = loop_scaler(step_fn, scaler, model)  # a TrainStep(precision="fp16")'s own, checkpointed as scaler=
     ctx = Context(
         model=model, optimizer=optimizer, feed=feed, save_dir=save_dir, scheduler=scheduler, scaler=scaler,
         evaluators=protocol.evaluators(hooks.hooks), checkpoint_format=checkpoint_format, keep_snapshots=keep_snapshots,
@@ -195,22 +231,26 @@ def loop(
         advice=Advice(hooks.hooks, world_size=dist.world_size()),
         nonfinite=NonFinite(on_nonfinite, world_size=dist.world_size()),
         sharded=shards, weights_file=weights_file, everywhere=(WriteBest,) if shards else (),
+        optimizers=optimizers, extra_state=extra_state,
     )
     guarded = dist.is_initialized() and check_agreement is not False
     interpreter = Interpreter(ctx, {**DEFAULT_HANDLERS, **(handlers or {})}, AgreementGuard(hooks) if guarded else None)
-    for message in saver_before_evaluator(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=max_epochs):
+    epochs = max_epochs if max_steps is None else -(-max_steps // feed.iters_per_epoch)
+    for message in saver_before_evaluator(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
         warnings.warn(message, ConfigurationWarning, stacklevel=2)
     info = locate(resume, save_dir)
     if info is None:
-        arguments.check_max_epochs(max_epochs, fresh=True)  # resume='auto' found nothing: a fresh run
+        arguments.check_budget(max_epochs, max_steps, fresh=True)  # resume='auto' found nothing: a fresh run
         state = initial_state(
-            hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=max_epochs,
+            hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps,
             rank=ctx.rank, world_size=ctx.world_size, config=config,
         )
     else:
         state = restore(info, ctx, hooks.hooks, strict=strict_resume, hyperparameters=resume_hyperparameters)
-        state = resume_from(state, max_epochs=max_epochs)
+        saved, state = state.progress, resume_from(state, max_epochs=max_epochs, max_steps=max_steps)
         ctx.say(f"resumed from {info.path} at step {state.progress.global_step}")
+        for line in budget_lines(saved, state.progress, max_steps=max_steps):
+            ctx.say(line)
     prewarm_staging(ctx, hooks.hooks)  # when a hook saves in the background: its memory, after the first step
     run = Loop(ctx, hooks, state, step_fn or train_step, interpreter)
     ctx.nonfinite.where = lambda: run.state.progress  # a NaN loss is reported at the step being trained

@@ -39,7 +39,13 @@ The optimizer's hyper-parameters as this run built them are compared with
 the checkpoint's (``pimm_fn.runtime.hyperparameters``): each difference is
 said once (a console line and a ``ConfigurationWarning``), and
 ``resume_hyperparameters`` chooses which wins: ``"checkpoint"`` (default)
-or ``"new"``.
+or ``"new"``. A run of several named optimizers (``loop(optimizers=)``)
+resumes only from a checkpoint of the same names (else a ``ResumeError``),
+each optimizer from its own state, its differences said under its name.
+
+Extra state (``loop(extra_state=)``, the ``ema`` averages) comes back by
+name, like hook slots: a name the checkpoint lacks keeps the object as this
+run built it, a saved name this run lacks is dropped; each with a console line.
 
 Hook slots come back by hook identity (``pimm_fn.core.slots``): the run may
 list its hooks in another order, add hooks (they start from their initial
@@ -143,13 +149,15 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
             f"batch: resume with the same world size, or pass strict_resume=False"
         )
     replicated = held.replicated
-    built = hp.hyperparameters(ctx.optimizer)
+    _check_optimizers(replicated, ctx, info)
+    built = {name: hp.hyperparameters(o) for name, o in ctx.named_optimizers().items()}
     _load_model_and_optimizer(loaded, replicated, ctx, info)
     for name in ("scheduler", "scaler"):
         target, stored = getattr(ctx, name), getattr(replicated, name)
         if target is not None and stored is not None:
             target.load_state_dict(stored)
     _settle_hyperparameters(ctx, built, hyperparameters)
+    _restore_extra(replicated, ctx)
     if dropped:
         ctx.say(_dropped_message(dropped))
     state = attrs.evolve(saved, rank=ctx.rank, world_size=ctx.world_size)
@@ -183,19 +191,52 @@ def _load_model_and_optimizer(loaded, replicated, ctx, info) -> None:
         sharded.load_into(info.path, unwrap(ctx.model), ctx.optimizer, replicated.optimizer)
         return
     unwrap(ctx.model).load_state_dict(loaded.weights)
-    ctx.optimizer.load_state_dict(replicated.optimizer)
+    if ctx.optimizers is None:
+        ctx.optimizer.load_state_dict(replicated.optimizer)
+        return
+    for name, optimizer in ctx.optimizers.items():
+        optimizer.load_state_dict(replicated.optimizers[name])
+
+
+def _check_optimizers(replicated, ctx, info) -> None:
+    """The checkpoint holds one optimizer for a run of one, the same names for a run of several named ones."""
+    saved = None if replicated.optimizers is None else sorted(replicated.optimizers)
+    wanted = None if ctx.optimizers is None else sorted(ctx.optimizers)
+    if saved == wanted:
+        return
+    said = lambda names: "one optimizer (optimizer=)" if names is None else f"optimizers {names} (optimizers=)"
+    raise ResumeError(
+        f"cannot resume from {info.path}: it holds the state of {said(saved)}, this run has {said(wanted)}. "
+        f"Build the run with the optimizers the checkpoint was written with, or start fresh from its weights "
+        f"(load_weights({str(info.path)!r}))"
+    )
 
 
 def _settle_hyperparameters(ctx, built, winner) -> None:
-    """Say each hyper-parameter the checkpoint changed; under ``"new"``, put this run's back."""
-    found = hp.differences(built, hp.hyperparameters(ctx.optimizer), ctx.scheduler)
-    if not found:
-        return
-    if winner == "new":
-        hp.apply_new(ctx.optimizer, built, found)
-    message = hp.describe(found, winner)
-    ctx.say(message)
-    warnings.warn(message, ConfigurationWarning, stacklevel=4)
+    """Say each hyper-parameter the checkpoint changed, per optimizer; under ``"new"``, put this run's back."""
+    for name, optimizer in ctx.named_optimizers().items():
+        found = hp.differences(built[name], hp.hyperparameters(optimizer), ctx.scheduler)
+        if not found:
+            continue
+        if winner == "new":
+            hp.apply_new(optimizer, built[name], found)
+        message = hp.describe(found, winner, name=name)
+        ctx.say(message)
+        warnings.warn(message, ConfigurationWarning, stacklevel=4)
+
+
+def _restore_extra(replicated, ctx) -> None:
+    """Load each extra state object from its saved state, by name; say the names on one side only."""
+    saved = replicated.extra or {}
+    for name, obj in ctx.extra_state.items():
+        if name in saved:
+            obj.load_state_dict(saved[name])
+    fresh = [n for n in ctx.extra_state if n not in saved]
+    dropped = [n for n in saved if n not in ctx.extra_state]
+    if fresh:
+        ctx.say(f"extra state {fresh} is not in the checkpoint: it goes on as this run built it")
+    if dropped:
+        ctx.say(f"dropped the checkpointed extra state {dropped}: this run has no extra_state (or ema) of that name")
 
 
 def _dropped_message(dropped) -> str:
@@ -222,13 +263,16 @@ def _main_cursor(held):
     return dist.broadcast_object(held.local.cursor if dist.rank() == 0 and held.local is not None else None)
 
 
-def _consumed(p, cursor, world: int) -> tuple[int | None, str]:
-    """The positions of its permutation the interrupted epoch consumed on all ``world`` ranks, or ``None`` and why not."""
+def _consumed(p, cursor, world: int, group: int) -> tuple[int | None, str]:
+    """The positions of its permutation the interrupted epoch consumed on all ``world`` ranks, or ``None`` and why not.
+
+    A step takes ``group`` batches (``TrainStep(accumulate=group)``, unchanged since the checkpoint).
+    """
     data = (cursor or {}).get("data")
     if not data or not isinstance(data.get("batch_size"), int):
         return None, "the checkpoint does not record its loader's batch size"
     offset, first = (cursor.get("rest") or (0, 0))
-    return offset + (p.iter_in_epoch - first) * data["batch_size"] * world, ""
+    return offset + (p.iter_in_epoch - first) * group * data["batch_size"] * world, ""
 
 
 def _positioning(ctx, cursor) -> str | None:
@@ -239,8 +283,8 @@ def _positioning(ctx, cursor) -> str | None:
     why = remainder.why_not(feed.data)
     if why is not None:
         return f"the training data cannot be positioned ({why})"
-    if feed.iters_per_epoch != len(feed.data):
-        return f"iters_per_epoch={feed.iters_per_epoch} differs from len(loader)={len(feed.data)}"
+    if feed.iters_per_epoch != len(feed.data) // feed.group:
+        return f"iters_per_epoch={feed.iters_per_epoch} differs from len(loader)={len(feed.data)} // {feed.group}"
     saved, now = ((cursor or {}).get("data") or {}).get("samples"), describe(feed.data)["samples"]
     if saved != now:
         return f"the dataset length changed ({saved} -> {now}): its permutation is another one"
@@ -249,7 +293,7 @@ def _positioning(ctx, cursor) -> str | None:
 
 def _world_offset(p, ctx, info, cursor) -> tuple[int | None, str]:
     """Where in its permutation the interrupted epoch continues on this world size, or ``None`` and why not."""
-    offset, why = _consumed(p, cursor, info.world_size)
+    offset, why = _consumed(p, cursor, info.world_size, ctx.feed.group)
     why = why or _positioning(ctx, cursor)
     if why:
         return None, why

@@ -22,6 +22,7 @@ from pimm_fn.runtime.ctrl_c import CTRL_C
 from pimm_fn.runtime.feed import batch_size
 from pimm_fn.runtime.peers import across_ranks
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
+from pimm_fn.runtime.outputs import materialized, to_floats
 from pimm_fn.runtime.step import runner, scalar_outputs, train_step
 from pimm_fn.runtime.transaction import (
     LOADING, SCHEDULING, TRAINING, Interruption, StepWatch, effect_phase, failing_hook, hook_phase, step_of,
@@ -115,7 +116,12 @@ class Loop:
             raise instead
 
     def _dispatch(self, event) -> None:
-        if self._processed.get(event.__class__, True):
+        cls = event.__class__
+        if cls is ev.AfterEpoch:
+            self._materialize()
+        if (cls is ev.AfterEpoch or cls is ev.AfterStep and self.hooks.reads(event.step)) and self.ctx.nonfinite is not None:
+            self._check_losses(event)
+        if self._processed.get(cls, True):
             try:
                 self._keys.start()
                 state, work = start(self.hooks, self.state, event, self._interpreter)
@@ -130,6 +136,16 @@ class Loop:
                 self._finish(work)
         else:  # no hook wants it and no guard compares it: process() would only advance
             self._event, self.state = None, advance(self.state, event)
+
+    def _check_losses(self, event) -> None:
+        """Read the losses summed since the last read (``NonFinite.check``): a NaN one raises or warns here."""
+        try:
+            self._keys.start()
+            self.ctx.nonfinite.check(step_of(event, self.state))
+            self._keys.open = False
+        except BaseException:
+            self._stopped(step_of(event, self.state), f"checking the losses before {type(event).__name__}")
+            raise
 
     def _finish(self, work) -> None:
         """Execute ``work`` (a ``Pending``) to the end, keeping it where an effect or a follow-up's fold raises."""
@@ -198,8 +214,21 @@ class Loop:
             skipped = nonfinite is not None and nonfinite.policy == "skip" and nonfinite.count > skips
             if not skipped:
                 return self._schedule(step, scalars, batch_size(batch))
-        self._event = event = ev.after_step(step, scalars, batch_size(batch))
+        self._event = event = ev.after_step(step, self._read(step, scalars), batch_size(batch))
         return event
+
+    def _read(self, step: int, outputs: dict) -> dict:
+        """The outputs as floats on a step where a hook that reads them is called; else left on the device."""
+        if outputs and self.hooks.reads(step):
+            outputs = to_floats(outputs)
+            self._materialize()
+        return outputs
+
+    def _materialize(self) -> None:
+        """Read the device sums accumulating hooks keep in their slots, before a hook is called (or saves them)."""
+        slots = materialized(self.state.slots)
+        if slots is not self.state.slots:
+            self.state = attrs.evolve(self.state, slots=slots)
 
     def _schedule(self, step: int, scalars: dict, size: int) -> ev.AfterStep:
         """The scheduler step after the default step's optimizer step; returns the step's ``AfterStep``."""
@@ -215,7 +244,7 @@ class Loop:
         if "lr" in scalars:  # the default step reports the learning rate after its scheduler step
             lr = self.ctx.optimizer.param_groups[0]["lr"]
             scalars["lr"] = lr if lr.__class__ is float else scalar_outputs({"lr": lr})["lr"]
-        self._event = event = ev.after_step(step, scalars, size)
+        self._event = event = ev.after_step(step, self._read(step, scalars), size)
         return event
 
     def _advance(self) -> ev.Event | None:

@@ -12,15 +12,21 @@ policy, carried by a ``NonFinite`` value:
 * ``"warn"``: a ``NonFiniteLossWarning``, and the step goes on as usual.
 
 Each occurrence under ``"skip"``/``"warn"`` is a warning with the count so
-far. The default step checks the loss after the forward, before backward;
-a custom ``step_fn`` is checked on the ``"loss"`` it returns, after it ran.
+far.
 
-Cost: the check reads the loss (``loss.item()``). When hooks read the step's
-outputs the loop reads it anyway, so the check adds no device sync (on GPU
-it moves that sync from after the optimizer step to before the backward);
-when none does, it is one sync per step on GPU (free on CPU). With several
-ranks the decision is agreed by one all-reduce of a flag per step, so every
-rank skips, warns or raises alike instead of one rank leaving a collective.
+``"skip"`` must decide before the backward, so the default step reads the
+loss there (``loss.item()``: one host sync per step on GPU) and a custom
+``step_fn`` is refused. ``"raise"`` and ``"warn"`` read nothing per step:
+the losses are summed on their device (a NaN or inf makes the sum
+non-finite) and the sum is read where the loop reads the outputs anyway,
+on a step where some hook is called for ``AfterStep``, and at each epoch's
+end (``NonFinite.check``). So the error names the steps between two such
+reads (one step when a hook is called every step), comes before any
+checkpoint of a later step is written, and finds the weights in memory
+already updated from the non-finite loss: resume from the last checkpoint.
+With several ranks each read is agreed by one all-reduce of a flag, so
+every rank skips, warns or raises alike instead of one rank leaving a
+collective.
 """
 
 import contextlib
@@ -29,6 +35,8 @@ import warnings
 from collections.abc import Mapping
 
 import torch
+
+from pimm_fn.runtime.outputs import device_outputs
 
 __all__ = [
     "train_step", "train_step_scalars", "scalar_outputs", "NonFinite", "NonFiniteLossError", "NonFiniteLossWarning",
@@ -60,6 +68,44 @@ class NonFinite:
         self.world_size = world_size
         self.where = where
         self.count = 0  # occurrences so far in this process
+        self.pending = None  # the sum of the losses not read yet, on their device ("raise", "warn")
+        self.since = None  # the global step of the first of them
+
+    @property
+    def before_backward(self) -> bool:
+        """Whether each loss is read before its backward (``"skip"``); else they are summed and read later."""
+        return self.policy == "skip"
+
+    def watch(self, loss) -> None:
+        """Add a step's loss to the sum read at the next ``check``: no host sync."""
+        if loss.__class__ is float or not isinstance(loss, torch.Tensor):
+            loss = torch.tensor(float(loss))
+        if self.pending is None:
+            p = self.where() if self.where is not None else None
+            self.since = p.global_step + 1 if p is not None else None
+            self.pending = loss.detach().reshape(())
+        else:
+            self.pending = self.pending + loss.detach().reshape(())
+
+    def check(self, last: int | None = None) -> None:
+        """Read the losses summed since the last check, to global step ``last``, and act.
+
+        One sync; with several ranks one all-reduce of a flag, so every rank calls it at the same points.
+
+        Raises:
+            NonFiniteLossError: under ``"raise"``, naming the steps; the sum
+                is kept, so a retry raises again.
+        """
+        pending = self.pending
+        if pending is None:
+            return
+        value = pending.item()
+        if self.finite(value, pending.device):
+            self.pending = None
+            return
+        if self.policy != "raise":
+            self.pending = None
+        self(value, steps=(self.since, last))
 
     def finite(self, value: float, device) -> bool:
         """Whether the loss ``value`` is finite on every rank (one all-reduce with several ranks)."""
@@ -73,20 +119,26 @@ class NonFinite:
         td.all_reduce(flag, op=td.ReduceOp.MAX)
         return flag.item() == 0.0
 
-    def __call__(self, value: float, *, ran: bool = False) -> bool:
+    def __call__(self, value: float, *, ran: bool = False, steps=None) -> bool:
         """Act on a non-finite loss ``value``; True when the step is to go ahead (``"warn"``).
 
         ``ran``: the step already ran (a custom ``step_fn``), so nothing can be skipped.
+        ``steps``: ``(first, last)`` global steps whose summed losses ``value`` is.
 
         Raises:
             NonFiniteLossError: under ``"raise"``.
         """
         self.count += 1
         p = self.where() if self.where is not None else None
-        place = (
-            f"global step {p.global_step + 1} (batch index {p.iter_in_epoch} of epoch {p.epoch}, counting from 0)"
-            if p is not None else "this step"
-        )
+        if steps is not None and steps[0] is not None:
+            first, last = steps
+            ran = True
+            place = f"global step {first}" if first == last else f"one of global steps {first} to {last}"
+            place += " (the losses are read where a hook reads the step's outputs, and at each epoch's end)"
+        elif p is not None:
+            place = f"global step {p.global_step + 1} (batch index {p.iter_in_epoch} of epoch {p.epoch}, counting from 0)"
+        else:
+            place = "this step"
         which = f"is {value}" if not math.isfinite(value) else f"is not finite on another rank (here {value})"
         if self.policy == "raise":
             raise NonFiniteLossError(
@@ -118,8 +170,9 @@ def _autocast(model, scaler):
 def _optimize(model, optimizer, batch, scheduler=None, scaler=None, nonfinite=None) -> tuple:
     """The default step's work; returns ``(model outputs, loss, loss value)``.
 
-    The value (a float) is read only under a ``nonfinite`` policy, before
-    the backward, so a skipped batch never reaches the optimizer; else ``None``.
+    The value (a float) is read only under ``"skip"``, before the backward,
+    so a skipped batch never reaches the optimizer; else ``None`` (the other
+    policies sum the losses on the device: ``NonFinite.watch``).
     """
     optimizer.zero_grad(set_to_none=True)
     if scaler is None:
@@ -135,9 +188,12 @@ def _optimize(model, optimizer, batch, scheduler=None, scaler=None, nonfinite=No
     loss = outputs["loss"]
     value = None
     if nonfinite is not None:
-        value = loss.item()
-        if not nonfinite.finite(value, loss.device) and not nonfinite(value):
-            return outputs, loss, value  # skipped: no backward ran, so the gradients stay zeroed
+        if nonfinite.before_backward:
+            value = loss.item()
+            if not nonfinite.finite(value, loss.device) and not nonfinite(value):
+                return outputs, loss, value  # skipped: no backward ran, so the gradients stay zeroed
+        else:
+            nonfinite.watch(loss)
     if scaler is not None:
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -165,7 +221,7 @@ def train_step(model, optimizer, batch, *, scheduler=None, scaler=None) -> Mappi
 
 
 def train_step_scalars(model, optimizer, batch, scheduler=None, scaler=None, *, nonfinite=None) -> dict:
-    """``scalar_outputs(train_step(...))``, the loop's default step when hooks read the outputs.
+    """``scalar_outputs(train_step(...))`` in one call: the default step's outputs read at once, as floats.
 
     Equal to the two calls, in value and key order, without building the
     intermediate dict or detaching the loss (``item()`` reads it directly).
@@ -206,53 +262,41 @@ def scalar_outputs(outputs) -> dict:
     return scalars
 
 
-def _loss_value(outputs):
-    """The ``"loss"`` a custom step returned, as a float (``None`` when it reports none)."""
-    if outputs is None:
-        return None
-    if outputs.__class__ is dict or isinstance(outputs, Mapping):
-        return _scalar(outputs["loss"]) if "loss" in outputs else None
-    return _scalar(outputs)
-
-
 def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
-    """``run(model, optimizer, batch, scheduler, scaler) -> scalar outputs`` for ``step_fn``.
+    """``run(model, optimizer, batch, scheduler, scaler) -> outputs`` for ``step_fn``, reading nothing.
 
-    Only hooks read the outputs: when none listens to ``AfterStep`` (``read``
-    False) the conversion, a device sync on GPU, is skipped. The default step
-    converts its own outputs, knowing which entries are scalars. Under a
-    ``nonfinite`` policy the default step checks its loss before the
-    backward; a custom one is checked on the ``"loss"`` it returns.
+    The outputs are the step's numeric scalars as they are, device tensors
+    included (``pimm_fn.runtime.outputs``): the loop reads them on a step
+    where a hook is called, and only then. When no hook listens to
+    ``AfterStep`` (``read`` False) there are none. Under a ``nonfinite``
+    policy the default step checks its loss before the backward (``"skip"``)
+    or sums it for a later check; a custom one's returned ``"loss"`` is summed.
     """
     if step_fn is train_step:
-        if nonfinite is None:
-            return train_step_scalars if read else _default_quiet
-        if read:
-            def run(model, optimizer, batch, scheduler, scaler):
-                return train_step_scalars(model, optimizer, batch, scheduler, scaler, nonfinite=nonfinite)
-        else:
-            def run(model, optimizer, batch, scheduler, scaler):
-                _optimize(model, optimizer, batch, scheduler, scaler, nonfinite)
+        def run(model, optimizer, batch, scheduler, scaler):
+            outputs, loss, value = _optimize(model, optimizer, batch, scheduler, scaler, nonfinite)
+            if not read:
                 return {}
+            lr = optimizer.param_groups[0]["lr"]
+            if len(outputs) == 1 and lr.__class__ is float:  # {"loss": loss}, what most models return
+                return {"loss": loss.detach().to(torch.float64) if value is None else value, "lr": lr}
+            return device_outputs({**outputs, "loss": loss if value is None else value, "lr": lr})
         return run
-    if nonfinite is not None:
-        def run(model, optimizer, batch, scheduler, scaler):
-            outputs = step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
-            scalars = scalar_outputs(outputs) if read else {}
-            value = scalars.get("loss") if read else _loss_value(outputs)
-            if value is not None and not nonfinite.finite(value, torch.device("cpu")):
-                nonfinite(value, ran=True)
-            return scalars
-    elif read:
-        def run(model, optimizer, batch, scheduler, scaler):
-            return scalar_outputs(step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler))
-    else:
-        def run(model, optimizer, batch, scheduler, scaler):
-            step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
-            return {}
+
+    def run(model, optimizer, batch, scheduler, scaler):
+        outputs = step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
+        if nonfinite is not None:
+            loss = _loss(outputs)
+            if loss is not None:
+                nonfinite.watch(loss)
+        return device_outputs(outputs) if read else {}
     return run
 
 
-def _default_quiet(model, optimizer, batch, scheduler, scaler) -> dict:
-    _optimize(model, optimizer, batch, scheduler, scaler)
-    return {}
+def _loss(outputs):
+    """The ``"loss"`` a custom step returned (``None`` when it reports none)."""
+    if outputs is None:
+        return None
+    if outputs.__class__ is dict or isinstance(outputs, Mapping):
+        return outputs.get("loss")
+    return outputs

@@ -172,16 +172,32 @@ def _nan_run(at, hooks=(), step_fn=None, **kwargs):
     return model, run
 
 
-@pytest.mark.parametrize("hooks", [(), (pf.log_every(1),)], ids=["quiet", "outputs read"])
-def test_a_nan_loss_raises_by_default_naming_the_step_and_batch(hooks):
-    """Step 8 is batch index 2 of epoch 1: the error says so and how to change the policy; the weights are untouched."""
-    model, run = _nan_run(8, hooks)
-    run.run(steps=7)
-    before = weights(model)
-    with pytest.raises(pf.NonFiniteLossError, match="global step 8 \\(batch index 2 of epoch 1") as raised:
-        run.step()
+def test_a_nan_loss_raises_where_the_losses_are_next_read_naming_the_steps_between():
+    """With no hook reading the outputs the losses are read at the epoch's end: NaN at step 8 raises there, steps 6 to 10."""
+    _, run = _nan_run(8)
+    with pytest.raises(pf.NonFiniteLossError, match="one of global steps 6 to 10 ") as raised:
+        run()
     assert "on_nonfinite='skip'" in str(raised.value)
-    assert same_weights(weights(model), before) and run.state.progress.global_step == 7
+    assert run.state.progress.global_step == 10 and not run.finished
+    with pytest.raises(pf.NonFiniteLossError, match="one of global steps 6 to 10 "):
+        run()  # the losses stay unread-as-finite: a retry raises again
+
+
+def test_a_nan_loss_read_every_step_names_its_step():
+    """A hook reading the outputs every step reads the losses every step: the error names step 8 itself."""
+    _, run = _nan_run(8, (pf.log_every(1),))
+    run.run(steps=7)
+    with pytest.raises(pf.NonFiniteLossError, match="global step 8 "):
+        run.step()
+    assert run.state.progress.global_step == 7 and run.interrupted is not None
+
+
+def test_a_nan_loss_is_raised_before_a_later_checkpoint_is_written(tmp_path):
+    """The losses are read before a save's hook is called: no checkpoint holds weights trained on a NaN loss."""
+    _, run = _nan_run(3, (pf.save_every(4),), save_dir=tmp_path)
+    with pytest.raises(pf.NonFiniteLossError, match="one of global steps 1 to 4 "):
+        run()
+    assert pf.checkpoint.latest_checkpoint(tmp_path / "model") is None
 
 
 @pytest.mark.parametrize("hooks", [(), (pf.log_every(1),)], ids=["quiet", "outputs read"])
@@ -207,19 +223,20 @@ def test_warn_warns_and_goes_on():
     model, run = _nan_run(3, on_nonfinite="warn")
     with pytest.warns(pf.NonFiniteLossWarning) as said:  # NaN weights from then on: every later loss warns too
         run()
-    assert "global step 3 " in _said(said, pf.NonFiniteLossWarning) and "goes ahead" in _said(said, pf.NonFiniteLossWarning)
+    assert "one of global steps 1 to 5 " in _said(said, pf.NonFiniteLossWarning)
+    assert "the step ran" in _said(said, pf.NonFiniteLossWarning)
     assert run.state.progress.global_step == 10
 
 
 def test_a_custom_steps_nan_loss_is_checked_after_it_ran():
-    """A custom step's reported NaN loss raises (its step already ran) or, under 'warn', warns."""
+    """A custom step's reported NaN loss raises (its step already ran) or, under 'warn', warns, where it is read."""
     def step(model, optimizer, batch, *, scheduler=None, scaler=None):
         return {"loss": model(batch)["loss"].detach()}
 
-    _, run = _nan_run(2, step_fn=step)
-    with pytest.raises(pf.NonFiniteLossError, match="global step 2 \\(batch index 1 of epoch 0"):
+    _, run = _nan_run(2, (pf.log_every(1),), step_fn=step)
+    with pytest.raises(pf.NonFiniteLossError, match="global step 2 "):
         run()
-    _, run = _nan_run(2, step_fn=step, on_nonfinite="warn")
+    _, run = _nan_run(2, (pf.log_every(1),), step_fn=step, on_nonfinite="warn")
     with pytest.warns(pf.NonFiniteLossWarning, match="global step 2 .*the step ran"):
         run()
 
