@@ -88,7 +88,8 @@ def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]
         entry for ``rank`` (it was written by fewer ranks).
     """
     path = directory / L.TRAINER
-    meta = _SafeReader(path).read_metadata().state_dict_metadata
+    reader = _SafeReader(path)
+    meta = reader.read_metadata().state_dict_metadata
     prefixes = {"trainer": "trainer", "local": f"local/rank{rank}"}
     if f"trainer/{_SKELETON}" not in meta:
         raise ValueError(f"{path} is a DCP directory without 'trainer/{_SKELETON}': not written by pimm_fn")
@@ -101,7 +102,7 @@ def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]
         state[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.load(state, storage_reader=_SafeReader(path))
+        dcp.load(state, storage_reader=reader, no_dist=True)  # each rank its own entries, no collective
     trainer = _unflatten(prefixes["trainer"], state)
     has_local = f"{prefixes['local']}/{_SKELETON}" in state
     return trainer, _unflatten(prefixes["local"], state) if has_local else None
@@ -152,6 +153,10 @@ class _SafeReader(dcp.FileSystemReader):
     """A ``FileSystemReader`` whose metadata unpickler admits only DCP's own types."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checkpoint's metadata, unpickled safely, read once per reader."""
+        cached = self.__dict__.get("_pimm_metadata")
+        if cached is not None:
+            return cached
         path = self._get_metadata_path(kwargs.get("rank"))
         with self.fs.create_stream(path, "rb") as stream:
             metadata = _MetadataUnpickler(stream).load()
@@ -160,6 +165,7 @@ class _SafeReader(dcp.FileSystemReader):
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
+        self._pimm_metadata = metadata
         return metadata
 
 

@@ -122,16 +122,16 @@ def load_into(directory: pathlib.Path, model, optimizer, optimizer_rest: dict) -
 
 def _load(directory: pathlib.Path, template: dict) -> None:
     """Read the checkpoint's part of every tensor of ``template`` into it, in place; collective."""
-    _check_keys(directory, template)
     from ._standard import _SafeReader
 
+    reader = _SafeReader(directory / L.TRAINER)  # its metadata read once, for the check and the load
+    _check_keys(directory, template, reader.read_metadata().state_dict_metadata)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.load(template, storage_reader=_SafeReader(directory / L.TRAINER))
+        dcp.load(template, storage_reader=reader)
 
 
-def _check_keys(directory: pathlib.Path, template: dict) -> None:
-    saved = _metadata(directory)
+def _check_keys(directory: pathlib.Path, template: dict, saved: dict) -> None:
     missing = [key for key in template if key not in saved]
     if missing:
         found = sorted(k for k in saved if k.startswith("sharded/"))[:4]
