@@ -16,7 +16,6 @@ from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.events import MetricsPublished
 from pimm_fn.runtime.context import unwrap
-from pimm_fn.runtime.outputs import materialized
 from pimm_fn.runtime.ema import EMA_HANDLERS, EmaWeights
 from pimm_fn.runtime.evaluation import evaluating
 from pimm_fn.runtime.rng import capture_rng
@@ -46,7 +45,7 @@ def trainer_contents(ctx, state, *, background: bool = False) -> TrainerContents
 
     ``background``: for a save that copies the tensors later (``async_save``).
     """
-    own = saved_state(materialized(state), ctx.hooks)  # sums a hook keeps on the device, as floats
+    own = saved_state(state, ctx.hooks)
     local = PerRank(own, capture_rng(), ctx.feed.state_dict())
     shards, optimizer = sharded.state(unwrap(ctx.model), ctx.optimizer) if ctx.sharded else (None, None)
     return TrainerContents(_replicated(ctx, dist.broadcast_object(own), optimizer, background=background), local, shards)

@@ -150,14 +150,14 @@ def loop(
             ``lr`` on from it (``pimm_fn.runtime.hyperparameters``).
         on_nonfinite: what a NaN or infinite training loss does:
             ``"raise"`` (default; ``NonFiniteLossError`` naming the global
-            steps since the losses were last read), ``"skip"`` (the default
-            step leaves the batch out of the update; the step still counts;
-            each occurrence warns) or ``"warn"`` (warns and goes on).
-            ``"raise"``/``"warn"`` sum the losses on the device and read the
-            sum where a hook reads the outputs and at each epoch's end (no
-            host sync on other steps); ``"skip"`` reads each loss before the
-            backward (a sync per step), and is refused with a custom
-            ``step_fn``, whose loss comes after its step (``pimm_fn.runtime.step``).
+            step), ``"skip"`` (the default step leaves the batch out of the
+            update; the step still counts; each occurrence warns) or
+            ``"warn"`` (warns and goes on). ``"raise"``/``"warn"`` read the
+            losses with the outputs, where a hook reads them and at each
+            epoch's end (no host sync on other steps); ``"skip"`` reads each
+            loss before the backward (a sync per step), and is refused with
+            a custom ``step_fn``, whose loss comes after its step
+            (``pimm_fn.runtime.step``).
         handlers: ``{EffectType: handler}`` overriding or adding handlers.
         config: initial ``State.config``.
         console: print progress lines on the main rank.

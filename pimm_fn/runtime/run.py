@@ -22,7 +22,7 @@ from pimm_fn.runtime.ctrl_c import CTRL_C
 from pimm_fn.runtime.feed import batch_size
 from pimm_fn.runtime.peers import across_ranks
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
-from pimm_fn.runtime.outputs import materialized, to_floats
+from pimm_fn.runtime.outputs import Unread
 from pimm_fn.runtime.step import runner, scalar_outputs, train_step
 from pimm_fn.runtime.transaction import (
     LOADING, SCHEDULING, TRAINING, Interruption, StepWatch, effect_phase, failing_hook, hook_phase, step_of,
@@ -93,6 +93,7 @@ class Loop:
         self._work = None  # a Pending: a folded event's effects, not all executed
         self._rng = None  # the torch RNG the failed effect started from
         self._keys = CTRL_C  # a real Ctrl-C: taken inside the step's work, held back in the loop's records
+        self._unread = Unread()  # outputs of steps no hook read yet, on their device (pimm_fn.runtime.outputs)
 
     @property
     def trace(self) -> list:
@@ -117,10 +118,8 @@ class Loop:
 
     def _dispatch(self, event) -> None:
         cls = event.__class__
-        if cls is ev.AfterEpoch:
-            self._materialize()
-        if (cls is ev.AfterEpoch or cls is ev.AfterStep and self.hooks.reads(event.step)) and self.ctx.nonfinite is not None:
-            self._check_losses(event)
+        if cls is ev.AfterEpoch and self._unread or cls is ev.AfterStep and event.outputs:
+            event = self._read(event)  # the outputs waiting on the device, and these, read at once
         if self._processed.get(cls, True):
             try:
                 self._keys.start()
@@ -137,15 +136,36 @@ class Loop:
         else:  # no hook wants it and no guard compares it: process() would only advance
             self._event, self.state = None, advance(self.state, event)
 
-    def _check_losses(self, event) -> None:
-        """Read the losses summed since the last read (``NonFinite.check``): a NaN one raises or warns here."""
+    def _read(self, event=None):
+        """``event`` after reading every unread output in one transfer: the NaN check, then the accumulating hooks.
+
+        The fold then gets the event with float outputs. Nothing is kept until
+        all succeeded: a NaN under ``"raise"`` raises again on a retry.
+        Without an event (the end of ``run()``, a hook swap) it reads what waits.
+        """
         try:
             self._keys.start()
-            self.ctx.nonfinite.check(step_of(event, self.state))
+            pending, current = self._unread.read(event.outputs if event.__class__ is ev.AfterStep else None)
+            nonfinite = self.ctx.nonfinite
+            if nonfinite is not None and not nonfinite.before_backward:
+                losses = [(step, o["loss"]) for step, o in pending if "loss" in o]
+                if current is not None and "loss" in current:
+                    losses.append((event.step, current["loss"]))
+                nonfinite.read(losses)
             self._keys.open = False
         except BaseException:
-            self._stopped(step_of(event, self.state), f"checking the losses before {type(event).__name__}")
+            where = f" before {type(event).__name__}" if event is not None else ""
+            self._stopped(step_of(event, self.state) if event is not None else self.state.progress.global_step,
+                          f"reading the step outputs{where}")
             raise
+        slots = self.state.slots
+        if self.hooks._accumulators:
+            for _, outputs in pending:
+                slots = self.hooks._accumulate(slots, outputs)
+        if slots is not self.state.slots:
+            self.state = attrs.evolve(self.state, slots=slots)
+        self._unread.clear()
+        return event if current is None else attrs.evolve(event, outputs=current)
 
     def _finish(self, work) -> None:
         """Execute ``work`` (a ``Pending``) to the end, keeping it where an effect or a follow-up's fold raises."""
@@ -214,21 +234,15 @@ class Loop:
             skipped = nonfinite is not None and nonfinite.policy == "skip" and nonfinite.count > skips
             if not skipped:
                 return self._schedule(step, scalars, batch_size(batch))
-        self._event = event = ev.after_step(step, self._read(step, scalars), batch_size(batch))
+        self._event = event = ev.after_step(step, self._later(step, scalars), batch_size(batch))
         return event
 
-    def _read(self, step: int, outputs: dict) -> dict:
-        """The outputs as floats on a step where a hook that reads them is called; else left on the device."""
-        if outputs and self.hooks.reads(step):
-            outputs = to_floats(outputs)
-            self._materialize()
+    def _later(self, step: int, outputs: dict) -> dict:
+        """The outputs ``AfterStep(step)`` carries: none when no hook reads them there (they wait, unread)."""
+        if outputs and not (self._processed[ev.AfterStep] and self.hooks.reads(step)):
+            self._unread.add(step, outputs)
+            return {}
         return outputs
-
-    def _materialize(self) -> None:
-        """Read the device sums accumulating hooks keep in their slots, before a hook is called (or saves them)."""
-        slots = materialized(self.state.slots)
-        if slots is not self.state.slots:
-            self.state = attrs.evolve(self.state, slots=slots)
 
     def _schedule(self, step: int, scalars: dict, size: int) -> ev.AfterStep:
         """The scheduler step after the default step's optimizer step; returns the step's ``AfterStep``."""
@@ -244,7 +258,7 @@ class Loop:
         if "lr" in scalars:  # the default step reports the learning rate after its scheduler step
             lr = self.ctx.optimizer.param_groups[0]["lr"]
             scalars["lr"] = lr if lr.__class__ is float else scalar_outputs({"lr": lr})["lr"]
-        self._event = event = ev.after_step(step, self._read(step, scalars), size)
+        self._event = event = ev.after_step(step, self._later(step, scalars), size)
         return event
 
     def _advance(self) -> ev.Event | None:
@@ -382,6 +396,8 @@ class Loop:
         while not self.finished and (steps is None or done < steps):
             self.step()
             done += 1
+        if self._unread:
+            self._read()  # the state run() returns holds every output (a NaN among them is said here)
         self.ctx.wait_for_save()  # what run() returns is on disk, as a notebook expects
         return self.state
 
@@ -400,6 +416,8 @@ class Loop:
         ``pimm_fn.runtime.swap.replace`` for what carries over and what is
         refused. Returns this ``Loop``: ``run.replace(a, b).run()``.
         """
+        if self._unread:
+            self._read()  # the old hook's sums take what waits, before the new one takes its slot
         swap.replace(self, old, new, fresh=fresh)
         return self
 

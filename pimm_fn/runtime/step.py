@@ -17,16 +17,14 @@ far.
 ``"skip"`` must decide before the backward, so the default step reads the
 loss there (``loss.item()``: one host sync per step on GPU) and a custom
 ``step_fn`` is refused. ``"raise"`` and ``"warn"`` read nothing per step:
-the losses are summed on their device (a NaN or inf makes the sum
-non-finite) and the sum is read where the loop reads the outputs anyway,
-on a step where some hook is called for ``AfterStep``, and at each epoch's
-end (``NonFinite.check``). So the error names the steps between two such
-reads (one step when a hook is called every step), comes before any
-checkpoint of a later step is written, and finds the weights in memory
-already updated from the non-finite loss: resume from the last checkpoint.
-With several ranks each read is agreed by one all-reduce of a flag, so
-every rank skips, warns or raises alike instead of one rank leaving a
-collective.
+the losses wait on their device with the other outputs and are read with
+them (``pimm_fn.runtime.outputs``), where a hook reads the outputs and at
+each epoch's end (``NonFinite.read``). So the error names the step, comes
+before any checkpoint of a later step is written, and finds the weights in
+memory already updated from the non-finite loss: resume from the last
+checkpoint. With several ranks each read is agreed by one all-reduce of a
+flag, so every rank skips, warns or raises alike instead of one rank
+leaving a collective.
 """
 
 import contextlib
@@ -68,73 +66,60 @@ class NonFinite:
         self.world_size = world_size
         self.where = where
         self.count = 0  # occurrences so far in this process
-        self.pending = None  # the sum of the losses not read yet, on their device ("raise", "warn")
-        self.since = None  # the global step of the first of them
 
     @property
     def before_backward(self) -> bool:
-        """Whether each loss is read before its backward (``"skip"``); else they are summed and read later."""
+        """Whether each loss is read before its backward (``"skip"``); else the loop reads them later, in batches."""
         return self.policy == "skip"
 
-    def watch(self, loss) -> None:
-        """Add a step's loss to the sum read at the next ``check``: no host sync."""
-        if loss.__class__ is float or not isinstance(loss, torch.Tensor):
-            loss = torch.tensor(float(loss))
-        if self.pending is None:
-            p = self.where() if self.where is not None else None
-            self.since = p.global_step + 1 if p is not None else None
-            self.pending = loss.detach().reshape(())
-        else:
-            self.pending = self.pending + loss.detach().reshape(())
+    def read(self, losses: list) -> None:
+        """Act on the first non-finite of ``losses``, ``[(global step, float)]`` read after their steps ran.
 
-    def check(self, last: int | None = None) -> None:
-        """Read the losses summed since the last check, to global step ``last``, and act.
-
-        One sync; with several ranks one all-reduce of a flag, so every rank calls it at the same points.
+        With several ranks one all-reduce agrees whether any rank saw one
+        (every rank reads at the same points).
 
         Raises:
-            NonFiniteLossError: under ``"raise"``, naming the steps; the sum
-                is kept, so a retry raises again.
+            NonFiniteLossError: under ``"raise"``, naming the step.
         """
-        pending = self.pending
-        if pending is None:
+        bad = next(((step, v) for step, v in losses if not math.isfinite(v)), None)
+        if self.world_size > 1 and not self._agree(bad is None):
+            bad = bad or (losses[-1] if losses else (None, 0.0))
+        elif bad is None:
             return
-        value = pending.item()
-        if self.finite(value, pending.device):
-            self.pending = None
-            return
-        if self.policy != "raise":
-            self.pending = None
-        self(value, steps=(self.since, last))
+        step, value = bad
+        self(value, ran=True, step=step)
+        for step, value in losses:  # under "warn": each further one is said too
+            if (step, value) != bad and not math.isfinite(value):
+                self(value, ran=True, step=step)
+
+    def _agree(self, finite: bool) -> bool:
+        """Whether every rank's losses were finite (one all-reduce)."""
+        import torch.distributed as td
+
+        device = torch.device("cuda", torch.cuda.current_device()) if td.get_backend() == "nccl" else None
+        flag = torch.tensor([0.0 if finite else 1.0], device=device)
+        td.all_reduce(flag, op=td.ReduceOp.MAX)
+        return flag.item() == 0.0
 
     def finite(self, value: float, device) -> bool:
         """Whether the loss ``value`` is finite on every rank (one all-reduce with several ranks)."""
         if self.world_size == 1:
             return math.isfinite(value)
-        import torch.distributed as td
+        return self._agree(math.isfinite(value))
 
-        if td.get_backend() == "nccl":
-            device = torch.device("cuda", torch.cuda.current_device())
-        flag = torch.tensor([0.0 if math.isfinite(value) else 1.0], device=device)
-        td.all_reduce(flag, op=td.ReduceOp.MAX)
-        return flag.item() == 0.0
-
-    def __call__(self, value: float, *, ran: bool = False, steps=None) -> bool:
+    def __call__(self, value: float, *, ran: bool = False, step: int | None = None) -> bool:
         """Act on a non-finite loss ``value``; True when the step is to go ahead (``"warn"``).
 
         ``ran``: the step already ran (a custom ``step_fn``), so nothing can be skipped.
-        ``steps``: ``(first, last)`` global steps whose summed losses ``value`` is.
+        ``step``: the global step of a loss read after it ran.
 
         Raises:
             NonFiniteLossError: under ``"raise"``.
         """
         self.count += 1
         p = self.where() if self.where is not None else None
-        if steps is not None and steps[0] is not None:
-            first, last = steps
-            ran = True
-            place = f"global step {first}" if first == last else f"one of global steps {first} to {last}"
-            place += " (the losses are read where a hook reads the step's outputs, and at each epoch's end)"
+        if step is not None:
+            place = f"global step {step} (read where a hook reads the step's outputs, or at the epoch's end)"
         elif p is not None:
             place = f"global step {p.global_step + 1} (batch index {p.iter_in_epoch} of epoch {p.epoch}, counting from 0)"
         else:
@@ -192,8 +177,6 @@ def _optimize(model, optimizer, batch, scheduler=None, scaler=None, nonfinite=No
             value = loss.item()
             if not nonfinite.finite(value, loss.device) and not nonfinite(value):
                 return outputs, loss, value  # skipped: no backward ran, so the gradients stay zeroed
-        else:
-            nonfinite.watch(loss)
     if scaler is not None:
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -266,30 +249,30 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
     """``run(model, optimizer, batch, scheduler, scaler) -> outputs`` for ``step_fn``, reading nothing.
 
     The outputs are the step's numeric scalars as they are, device tensors
-    included (``pimm_fn.runtime.outputs``): the loop reads them on a step
-    where a hook is called, and only then. When no hook listens to
-    ``AfterStep`` (``read`` False) there are none. Under a ``nonfinite``
-    policy the default step checks its loss before the backward (``"skip"``)
-    or sums it for a later check; a custom one's returned ``"loss"`` is summed.
+    included (``pimm_fn.runtime.outputs``): the loop reads them where a hook
+    reads them, and at each epoch's end. When no hook listens to
+    ``AfterStep`` (``read`` False) they are only the loss a ``nonfinite``
+    policy checks later (``"raise"``, ``"warn"``); ``"skip"`` has the default
+    step read its loss before the backward.
     """
+    later = nonfinite is not None and not nonfinite.before_backward  # the loss, read with the outputs
     if step_fn is train_step:
         def run(model, optimizer, batch, scheduler, scaler):
             outputs, loss, value = _optimize(model, optimizer, batch, scheduler, scaler, nonfinite)
             if not read:
-                return {}
+                return {"loss": loss.detach()} if later else {}
             lr = optimizer.param_groups[0]["lr"]
             if len(outputs) == 1 and lr.__class__ is float:  # {"loss": loss}, what most models return
-                return {"loss": loss.detach().to(torch.float64) if value is None else value, "lr": lr}
+                return {"loss": loss.detach() if value is None else value, "lr": lr}
             return device_outputs({**outputs, "loss": loss if value is None else value, "lr": lr})
         return run
 
     def run(model, optimizer, batch, scheduler, scaler):
         outputs = step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
-        if nonfinite is not None:
-            loss = _loss(outputs)
-            if loss is not None:
-                nonfinite.watch(loss)
-        return device_outputs(outputs) if read else {}
+        if read:
+            return device_outputs(outputs)
+        loss = _loss(outputs) if later else None
+        return device_outputs({"loss": loss}) if loss is not None else {}
     return run
 
 

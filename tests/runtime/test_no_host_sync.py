@@ -49,7 +49,7 @@ def test_skip_reads_the_loss_on_every_step_before_its_backward(tmp_path):
 
 
 def test_epoch_means_from_device_sums_equal_those_of_a_run_reading_every_step(tmp_path):
-    """Sums kept on the device give the epoch means float sums give, bit for bit, whichever steps are read."""
+    """Outputs read in batches give the epoch means of outputs read every step, bit for bit."""
     _standard_run(tmp_path / "quiet")()
     _standard_run(tmp_path / "read", extra=[pf.chain(pf.log_every(1), name="every")])()
 
