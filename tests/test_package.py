@@ -9,7 +9,6 @@ import pickle
 import subprocess
 import sys
 
-import attrs
 import pytest
 
 import pimm_fn

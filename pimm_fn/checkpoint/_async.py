@@ -26,7 +26,6 @@ import pathlib
 import threading
 import time
 
-import torch
 
 from . import _layout as L
 from . import _publish, _staging, _standard, dist

@@ -3,7 +3,6 @@
 import importlib.util
 import pathlib
 
-import pytest
 import torch
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_pointcloud.py"

@@ -93,8 +93,6 @@ def test_real_sigints_at_any_moment_then_run_again_end_bit_identical(tmp_path, k
     """SIGINTs sent at arbitrary moments of a real run, each followed by run(), end as the uninterrupted run."""
     import threading
 
-    import torch
-
     import pimm_fn as pf
     import _tiny_workload as tw
 

@@ -3,7 +3,6 @@
 import pathlib
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -12,9 +11,9 @@ import pimm_fn as pf
 from pimm_fn.checkpoint import latest_checkpoint
 from pimm_fn.core.effects import Evaluate, Log, SaveCheckpoint
 from _tiny_workload import TinyNet, build, loader, same_weights, standard_hooks, weights
+from _subprocess import run_workload
 
 WORKLOAD = pathlib.Path(__file__).with_name("_max_steps_workload.py")
-TIMEOUT = 120  # a hang fails the test instead of stalling the suite
 BUDGET = 12  # 5 steps per epoch: epochs 0 and 1 whole, epoch 2 cut after its second step
 
 
@@ -134,11 +133,7 @@ def test_loop_needs_exactly_one_valid_budget_at_construction(tmp_path, budget, e
 
 
 def _run(*args) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([sys.executable, str(WORKLOAD), *map(str, args)], capture_output=True, text=True,
-                              timeout=TIMEOUT)
-    except subprocess.TimeoutExpired as timeout:
-        pytest.fail(f"training subprocess hung for {TIMEOUT}s: {timeout.stderr}")
+    return run_workload(WORKLOAD, *args)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,6 @@
 
 import warnings
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

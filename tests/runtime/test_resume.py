@@ -1,6 +1,5 @@
 """Resume: a run continued from any checkpoint ends exactly like the uninterrupted one."""
 
-import warnings
 
 import pytest
 import torch

@@ -3,15 +3,14 @@
 import pathlib
 import signal
 import subprocess
-import sys
 
 import pytest
 import torch
 
 from _tiny_workload import same_weights
+from _subprocess import run_workload
 
 WORKLOAD = pathlib.Path(__file__).with_name("_step_workload.py")
-TIMEOUT = 120  # a hang fails the test instead of stalling the suite
 
 CONFIGS = {
     "accumulate": ("--accumulate", 3),  # 10 batches an epoch: 3 steps of 3, one batch left out
@@ -22,11 +21,7 @@ CONFIGS = {
 
 
 def _run(*args) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([sys.executable, str(WORKLOAD), *map(str, args)], capture_output=True, text=True,
-                              timeout=TIMEOUT)
-    except subprocess.TimeoutExpired as timeout:
-        pytest.fail(f"training subprocess hung for {TIMEOUT}s: {timeout.stderr}")
+    return run_workload(WORKLOAD, *args)
 
 
 @pytest.fixture(scope="module")
