@@ -1,5 +1,6 @@
 """A DistributedSampler is told every epoch, resumed epochs included, so shuffles differ per epoch and resume exactly."""
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
@@ -47,3 +48,26 @@ def test_resumed_epoch_sets_its_epoch_and_ends_bit_identical(tmp_path):
     resumed()
     assert sampler.epochs[0] == 1 and sampler.epochs[-1] == 2
     assert same_weights(weights(model), weights(full_model))
+
+
+@pytest.mark.parametrize("stop", [7, 10])
+def test_a_sampler_with_its_own_generator_resumes_its_order_mid_epoch_and_at_the_boundary(tmp_path, stop):
+    """RandomSampler(generator=g) keeps g across epochs: the checkpoint carries g, so the resumed epochs shuffle alike."""
+    from torch.utils.data import RandomSampler
+
+    def build(save_dir, resume=None):
+        torch.manual_seed(0)
+        model = TinyNet()
+        data = dataset()
+        loader = DataLoader(data, batch_size=8, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(3)))
+        run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader, hooks=[pf.save_every(1)],
+                      max_epochs=3, save_dir=save_dir, resume=resume, console=False)
+        return model, run
+
+    reference, run = build(tmp_path / "reference")
+    run()
+    _, run = build(tmp_path / "run")
+    run.run(steps=stop)
+    model, run = build(tmp_path / "run", resume="auto")
+    run()
+    assert same_weights(weights(model), weights(reference))
