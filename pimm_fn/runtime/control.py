@@ -12,6 +12,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import SaveCheckpoint, StepScheduler, Stop
+from pimm_fn.runtime.ctrl_c import CTRL_C
 
 __all__ = ["stop", "step_scheduler", "CONTROL_HANDLERS", "hooks_step_scheduler", "check_scheduler_hooks"]
 
@@ -39,7 +40,8 @@ def step_scheduler(effect: StepScheduler, state, ctx) -> tuple:
                 f"{type(scheduler).__name__} steps on a metric's value, but {effect!r} carries none: "
                 f"use step_scheduler(on='<metric>')"
             )
-        scheduler.step()
+        with CTRL_C.holding_back():  # a schedule stepped half-way cannot be retried exactly
+            scheduler.step()
     else:
         if isinstance(scheduler, LRScheduler) and not plateau:
             # Its step(x) would take the value for an epoch number.
@@ -47,7 +49,8 @@ def step_scheduler(effect: StepScheduler, state, ctx) -> tuple:
                 f"{type(scheduler).__name__} steps by count, not on a metric, but {effect!r} carries "
                 f"{effect.metric!r}: use step_scheduler('step') or step_scheduler('epoch'), or a ReduceLROnPlateau"
             )
-        scheduler.step(effect.value)
+        with CTRL_C.holding_back():
+            scheduler.step(effect.value)
     return ()
 
 

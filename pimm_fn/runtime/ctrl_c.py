@@ -13,14 +13,15 @@ while ``run()`` or ``step()`` runs in the main thread, the loop's handler:
   a hook, a handler);
 * otherwise holds it, and the loop raises it at its next safe point: the
   start of the next piece of work, or the end of the step. From the start
-  of ``optimizer.step()`` to the end of the train step it is held too
-  (``holding``): a step stopped half-way through its parameters, or after
-  them but before the loop recorded the step, could not be continued
-  exactly.
+  of ``optimizer.step()`` to the end of the train step, and during a
+  scheduler step, it is held too (``holding``): a step stopped half-way
+  through its parameters or its schedule, or after them but before the
+  loop recorded the step, could not be continued exactly.
 
 The previous SIGINT handler is put back when ``run()``/``step()`` returns.
 """
 
+import contextlib
 import pathlib
 import signal
 import threading
@@ -70,6 +71,16 @@ class CtrlC:
         if self.open and not self.holding and (frame is None or frame.f_code.co_filename not in OWN_FILES):
             raise KeyboardInterrupt
         self.pending = True
+
+    @contextlib.contextmanager
+    def holding_back(self):
+        """Hold a Ctrl-C while the block runs: a scheduler step stopped half-way could not be continued exactly."""
+        before = self.holding
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = before
 
     def start(self) -> None:
         """Open a piece of work, raising first a Ctrl-C held back until now (call it inside the work's ``try``)."""

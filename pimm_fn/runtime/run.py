@@ -249,7 +249,8 @@ class Loop:
         self._trained = (step, scalars, size)
         try:
             self._keys.start()
-            self.ctx.scheduler.step()
+            with self._keys.holding_back():
+                self.ctx.scheduler.step()
             self._keys.open = False
         except BaseException:
             self._stopped(step, SCHEDULING)

@@ -77,6 +77,44 @@ def test_a_sigint_after_the_optimizer_step_but_inside_the_train_step_is_held_to_
     assert [repr(e) for e in run.trace] == [repr(e) for e in reference.trace]
 
 
+def test_a_sigint_inside_the_scheduler_step_waits_for_it_to_finish(tmp_path):
+    """A SIGINT while the scheduler steps (its count moved, its lr not yet set): the step completes, exactly once."""
+    import warnings
+
+    import torch
+
+    import _tiny_workload as tw
+
+    fired = []
+
+    class InterruptedStepLR(torch.optim.lr_scheduler.StepLR):
+        def get_lr(self):  # runs after last_epoch += 1, before the new lr is set
+            if self.last_epoch == 3 and not fired:
+                fired.append(True)
+                _sigint_and_spin()
+            return super().get_lr()
+
+    def build(save_dir):
+        model, run = tw.build(save_dir, max_epochs=1)
+        optimizer = run.ctx.optimizer
+        run.ctx.scheduler = InterruptedStepLR(optimizer, step_size=2, gamma=0.5)
+        return model, run
+
+    _, reference = build(tmp_path / "reference")
+    fired.append("reference")
+    reference()
+    fired.clear()
+    model, run = build(tmp_path / "interrupted")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(KeyboardInterrupt):
+            run()
+        run()
+    assert fired == [True]
+    assert run.ctx.scheduler.last_epoch == reference.ctx.scheduler.last_epoch
+    assert tw.same_weights(tw.weights(model), tw.weights(reference.ctx.model))
+
+
 def test_the_previous_handler_is_back_after_the_run():
     """Leaving the outermost run() restores whatever SIGINT handler was installed before."""
     before = signal.getsignal(signal.SIGINT)
