@@ -17,7 +17,8 @@ and the agreement guard need to know about it. Every one is optional:
 ``reads_outputs``   False when, called for ``AfterStep``, it reads neither the
                     step's outputs nor its slot's sums of them, and saves
                     nothing (a weight average): the loop then need not read
-                    the outputs off the device for it (default True).
+                    the outputs off the device for it (default True). Such a
+                    hook has no ``accumulate``.
 ``rank_consistent`` True when its collective effects read nothing
                     rank-local, so the guard need not compare them per step.
 ``emits``           the effect types it may emit (default: unknown).
@@ -194,6 +195,11 @@ def declared(hook) -> Declared:
     reads_outputs = getattr(hook, "reads_outputs", True)
     if not isinstance(reads_outputs, bool):
         raise TypeError(f"hook {hook!r:.80}: 'reads_outputs' must be a bool (got {reads_outputs!r})")
+    if not reads_outputs and accumulate is not None:
+        raise TypeError(
+            f"hook {hook!r:.80}: it declares reads_outputs=False but accumulates the step's outputs "
+            f"('accumulate'): a hook that sums the outputs reads them; drop one of the two"
+        )
     return Declared(
         key(hook), _types(hook, "events"), _every(hook), accumulate, rank_consistent, _types(hook, "emits"), reads,
         reads_outputs,

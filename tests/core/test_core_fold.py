@@ -381,3 +381,18 @@ def test_cadence_subscriptions_match_hooks_that_apply_their_cadence_themselves(n
         final = run_schedule(hooks, start(hooks, iters, epochs), rec, lambda step: {"loss": step / 2, "lr": 0.1})
         runs.append(([(t.step, t.hook, t.effect) for t in rec.trace], final))
     assert runs[0] == runs[1]
+
+
+def test_a_hook_that_accumulates_outputs_cannot_declare_it_reads_none():
+    """reads_outputs=False lets the loop leave the outputs unread when the hook is called: summing them contradicts it."""
+    import pytest
+
+    from pimm_fn.core import hook as protocol
+
+    def summing(state, event):
+        return state, ()
+
+    summing.reads_outputs = False
+    summing.accumulate = lambda slot, outputs: slot
+    with pytest.raises(TypeError, match="reads_outputs=False but accumulates"):
+        protocol.declared(summing)
