@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from . import _layout as L
+from ._standard import _SafeReader
 
 __all__ = [
     "MODEL", "OPTIM", "is_sharded", "state", "full_weights", "load_full_weights", "load_into", "read_full_weights",
@@ -122,8 +123,6 @@ def load_into(directory: pathlib.Path, model, optimizer, optimizer_rest: dict) -
 
 def _load(directory: pathlib.Path, template: dict) -> None:
     """Read the checkpoint's part of every tensor of ``template`` into it, in place; collective."""
-    from ._standard import _SafeReader
-
     reader = _SafeReader(directory / L.TRAINER)  # its metadata read once, for the check and the load
     _check_keys(directory, template, reader.read_metadata().state_dict_metadata)
     with warnings.catch_warnings():
@@ -142,8 +141,6 @@ def _check_keys(directory: pathlib.Path, template: dict, saved: dict) -> None:
 
 
 def _metadata(directory: pathlib.Path) -> dict:
-    from ._standard import _SafeReader
-
     return _SafeReader(directory / L.TRAINER).read_metadata().state_dict_metadata
 
 
@@ -160,8 +157,6 @@ def read_full_weights(directory: pathlib.Path) -> dict:
             if not isinstance(entry, TensorStorageMetadata):
                 raise ValueError(f"{directory}: entry {key!r} is not a tensor; refusing to load it")
             template[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
-    from ._standard import _SafeReader
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
         dcp.load(template, storage_reader=_SafeReader(directory / L.TRAINER), no_dist=True)
