@@ -218,31 +218,10 @@ def train_step_scalars(model, optimizer, batch, scheduler=None, scaler=None, *, 
     return scalar_outputs({**outputs, "lr": lr} if value is None else {**outputs, "loss": value, "lr": lr})
 
 
-def _scalar(value):
-    """``value`` as a float when it is a numeric scalar (a one-element tensor included), else ``None``."""
-    if isinstance(value, torch.Tensor):
-        if value.numel() == 1:
-            value = value.item()  # no detach needed, and no autograd warning: item() reads the value
-            return value if value.__class__ is float else float(value)
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
 def scalar_outputs(outputs) -> dict:
-    """The step's numeric scalars as floats; other outputs (logits) are dropped."""
-    if outputs is None:
-        return {}
-    if not (outputs.__class__ is dict or isinstance(outputs, Mapping)):
-        outputs = {"loss": outputs}
-    scalars = {}
-    for name, value in outputs.items():
-        if value.__class__ is float:  # the common case first: this runs every step
-            scalars[name] = value
-        elif (value := _scalar(value)) is not None:
-            scalars[name] = value
-    return scalars
+    """The step's numeric scalars as floats: ``device_outputs`` read at once; other outputs (logits) are dropped."""
+    return {name: value if value.__class__ is float else float(value.item())
+            for name, value in device_outputs(outputs).items()}
 
 
 def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
