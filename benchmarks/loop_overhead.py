@@ -12,8 +12,11 @@ scheduler left alone. The table pools the intervals of every round of every
 process; min/median/max are over the per-round figures.
 
 Also measured: the hook dispatch alone (pimm_fn folding 10 trivial hooks
-over one event vs a Python list of 10 callbacks), and the extra cost of a
-step on which a save cadence fires, with saving routed to a no-op handler.
+over one event vs a Python list of 10 callbacks), the extra cost of a
+step on which a save cadence fires, with saving routed to a no-op handler,
+and the driver alone: the CPU time per step of ``Loop.run`` with a step
+function that returns a ready loss tensor and does no torch work, without
+hooks and with the standard stack (what the loop's own Python costs).
 
 Run: ``python -m benchmarks.loop_overhead [--quick]``.
 """
@@ -329,6 +332,40 @@ def dispatch(repeats: int = 20000) -> dict:
     return {name: spread(v[2:]) for name, v in rounds.items()}
 
 
+def _ready_loss_step(loss):
+    def step_fn(model, optimizer, batch, *, scheduler=None, scaler=None):
+        return {"loss": loss}
+    return step_fn
+
+
+def driver(steps: int = 20000, repeats: int = 3) -> dict:
+    """µs of CPU per step of the driver alone (best of ``repeats``): no hooks, and the standard stack."""
+    import pimm_fn as pf
+
+    torch = _torch()
+    model = torch.nn.Linear(2, 1)
+    step_fn = _ready_loss_step(torch.tensor(0.5))
+    never = 10**9
+    stacks = {
+        "no hooks": lambda: [],
+        "standard stack": lambda: [pf.evaluate_every(never, _evaluator, name="val"), pf.save_every(never),
+                                   pf.best_on("acc"), pf.log_every(never)],
+    }
+    out = {}
+    for name, hooks in stacks.items():
+        best = float("inf")
+        for _ in range(repeats):
+            with tempfile.TemporaryDirectory() as tmp:
+                run = pf.loop(model, _sgd(model), [0] * (steps + 10), hooks=hooks(), max_epochs=1, save_dir=tmp,
+                              console=False, step_fn=step_fn)
+                run.run(steps=10)  # past the first epoch's opening
+                t0 = time.process_time()
+                run.run(steps=steps)
+                best = min(best, (time.process_time() - t0) / steps * 1e6)
+        out[name] = best
+    return out
+
+
 def _worker(args) -> None:
     result = measure(args.rounds, args.steps, args.warmup)
     json.dump(result, sys.stdout)
@@ -363,6 +400,7 @@ def run(quick: bool = False, processes: int = 3, rounds: int = 5, steps: int = 6
     if quick:
         per_process = [measure(rounds=1, steps=30, warmup=5)]
         disp = dispatch(repeats=200)
+        alone = driver(steps=200, repeats=1)
     else:
         per_process = []
         for _ in range(processes):
@@ -371,6 +409,7 @@ def run(quick: bool = False, processes: int = 3, rounds: int = 5, steps: int = 6
             done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=_root(), env=_env())
             per_process.append(json.loads(done.stdout.strip().splitlines()[-1]))
         disp = dispatch()
+        alone = driver()
     rows = summarize(per_process)
     fired, quiet = rows.get("pimm_fn, save cadence fires every step (no-op save)"), rows.get("pimm_fn, save cadence never fires")
     cadence_us = fired["step_us_p10"] - quiet["step_us_p10"] if fired and quiet else None
@@ -382,6 +421,7 @@ def run(quick: bool = False, processes: int = 3, rounds: int = 5, steps: int = 6
         "quick": quick,
         "variants": rows,
         "dispatch_us_per_event": disp,
+        "driver_alone_us_per_step": alone,
         "cadence_fire_extra_us": cadence_us,
         "target": {
             "standard_overhead_us": std,
@@ -404,6 +444,10 @@ def table(result: dict, file=sys.stdout) -> None:
     d = result["dispatch_us_per_event"]
     print_table("Hook dispatch per event (no training step)", ["dispatch", "µs med [min..max]"],
                 [[k, fmt_spread(v, digits=2)] for k, v in d.items()], file=file)
+    alone = result.get("driver_alone_us_per_step")
+    if alone:
+        print_table("Driver alone (CPU µs per step, step function returns a ready loss)", ["hooks", "µs"],
+                    [[k, f"{v:.2f}"] for k, v in alone.items()], file=file)
     if result["cadence_fire_extra_us"] is not None:
         print(f"\nextra cost of a step on which save_every fires (no-op save handler): "
               f"{result['cadence_fire_extra_us']:+.1f} µs", file=file)

@@ -19,7 +19,9 @@ at once, where it is.
 
 import math
 
-from pimm_fn.core.state import Progress, State, replace
+import attrs
+
+from pimm_fn.core.state import Progress, State
 
 __all__ = ["check_budget", "fresh_progress", "epochs_reaching", "resumed", "budget_lines"]
 
@@ -84,17 +86,17 @@ def epochs_reaching(state: State) -> int:
 def _with_limit(state: State, limit: int) -> State:
     """``state`` budgeted to global step ``limit``, its ``max_epochs`` reaching it."""
     p = state.progress
-    epochs = epochs_reaching(replace(state, progress=replace(p, step_limit=limit)))
+    epochs = epochs_reaching(attrs.evolve(state, progress=attrs.evolve(p, step_limit=limit)))
     if (p.step_limit, p.max_epochs) == (limit, epochs):
         return state
-    return replace(state, progress=replace(p, step_limit=limit, max_epochs=epochs))
+    return attrs.evolve(state, progress=attrs.evolve(p, step_limit=limit, max_epochs=epochs))
 
 
 def _reopened(state: State) -> State:
     """A finished run given more budget goes on after its last epoch (one that stopped early closes at once)."""
     if not state.finished or state.progress.steps_left == 0:
         return state
-    return replace(state, position="AfterEpoch")  # its last epoch closed, even a cut one: the next one begins
+    return attrs.evolve(state, position="AfterEpoch")  # its last epoch closed, even a cut one: the next one begins
 
 
 def _epochs_done(state: State) -> int:
@@ -129,8 +131,8 @@ def resumed(state: State, *, max_epochs: int | None = None, max_steps: int | Non
             f"max_epochs={max_epochs} is below the {done} epoch(s) this checkpoint already trained or began: "
             f"pass max_epochs >= {done}"
         )
-    progress = replace(p, max_epochs=max_epochs, step_limit=None)
-    return _reopened(replace(state, progress=progress))
+    progress = attrs.evolve(p, max_epochs=max_epochs, step_limit=None)
+    return _reopened(attrs.evolve(state, progress=progress))
 
 
 def budget_lines(before: Progress, after: Progress, *, max_steps: int | None = None) -> tuple:

@@ -10,7 +10,7 @@ closing events (``AfterEpoch``, ``AfterTrain``) follow.
 
 import attrs
 
-from pimm_fn.core.frozen import FrozenMap, freeze, own, repr_unless_none
+from pimm_fn.core.frozen import FrozenMap, freeze, repr_unless_none
 
 __all__ = [
     "Event",
@@ -67,27 +67,6 @@ class AfterStep(Event):
     step: int
     outputs: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
     batch_size: int = 0
-
-
-_new = object.__new__
-_set_step, _set_outputs, _set_batch_size = (AfterStep.__dict__[f].__set__ for f in ("step", "outputs", "batch_size"))
-
-
-def after_step(step: int, outputs: dict, batch_size: int) -> AfterStep:
-    """``AfterStep(step, outputs, batch_size)`` for the driver, built once per step.
-
-    ``outputs`` is a fresh dict of floats that nobody else holds: it becomes
-    the event's ``FrozenMap`` without a copy, and attrs' generated ``__init__``
-    is skipped (a measurable part of a step's overhead).
-
-    >>> after_step(3, {"loss": 0.5}, 32) == AfterStep(3, {"loss": 0.5}, 32)
-    True
-    """
-    event = _new(AfterStep)
-    _set_step(event, step)
-    _set_outputs(event, own(outputs))
-    _set_batch_size(event, batch_size)
-    return event
 
 
 @attrs.frozen

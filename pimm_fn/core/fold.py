@@ -37,7 +37,9 @@ from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import AfterStep, Event
 from pimm_fn.core.schedule import advance, stepped, stepped_state
-from pimm_fn.core.state import State, evolvers, replace
+from pimm_fn.core.state import State
+
+_NEVER = 2**63  # the step no cadence reaches
 
 __all__ = [
     "chain", "Chain", "TraceEntry", "Executor", "fold", "process", "init_slots", "Frame", "Pending", "start", "finish",
@@ -157,6 +159,10 @@ class Chain:
                 return True
         return False
 
+    def next_call(self, step: int) -> int:
+        """The first step after ``step`` for whose ``AfterStep`` some child is called (a huge number: none)."""
+        return min(((step // every + 1) * every for every in self._cadences), default=_NEVER)
+
     def reads(self, step: int) -> bool:
         """Whether some child called for ``AfterStep(step)`` reads its outputs (``reads_outputs``)."""
         for every in self._reading:
@@ -178,7 +184,7 @@ class Chain:
     def fold(self, state: State, event: Event, slots: tuple) -> tuple[State, tuple, list]:
         """Fold the hooks over ``event``; returns (state, new slots, [(index, effect)])."""
         state, slots, emitted = self._fold(state, event, slots)
-        return (state if state.slot is None else replace(state, slot=None)), slots, emitted
+        return (state if state.slot is None else attrs.evolve(state, slot=None)), slots, emitted
 
     def _fold(self, state: State, event: Event, slots: tuple, progress=None) -> tuple[State, tuple, list]:
         """``fold`` leaving the last hook's slot in ``state.slot`` (the caller clears it).
@@ -209,10 +215,10 @@ class Chain:
             slot = (new_slots or slots)[i]
             hook = hooks[i]
             if progress is not None:
-                state = evolvers[state.__class__](state, progress=progress, position="AfterStep", slot=slot)
+                state = attrs.evolve(state, progress=progress, position="AfterStep", slot=slot)
                 progress = None
             elif state.slot is not slot:
-                state = evolvers[state.__class__](state, slot=slot)
+                state = attrs.evolve(state, slot=slot)
             result = hook(state, event)
             # Checked inline for the common (state, ()) answer; anything else in full.
             if result.__class__ is tuple and len(result) == 2 and result[1] == () and result[0].__class__ is State:
@@ -229,7 +235,7 @@ class Chain:
     def __call__(self, state: State, event: Event):
         outer = state.slot
         state, slots, emitted = self.fold(state, event, outer if outer is not None else self.init())
-        return replace(state, slot=slots), tuple(e for _, e in emitted)
+        return attrs.evolve(state, slot=slots), tuple(e for _, e in emitted)
 
     def __repr__(self):
         named = f", name={self.name!r}" if self.name is not None else ""
@@ -298,9 +304,9 @@ def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
     if len(emitted) > 1 and any(e.runs_last for _, e in emitted):
         emitted.sort(key=lambda pair: pair[1].runs_last)  # stable: positions kept within each group
     if slots is not state.slots:
-        state = evolvers[state.__class__](state, slots=slots, slot=None)
+        state = attrs.evolve(state, slots=slots, slot=None)
     elif state.slot is not None:
-        state = evolvers[state.__class__](state, slot=None)
+        state = attrs.evolve(state, slot=None)
     return state, emitted
 
 

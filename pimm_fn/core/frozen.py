@@ -78,7 +78,7 @@ class FrozenMap(Mapping):
         """A new map with ``key`` bound to ``value``."""
         data = dict(self._data)
         data[key] = value
-        return own(data)
+        return FrozenMap(data)
 
     def plus(self, other: Mapping) -> "FrozenMap | None":
         """A new map of ``self[k] + other[k]`` when ``other`` has exactly these keys, else ``None``.
@@ -92,7 +92,7 @@ class FrozenMap(Mapping):
         other = other._data if other.__class__ is FrozenMap else other
         if data.keys() != other.keys():
             return None
-        return own({k: v + other[k] for k, v in data.items()})
+        return FrozenMap({k: v + other[k] for k, v in data.items()})
 
     def merge(self, other: Mapping) -> "FrozenMap":
         """A new map with ``other``'s entries over this one's."""
@@ -100,24 +100,7 @@ class FrozenMap(Mapping):
             return self
         data = dict(self._data)
         data.update(other)
-        return own(data)
-
-
-_new = object.__new__
-_set_data = FrozenMap._data.__set__
-_set_hash = FrozenMap._hash.__set__
-
-
-def own(data: dict) -> FrozenMap:
-    """A ``FrozenMap`` over ``data`` itself, without the copy the constructor makes.
-
-    For the hot paths of the core, with a dict just built and held by no one
-    else: the map is then as immutable as any other.
-    """
-    new = _new(FrozenMap)
-    _set_data(new, data)
-    _set_hash(new, None)
-    return new
+        return FrozenMap(data)
 
 
 def freeze(mapping) -> FrozenMap:

@@ -12,8 +12,9 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.budget import check_budget, epochs_reaching, fresh_progress
 from pimm_fn.core.effects import Evaluate, Stop
+from pimm_fn.core.frozen import freeze
 from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots, process
-from pimm_fn.core.schedule import advance, next_event, skip_to, state_at_step
+from pimm_fn.core.schedule import advance, last_quiet_step, next_event, skip_to, state_at_step
 from pimm_fn.core.state import Progress, State
 
 __all__ = ["plan", "RecordingExecutor", "initial_state", "run_schedule"]
@@ -47,8 +48,8 @@ class RecordingExecutor:
         pass
 
     def execute(self, state: State, entry: TraceEntry) -> tuple:
-        self.trace.append(entry)
         effect = entry.effect
+        self.trace.append(entry)
         if not isinstance(effect, Evaluate):
             return (ev.StopRequested(effect.step, effect.reason),) if isinstance(effect, Stop) else ()
         source_rank = 0 if effect.broadcast else state.rank
@@ -67,32 +68,28 @@ def run_schedule(
     not processed one by one. A ``BeforeStep`` no hook subscribes to only
     moves the position (``advance``). A run of quiet steps, on which no hook
     is called at all, is crossed in one jump (``skip_to``): steps are quiet
-    when no hook subscribes to ``BeforeStep`` and no accumulator would see
-    outputs (none accumulates, or no ``outputs`` is given); the jump ends
-    just before the next step on which an ``AfterStep`` cadence fires, the
-    epoch's last step, or ``visit``, and those are walked as usual. The
-    trace and every state reached are what the event-by-event walk gives;
-    what is not done is calling ``outputs`` for skipped steps, and
-    ``executor.check`` for the events not processed (which emit nothing, on
-    every rank alike).
+    when no hook subscribes to ``BeforeStep``; the jump ends just before
+    the next step on which an ``AfterStep`` cadence fires, the epoch's last
+    step, or ``visit`` (``last_quiet_step``), and those are walked as usual.
+    The outputs of the steps jumped over go, in step order, to the hooks
+    that accumulate them, as the walk would hand them. The trace and every
+    state reached are what the event-by-event walk gives; what is not done
+    is ``executor.check`` for the events not processed (which emit
+    nothing, on every rank alike).
 
     A ``stop`` that could turn true on a quiet step needs ``visit``: the one
     step it waits for there (``stop`` is still asked after each jump). With
     ``stop`` and no ``visit``, no step is jumped over.
     """
     before_step_quiet = skip_quiet and not hooks.active(ev.BeforeStep)
-    jumps = (
-        before_step_quiet
-        and (stop is None or visit is not None)
-        and (outputs is None or hooks.accumulate is None)
-    )
+    jumps = before_step_quiet and (stop is None or visit is not None)
     event = next_event(state)
     while event is not None:
         if before_step_quiet and isinstance(event, ev.BeforeStep):
             if jumps:
-                last = _last_quiet_step(hooks, state.progress, visit)
+                last = last_quiet_step(hooks, state.progress, visit)
                 if last > state.progress.global_step:
-                    state = skip_to(state, last)
+                    state = _jump(hooks, state, last, outputs)
                     if stop is not None and stop(state):
                         return state
                     event = next_event(state)
@@ -111,15 +108,16 @@ def run_schedule(
     return state
 
 
-def _last_quiet_step(hooks: Chain, progress: Progress, visit) -> int:
-    """The step before the next one to walk event by event: where a cadence fires, the epoch ends, or ``visit``."""
-    step = progress.global_step
-    until = progress.epoch_end_step
-    for every in hooks._cadences:  # the next multiple of each cadence, after ``step``
-        until = min(until, (step // every + 1) * every)
-    if visit is not None and visit > step:
-        until = min(until, visit)
-    return until - 1
+def _jump(hooks: Chain, state: State, last: int, outputs) -> State:
+    """``skip_to(state, last)``, the steps' outputs handed to the accumulating hooks on the way."""
+    if outputs is None or not hooks._accumulators:
+        return skip_to(state, last)
+    slots = state.slots
+    for step in range(state.progress.global_step + 1, last + 1):
+        values = freeze(outputs(step))
+        if values:
+            slots = hooks._accumulate(slots, values)
+    return skip_to(state, last, slots=slots)
 
 
 def _state_at(state: State, start: Progress) -> State:

@@ -6,11 +6,13 @@ events, and a run restored from any checkpoint continues exactly where the
 saved ``State.position`` says it stopped.
 """
 
+import attrs
+
 from pimm_fn.core import budget
 from pimm_fn.core import events as ev
-from pimm_fn.core.state import Progress, State, evolvers, replace, setter
+from pimm_fn.core.state import Progress, State
 
-__all__ = ["next_event", "advance", "resume_from", "state_at_step", "skip_to"]
+__all__ = ["next_event", "advance", "resume_from", "state_at_step", "skip_to", "last_quiet_step"]
 
 
 def next_event(state: State) -> ev.Event | None:
@@ -67,34 +69,26 @@ def advance(state: State, event: ev.Event) -> State:
     """The core's own bookkeeping for ``event``, applied before the hooks see it."""
     match event:
         case ev.AfterStep():
-            return evolvers[state.__class__](state, progress=stepped(state.progress, event), position="AfterStep")
-        case ev.BeforeStep():
-            return evolvers[state.__class__](state, position="BeforeStep")
+            return attrs.evolve(state, progress=stepped(state.progress, event), position="AfterStep")
         case ev.MetricsPublished(values=values):
-            return replace(state, metrics=state.metrics.merge(values))
+            return attrs.evolve(state, metrics=state.metrics.merge(values))
         case ev.StopRequested(reason=reason):
             # The first request's reason is kept: a later one changes nothing.
-            return state if state.stop is not None else replace(state, stop=reason or "stop requested")
+            return state if state.stop is not None else attrs.evolve(state, stop=reason or "stop requested")
         case ev.BeforeEpoch(epoch=epoch):
-            progress = replace(state.progress, epoch=epoch, iter_in_epoch=0)
-            return replace(state, progress=progress, position="BeforeEpoch")
+            progress = attrs.evolve(state.progress, epoch=epoch, iter_in_epoch=0)
+            return attrs.evolve(state, progress=progress, position="BeforeEpoch")
         case ev.BeforeTrain(resumed=True):
             return state
     name = type(event).__name__
     if isinstance(event, ev.LIFECYCLE):
-        return replace(state, position=name)
+        return attrs.evolve(state, position=name)
     return state
-
-
-_stepped = setter(Progress, "global_step", "iter_in_epoch", "samples_seen")
-_stepped_state = setter(State, "progress", "position", "slots", "slot")
 
 
 def stepped_state(state: State, progress: Progress, slots: tuple) -> State:
     """``state`` after an ``AfterStep``: its new ``progress`` and hook ``slots``, no running slot."""
-    if state.__class__ is State:  # every step: the copy without keyword handling
-        return _stepped_state(state, progress, "AfterStep", slots, None)
-    return evolvers[state.__class__](state, progress=progress, position="AfterStep", slots=slots, slot=None)
+    return attrs.evolve(state, progress=progress, position="AfterStep", slots=slots, slot=None)
 
 
 def stepped(p: Progress, event: ev.AfterStep) -> Progress:
@@ -102,23 +96,20 @@ def stepped(p: Progress, event: ev.AfterStep) -> Progress:
     step = event.step
     if step != p.global_step + 1:
         raise ValueError(f"AfterStep(step={step}) out of order: global_step is {p.global_step}")
-    if p.__class__ is Progress:  # every step: the copy without keyword handling
-        return _stepped(p, step, p.iter_in_epoch + 1, p.samples_seen + event.batch_size)
-    return evolvers[p.__class__](
-        p, global_step=step, iter_in_epoch=p.iter_in_epoch + 1, samples_seen=p.samples_seen + event.batch_size
-    )
+    return attrs.evolve(p, global_step=step, iter_in_epoch=p.iter_in_epoch + 1, samples_seen=p.samples_seen + event.batch_size)
 
 
-def skip_to(state: State, step: int, *, batch_size: int = 0) -> State:
+def skip_to(state: State, step: int, *, batch_size: int = 0, samples: int | None = None, slots: tuple | None = None) -> State:
     """``state`` after ``AfterStep(step)``, reached in one jump over steps no hook is called on.
 
     Exactly what walking ``BeforeStep``/``AfterStep`` of each step from
     ``global_step + 1`` to ``step`` leaves, provided none of them calls a
-    hook or accumulates an output: the progress moves on (``global_step``,
-    ``iter_in_epoch``, and ``samples_seen`` by ``batch_size`` a step: 0 in
-    ``plan`` and ``simulate``), the position is ``"AfterStep"``, the slots
-    are untouched. Whether the steps are quiet is the caller's to know
-    (``run_schedule`` asks the hooks' subscriptions).
+    hook: the progress moves on (``global_step``, ``iter_in_epoch``, and
+    ``samples_seen`` by ``batch_size`` a step, or by ``samples`` in all: 0
+    in ``plan`` and ``simulate``), the position is ``"AfterStep"``, the
+    slots are ``slots`` (what the accumulating hooks made of the skipped
+    steps' outputs) or untouched. Whether the steps are quiet is the
+    caller's to know (``last_quiet_step``).
 
     Raises:
         ValueError: when the next event is not a ``BeforeStep``, or ``step``
@@ -135,14 +126,31 @@ def skip_to(state: State, step: int, *, batch_size: int = 0) -> State:
     if not p.global_step <= step <= last:
         raise ValueError(f"skip_to: 'step' must be in [{p.global_step}, {last}] (this epoch's steps; got {step})")
     if step == p.global_step:
-        return state
+        return state if slots is None else attrs.evolve(state, slots=slots)
     n = step - p.global_step
-    samples = p.samples_seen + n * batch_size
-    if p.__class__ is Progress:  # once per jump: the copy ``stepped`` makes, without keyword handling
-        progress = _stepped(p, step, p.iter_in_epoch + n, samples)
-    else:
-        progress = replace(p, global_step=step, iter_in_epoch=p.iter_in_epoch + n, samples_seen=samples)
-    return stepped_state(state, progress, state.slots)
+    added = n * batch_size if samples is None else samples
+    progress = attrs.evolve(p, global_step=step, iter_in_epoch=p.iter_in_epoch + n, samples_seen=p.samples_seen + added)
+    return stepped_state(state, progress, state.slots if slots is None else slots)
+
+
+def last_quiet_step(hooks, progress: Progress, visit: int | None = None) -> int:
+    """The last step before the next one that must be walked event by event.
+
+    That next one is where an ``AfterStep`` cadence of ``hooks`` (a
+    ``Chain``) fires, the epoch's last step, or ``visit``. The steps in
+    between call no hook for their ``AfterStep``; ``skip_to`` crosses them
+    when no hook wants ``BeforeStep`` either.
+
+    >>> from pimm_fn.core.fold import chain
+    >>> from pimm_fn.hooks import save_every
+    >>> last_quiet_step(chain(save_every(4)), Progress(10, 2, epoch=1, global_step=10))
+    11
+    """
+    step = progress.global_step
+    until = min(progress.epoch_end_step, hooks.next_call(step))
+    if visit is not None and visit > step:
+        until = min(until, visit)
+    return until - 1
 
 
 def resume_from(state: State, *, max_epochs: int | None = None, max_steps: int | None = None) -> State:
@@ -153,11 +161,22 @@ def resume_from(state: State, *, max_epochs: int | None = None, max_steps: int |
     stays stopped. A ``max_steps`` already reached ends the run at once.
     See ``pimm_fn.core.budget.resumed``.
 
+    A run resumed with its own budget from the checkpoint of its last
+    step is finished, even when that checkpoint was the deferred save of
+    the last epoch (written before ``AfterTrain``): no hook runs again
+    (``AfterTrain`` ran, or was interrupted after the last save; as pimm
+    treats a checkpoint whose epoch reached ``max_epoch``).
+
     Raises:
         ValueError: when ``max_epochs`` is below the epochs already trained
             (an epoch in progress counts).
     """
-    return budget.resumed(state, max_epochs=max_epochs, max_steps=max_steps)
+    resumed = budget.resumed(state, max_epochs=max_epochs, max_steps=max_steps)
+    # Nothing but AfterTrain left, under the budget the checkpoint was written with: the run ended.
+    closing = resumed.position == "AfterEpoch" and next_event(resumed).__class__ is ev.AfterTrain
+    if closing and resumed.progress == state.progress:
+        return attrs.evolve(resumed, position="AfterTrain")
+    return resumed
 
 
 def state_at_step(state: State, step: int) -> State:
@@ -183,4 +202,4 @@ def state_at_step(state: State, step: int) -> State:
         global_step=step,
         step_limit=p.step_limit,
     )
-    return replace(state, progress=progress, position="AfterEpoch" if progress.at_epoch_end else "AfterStep")
+    return attrs.evolve(state, progress=progress, position="AfterEpoch" if progress.at_epoch_end else "AfterStep")

@@ -7,7 +7,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Log
-from pimm_fn.core.frozen import FrozenMap, own
+from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.hooks._validate import int_at_least
 
@@ -36,19 +36,6 @@ class LogState:
     counts: FrozenMap = _EMPTY
 
 
-_new = object.__new__
-_set_sums, _set_count, _set_counts = (LogState.__dict__[f].__set__ for f in ("sums", "count", "counts"))
-
-
-def _log_state(sums: FrozenMap, count: int, counts: FrozenMap) -> LogState:
-    """``LogState(sums, count, counts)`` without attrs' ``__init__``: built on every step."""
-    state = _new(LogState)
-    _set_sums(state, sums)
-    _set_count(state, count)
-    _set_counts(state, counts)
-    return state
-
-
 def _accumulate(slot: LogState, outputs: FrozenMap) -> LogState:
     """``slot`` with one step's ``outputs`` added; a step without outputs counts for nothing."""
     if not outputs:
@@ -57,7 +44,7 @@ def _accumulate(slot: LogState, outputs: FrozenMap) -> LogState:
     if counts is _EMPTY or not counts:  # every output so far came with every step
         sums = slot.sums.plus(outputs)
         if sums is not None:  # the common case, every step: the same outputs as each step before
-            return _log_state(sums, slot.count + 1, counts)
+            return LogState(sums, slot.count + 1, counts)
     # Outputs that come and go (or a slot saved when every output kept a count).
     count = slot.count + 1
     sums = dict(slot.sums)
@@ -66,7 +53,7 @@ def _accumulate(slot: LogState, outputs: FrozenMap) -> LogState:
     # An output with a sum but no count was reported by every step so far.
     reported = {k: counts.get(k, slot.count if k in slot.sums else 0) + (k in outputs) for k in sums}
     partial = {k: n for k, n in reported.items() if n != count}
-    return _log_state(own(sums), count, own(partial) if partial else _EMPTY)
+    return LogState(FrozenMap(sums), count, FrozenMap(partial) if partial else _EMPTY)
 
 
 @attrs.frozen(repr=False)

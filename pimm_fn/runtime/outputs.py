@@ -32,7 +32,9 @@ def device_outputs(outputs) -> dict:
             kept[name] = value
         elif isinstance(value, _Tensor):
             if value.numel() == 1 and not value.dtype.is_complex:
-                kept[name] = value.detach().reshape(())
+                if value.requires_grad:  # kept, it must not hold the step's graph
+                    value = value.detach()
+                kept[name] = value if not value.ndim else value.reshape(())
         elif isinstance(value, (int, float)) and not isinstance(value, bool):
             kept[name] = float(value)
     return kept
@@ -69,12 +71,14 @@ class Unread:
 
 
 def _floats(tensors: list) -> list:
-    """The values of 0-dimensional ``tensors`` as floats: one transfer per device."""
-    if not tensors:
-        return []
+    """The values of 0-dimensional ``tensors`` as floats, each exactly as its ``item()``: one transfer per dtype and device."""
     if len(tensors) == 1:
         return [float(tensors[0].item())]
-    devices = {t.device for t in tensors}
-    if len(devices) == 1:
-        return torch.stack([t.to(torch.float64) for t in tensors]).tolist()
-    return [float(t.item()) for t in tensors]  # outputs on several devices: rare, one read each
+    groups = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    values = [0.0] * len(tensors)
+    for indices in groups.values():
+        for i, v in zip(indices, torch.stack([tensors[i] for i in indices]).tolist()):
+            values[i] = float(v)
+    return values

@@ -14,7 +14,7 @@ import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.fold import start
-from pimm_fn.core.schedule import advance, next_event
+from pimm_fn.core.schedule import advance, last_quiet_step, next_event, skip_to
 from pimm_fn.runtime import swap
 from pimm_fn.runtime.control import hooks_step_scheduler
 from pimm_fn.runtime.context import Context
@@ -70,7 +70,10 @@ class Loop:
     def __init__(self, ctx: Context, hooks, state, step_fn, interpreter):
         self.ctx = ctx
         self.hooks = hooks
-        self.state = state
+        self._state = state
+        # Quiet steps (no hook is called for them): trained and counted, not folded one by one.
+        self._quiet_until = 0  # the last step that may be trained quietly (0: the next one is walked)
+        self._quiet = None  # (last quiet step trained, its samples in all) since ``_state``; see ``state``
         self._step_fn = step_fn
         self._interpreter = interpreter
         self._peeked = (None, None)  # (state, next_event(state)): the step's tail computes the next head
@@ -96,12 +99,26 @@ class Loop:
         self._unread = Unread()  # outputs of steps no hook read yet, on their device (pimm_fn.runtime.outputs)
 
     @property
+    def state(self):
+        """The current ``State``; the quiet steps trained since the last event a hook saw are in it."""
+        if self._quiet is not None:
+            step, samples = self._quiet
+            self._state, self._quiet = skip_to(self._state, step, samples=samples), None
+        return self._state
+
+    @state.setter
+    def state(self, state) -> None:
+        if self._quiet is not None:
+            raise RuntimeError("Loop.state was replaced while quiet steps were not yet in it: read it first")
+        self._state, self._quiet_until = state, 0  # the next step is walked, and opens the next quiet stretch
+
+    @property
     def trace(self) -> list:
         return list(self._interpreter.trace)
 
     @property
     def finished(self) -> bool:
-        return self.state.finished and self._interrupted is None
+        return self._state.finished and self._interrupted is None  # quiet steps never finish a run
 
     @property
     def interrupted(self) -> Interruption | None:
@@ -197,8 +214,8 @@ class Loop:
             self._peeked = (self.state, event)
         return event
 
-    def _train(self, step: int) -> ev.AfterStep:
-        """Train global step ``step``; returns its ``AfterStep``."""
+    def _train(self, step: int) -> None:
+        """Train global step ``step``, and fold its ``AfterStep`` (or count it, when no hook is called for it)."""
         ctx = self.ctx
         held = self._held
         if held is None:
@@ -234,8 +251,17 @@ class Loop:
             skipped = nonfinite is not None and nonfinite.policy == "skip" and nonfinite.count > skips
             if not skipped:
                 return self._schedule(step, scalars, batch_size(batch))
-        self._event = event = ev.after_step(step, self._later(step, scalars), batch_size(batch))
-        return event
+        self._trained_step(step, scalars, batch_size(batch))
+
+    def _trained_step(self, step: int, scalars: dict, size: int) -> None:
+        """Hand the trained ``step`` on: counted when it is quiet, else its ``AfterStep`` folded."""
+        if step <= self._quiet_until:  # no hook is called for it: the state takes it when next read
+            if scalars:
+                self._unread.add(step, scalars)
+            self._quiet = (step, size + (self._quiet[1] if self._quiet is not None else 0))
+            return
+        self._event = event = ev.AfterStep(step, self._later(step, scalars), size)
+        self._dispatch(event)
 
     def _later(self, step: int, outputs: dict) -> dict:
         """The outputs ``AfterStep(step)`` carries: none when no hook reads them there (they wait, unread)."""
@@ -244,8 +270,8 @@ class Loop:
             return {}
         return outputs
 
-    def _schedule(self, step: int, scalars: dict, size: int) -> ev.AfterStep:
-        """The scheduler step after the default step's optimizer step; returns the step's ``AfterStep``."""
+    def _schedule(self, step: int, scalars: dict, size: int) -> None:
+        """The scheduler step after the default step's optimizer step, then the step handed on (``_trained_step``)."""
         self._trained = (step, scalars, size)
         try:
             self._keys.start()
@@ -259,16 +285,16 @@ class Loop:
         if "lr" in scalars:  # the default step reports the learning rate after its scheduler step
             lr = self.ctx.optimizer.param_groups[0]["lr"]
             scalars["lr"] = lr if lr.__class__ is float else scalar_outputs({"lr": lr})["lr"]
-        self._event = event = ev.after_step(step, self._later(step, scalars), size)
-        return event
+        self._trained_step(step, scalars, size)
 
     def _advance(self) -> ev.Event | None:
         """Run the next lifecycle event; returns it, or None when training is over."""
         event = self._next_event()
         cls = event.__class__  # next_event builds exact lifecycle classes
         if cls is ev.AfterStep:
-            event = self._train(event.step)
-        elif cls is ev.BeforeEpoch:
+            self._train(event.step)  # folded there: a quiet step's AfterStep is only counted
+            return event
+        if cls is ev.BeforeEpoch:
             try:
                 self._keys.start()
                 self.ctx.feed.start_epoch(event.epoch)  # a retry opens it from the same RNG
@@ -329,7 +355,8 @@ class Loop:
     def _recover(self) -> bool:
         """Do the work an interrupted step left undone; True when that step had trained."""
         if self._trained is not None:
-            self._schedule(*self._trained)
+            self._schedule(*self._trained)  # and the step handed on
+            return True
         event, work = self._event, self._work
         if event is not None:
             self._dispatch(event)
@@ -348,29 +375,24 @@ class Loop:
         return event.__class__ in _TRAINED
 
     def _step(self) -> "Loop":
-        state = self.state
-        p = state.progress
-        position = state.position
-        mid_epoch = position == "BeforeEpoch" or (position == "AfterStep" and p.iter_in_epoch < p.iters_per_epoch)
-        if mid_epoch and state.stop is None:
-            # Mid-epoch: the next events are BeforeStep and AfterStep of the next step.
-            step = p.global_step + 1
-            if self._processed[ev.BeforeStep]:
-                self._dispatch(ev.BeforeStep(step))
-            # Else BeforeStep's only effect would be State.position = "BeforeStep", which
-            # the AfterStep below overwrites: skipped. A step that raises then leaves the
-            # state as it was before the step, and the next step() trains it again.
-            self._dispatch(self._train(step))
-            if not self.state.progress.at_epoch_end and self.state.stop is None:
-                return self  # the next event is a BeforeStep: nothing closes
-        else:
-            while True:
-                event = self._advance()
-                if event is None or event.__class__ is ev.AfterStep:
-                    break
+        step = self._state.progress.global_step + 1 if self._quiet is None else self._quiet[0] + 1
+        if step <= self._quiet_until:  # a quiet step: nothing but its training
+            self._train(step)
+            return self
+        while True:
+            event = self._advance()
+            if event is None or event.__class__ is ev.AfterStep:
+                break
         while self._next_event().__class__ in _CLOSING:
             self._advance()
+        self._open_quiet()
         return self
+
+    def _open_quiet(self) -> None:
+        """Where the next step begins, the steps up to the next one a hook is called for are quiet."""
+        state = self._state
+        if self._quiet is None and not self._processed[ev.BeforeStep] and self._next_event().__class__ is ev.BeforeStep:
+            self._quiet_until = last_quiet_step(self.hooks, state.progress)
 
     def run(self, steps: int | None = None):
         """Train ``steps`` more steps, or to the end; returns the state.

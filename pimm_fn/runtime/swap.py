@@ -26,7 +26,7 @@ import warnings
 from pimm_fn.checkpoint import dist
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import slots as keyed_slots
-from pimm_fn.core.state import replace as evolve
+from attrs import evolve
 from pimm_fn.runtime import arguments
 from pimm_fn.runtime.advice import Advice, ConfigurationWarning, saver_before_evaluator
 from pimm_fn.runtime.context import unwrap

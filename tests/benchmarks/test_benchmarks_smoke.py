@@ -14,7 +14,7 @@ def _results_in_tmp(tmp_path, monkeypatch):
 
 
 def test_loop_overhead_runs_quick_with_the_peers_that_are_installed():
-    """The loop benchmark measures every available variant and the hook dispatch."""
+    """The loop benchmark measures every available variant, the hook dispatch and the driver alone."""
     from benchmarks import loop_overhead
 
     result = loop_overhead.run(quick=True)
@@ -22,6 +22,8 @@ def test_loop_overhead_runs_quick_with_the_peers_that_are_installed():
     assert {"raw PyTorch loop", "pimm_fn, no hooks", "pimm_fn, standard stack", "pimm_fn, 10 trivial hooks"} <= set(rows)
     assert all(r["intervals"] > 0 and r["step_us_p10"] > 0 for r in rows.values())
     assert set(result["dispatch_us_per_event"]) == {"pimm_fn process(), 10 hooks", "Python list of 10 callbacks"}
+    assert set(result["driver_alone_us_per_step"]) == {"no hooks", "standard stack"}
+    assert all(us > 0 for us in result["driver_alone_us_per_step"].values())
 
 
 @pytest.mark.parametrize("peer, row", [("lightning", "Lightning, 10 no-op callbacks"),

@@ -11,7 +11,9 @@ from pimm_fn.core.budget import budget_lines, check_budget
 from pimm_fn.core.effects import Evaluate, SaveCheckpoint
 from pimm_fn.core.plan import initial_state
 from pimm_fn.core.schedule import advance, next_event, resume_from
-from pimm_fn.core.state import Progress, State, replace
+from attrs import evolve as replace
+
+from pimm_fn.core.state import Progress, State
 from pimm_fn.hooks import best_on, evaluate_every, log_every, save_every
 from pimm_fn.testing import assert_collective_agreement, assert_resume_continuity, simulate
 from pimm_fn.testing.strategies import miou

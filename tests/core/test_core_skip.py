@@ -128,16 +128,16 @@ def test_run_schedule_walks_every_step_when_a_hook_wants_before_step():
     assert final.slots[0] == 200 and final.finished
 
 
-def test_run_schedule_calls_outputs_for_every_step_when_a_hook_accumulates_them():
-    """log_every sums every step's outputs, so no step is skipped and every output is asked for."""
+def test_run_schedule_jumps_over_quiet_steps_handing_their_outputs_to_the_accumulating_hooks():
+    """log_every sums every step's outputs: each is asked for, and the jumps end in the walk's states."""
     asked = []
     outputs = lambda step: asked.append(step) or {"loss": 1.0}  # noqa: E731
     quick, quick_ex = run([log_every(30)], iters=100, epochs=1, outputs=outputs)
     assert asked == list(range(1, 101))
     slow, slow_ex = run([log_every(30)], iters=100, epochs=1, outputs=lambda step: {"loss": 1.0}, skip_quiet=False)
     assert quick == slow and quick_ex.trace == slow_ex.trace
-    # No hook wants BeforeStep: those events only move the position, the AfterSteps are all processed.
-    assert (quick_ex.checked, slow_ex.checked) == (3 + 100 + 2, 3 + 2 * 100 + 2)
+    # Only the steps log_every is called for (30, 60, 90) and the epoch's last are processed.
+    assert (quick_ex.checked, slow_ex.checked) == (3 + 4 + 2, 3 + 2 * 100 + 2)
 
 
 def test_run_schedule_asks_outputs_only_for_walked_steps_when_nobody_accumulates():
