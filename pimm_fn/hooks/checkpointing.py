@@ -7,7 +7,6 @@ collective saves.
 """
 
 import difflib
-import math
 from typing import ClassVar
 
 import attrs
@@ -16,7 +15,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.hook import hook_factory
-from pimm_fn.hooks._validate import int_at_least, is_bool, non_empty_str, one_of
+from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, one_of
 
 __all__ = ["save_every", "SaveEveryState", "best_on", "BestState", "load_weights"]
 
@@ -122,15 +121,7 @@ class BestState:
     step: int = -1
 
 
-def finite_number(value) -> bool:
-    """``value`` is a real number that can be a best: not a bool, not NaN, not +/-inf.
-
-    >>> finite_number(0.5), finite_number(float("inf")), finite_number(float("nan")), finite_number(True)
-    (True, False, False, False)
-    """
-    if isinstance(value, float):
-        return math.isfinite(value)
-    return isinstance(value, int) and not isinstance(value, bool)
+finite_number = finite  # the name hooks/control imports; ``pimm_fn.core.validate.finite``
 
 
 def _improves(value, best, mode) -> bool:
@@ -206,7 +197,9 @@ def best_on(metric: str, *, mode: str = "max"):
     """Track the best value of ``metric`` and write ``model_best`` when it improves.
 
     Reacts to each ``MetricsPublished`` once: improvement is strict, NaN and
-    +/-inf never improve (so ``model_best`` never holds a diverged model), and
+    +/-inf never improve (so ``model_best`` never holds a diverged model, and
+    training goes on; the loop warns with a ``NonFiniteMetricWarning`` naming
+    the metric and the step), and
     a later step never reuses an old value. The new best is in
     ``state.best`` before any later effect of the same event runs, so a
     checkpoint saved at an evaluation step records it. The decision feeds only
@@ -241,7 +234,9 @@ def _replacement_pairs(replacements) -> tuple:
         )
     for old, new in replacements.items():
         if not isinstance(old, str) or not isinstance(new, str):
-            raise TypeError(f"load_weights: replacement {old!r}: {new!r} must map str to str")
+            raise TypeError(
+                f"load_weights: 'replacements' must map str prefixes to str prefixes (got {old!r}: {new!r})"
+            )
     return tuple(replacements.items())
 
 

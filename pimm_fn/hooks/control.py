@@ -9,7 +9,6 @@ is refused with an error. As with ``best_on``, put the evaluator before
 these hooks' savers: a save at an evaluation step then records the decision.
 """
 
-import math
 from typing import ClassVar
 
 import attrs
@@ -18,17 +17,10 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Log, StepScheduler, Stop
 from pimm_fn.core.hook import hook_factory
-from pimm_fn.hooks._validate import int_at_least, non_empty_str, one_of
+from pimm_fn.core.validate import int_at_least, non_empty_str, number, one_of
 from pimm_fn.hooks.checkpointing import check_spelling, finite_number
 
 __all__ = ["early_stop", "EarlyStopState", "step_scheduler"]
-
-
-def _non_negative_number(instance, attribute, value):
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not (0 <= value < math.inf):
-        raise ValueError(
-            f"{instance.factory_name}: '{attribute.name}' must be a finite number >= 0 (got {value!r})"
-        )
 
 
 def _require_consistent(caller: str, metric: str, event) -> None:
@@ -61,7 +53,7 @@ class _EarlyStop:
     metric: str = attrs.field(validator=non_empty_str)
     patience: int = attrs.field(validator=int_at_least(1))
     mode: str = attrs.field(default="max", validator=one_of("max", "min"))
-    min_delta: float = attrs.field(default=0.0, validator=_non_negative_number)
+    min_delta: float = attrs.field(default=0.0, validator=number(at_least=0))
 
     def init(self) -> EarlyStopState:
         return EarlyStopState()

@@ -1,6 +1,5 @@
 """A hook that keeps an exponential moving average (EMA) of the model's weights."""
 
-import math
 from typing import ClassVar
 
 import attrs
@@ -8,14 +7,9 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import UpdateEma
 from pimm_fn.core.hook import hook_factory
-from pimm_fn.hooks._validate import int_at_least, non_empty_str
+from pimm_fn.core.validate import int_at_least, non_empty_str, number
 
 __all__ = ["ema"]
-
-
-def _decay(instance, attribute, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0.0 <= value < 1.0) or math.isnan(value):
-        raise ValueError(f"ema: 'decay' must be a number in [0, 1) (got {value!r}); 0.999 is usual")
 
 
 @attrs.frozen(repr=False)
@@ -26,7 +20,7 @@ class _Ema:
     emits: ClassVar[tuple] = (UpdateEma,)
     rank_consistent: ClassVar[bool] = True  # decides from the global step alone
     decay: float = attrs.field(converter=lambda v: float(v) if isinstance(v, int) and not isinstance(v, bool) else v,
-                               validator=_decay)
+                               validator=number(at_least=0, below=1).with_hint("0.999 is usual"))
     every: int = attrs.field(default=1, validator=int_at_least(1))
     name: str = attrs.field(default="ema", validator=non_empty_str)
 

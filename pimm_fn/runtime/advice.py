@@ -5,7 +5,9 @@ when the evaluators publish ``"accuracy"``, an evaluator that returns
 ``None`` in a single process (so nothing is ever published), a saver placed
 before an evaluator on the same steps (so the checkpoint misses that
 evaluation). None of these is an error, since each can be intended, but
-none should pass in silence.
+none should pass in silence. A non-finite value of a metric a hook reads
+(``best_on`` never makes it the best) is said each time, with its step, as a
+``NonFiniteMetricWarning``: training goes on.
 """
 
 import difflib
@@ -15,12 +17,64 @@ import warnings
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Evaluate, SaveCheckpoint
 from pimm_fn.core.events import AfterStep
+from pimm_fn.core.validate import finite
 
-__all__ = ["ConfigurationWarning", "Advice", "saver_before_evaluator"]
+__all__ = [
+    "ConfigurationWarning", "NonFiniteMetricWarning", "Advice", "configuration_messages", "saver_before_evaluator",
+    "unpublished_metrics", "nothing_to_train",
+]
 
 
 class ConfigurationWarning(UserWarning):
     """A run's configuration is valid but probably not what was meant."""
+
+
+class NonFiniteMetricWarning(UserWarning):
+    """An evaluation published NaN or +/-inf for a metric a hook reads; it never improves, training goes on."""
+
+
+def configuration_messages(hooks, *, iters_per_epoch: int, max_epochs: int) -> list[str]:
+    """Everything about ``hooks`` worth a ``ConfigurationWarning`` before the run starts."""
+    return saver_before_evaluator(hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs) + unpublished_metrics(
+        hooks
+    )
+
+
+def nothing_to_train(state, path) -> str | None:
+    """What to say when a resumed run has no step left under its budget (legal: ``run()`` only closes it).
+
+    >>> from pimm_fn.core.state import Progress, State
+    >>> print(nothing_to_train(State(Progress(10, 2, epoch=1, iter_in_epoch=10, global_step=20)), "runs/a/model/last"))
+    resumed from runs/a/model/last at step 20, where its budget (max_epochs=2) is already spent: nothing is left to train. Pass a larger max_epochs (or max_steps) to train on
+    """
+    p = state.progress
+    if p.steps_left > 0:
+        return None
+    budget = f"max_steps={p.step_limit}" if p.step_limit is not None else f"max_epochs={p.max_epochs}"
+    return (
+        f"resumed from {path} at step {p.global_step}, where its budget ({budget}) is already spent: nothing is "
+        f"left to train. Pass a larger max_epochs (or max_steps) to train on"
+    )
+
+
+def unpublished_metrics(hooks) -> list[str]:
+    """A message for each metric a hook reads while no hook evaluates anything: it can never appear.
+
+    Said only when every hook declares what it emits and none emits
+    ``Evaluate`` (a hook of unknown effects may evaluate).
+
+    >>> from pimm_fn.hooks import best_on
+    >>> unpublished_metrics([best_on("acc")])
+    ["best_on('acc') reads metric 'acc', but no hook evaluates anything, so it never appears: add evaluate_every(n, fn) before it"]
+    """
+    found = [protocol.declared(h) for h in protocol.leaves(hooks)]
+    if protocol.evaluators(hooks) or any(d.emits is None or d.may_emit(Evaluate) for d in found):
+        return []
+    return [
+        f"{d.key} reads metric {metric!r}, but no hook evaluates anything, so it never appears: "
+        f"add evaluate_every(n, fn) before it"
+        for d in found for metric in d.reads_metrics
+    ]
 
 
 def saver_before_evaluator(hooks, *, iters_per_epoch: int, max_epochs: int) -> list[str]:
@@ -54,14 +108,17 @@ class Advice:
     """Watches evaluations for the run-time mistakes above; warns once for each."""
 
     def __init__(self, hooks, *, world_size: int):
-        self.readers = {m: d.key for d in map(protocol.declared, protocol.leaves(hooks)) for m in d.reads_metrics}
+        self.readers_of: dict[str, list] = {}  # metric -> the hooks that read it, in order
+        for d in map(protocol.declared, protocol.leaves(hooks)):
+            for metric in d.reads_metrics:
+                self.readers_of.setdefault(metric, []).append(d.key)
         self.evaluators = set(protocol.evaluators(hooks))
         self.world_size = world_size
         self.published: dict[str, set] = {}  # evaluator -> the metric names it published
         self.said: set = set()
 
-    def evaluated(self, evaluator: str, values) -> None:
-        """Note what one evaluation published (``None``: nothing on this rank)."""
+    def evaluated(self, evaluator: str, values, step: int | None = None) -> None:
+        """Note what one evaluation published (``None``: nothing on this rank) at global step ``step``."""
         if values is None and self.world_size == 1:
             self._say(
                 ("none", evaluator),
@@ -70,20 +127,34 @@ class Advice:
             )
         if values:
             self.published.setdefault(evaluator, set()).update(values)
+            self._non_finite(evaluator, values, step)
         if self.evaluators and self.evaluators <= set(self.published):
             self._check_readers()
 
     def _check_readers(self) -> None:
         """Once every evaluator has published: a metric some hook reads that none publishes."""
         names = sorted(set().union(*self.published.values()))
-        for metric, reader in self.readers.items():
+        for metric, readers in self.readers_of.items():
             if metric not in names:
                 close = difflib.get_close_matches(metric, names, n=1, cutoff=0.5)
                 hint = f": did you mean {close[0]!r}?" if close else ""
                 self._say(
                     ("unread", metric),
-                    f"{reader} waits for metric {metric!r}, but the evaluators publish {names}{hint}",
+                    f"{', '.join(readers)} waits for metric {metric!r}, but the evaluators publish {names}{hint}",
                 )
+
+    def _non_finite(self, evaluator: str, values, step) -> None:
+        """Each time: a NaN or +/-inf of a metric some hook reads (each occurrence has its own step, so no key is kept)."""
+        for metric, readers in self.readers_of.items():
+            value = values.get(metric)
+            if value is None or finite(value):
+                continue
+            at = f" at step {step}" if step is not None else ""
+            warnings.warn(
+                f"{', '.join(readers)} got metric {metric!r} = {value!r}{at} from evaluator {evaluator!r}: a "
+                f"non-finite value never improves, so no best is written for it; training goes on",
+                NonFiniteMetricWarning, stacklevel=3,
+            )
 
     def _say(self, key, message: str) -> None:
         if key not in self.said:

@@ -1,20 +1,113 @@
 """``loop()``'s arguments, checked before anything is built, loaded or written.
 
 Each check fails with what was wrong and how to fix it, at construction
-rather than at the first save (which may be hours in).
+rather than at the first save (which may be hours in). The checks of type
+and range are the validators of ``pimm_fn.core.validate`` (``ARGUMENTS``
+lists loop()'s); what needs torch or the file system (a save_dir that is a
+file, a model_best a fresh run would replace) is checked here.
 """
 
 import os
+from collections.abc import Mapping
+
+import torch
 
 from pimm_fn.core import budget
 from pimm_fn.core import hook as protocol
-from pimm_fn.core.effects import SaveCheckpoint, WriteBest
+from pimm_fn.core import validate as v
+from pimm_fn.core.effects import Effect, SaveCheckpoint, WriteBest
 
 __all__ = [
+    "ARGUMENTS", "check_arguments", "check_model", "check_optimizer", "check_scheduler", "check_train_data",
+    "check_fresh_save_dir",
+    "replaced_best",
     "check_resume", "check_max_epochs", "check_budget", "check_save_dir", "check_on_nonfinite",
     "check_resume_hyperparameters",
     "best_metrics", "check_sharding",
 ]
+
+_BOOL = v.is_bool.with_hint("pass True or False")
+
+# loop()'s plain arguments and what each must be; the others are checked by the functions below.
+ARGUMENTS = {
+    "step_fn": v.optional(v.is_callable.with_hint(
+        "pass step_fn(model, optimizer, batch, *, scheduler, scaler) -> outputs, or pimm_fn.TrainStep(...)")),
+    "scheduler": v.optional(v.has_methods(
+        "step", "state_dict", "load_state_dict", expected="a learning-rate scheduler",
+    ).with_hint("pass a torch.optim.lr_scheduler instance built on the optimizer")),
+    "scaler": v.optional(v.has_methods(
+        "scale", "step", "update", "state_dict", "load_state_dict", expected="a GradScaler",
+    ).with_hint("pass torch.amp.GradScaler(...), or TrainStep(precision='fp16') to have one made")),
+    "iters_per_epoch": v.optional(v.int_at_least(1).with_hint("leave it None for len(train_data)")),
+    "checkpoint_format": v.one_of("standard", "legacy"),
+    "check_agreement": v.optional(v.is_bool.with_hint("pass None (on with a process group), True or False")),
+    "strict_resume": _BOOL,
+    "console": _BOOL,
+    "ddp": _BOOL,
+    "weights_file": _BOOL,
+    "handlers": v.optional(v.mapping_of(
+        v.subclass_of(Effect), v.is_callable, expected="a dict of effect types to handlers",
+    ).with_hint("e.g. {SaveCheckpoint: handler(effect, state, ctx)}")),
+    "config": v.optional(v.instance_of(Mapping, expected="a mapping of settings")),
+    "keep_trace": v.optional(v.int_at_least(0).with_hint("None keeps every executed effect in run.trace")),
+}
+
+
+def check_arguments(**arguments) -> None:
+    """Check each of loop()'s ``arguments`` named in ``ARGUMENTS`` (others are left to their own checks).
+
+    >>> check_arguments(iters_per_epoch=0)
+    Traceback (most recent call last):
+    ValueError: loop: 'iters_per_epoch' must be None or an int >= 1 (got 0); leave it None for len(train_data)
+    >>> check_arguments(console="no")
+    Traceback (most recent call last):
+    TypeError: loop: 'console' must be a bool (got 'no'); pass True or False
+    """
+    for name, value in arguments.items():
+        validator = ARGUMENTS.get(name)
+        if name == "scheduler":
+            check_scheduler(value)
+        elif validator is not None:
+            validator.check(value, name, owner="loop")
+
+
+def check_model(model) -> None:
+    """``model`` is a ``torch.nn.Module`` (wrapped in DDP or sharded by FSDP2 alike)."""
+    if not isinstance(model, torch.nn.Module):
+        raise v.invalid("loop", "model", "a torch.nn.Module", model, error=TypeError,
+                        hint="loop(model, optimizer, train_data, ...) takes the model first")
+
+
+def check_optimizer(optimizer) -> None:
+    """``optimizer``, when given alone, is an optimizer: a ``torch.optim.Optimizer`` or one that steps and checkpoints alike.
+
+    A dict is left to ``optimizers=`` (``pimm_fn.runtime.extras`` says so).
+    """
+    if optimizer is None or isinstance(optimizer, (torch.optim.Optimizer, Mapping)):
+        return
+    v.has_methods("step", "zero_grad", "state_dict", "load_state_dict", expected="a torch.optim.Optimizer").with_hint(
+        "build one on the model's parameters, e.g. torch.optim.SGD(model.parameters(), lr=0.1)",
+    ).check(optimizer, "optimizer", owner="loop")
+
+
+def check_scheduler(scheduler) -> None:
+    """``scheduler`` is ``None`` or a learning-rate scheduler (an optimizer has ``step()`` too: refused by name)."""
+    if isinstance(scheduler, torch.optim.Optimizer):
+        raise v.invalid("loop", "scheduler", "None or a learning-rate scheduler", scheduler, error=TypeError,
+                        hint="that is an optimizer: build a scheduler on it, e.g. "
+                             "torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)")
+    ARGUMENTS["scheduler"].check(scheduler, "scheduler", owner="loop")
+
+
+def check_train_data(train_data) -> None:
+    """``train_data`` is given and can be iterated."""
+    if train_data is None:
+        raise TypeError("loop: 'train_data' is missing: loop(model, optimizer, train_data, ...)")
+    if isinstance(train_data, (str, bytes, Mapping)) or not (
+        hasattr(train_data, "__iter__") or hasattr(train_data, "__getitem__")
+    ):
+        raise v.invalid("loop", "train_data", "an iterable of batches (a DataLoader, a list...)", train_data,
+                        error=TypeError)
 
 
 def check_resume(resume) -> None:
@@ -33,6 +126,47 @@ def check_resume(resume) -> None:
     raise TypeError(
         f"loop: 'resume' must be None (a fresh run), 'auto' (the latest checkpoint in save_dir, else fresh) "
         f"or a checkpoint path (got {resume!r:.80})"
+    )
+
+
+def _best_files(save_dir) -> list[str]:
+    """The best-weights files (``model_best*.pth``/``.json``) under ``save_dir/model``, sorted."""
+    model_dir = os.path.join(os.fspath(save_dir), "model")
+    try:
+        names = os.listdir(model_dir)
+    except OSError:  # no such directory (yet): nothing to keep
+        return []
+    return sorted(n for n in names if n.startswith("model_best") and n.endswith((".pth", ".json")))
+
+
+def check_fresh_save_dir(resume, save_dir) -> None:
+    """A fresh run (``resume=None``) into a ``save_dir`` holding best weights is refused, as one holding checkpoints.
+
+    Its first evaluation would replace ``model_best`` (kept, perhaps, after
+    the checkpoints were deleted to save space) with a worse model.
+
+    Raises:
+        FileExistsError: naming the files and the fix.
+    """
+    if resume is not None or save_dir is None:
+        return
+    found = _best_files(save_dir)
+    if found:
+        raise FileExistsError(
+            f"save_dir {os.fspath(save_dir)!r} already holds best weights ({', '.join(found)} in model/); a fresh run "
+            f"would replace them with its first evaluation's. Pass resume='auto' to continue that run, move those "
+            f"files away, or choose another save_dir"
+        )
+
+
+def replaced_best(save_dir) -> str | None:
+    """What to say when ``resume='auto'`` starts fresh beside best weights it will replace (``None``: nothing there)."""
+    found = _best_files(save_dir) if save_dir is not None else []
+    if not found:
+        return None
+    return (
+        f"resume='auto' found no checkpoint to resume in {os.fspath(save_dir)!r} and starts fresh, but model/ holds "
+        f"{', '.join(found)} from an earlier run: this run's first best replaces them. Move them away to keep them"
     )
 
 
@@ -55,8 +189,23 @@ def check_budget(max_epochs, max_steps, *, fresh: bool) -> None:
 
 
 def check_save_dir(hooks, save_dir) -> None:
-    """A hook that writes checkpoints or best weights needs ``save_dir``."""
+    """``save_dir`` is a path that is not a file; a hook that writes checkpoints or best weights needs one.
+
+    >>> check_save_dir([], 1)
+    Traceback (most recent call last):
+    TypeError: loop: 'save_dir' must be None or a directory path, a str or os.PathLike (got 1)
+    """
     if save_dir is not None:
+        if isinstance(save_dir, bool) or not isinstance(save_dir, (str, os.PathLike)) or not os.fspath(save_dir):
+            raise v.invalid("loop", "save_dir", "None or a directory path, a str or os.PathLike", save_dir,
+                            error=TypeError)
+        path = os.fspath(save_dir)
+        for place in (path, os.path.join(path, "model")):
+            if os.path.exists(place) and not os.path.isdir(place):
+                raise NotADirectoryError(
+                    f"loop: save_dir {path!r} {'is' if place == path else 'holds model, which is'} a file, not a "
+                    f"directory: pass a directory (it will hold model/ and log.jsonl)"
+                )
         return
     writers = [d.key for d in map(protocol.declared, protocol.leaves(hooks)) if d.may_emit((SaveCheckpoint, WriteBest))]
     if writers:

@@ -46,6 +46,7 @@ from collections.abc import Iterator
 
 import torch
 
+from pimm_fn.core.validate import int_at_least
 from pimm_fn.runtime import remainder
 from pimm_fn.runtime.rng import capture_rng, restore_rng, set_torch_rng, torch_rng
 
@@ -140,7 +141,9 @@ class Feed:
         self.data = data
         self.group = group
         self.one_shot = isinstance(data, Iterator)
-        self.iters_per_epoch = iters_per_epoch or _steps(data, group)
+        # 0 is refused, never replaced by len(data): None alone means "the data's length".
+        self.iters_per_epoch = _steps(data, group) if iters_per_epoch is None else int_at_least(1).with_hint(
+            "leave it None for len(train_data)").check(iters_per_epoch, "iters_per_epoch", owner="loop")
         self.generator = getattr(data, "generator", None)
         self.stateful = (
             callable(getattr(data, "state_dict", None))

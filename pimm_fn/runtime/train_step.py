@@ -27,14 +27,13 @@ the step computes in another precision.
 
 import contextlib
 import dataclasses
-import math
 from collections.abc import Mapping
 from typing import ClassVar
 
 import attrs
 import torch
 
-from pimm_fn.hooks._validate import int_at_least, is_bool, one_of
+from pimm_fn.core.validate import int_at_least, is_bool, number, one_of, optional
 from pimm_fn.runtime.feed import MicroBatches
 
 __all__ = ["TrainStep", "to_device", "loop_scaler", "PRECISIONS"]
@@ -89,11 +88,7 @@ def _device_name(value):
         raise ValueError(f"TrainStep: 'device' must be None, a device string or a torch.device (got {value!r})") from None
 
 
-def _clip(instance, attribute, value):
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"TrainStep: '{attribute.name}' must be None or a number > 0 (got {value!r})")
+_clip = optional(number(above=0))  # a finite norm or value to clip to
 
 
 def _gradient_sync(model, sync: bool):

@@ -27,6 +27,7 @@ from pimm_fn.core.events import Event
 from pimm_fn.core.fold import Chain, TraceEntry, chain, process
 from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
 from pimm_fn.core.state import State
+from pimm_fn.core.validate import int_at_least, is_bool
 
 __all__ = ["simulate", "SimulationResult", "SimEntry"]
 
@@ -127,8 +128,7 @@ class _SimExecutor(RecordingExecutor):
 
 
 def _int_at_least(name, value, minimum):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"simulate: '{name}' must be an int >= {minimum} (got {value!r})")
+    int_at_least(minimum).check(value, name, owner="simulate")
 
 
 def _metric_source(metrics) -> Callable:
@@ -269,8 +269,7 @@ def simulate(
     _int_at_least("world_size", world_size, 1)
     _int_at_least("iters_per_epoch", iters_per_epoch, 1)
     check_budget(max_epochs, max_steps, caller="simulate")
-    if not isinstance(skip_quiet, bool):
-        raise TypeError(f"simulate: 'skip_quiet' must be a bool (got {skip_quiet!r})")
+    is_bool.check(skip_quiet, "skip_quiet", owner="simulate")
     source = _metric_source(metrics)
     points = resume_points(resume_at, max_steps or iters_per_epoch * max_epochs)
     traces, states, indices = [], [], []

@@ -65,3 +65,13 @@ def test_main_writes_results_md(tmp_path, monkeypatch):
     entry.main(["--quick"])
     text = (tmp_path / "RESULTS.md").read_text()
     assert "machine:" in text and "Loop overhead" in text and "Checkpoint throughput" in text and "Async save" in text
+
+
+def test_soak_runs_quick_and_stays_flat():
+    """500 steps with a save every 100 and keep_snapshots=3: no file, thread or descriptor is left growing."""
+    from benchmarks import soak
+
+    result = soak.run(quick=True)
+    assert result["end"]["step"] == 500 and len(result["samples"]) >= 2
+    goal = result["goal"]
+    assert goal["fds_threads_files_constant"] and goal["disk_constant"], result["peak"]

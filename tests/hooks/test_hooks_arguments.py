@@ -34,8 +34,8 @@ BAD = [
     (pf.load_weights, ("w.pth",), {"strict": "true"}, TypeError, "load_weights: 'strict' must be a bool (got 'true')"),
     (pf.load_weights, ("w.pth",), {"replacements": [("a", "b")]}, TypeError,
      "load_weights: 'replacements' must be a dict of {old_prefix: new_prefix} (got list: [('a', 'b')])"),
-    (pf.load_weights, ("w.pth",), {"replacements": {1: "b"}}, TypeError, "load_weights: replacement 1: 'b' must map str to str"),
-    (pf.chain, (pf.save_every(1), "save"), {}, TypeError, "a hook must be callable as hook(state, event) (got 'save')"),
+    (pf.load_weights, ("w.pth",), {"replacements": {1: "b"}}, TypeError, "load_weights: 'replacements' must map str prefixes to str prefixes (got 1: 'b')"),
+    (pf.chain, (pf.save_every(1), "save"), {}, TypeError, "'chain' position 1: a hook must be callable as hook(state, event) (got 'save')"),
 ]
 
 

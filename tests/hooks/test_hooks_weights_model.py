@@ -38,7 +38,7 @@ def test_load_weights_rejects_non_dict_replacements(replacements):
 
 def test_load_weights_rejects_non_str_rules():
     """A replacement rule must map str to str."""
-    with pytest.raises(TypeError, match=r"load_weights: replacement 'a': 1 must map str to str"):
+    with pytest.raises(TypeError, match=r"load_weights: 'replacements' must map str prefixes to str prefixes \(got 'a': 1\)"):
         load_weights("w.pth", replacements={"a": 1})
 
 

@@ -90,15 +90,17 @@ def test_async_saves_gate_every_optimizer(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    ({}, TypeError, "pass the optimizer"),
-    ({"optimizer": "x", "optimizers": {"a": "y"}}, TypeError, "either 'optimizer' or 'optimizers'"),
-    ({"optimizers": {}}, TypeError, "non-empty dict"),
-    ({"optimizers": {"a": object()}}, TypeError, r"optimizers\['a'\] is a object, which has no state_dict"),
+    (lambda sgd: {}, TypeError, "pass the optimizer"),
+    (lambda sgd: {"optimizer": sgd, "optimizers": {"a": sgd}}, TypeError, "either 'optimizer' or 'optimizers'"),
+    (lambda sgd: {"optimizers": {}}, TypeError, "non-empty dict"),
+    (lambda sgd: {"optimizers": {"a": object()}}, TypeError, r"optimizers\['a'\] is a object, which has no state_dict"),
 ])
 def test_optimizer_arguments_are_checked_at_construction(kwargs, error, match):
     """Neither, both, an empty dict or a stateless object: a clear error before anything runs."""
+    model = TinyNet()
     with pytest.raises(error, match=match):
-        pf.loop(TinyNet(), train_data=loader(), step_fn=lambda *a, **k: {}, max_epochs=1, **kwargs)
+        pf.loop(model, train_data=loader(), step_fn=lambda *a, **k: {}, max_epochs=1,
+                **kwargs(torch.optim.SGD(model.parameters(), lr=0.1)))
 
 
 def test_the_default_step_refuses_several_optimizers():

@@ -224,8 +224,8 @@ def test_train_step_pickles_compares_by_value_and_reprs_as_its_call():
     (dict(accumulate=2.0), "'accumulate' must be an int >= 1 (got 2.0)"),
     (dict(precision="16"), "'precision' must be one of ['32', 'bf16', 'fp16'] (got '16')"),
     (dict(clip_grad_norm=1.0, clip_grad_value=0.5), "not both"),
-    (dict(clip_grad_norm=-1.0), "'clip_grad_norm' must be None or a number > 0 (got -1.0)"),
-    (dict(clip_grad_value=0), "'clip_grad_value' must be None or a number > 0 (got 0)"),
+    (dict(clip_grad_norm=-1.0), "'clip_grad_norm' must be None or a finite number > 0 (got -1.0)"),
+    (dict(clip_grad_value=0), "'clip_grad_value' must be None or a finite number > 0 (got 0)"),
     (dict(device="gpu"), "'device' must be None, a device string or a torch.device (got 'gpu')"),
 ])
 def test_each_bad_option_is_refused_at_construction_with_what_is_allowed(options, message):

@@ -1,0 +1,197 @@
+"""A long run stays flat: memory, open files, threads and disk use after 200 000 steps.
+
+A real ``pf.loop`` trains a tiny model (one linear layer, SGD with
+momentum, batches in memory, one torch thread) for 200 000 quiet steps with
+``save_every(100, snapshots=True)``, ``keep_snapshots=3`` and an
+evaluation with ``best_on`` every 1 000 steps, so 2 000 checkpoints are
+published and pruned and 200 evaluations run. Quiet steps: between saves
+and evaluations no hook runs (the loop's overhead, not the model, is what a
+leak would come from).
+
+After a warm-up of 2 000 steps (the first saves and prunes, the torch and
+DCP thread pools, the allocator's arenas) the process samples, every
+``steps / 10`` steps and at the end:
+
+* resident memory (``VmRSS``), and the Python objects the collector tracks;
+* open file descriptors (``/proc/self/fd``);
+* threads (the OS threads of the process, and Python's);
+* bytes and files under ``save_dir``;
+* the length of ``run.trace`` (the executed effects, kept by design: one
+  entry per save or evaluation, a few hundred bytes each).
+
+Goal: resident memory within +50 MB of the warm-up figure, and file
+descriptors, threads and disk use constant after it.
+
+Run: ``python -m benchmarks.soak [--quick] [--steps N]`` (a few minutes;
+``--quick``: 500 steps). Writes ``results/soak.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import tempfile
+import threading
+import time
+
+from benchmarks._common import print_table, write_result
+
+STEPS, WARMUP, SAVE_EVERY, KEEP, EVALUATE_EVERY, EPOCH = 200_000, 2_000, 100, 3, 1_000, 1_000
+GOAL_RSS_MB = 50
+
+
+def _status(field: str) -> int:
+    """A number from ``/proc/self/status`` (``VmRSS`` in kB, ``Threads``)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise LookupError(field)
+
+
+def _disk(root: str) -> tuple[int, int]:
+    """(bytes, files) under ``root``."""
+    size = files = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            try:
+                size += os.path.getsize(os.path.join(folder, name))
+                files += 1
+            except OSError:  # pruned while walking
+                pass
+    return size, files
+
+
+def sample(run, save_dir: str, started: float) -> dict:
+    """The figures of the process and the run now."""
+    gc.collect()
+    size, files = _disk(save_dir)
+    return {
+        "step": run.state.progress.global_step,
+        "elapsed_s": round(time.perf_counter() - started, 1),
+        "rss_mb": round(_status("VmRSS") / 1024, 1),
+        "python_objects": len(gc.get_objects()),
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": _status("Threads"),
+        "python_threads": threading.active_count(),
+        "disk_bytes": size,
+        "files": files,
+        "trace": len(run.trace),
+    }
+
+
+def _workload():
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(8, 1)
+
+        def forward(self, batch):
+            x, y = batch
+            return {"loss": ((self.linear(x) - y) ** 2).mean()}
+
+    model = Tiny()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(EPOCH, 4, 8, generator=g)
+    batches = [(x[i], x[i].sum(1, keepdim=True)) for i in range(EPOCH)]  # one epoch, re-iterated
+    probe = (x[:16].reshape(-1, 8), x[:16].reshape(-1, 8).sum(1, keepdim=True))
+
+    def score(model):
+        with torch.no_grad():
+            return {"score": -float(((model.linear(probe[0]) - probe[1]) ** 2).mean())}
+
+    return model, optimizer, batches, score
+
+
+def measure(steps: int = STEPS, warmup: int = WARMUP, samples: int = 10, evaluate_every: int = EVALUATE_EVERY) -> dict:
+    """Train ``steps`` steps, sampling after ``warmup`` and ``samples`` times more; returns the samples."""
+    import pimm_fn as pf
+
+    model, optimizer, batches, score = _workload()
+    with tempfile.TemporaryDirectory(prefix="pimm_fn_soak_") as save_dir:
+        hooks = [pf.evaluate_every(evaluate_every, score, name="score"), pf.save_every(SAVE_EVERY, snapshots=True),
+                 pf.best_on("score")]
+        run = pf.loop(model, optimizer, batches, hooks=hooks, max_steps=steps, save_dir=save_dir,
+                      keep_snapshots=KEEP, console=False)
+        started = time.perf_counter()
+        run.run(steps=warmup)
+        taken = [sample(run, save_dir, started)]
+        every = max((steps - warmup) // samples, 1)
+        while not run.finished:
+            left = steps - run.state.progress.global_step
+            if left > every:
+                run.run(steps=every)
+            else:
+                run()  # the last steps and the final save
+            taken.append(sample(run, save_dir, started))
+    return {"samples": taken}
+
+
+def summary(result: dict) -> dict:
+    """Start (after warm-up) and end figures, the change, the peak after warm-up, and whether the goal holds.
+
+    Constant means never above the warm-up figure at any sample (the end may
+    be below it: the run closes its log file when it finishes).
+    """
+    samples = result["samples"]
+    start, end = samples[0], samples[-1]
+    flat = ("fds", "threads", "python_threads", "files")
+    keys = ("rss_mb", "python_objects", *flat, "disk_bytes", "trace")
+    growth = {k: round(end[k] - start[k], 1) for k in keys}
+    peak = {k: max(s[k] for s in samples) for k in keys}
+    # Disk use is constant up to what changes inside the files (a step number's digits in a marker).
+    disk_flat = peak["disk_bytes"] - start["disk_bytes"] <= 0.01 * start["disk_bytes"] + 4096
+    return {
+        "start": start, "end": end, "growth": growth, "peak": peak,
+        "goal": {"rss_within_mb": GOAL_RSS_MB, "rss_ok": peak["rss_mb"] - start["rss_mb"] <= GOAL_RSS_MB,
+                 "fds_threads_files_constant": all(peak[k] == start[k] for k in flat), "disk_constant": disk_flat},
+    }
+
+
+def run(quick: bool = False, steps: int | None = None) -> dict:
+    """Measure, print the table and write ``results/soak.json``."""
+    steps = steps or (500 if quick else STEPS)
+    # The warm-up holds the first evaluation and KEEP + 1 saves, so that every file exists and one was pruned.
+    warmup = min(WARMUP, max(steps // 2, (KEEP + 1) * SAVE_EVERY))
+    if warmup >= steps:
+        raise ValueError(f"soak: 'steps' must be > {warmup}, the warm-up (got {steps})")
+    evaluate_every = min(EVALUATE_EVERY, warmup // 2)
+    result = {"quick": quick, "steps": steps, "warmup_steps": warmup, "save_every": SAVE_EVERY,
+              "keep_snapshots": KEEP, "evaluate_every": evaluate_every, "steps_per_epoch": EPOCH}
+    result.update(measure(steps, warmup, samples=2 if quick else 10, evaluate_every=evaluate_every))
+    result.update(summary(result))
+    table(result)
+    write_result("soak", result)
+    return result
+
+
+def table(result: dict, file=sys.stdout) -> None:
+    columns = ("step", "elapsed_s", "rss_mb", "python_objects", "fds", "threads", "python_threads", "disk_bytes",
+               "files", "trace")
+    rows = [[str(s[c]) for c in columns] for s in result["samples"]]
+    print_table(f"Soak: {result['steps']} steps, save every {result['save_every']}, keep_snapshots="
+                f"{result['keep_snapshots']} (first row: after {result['warmup_steps']} warm-up steps)",
+                list(columns), rows, file=file)
+    print(f"growth after warm-up (end - start): {result['growth']}", file=file)
+    print(f"peak after warm-up: {result['peak']}", file=file)
+    print(f"goal: {result['goal']}", file=file)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="500 steps: checks that everything runs")
+    parser.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args(argv)
+    run(quick=args.quick, steps=args.steps)
+
+
+if __name__ == "__main__":
+    main()
