@@ -21,14 +21,17 @@ from ._api import LoadedCheckpoint, load_checkpoint, save_checkpoint
 from ._async import AsyncSave, prewarm_async_save, save_checkpoint_async
 from ._discovery import find_checkpoint, latest_checkpoint
 from ._layout import CheckpointInfo
-from ._publish import CheckpointStorageError
+from .errors import CheckpointError, CheckpointStorageError, DiskFullError
+from .validation import validate
 from ._weights import WeightsReport, load_weights_file, remap_state_dict, write_best
 from .contents import PerRank, Replicated, SavedState, TrainerContents, from_parts, saved_state, to_parts
 
 __all__ = [
     "AsyncSave",
+    "CheckpointError",
     "CheckpointInfo",
     "CheckpointStorageError",
+    "DiskFullError",
     "LoadedCheckpoint",
     "PerRank",
     "Replicated",
@@ -46,5 +49,6 @@ __all__ = [
     "save_checkpoint_async",
     "saved_state",
     "to_parts",
+    "validate",
     "write_best",
 ]

@@ -22,9 +22,12 @@ from collections.abc import Mapping
 import attrs
 import torch
 
+from pimm_fn.core import retention, validate
+
 from . import _layout as L
-from . import _legacy, _publish, _standard, dist
+from . import _legacy, _publish, _retain, _standard, dist
 from ._layout import CheckpointInfo
+from .errors import on_main
 
 __all__ = ["LoadedCheckpoint", "load_checkpoint", "save_checkpoint"]
 
@@ -60,6 +63,9 @@ def save_checkpoint(
     snapshot: bool = False,
     keep_snapshots: int | None = None,
     sharded: dict | None = None,
+    keep=None,
+    metrics: Mapping | None = None,
+    digests: bool = False,
 ) -> CheckpointInfo:
     """Write a checkpoint and publish it atomically as ``last``.
 
@@ -76,16 +82,27 @@ def save_checkpoint(
         local: this rank's nested state (RNG states, data cursor, hook state).
         format: ``"standard"`` (``last/``) or ``"legacy"`` (``last.pth``).
         snapshot: also keep a copy as ``iter_<step>``.
-        keep_snapshots: keep only the newest N ``iter_*`` snapshots.
+        keep_snapshots: keep only the newest N ``iter_*`` snapshots (``keep=keep_last(N)``).
         sharded: this rank's shards of a sharded model and optimizer
             (``sharded.state``), written by DCP beside ``trainer``; exempt
             from the agreement check. Standard format only.
+        keep: a retention policy (``pimm_fn.core.retention``: ``keep_last``,
+            ``keep_every``, ``keep_best``, ``any_of``) applied to the complete
+            ``iter_*`` snapshots after the publish; ``None`` keeps them all.
+        metrics: the run's metrics at this save (main rank's), recorded in
+            the marker for ``keep_best`` and ``python -m pimm_fn ls``; only
+            finite numbers are kept.
+        digests: also record each file's SHA-256 in the marker (standard
+            format; costs a read of the checkpoint), checked by
+            ``validation.validate(path, digests=True)``; sizes are always recorded.
 
     Returns:
         The published checkpoint (``last`` or ``last.pth``), on every rank.
 
     Raises:
         ValueError / TypeError: a bad argument, or state that cannot be saved.
+        DiskFullError: (on every rank) the disk filled up; nothing was
+            published and no staging directory is left.
 
     Example:
         >>> import tempfile, torch
@@ -96,25 +113,25 @@ def save_checkpoint(
         ('last', 5, {'lr': 0.1})
     """
     _check_args(step, format, keep_snapshots, weights=weights, trainer=trainer, local=local, sharded=sharded)
+    policy = retention.resolve(keep, keep_snapshots, caller="save_checkpoint")
+    recorded = retention.recordable(metrics) if metrics is not None else None
     root = pathlib.Path(model_dir)
     world = dist.world_size()
     if format == "standard":
-        staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step))
+        staging = on_main(lambda: _publish.fresh_staging(root, step))
         state = _standard.packed_state(trainer, local)  # collective: fails on every rank before any write
         state.update(sharded or {})
         # The weights file is written (in place: the staging directory is
         # invisible until published) and fsynced while DCP writes the trainer.
         weights_file = L.weights_write(staging, weights) if dist.is_main() else None
         try:
-            _standard.write_state(staging, state)
+            _standard.write_state(staging, state)  # a full disk: DiskFullError on every rank
         except BaseException:
-            if weights_file is not None:
-                weights_file.join()
+            _publish.discard(staging, weights_file)  # the space comes back; the previous checkpoint stays the latest
             raise
 
         def publish() -> pathlib.Path:
-            weights_file.result()
-            return _publish.publish_staged(root, staging, step, world)
+            return _publish.publish_staged(root, staging, step, world, recorded, weights_file=weights_file, digests=digests)
 
     else:
         locals_by_rank = dist.gather_object(local)
@@ -122,18 +139,17 @@ def save_checkpoint(
         def publish() -> pathlib.Path:
             root.mkdir(parents=True, exist_ok=True)
             _publish.clean_staging(root)
-            content = _legacy.payload(step, weights, trainer, locals_by_rank)
+            content = _legacy.payload(step, weights, trainer, locals_by_rank, recorded)
             return _legacy.write(root / L.LEGACY_LAST, content)
 
     def publish_and_retain() -> CheckpointInfo:
         published = publish()
         if snapshot:
             _publish.snapshot(root, published, step)
-        if keep_snapshots is not None:
-            _publish.prune_snapshots(root, keep_snapshots)
+        _retain.retain(root, policy, step)
         return CheckpointInfo(published, step, format, world)
 
-    return dist.run_on_main(publish_and_retain)
+    return on_main(publish_and_retain)  # rank 0's DiskFullError is raised as itself on every rank
 
 
 def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedCheckpoint:
@@ -152,7 +168,8 @@ def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedChec
 
     Raises:
         TypeError: ``info`` is not a :class:`CheckpointInfo`.
-        ValueError: the checkpoint is incomplete or damaged.
+        CheckpointError: (a ``ValueError``) the checkpoint is incomplete or
+            damaged: naming it, the file and what is wrong.
     """
     if not isinstance(info, CheckpointInfo):
         raise TypeError(
@@ -165,18 +182,15 @@ def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedChec
     L.check_standard_dir(info.path)
     weights_path = info.path / L.WEIGHTS
     read = weights and weights_path.is_file()
-    found = torch.load(weights_path, map_location="cpu", weights_only=True) if read else None
+    found = _legacy._load(weights_path, mmap=True, checkpoint=info.path) if read else None  # mapped: read when used
     trainer, local = _standard.read_trainer(info.path, dist.rank())
     return LoadedCheckpoint(info, found, trainer, local)
 
 
 def _check_args(step, format, keep_snapshots, *, sharded=None, **parts) -> None:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"save_checkpoint: 'step' must be an int >= 0 (got {step!r})")
-    if format not in L.FORMATS:
-        raise ValueError(f"save_checkpoint: 'format' must be one of {L.FORMATS} (got {format!r})")
-    if keep_snapshots is not None and (isinstance(keep_snapshots, bool) or not isinstance(keep_snapshots, int) or keep_snapshots < 0):
-        raise ValueError(f"save_checkpoint: 'keep_snapshots' must be None or an int >= 0 (got {keep_snapshots!r})")
+    validate.int_at_least(0).check(step, "step", owner="save_checkpoint")
+    validate.one_of(*L.FORMATS).check(format, "format", owner="save_checkpoint")
+    validate.optional(validate.int_at_least(0)).check(keep_snapshots, "keep_snapshots", owner="save_checkpoint")
     if sharded is not None and format != "standard":
         raise ValueError(
             "save_checkpoint: a sharded model's state is written by DCP, in the standard format only; "

@@ -26,11 +26,13 @@ import pathlib
 import threading
 import time
 
+from pimm_fn.core import retention
 
 from . import _layout as L
-from . import _publish, _staging, _standard, dist
+from . import _publish, _retain, _staging, _standard, dist
 from ._api import _check_args
 from ._layout import CheckpointInfo
+from .errors import on_main
 
 __all__ = ["AsyncSave", "prewarm_async_save", "save_checkpoint_async"]
 
@@ -151,6 +153,9 @@ def save_checkpoint_async(
     snapshot: bool = False,
     keep_snapshots: int | None = None,
     sharded: dict | None = None,
+    keep=None,
+    metrics: dict | None = None,
+    digests: bool = False,
 ) -> AsyncSave:
     """Start a standard-format save that stages, writes and publishes in the background.
 
@@ -160,12 +165,14 @@ def save_checkpoint_async(
     ``wait()`` returned.
 
     Args:
-        model_dir, step, weights, trainer, local, snapshot, keep_snapshots, sharded:
+        model_dir, step, weights, trainer, local, snapshot, keep_snapshots, sharded, keep, metrics, digests:
             as for :func:`save_checkpoint` (standard format only). Shards
             (DTensors) are copied into fresh memory, not the reused staging area.
 
     Returns:
-        An :class:`AsyncSave`; ``wait()`` gives the published ``CheckpointInfo``.
+        An :class:`AsyncSave`; ``wait()`` gives the published ``CheckpointInfo``,
+        or raises what failed: a full disk as ``DiskFullError`` on every rank,
+        its staging directory removed and the previous checkpoint the latest.
 
     Example:
         >>> import tempfile, torch
@@ -176,10 +183,12 @@ def save_checkpoint_async(
         2
     """
     _check_args(step, "standard", keep_snapshots, weights=weights, trainer=trainer, local=local, sharded=sharded)
+    policy = retention.resolve(keep, keep_snapshots, caller="save_checkpoint_async")
+    recorded = retention.recordable(metrics) if metrics is not None else None
     root = pathlib.Path(model_dir)
     world = dist.world_size()
     group = _background_group()
-    staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step))
+    staging = on_main(lambda: _publish.fresh_staging(root, step))
     state = _standard.packed_state(trainer, local)  # non-tensor values are frozen into JSON now
     state.update(sharded or {})
     pending = AsyncSave(step)
@@ -194,7 +203,10 @@ def save_checkpoint_async(
             mark_staged()
             weights_file = L.weights_write(staging, staged_weights) if dist.is_main() else None
             try:
-                _standard.write_state(staging, staged_state, group=group)
+                _standard.write_state(staging, staged_state, group=group)  # a full disk: DiskFullError on every rank
+            except BaseException:
+                _publish.discard(staging, weights_file)  # the space comes back; the previous checkpoint stays the latest
+                raise
             finally:
                 if weights_file is not None:
                     weights_file.join()
@@ -202,15 +214,15 @@ def save_checkpoint_async(
             _staging.release(area)  # nothing reads the staged copy any more
 
         def publish() -> CheckpointInfo:
-            weights_file.result()
-            published = _publish.publish_staged(root, staging, step, world)
+            published = _publish.publish_staged(
+                root, staging, step, world, recorded, weights_file=weights_file, digests=digests
+            )
             if snapshot:
                 _publish.snapshot(root, published, step)
-            if keep_snapshots is not None:
-                _publish.prune_snapshots(root, keep_snapshots)
+            _retain.retain(root, policy, step)
             return CheckpointInfo(published, step, "standard", world)
 
-        return dist.run_on_main(publish, group=group)
+        return on_main(publish, group=group)  # rank 0's DiskFullError is raised as itself on every rank
 
     return pending._start(work)
 

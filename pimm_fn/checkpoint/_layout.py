@@ -7,7 +7,7 @@ Layout under a ``model_dir`` (``save_dir/"model"``)::
                             model saved without it has model.pth.skipped instead
       trainer/              torch.distributed.checkpoint directory
       receipts/rank<r>      JSON: rank r wrote its part here (rank, world size, host)
-      COMPLETE              JSON marker, written last
+      COMPLETE              JSON marker, written last: step, world size, each file's size
     iter_<step>/            snapshot of a published ``last/`` (hard links)
     last.pth, iter_<step>.pth   the same, legacy one-file format
     model_best.pth (+ .json)    best weights and what made them best
@@ -16,7 +16,8 @@ Layout under a ``model_dir`` (``save_dir/"model"``)::
     .retired-*              the previous ``last/`` during a publish
 
 Invariant: a directory counts as a checkpoint only when its ``COMPLETE``
-marker parses and its files exist; the marker is written after every file.
+marker parses and every file it lists has the recorded size
+(:mod:`.validation`); the marker is written after every file.
 """
 
 from __future__ import annotations
@@ -105,9 +106,16 @@ class CheckpointInfo:
     world_size: int = attrs.field(validator=_positive)
 
 
-def marker_payload(step: int, fmt: str, world_size: int) -> dict:
-    """The marker's content; also embedded in legacy files."""
-    return {"step": step, "format": fmt, "world_size": world_size, "version": VERSION}
+def marker_payload(step: int, fmt: str, world_size: int, metrics: dict | None = None) -> dict:
+    """The marker's content; also embedded in legacy files.
+
+    ``metrics``: the run's finite metrics at the save, kept for retention
+    policies (``keep_best``) and ``python -m pimm_fn ls`` to read cheaply.
+    """
+    payload = {"step": step, "format": fmt, "world_size": world_size, "version": VERSION}
+    if metrics is not None:
+        payload["metrics"] = dict(metrics)
+    return payload
 
 
 def info_from_marker(path: pathlib.Path, payload: object, fmt: str) -> CheckpointInfo:
@@ -126,27 +134,15 @@ def info_from_marker(path: pathlib.Path, payload: object, fmt: str) -> Checkpoin
 
 
 def check_standard_dir(path: pathlib.Path) -> CheckpointInfo:
-    """Return the info of a complete standard checkpoint directory.
+    """Return the info of a usable standard checkpoint directory (see :func:`.validation.validate`).
 
     Raises:
-        ValueError: the marker is missing or invalid, or a file is missing.
+        CheckpointError: (a ``ValueError``) the marker is missing or invalid,
+            or a file it lists is missing or has another size.
     """
-    marker = path / MARKER
-    try:
-        payload = json.loads(marker.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{path} has no {MARKER} marker: it was never finished (or is not a checkpoint)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{marker} is unreadable ({exc})") from None
-    try:
-        info = info_from_marker(path, payload, "standard")
-    except ValueError as exc:
-        raise ValueError(f"{marker}: {exc}") from None
-    weights = path / WEIGHTS if not (path / WEIGHTS_SKIPPED).is_file() else path / WEIGHTS_SKIPPED
-    for needed in (weights, path / TRAINER / ".metadata"):
-        if not needed.is_file():
-            raise ValueError(f"{path} has a marker but lacks {needed.relative_to(path)}: it was damaged after publishing")
-    return info
+    from .validation import validate  # validation builds on this module's names
+
+    return validate(path)
 
 
 def fsync_dir(path: pathlib.Path) -> None:
@@ -210,7 +206,8 @@ class BackgroundWrite:
     :meth:`result` joins the thread and re-raises its error.
     """
 
-    def __init__(self, path: pathlib.Path, write: Callable[[object], None]):
+    def __init__(self, path: pathlib.Path, write: Callable[[object], None], nbytes: int = 0):
+        self.path, self.nbytes = path, nbytes  # what it writes, and about how many bytes (for a full disk's error)
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(path, write), name=f"pimm_fn-write-{path.name}", daemon=True)
         self._thread.start()
@@ -236,17 +233,27 @@ def weights_write(directory: pathlib.Path, weights: dict | None) -> BackgroundWr
     """Start writing ``weights`` as ``directory``'s weights file, or, for ``None``, the note saying why there is none."""
     if weights is None:
         return BackgroundWrite(directory / WEIGHTS_SKIPPED, lambda f: f.write(_SKIPPED_NOTE))
-    return BackgroundWrite(directory / WEIGHTS, lambda f: torch.save(weights, f))
+    nbytes = sum(t.numel() * t.element_size() for t in weights.values() if isinstance(t, torch.Tensor))
+    return BackgroundWrite(directory / WEIGHTS, lambda f: torch.save(weights, f), nbytes)
 
 
-def write_marker(directory: pathlib.Path, step: int, world_size: int, *, staged: bool = False) -> None:
+def write_marker(
+    directory: pathlib.Path, step: int, world_size: int, *, staged: bool = False, metrics: dict | None = None,
+    files: dict | None = None,
+) -> None:
     """Write ``COMPLETE`` into ``directory``; call only after every file is written.
 
     With ``staged`` the directory is a staging one that is published by a
     rename afterwards: the marker is written in place and the directory
-    fsynced once, instead of a temp file and a rename.
+    fsynced once, instead of a temp file and a rename. ``metrics`` are
+    recorded in it (see :func:`marker_payload`). ``files`` is the
+    directory's :func:`.validation.manifest` (each file's size, and SHA-256
+    when asked), which validation checks before the checkpoint is used.
     """
-    text = json.dumps(marker_payload(step, "standard", world_size), sort_keys=True).encode()
+    payload = marker_payload(step, "standard", world_size, metrics)
+    if files is not None:
+        payload["files"] = files
+    text = json.dumps(payload, sort_keys=True).encode()
     if staged:
         durable_write(directory / MARKER, lambda f: f.write(text))
         fsync_dir(directory)

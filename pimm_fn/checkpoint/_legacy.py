@@ -15,18 +15,20 @@ format, so both formats restore exactly the same Python values.
 from __future__ import annotations
 
 import pathlib
+import zipfile
 from typing import Any
 
 import torch
 
 from . import _layout as L
 from ._pack import pack, unpack
+from .errors import CheckpointError, cause, storage_errors, tensor_bytes
 
 
-def payload(step: int, weights: dict, trainer: dict, locals_by_rank: list[dict]) -> dict:
-    """Build the dict that :func:`write` saves."""
+def payload(step: int, weights: dict, trainer: dict, locals_by_rank: list[dict], metrics: dict | None = None) -> dict:
+    """Build the dict that :func:`write` saves; ``metrics`` go in its marker."""
     return {
-        "marker": L.marker_payload(step, "legacy", len(locals_by_rank)),
+        "marker": L.marker_payload(step, "legacy", len(locals_by_rank), metrics),
         "weights": weights,
         "trainer": _packed(trainer),
         "local": [_packed(local) for local in locals_by_rank],
@@ -34,45 +36,72 @@ def payload(step: int, weights: dict, trainer: dict, locals_by_rank: list[dict])
 
 
 def write(path: pathlib.Path, content: dict) -> pathlib.Path:
-    """Atomically write ``content`` to ``path`` (temp file + ``os.replace``)."""
-    return L.atomic_write(path, lambda f: torch.save(content, f))
+    """Atomically write ``content`` to ``path`` (temp file + ``os.replace``).
+
+    Raises:
+        DiskFullError: the disk filled up; the temp file is removed and the previous ``path`` is intact.
+    """
+    with storage_errors(path.parent, lambda: tensor_bytes(content), path.name,
+                        "nothing was published: the previous checkpoint is intact and stays the latest"):
+        return L.atomic_write(path, lambda f: torch.save(content, f))
 
 
 def read_info(path: pathlib.Path) -> L.CheckpointInfo:
     """Read the marker of a legacy file without reading its tensors.
 
     Raises:
-        ValueError: the file does not load with ``weights_only=True`` or
+        CheckpointError: the file does not load with ``weights_only=True`` or
             holds no valid legacy marker.
     """
-    content = _load(path, mmap=True)
+    content = _load(path, mmap=True, checkpoint=path)
     if not isinstance(content, dict) or "marker" not in content:
-        raise ValueError(f"{path} is a torch file without a pimm_fn legacy 'marker' entry; not a legacy checkpoint")
+        raise CheckpointError(path, path.name, "holds no pimm_fn legacy 'marker' entry: it is not a legacy checkpoint")
     try:
         return L.info_from_marker(path, content["marker"], "legacy")
     except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        raise CheckpointError(path, path.name, f"has an invalid marker ({exc})") from None
 
 
 def read(path: pathlib.Path, rank: int) -> tuple[dict, dict, dict | None]:
-    """Load ``(weights, trainer, local)``; ``local`` is ``None`` past the saved ranks."""
-    content = _load(path, mmap=False)
+    """Load ``(weights, trainer, local)``; ``local`` is ``None`` past the saved ranks.
+
+    Raises:
+        CheckpointError: the file is damaged (naming it and how).
+    """
+    content = _load(path, mmap=False, checkpoint=path)
     read_info(path)
-    locals_by_rank = content["local"]
-    local = _unpacked(locals_by_rank[rank]) if rank < len(locals_by_rank) else None
-    return content["weights"], _unpacked(content["trainer"]), local
+    try:
+        locals_by_rank = content["local"]
+        local = _unpacked(locals_by_rank[rank]) if rank < len(locals_by_rank) else None
+        return content["weights"], _unpacked(content["trainer"]), local
+    except Exception as exc:  # noqa: BLE001 - overwritten bytes fail in JSON, in unicode, in a lookup
+        raise CheckpointError(path, path.name, f"holds trainer state that does not unpack ({cause(exc)})") from None
 
 
-def _load(path: pathlib.Path, *, mmap: bool) -> Any:
+def _load(path: pathlib.Path, *, mmap: bool, checkpoint: pathlib.Path | None = None) -> Any:
+    """``torch.load(path, weights_only=True)``; a failure is a ``ValueError`` saying why, without torch's unsafe advice.
+
+    With ``checkpoint`` (the checkpoint ``path`` belongs to) it is a
+    :class:`CheckpointError` naming both, also for a missing file.
+    """
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
-        raise
+        if checkpoint is None:
+            raise
+        raise CheckpointError(checkpoint, _relative(path, checkpoint), "is missing") from None
     except Exception as exc:  # noqa: BLE001 - torch raises many types for bad files
-        raise ValueError(
-            f"{path} does not load with torch.load(weights_only=True) ({type(exc).__name__}: {str(exc)[:200]}); "
-            "it is truncated, not a torch file, or holds arbitrary objects"
-        ) from None
+        if not zipfile.is_zipfile(path):
+            problem = "does not load with torch.load(weights_only=True): it is not a torch file (cut short or overwritten)"
+        else:
+            problem = f"does not load with torch.load(weights_only=True) ({cause(exc)})"
+        if checkpoint is None:
+            raise ValueError(f"{path} {problem}") from None
+        raise CheckpointError(checkpoint, _relative(path, checkpoint), problem) from None
+
+
+def _relative(path: pathlib.Path, checkpoint: pathlib.Path) -> str:
+    return path.name if path == checkpoint else path.relative_to(checkpoint).as_posix()
 
 
 def _packed(obj: Any) -> dict:

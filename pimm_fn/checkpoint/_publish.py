@@ -33,14 +33,20 @@ import time
 
 from . import _layout as L
 from . import dist
+from .errors import CheckpointStorageError, storage_error, storage_errors
+
+__all__ = ["CheckpointStorageError"]  # defined in .errors, kept importable from here
 
 # How long rank 0 waits for a receipt it does not see yet (storage that shows
 # another client's new files late). Only a failing check ever waits.
 RECEIPT_GRACE_S = 2.0
 
+UNPUBLISHED = "nothing was published: the previous checkpoint is intact and stays the latest"
 
-class CheckpointStorageError(RuntimeError):
-    """Some rank's checkpoint files are not where rank 0 publishes: ``save_dir`` is not on shared storage."""
+
+def removed(staging: pathlib.Path) -> str:
+    """What a failed save's error says it left: its staging directory removed, the previous checkpoint the latest."""
+    return f"its staging directory {staging.name} is removed and {UNPUBLISHED}"
 
 
 def fresh_staging(model_dir: pathlib.Path, step: int) -> pathlib.Path:
@@ -48,12 +54,27 @@ def fresh_staging(model_dir: pathlib.Path, step: int) -> pathlib.Path:
 
     Stale entries are what an earlier save left when it crashed; they are
     never discovered, so deleting them loses nothing.
+
+    Raises:
+        DiskFullError: not even the directory could be made.
     """
-    model_dir.mkdir(parents=True, exist_ok=True)
-    clean_staging(model_dir)
     staging = model_dir / f"{L.STAGING}{L.LAST}-{step}"
-    staging.mkdir()
+    with storage_errors(model_dir, 0, f"the staging directory {staging.name}", UNPUBLISHED):
+        model_dir.mkdir(parents=True, exist_ok=True)
+        clean_staging(model_dir)
+        staging.mkdir()
     return staging
+
+
+def discard(staging: pathlib.Path, weights_file: "L.BackgroundWrite | None" = None) -> None:
+    """After a failed save (main rank): wait for the weights write, then delete the staging directory.
+
+    Nothing reads it, and a save that ran out of space must give the space back.
+    """
+    if weights_file is not None:
+        weights_file.join()
+    if dist.is_main():
+        L.remove(staging)
 
 
 def clean_staging(model_dir: pathlib.Path) -> None:
@@ -88,16 +109,44 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path) -> pathlib.Path:
     return last
 
 
-def publish_staged(model_dir: pathlib.Path, staging: pathlib.Path, step: int, world_size: int) -> pathlib.Path:
-    """Mark a staging directory whose files are all durable complete, and publish it.
+def publish_staged(
+    model_dir: pathlib.Path, staging: pathlib.Path, step: int, world_size: int, metrics: dict | None = None, *,
+    weights_file: "L.BackgroundWrite | None" = None, digests: bool = False,
+) -> pathlib.Path:
+    """Mark a staging directory whose files are all durable complete, and publish it (main rank).
 
-    The trainer directory's entries are made durable first (DCP fsyncs its
-    files but not their directory), then ``COMPLETE`` is written and
-    fsynced with the staging directory, then :func:`publish_dir` renames.
+    Waits for ``weights_file`` first, then makes the trainer directory's
+    entries durable (DCP fsyncs its files but not their directory), writes
+    ``COMPLETE`` with every file's size (and SHA-256 with ``digests``; see
+    :func:`.validation.manifest`), fsynced with the staging directory, then
+    :func:`publish_dir` renames.
+
+    Raises:
+        DiskFullError: the weights file or the marker did not fit; the
+            staging directory is removed, the previous checkpoint intact.
     """
-    L.fsync_dir(staging / L.TRAINER)
-    L.write_marker(staging, step, world_size, staged=True)
+    from .validation import manifest  # here, not at the top: validation imports _standard, which imports this module
+
+    try:
+        if weights_file is not None:
+            weights_file.result()
+        L.fsync_dir(staging / L.TRAINER)
+        files = manifest(staging, digests=digests)
+        L.write_marker(staging, step, world_size, staged=True, metrics=metrics, files=files)
+    except BaseException as exc:
+        nbytes = _staged_bytes(staging, weights_file)
+        discard(staging)
+        converted = storage_error(exc, model_dir, nbytes, f"the checkpoint of step {step}", removed(staging))
+        if converted is exc:
+            raise
+        raise converted from exc
     return publish_dir(model_dir, staging)
+
+
+def _staged_bytes(staging: pathlib.Path, weights_file: "L.BackgroundWrite | None") -> int:
+    """The bytes of a checkpoint that did not fit: its files so far, the weights file in full."""
+    files = [p for p in staging.rglob("*") if p.is_file() and (weights_file is None or p != weights_file.path)]
+    return sum(p.stat().st_size for p in files) + (weights_file.nbytes if weights_file is not None else 0)
 
 
 def publish_file(model_dir: pathlib.Path, staged: pathlib.Path) -> pathlib.Path:
@@ -115,18 +164,25 @@ def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pat
     leaves a half-copied snapshot under a discoverable name. An existing
     snapshot of the same step (a re-save after resuming) is replaced.
     """
-    if published.is_dir():
-        staging = model_dir / f"{L.STAGING}iter_{step}"
+    name = f"iter_{step}" if published.is_dir() else f"iter_{step}.pth"
+    staging = model_dir / f"{L.STAGING}{name}"
+    size = lambda: sum(p.stat().st_size for p in [published, *published.rglob("*")] if p.is_file())
+    consequence = f"the checkpoint itself was published as {published.name}, and is intact"
+    with storage_errors(model_dir, size, f"the snapshot {name} (copies where hard links fail)", consequence):
         L.remove(staging)
-        shutil.copytree(published, staging, copy_function=L.link_or_copy)
-        target = model_dir / f"iter_{step}"
+        try:
+            if published.is_dir():
+                shutil.copytree(published, staging, copy_function=L.link_or_copy)
+            else:
+                L.link_or_copy(str(published), str(staging))
+        except BaseException:
+            L.remove(staging)
+            raise
+    target = model_dir / name
+    if published.is_dir():
         L.remove(target)
         os.rename(staging, target)
     else:
-        staging = model_dir / f"{L.STAGING}iter_{step}.pth"
-        L.remove(staging)
-        L.link_or_copy(str(published), str(staging))
-        target = model_dir / f"iter_{step}.pth"
         os.replace(staging, target)
     L.fsync_dir(model_dir)
     return target

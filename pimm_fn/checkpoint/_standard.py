@@ -25,13 +25,16 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 from . import _layout as L
 from . import _publish, dist
 from ._pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
+from .errors import CheckpointError, cause, no_space, storage_errors, tensor_bytes
 
 _SKELETON = "skeleton"
+_METADATA = f"{L.TRAINER}/.metadata"
 _NO_GROUP_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 
 
@@ -51,12 +54,38 @@ def write_state(directory: pathlib.Path, state: dict[str, torch.Tensor], group=N
     DCP fsyncs each file it writes (``sync_files``), then writes its
     ``.metadata`` last, also fsynced; the caller fsyncs the directories.
     Every rank's receipt is checked afterwards (``CheckpointStorageError``).
+
+    Raises:
+        DiskFullError / CheckpointStorageError: on every rank, when some
+            rank's write ran out of space, or failed otherwise.
     """
     _publish.write_receipt(directory)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), storage_errors(
+        directory.parent, lambda: tensor_bytes(state), "this rank's trainer state", _publish.removed(directory)
+    ):
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.save(state, storage_writer=dcp.FileSystemWriter(directory / L.TRAINER, sync_files=True), process_group=group)
+        dcp.save(state, storage_writer=_Writer(directory / L.TRAINER, sync_files=True), process_group=group)
     _publish.check_receipts(directory, group)
+
+
+class _Writer(dcp.FileSystemWriter):
+    """A ``FileSystemWriter`` whose full-disk failures reach every rank as ENOSPC.
+
+    DCP pickles each rank's failure to share it, which drops the chained
+    ``OSError`` behind torch.save's ``unexpected pos``; the ``OSError`` itself is sent instead.
+    """
+
+    def write_data(self, plan, planner):
+        try:
+            return super().write_data(plan, planner)
+        except Exception as exc:
+            raise no_space(exc) or exc
+
+    def finish(self, metadata, results) -> None:
+        try:
+            return super().finish(metadata, results)
+        except Exception as exc:
+            raise no_space(exc) or exc
 
 
 def packed_state(trainer: dict, local: dict) -> dict[str, torch.Tensor]:
@@ -86,26 +115,108 @@ def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]
     Returns:
         ``(trainer, local)``; ``local`` is ``None`` when the checkpoint has no
         entry for ``rank`` (it was written by fewer ranks).
+
+    Raises:
+        CheckpointError: a file of ``trainer/`` is missing, cut short or
+            overwritten (naming it), or holds what pimm_fn never writes.
     """
-    path = directory / L.TRAINER
-    reader = _SafeReader(path)
-    meta = reader.read_metadata().state_dict_metadata
+    reader = _SafeReader(directory / L.TRAINER)
+    meta = metadata(directory, reader)
     prefixes = {"trainer": "trainer", "local": f"local/rank{rank}"}
-    if f"trainer/{_SKELETON}" not in meta:
-        raise ValueError(f"{path} is a DCP directory without 'trainer/{_SKELETON}': not written by pimm_fn")
+    if f"trainer/{_SKELETON}" not in meta.state_dict_metadata:
+        problem = f"names no 'trainer/{_SKELETON}': this DCP directory was not written by pimm_fn"
+        raise CheckpointError(directory, _METADATA, problem)
     state: dict[str, torch.Tensor] = {}
-    for key, entry in meta.items():
+    for key, entry in meta.state_dict_metadata.items():
         if not any(key.startswith(p + "/") for p in prefixes.values()):
             continue
         if not isinstance(entry, TensorStorageMetadata):
-            raise ValueError(f"{path}: entry {key!r} is not a tensor; pimm_fn only writes tensors, refusing to load it")
+            problem = f"lists {key!r} as a non-tensor entry, which pimm_fn never writes; refusing to load it"
+            raise CheckpointError(directory, _METADATA, problem)
         state[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.load(state, storage_reader=reader, no_dist=True)  # each rank its own entries, no collective
-    trainer = _unflatten(prefixes["trainer"], state)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
+            dcp.load(state, storage_reader=reader, no_dist=True)  # each rank its own entries, no collective
+    except (Exception, CheckpointException) as exc:
+        damaged = failing_file(directory, meta, state)
+        raise CheckpointError(directory, damaged, f"does not read back ({cause(exc)})") from None
+    trainer = _unpacked(directory, meta, prefixes["trainer"], state)
     has_local = f"{prefixes['local']}/{_SKELETON}" in state
-    return trainer, _unflatten(prefixes["local"], state) if has_local else None
+    return trainer, _unpacked(directory, meta, prefixes["local"], state) if has_local else None
+
+
+def metadata(directory: pathlib.Path, reader: "_SafeReader | None" = None) -> Metadata:
+    """The DCP metadata of a checkpoint's ``trainer/``, read safely; a ``CheckpointError`` when it does not load."""
+    reader = reader or _SafeReader(directory / L.TRAINER)
+    try:
+        return reader.read_metadata()
+    except FileNotFoundError:
+        raise CheckpointError(directory, _METADATA, "is missing") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged pickle raises many types
+        raise CheckpointError(directory, _METADATA, f"does not load ({cause(exc)})") from None
+
+
+def data_extents(directory: pathlib.Path) -> dict[str, int]:
+    """``{data file: bytes it must hold at least}``, from the DCP metadata of ``directory``'s ``trainer/``."""
+    extents: dict[str, int] = {}
+    for info in (metadata(directory).storage_data or {}).values():
+        rel = f"{L.TRAINER}/{info.relative_path}"
+        extents[rel] = max(extents.get(rel, 0), info.offset + info.length)
+    return extents
+
+
+def damaged_file(directory: pathlib.Path, meta: Metadata, keys) -> str:
+    """The data file holding ``keys`` that is missing or shorter than the metadata says; else the first one."""
+    files = _files_of(meta, keys)
+    return next((name for name in files if _short(directory, meta, name)), files[0] if files else _METADATA)
+
+
+def failing_file(directory: pathlib.Path, meta: Metadata, state: dict[str, torch.Tensor]) -> str:
+    """After a failed read of ``state``: the data file that is short, else the first whose entries fail read alone."""
+    files = _files_of(meta, state)
+    if any(_short(directory, meta, name) for name in files):
+        return damaged_file(directory, meta, state)
+    for name in files:
+        part = {k: torch.empty_like(state[k]) for k in state if f"{L.TRAINER}/{_home(meta).get(k)}" == name}
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
+                dcp.load(part, storage_reader=_SafeReader(directory / L.TRAINER), no_dist=True)
+        except (Exception, CheckpointException):
+            return name
+    return files[0] if files else _METADATA
+
+
+def _home(meta: Metadata) -> dict[str, str]:
+    """``{key: the data file holding it}`` (relative to ``trainer/``)."""
+    return {index.fqn: info.relative_path for index, info in (meta.storage_data or {}).items()}
+
+
+def _files_of(meta: Metadata, keys) -> list[str]:
+    home = _home(meta)
+    return sorted({f"{L.TRAINER}/{home[k]}" for k in keys if k in home})
+
+
+def _short(directory: pathlib.Path, meta: Metadata, name: str) -> bool:
+    needed = max(i.offset + i.length for i in meta.storage_data.values() if f"{L.TRAINER}/{i.relative_path}" == name)
+    path = directory / name
+    return not path.is_file() or path.stat().st_size < needed
+
+
+def shards_error(directory: pathlib.Path, exc: BaseException) -> CheckpointError:
+    """A failed read of a sharded model's shards (DCP's ``CheckpointException``), as the damaged file it comes from."""
+    meta = metadata(directory)
+    shards = [key for key in meta.state_dict_metadata if key.startswith("sharded/")]
+    return CheckpointError(directory, damaged_file(directory, meta, shards), f"does not read back ({cause(exc)})")
+
+
+def _unpacked(directory: pathlib.Path, meta: Metadata, prefix: str, state: dict[str, torch.Tensor]) -> Any:
+    try:
+        return _unflatten(prefix, state)
+    except Exception as exc:  # noqa: BLE001 - overwritten bytes fail in JSON, in unicode, in a lookup
+        problem = f"holds a {prefix} part that does not unpack ({cause(exc)}): its bytes were overwritten"
+        raise CheckpointError(directory, damaged_file(directory, meta, [f"{prefix}/{_SKELETON}"]), problem) from None
 
 
 def _flatten(prefix: str, obj: Any) -> dict[str, torch.Tensor]:

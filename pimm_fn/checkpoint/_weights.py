@@ -6,6 +6,7 @@ import json
 import math
 import os
 import pathlib
+import tempfile
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -14,6 +15,7 @@ import torch
 from . import _layout as L
 from . import _legacy, dist
 from ._discovery import find_checkpoint
+from .errors import storage_errors, tensor_bytes
 
 _MODULE = "module."
 
@@ -154,7 +156,9 @@ def write_best(
     With ``per_metric`` the files are ``model_best_<metric>.pth`` and
     ``.json``, so runs tracking several metrics keep one best model each.
 
-    The weights file is replaced first, then the JSON; each replace is atomic.
+    Both files are written in full under temporary names first, then
+    replaced, the weights file first; each replace is atomic. A write that
+    fails (a full disk) leaves the previous best files as they were.
 
     Args:
         model_dir: the checkpoint root.
@@ -170,6 +174,7 @@ def write_best(
     Raises:
         RuntimeError: called on a rank other than 0.
         ValueError: a bad ``metric``, ``value`` or ``step``.
+        DiskFullError: the disk filled up; the previous best files are intact.
     """
     if not dist.is_main():
         raise RuntimeError(f"write_best must run on the main rank only (called on rank {dist.rank()}); guard it with dist.is_main()")
@@ -181,10 +186,32 @@ def write_best(
         raise ValueError(f"write_best: 'step' must be an int >= 0 (got {step!r})")
     root = pathlib.Path(model_dir)
     stem = L.best_stem(metric if per_metric else None)
-    path = L.atomic_write(root / f"{stem}.pth", lambda f: torch.save(weights, f))
     meta = json.dumps({"metric": metric, "value": float(value), "step": step}, sort_keys=True).encode()
-    L.atomic_write(root / f"{stem}.json", lambda f: f.write(meta))
-    return path
+    files = {root / f"{stem}.pth": lambda f: torch.save(weights, f), root / f"{stem}.json": lambda f: f.write(meta)}
+    nbytes = lambda: tensor_bytes(weights) + len(meta)
+    with storage_errors(root, nbytes, f"{stem}.pth and {stem}.json", f"the previous {stem} is intact"):
+        staged = _stage_all(root, files)
+    for tmp, path in zip(staged, files):
+        os.replace(tmp, path)
+    L.fsync_dir(root)
+    return root / f"{stem}.pth"
+
+
+def _stage_all(root: pathlib.Path, files: dict) -> list[pathlib.Path]:
+    """Write each file durably under a ``.staging-*`` name; on failure remove them all (the old files stay)."""
+    root.mkdir(parents=True, exist_ok=True)
+    staged: list[pathlib.Path] = []
+    try:
+        for path, write in files.items():
+            fd, tmp = tempfile.mkstemp(prefix=f"{L.STAGING}{path.name}.", dir=root)
+            os.close(fd)
+            staged.append(pathlib.Path(tmp))
+            L.durable_write(staged[-1], write)
+    except BaseException:
+        for tmp in staged:
+            tmp.unlink(missing_ok=True)
+        raise
+    return staged
 
 
 def load_weights_file(path: str | os.PathLike) -> dict:
@@ -203,17 +230,17 @@ def load_weights_file(path: str | os.PathLike) -> dict:
         ValueError: the file is not loadable with ``weights_only=True`` or
             holds no recognizable state_dict.
     """
-    p = pathlib.Path(path)
+    p, owner = pathlib.Path(path), None
     if p.is_dir():
         info = find_checkpoint(p)
         if info.format == "standard" and (info.path / L.WEIGHTS_SKIPPED).is_file():
             from .sharded import read_full_weights  # a sharded model saved without a weights file
 
             return read_full_weights(info.path)
-        p = info.path / L.WEIGHTS if info.format == "standard" else info.path
+        p, owner = (info.path / L.WEIGHTS if info.format == "standard" else info.path), info.path
     elif not p.exists():
         raise FileNotFoundError(f"load_weights_file: {str(p)!r} does not exist")
-    content = _legacy._load(p, mmap=False)
+    content = _legacy._load(p, mmap=False, checkpoint=owner)  # a checkpoint's damaged file is a CheckpointError
     if isinstance(content, Mapping) and isinstance(content.get("marker"), Mapping) and "weights" in content:
         return content["weights"]
     if isinstance(content, Mapping):

@@ -63,7 +63,9 @@ def test_standard_layout_on_disk(tmp_path):
     save_checkpoint(tmp_path, step=3, weights={"w": torch.ones(2)}, trainer={}, local={})
     last = tmp_path / "last"
     assert sorted(p.name for p in last.iterdir()) == ["COMPLETE", "model.pth", "receipts", "trainer"]
-    assert json.loads((last / "COMPLETE").read_text()) == {"step": 3, "format": "standard", "world_size": 1, "version": 1}
+    marker = json.loads((last / "COMPLETE").read_text())
+    assert {k: v for k, v in marker.items() if k != "files"} == {"step": 3, "format": "standard", "world_size": 1, "version": 1}
+    assert sorted(marker["files"]) == ["model.pth", "trainer/.metadata", "trainer/__0_0.distcp"]
     assert (last / "trainer" / ".metadata").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
 

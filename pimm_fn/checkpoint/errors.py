@@ -1,0 +1,192 @@
+"""What can go wrong with checkpoints on disk, as three errors, each saying what to do.
+
+- :class:`CheckpointError` (a ``ValueError``): a checkpoint on disk cannot
+  be used: a file is missing, cut short or overwritten, or its ``COMPLETE``
+  marker does not parse. It names the checkpoint, the file and what is
+  wrong, and points to an older checkpoint. Raised by ``find_checkpoint``,
+  ``load_checkpoint`` and ``loop(resume=<path>)``; ``resume="auto"`` skips
+  such a checkpoint instead, saying so.
+- :class:`CheckpointStorageError` (a ``RuntimeError``): a save could not be
+  written where it had to go (a ``save_dir`` that is not shared between
+  nodes, a failed write); nothing was published.
+- :class:`DiskFullError` (a ``CheckpointStorageError`` and an ``OSError``
+  with ``errno.ENOSPC``): the same because the disk is full. It says
+  ``No space left on device`` and names the directory and the bytes.
+
+``pimm_fn.ResumeError`` is the remaining case: a sound checkpoint that does
+not fit this run (other hooks, other optimizers).
+
+What torch raises underneath is translated here: DCP's
+``CheckpointException`` derives from ``BaseException`` (an ``except
+Exception`` misses it), ``torch.save`` turns a full disk into ``unexpected
+pos``, and ``torch.load`` advises ``weights_only=False``, which would run
+code from the file: that advice is never repeated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import pathlib
+import re
+from typing import Callable
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+from . import dist
+
+__all__ = ["CheckpointError", "CheckpointStorageError", "DiskFullError"]
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint on disk cannot be used: which one, which file, what is wrong, and what to do.
+
+    Attributes:
+        path: the checkpoint (directory, or file for the legacy format).
+        file: the damaged file, relative to ``path`` (the file's own name for a legacy file).
+        problem: what is wrong with it, e.g. ``"is 0 bytes, the marker records 4,096 (cut short)"``.
+
+    Example:
+        >>> print(CheckpointError("runs/x/model/last", "model.pth", "is missing").summary())
+        checkpoint runs/x/model/last: model.pth is missing
+    """
+
+    def __init__(self, path, file: str, problem: str):
+        self.path, self.file, self.problem = str(path), file, problem
+        super().__init__(f"{self.summary()}. {_advice(self.path)}")
+
+    def summary(self) -> str:
+        """The checkpoint, the file and the problem, without the advice."""
+        return f"checkpoint {self.path}: {self.file} {self.problem}"
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.file, self.problem))
+
+
+class CheckpointStorageError(RuntimeError):
+    """A save could not be written where it had to go (``save_dir`` not shared, a failed write); nothing was published."""
+
+
+class DiskFullError(CheckpointStorageError, OSError):
+    """A save or best-model write ran out of space: ``errno`` is ENOSPC; names the directory and the bytes.
+
+    Example:
+        >>> print(DiskFullError("runs/x/model", 1024, "model_best.pth", "the previous model_best is intact"))
+        [Errno 28] No space left on device: writing model_best.pth (1,024 bytes) under runs/x/model failed; the
+        previous model_best is intact. Free space on that disk (or choose another save_dir), then continue with
+        resume='auto'
+    """
+
+    def __init__(self, directory, nbytes: int, what: str, consequence: str):
+        self.directory, self.nbytes, self.what, self.consequence = str(directory), int(nbytes), what, consequence
+        OSError.__init__(
+            self, errno.ENOSPC,
+            f"No space left on device: writing {what} ({self.nbytes:,} bytes) under {self.directory} failed; "
+            f"{consequence}. Free space on that disk (or choose another save_dir), then continue with resume='auto'",
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.directory, self.nbytes, self.what, self.consequence))
+
+
+def _advice(path: str) -> str:
+    parent = pathlib.PurePath(path).parent
+    return (
+        f"Resume from an older checkpoint: list them with `python -m pimm_fn ls {parent}` and pass one as "
+        "resume=<its path>, or pass resume='auto', which skips damaged checkpoints"
+    )
+
+
+def no_space(exc: BaseException | None) -> OSError | None:
+    """The ENOSPC (or EDQUOT) ``OSError`` behind ``exc``: itself, its cause or context, or a DCP rank's failure."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _FULL:
+            return exc
+        if isinstance(exc, CheckpointException):
+            for failure, _ in exc.failures.values():
+                found = no_space(failure)
+                if found is not None:
+                    return found
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def cause(exc: BaseException) -> str:
+    """One line saying why a read failed: DCP's first rank failure unwrapped, torch's unsafe advice left out."""
+    if isinstance(exc, CheckpointException) and exc.failures:
+        return cause(exc.failures[min(exc.failures)][0])
+    text = str(exc)
+    if "weights_only" in text:  # torch's advice to load with weights_only=False would execute the file's code
+        found = re.search(r"WeightsUnpickler error:\s*(.*?)(?:\n\s*\n|Check the documentation|$)", text, re.S)
+        refused = f" ({' '.join(found.group(1).split())})" if found else ""
+        text = f"it holds what a safe load refuses{refused}"
+    text = " ".join(text.split())
+    return f"{type(exc).__name__}: {text[:200]}"
+
+
+def storage_error(exc: BaseException, directory, nbytes: int | Callable[[], int], what: str, consequence: str):
+    """``exc`` as a :class:`DiskFullError` when space ran out, a :class:`CheckpointStorageError` from DCP, else itself."""
+    if isinstance(exc, (CheckpointError, CheckpointStorageError)):
+        return exc
+    if no_space(exc) is not None:
+        return DiskFullError(directory, nbytes() if callable(nbytes) else nbytes, what, consequence)
+    if isinstance(exc, CheckpointException):
+        ranks = f" on rank(s) {sorted(exc.failures)}" if dist.world_size() > 1 else ""
+        return CheckpointStorageError(f"writing {what} under {directory} failed{ranks}: {cause(exc)}; {consequence}")
+    return exc
+
+
+@contextlib.contextmanager
+def storage_errors(directory, nbytes: int | Callable[[], int], what: str, consequence: str):
+    """Raise what fails inside as :func:`storage_error` says (the OS error kept as the cause)."""
+    try:
+        yield
+    except BaseException as exc:
+        converted = storage_error(exc, directory, nbytes, what, consequence)
+        if converted is exc:
+            raise
+        raise converted from no_space(exc)
+
+
+def on_main(fn: Callable, group=None):
+    """``dist.run_on_main``, but a checkpoint or storage error of rank 0 is raised as itself on every rank.
+
+    Other errors reach the other ranks as the ``RuntimeError`` that
+    ``run_on_main`` raises; no rank waits forever either way.
+    """
+    result, error = None, None
+    if dist.is_main():
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, on every rank
+            error = exc
+    ours = isinstance(error, (CheckpointError, CheckpointStorageError))
+    shared = error if ours else None if error is None else f"{type(error).__name__}: {error}"
+    ok, payload = dist.broadcast_object((error is None, result if error is None else shared), group=group)
+    if error is not None:
+        raise error
+    if ok:
+        return payload
+    if isinstance(payload, BaseException):
+        raise payload
+    raise RuntimeError(f"rank 0 failed while this rank waited for it: {payload}")
+
+
+def tensor_bytes(*trees) -> int:
+    """The bytes of every tensor in nested dicts, lists and tuples (a DTensor's local shard)."""
+    total = 0
+    stack = list(trees)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif hasattr(item, "element_size") and hasattr(item, "numel"):
+            local = item.to_local() if hasattr(item, "to_local") else item
+            total += local.numel() * local.element_size()
+    return total

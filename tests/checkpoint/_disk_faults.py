@@ -1,0 +1,90 @@
+"""Disk faults for tests: a file damaged in place, and a full disk injected where the OS reports it.
+
+``damage(path, how)`` cuts a file short, empties it, zeroes or overwrites
+its bytes at the same size, or deletes it, as a copy cut short or a stray
+write would.
+
+``full_disk(root, match)`` replaces ``open`` and ``io.open`` (which
+``open()``, ``Path.open``, ``os.fdopen`` and so ``torch.save``, DCP's writer
+and every temp-file write go through) while it is active: a file opened for
+writing under ``root`` whose path contains ``match`` takes ``room`` bytes,
+then each write raises ``OSError(ENOSPC)``, as a write(2) on a full
+filesystem does. Nothing of pimm_fn is replaced. Importable by the
+distributed workers too (no pytest).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import errno
+import io
+import os
+import pathlib
+import random
+
+
+def damage(path, how: str) -> None:
+    """Damage one file in place: ``truncate`` (half), ``empty``, ``zeros``/``garbage`` (same size) or ``delete``."""
+    path = pathlib.Path(path)
+    data = path.read_bytes()
+    if how == "truncate":
+        path.write_bytes(data[: len(data) // 2])
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "zeros":
+        path.write_bytes(bytes(len(data)))
+    elif how == "garbage":
+        path.write_bytes(random.Random(3).randbytes(len(data)))
+    elif how == "delete":
+        path.unlink()
+    else:
+        raise ValueError(f"damage: unknown how={how!r}")
+
+
+class _Full:
+    """A writable file whose writes fail with ENOSPC once ``room`` bytes went in."""
+
+    def __init__(self, file, path: str, room: int, hits: list):
+        self._file, self._path, self._room, self._hits = file, path, room, hits
+
+    def write(self, data) -> int:
+        size = memoryview(data).nbytes
+        if size > self._room:
+            self._hits.append(self._path)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._path)
+        self._room -= size
+        return self._file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._file.close()
+
+
+@contextlib.contextmanager
+def full_disk(root, match: str, room: int = 0):
+    """While active, files under ``root`` whose path contains ``match`` fill up after ``room`` bytes.
+
+    Yields:
+        The list of paths whose write failed (a test asserts the failure was injected).
+    """
+    real_open, root, hits = io.open, os.path.abspath(os.fspath(root)), []
+
+    def open_(file, mode="r", *args, **kwargs):
+        opened = real_open(file, mode, *args, **kwargs)
+        path = os.readlink(f"/proc/self/fd/{file}") if isinstance(file, int) else os.path.abspath(os.fspath(file))
+        writing = any(flag in mode for flag in "wax+")
+        if writing and path.startswith(root + os.sep) and match in os.path.relpath(path, root):
+            return _Full(opened, path, room, hits)
+        return opened
+
+    builtins.open, io.open = open_, open_
+    try:
+        yield hits
+    finally:
+        builtins.open, io.open = real_open, real_open
