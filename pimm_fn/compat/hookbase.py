@@ -1,7 +1,9 @@
 """pimm's class-based hooks (``HookBase`` subclasses) running inside pimm_fn.
 
 ``adapt(hook_obj)`` turns an object with pimm's hook methods into a pimm_fn
-hook. At each lifecycle event it sets ``hook_obj.trainer`` to a read-only
+hook; ``pf.loop``, ``plan``, ``chain`` and ``build_hooks`` adapt one found in
+their hook list themselves (``adapted``, registered with
+``pimm_fn.core.hook.register_adapter`` when ``pimm_fn.compat`` is imported). At each lifecycle event it sets ``hook_obj.trainer`` to a read-only
 ``TrainerView`` of the state, calls the matching method, and restores the
 previous ``trainer``. A method returns ``None`` (nothing to do) or a tuple
 of effects, e.g. ``(SaveCheckpoint(view.global_step),)``.
@@ -33,7 +35,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.frozen import FrozenMap, freeze
 
-__all__ = ["HookBase", "TrainerView", "adapt"]
+__all__ = ["HookBase", "TrainerView", "adapt", "is_pimm_hook", "adapted"]
 
 _METHODS = {
     ev.ModifyConfig: "modify_config",
@@ -236,3 +238,26 @@ def adapt(hook_obj):
             f"e.g. a HookBase subclass (got {hook_obj!r:.80}); a pimm_fn hook needs no adapter"
         )
     return _Adapted(hook_obj)
+
+
+def is_pimm_hook(obj) -> bool:
+    """Whether ``obj`` is a class-based pimm hook: not a pimm_fn hook (not callable), not a config dict,
+    with at least one of pimm's hook methods (a ``HookBase`` of pimm_fn or of pimm itself).
+
+    >>> is_pimm_hook(HookBase()), is_pimm_hook(dict(type="CheckpointSaver")), is_pimm_hook(len)
+    (True, False, False)
+    """
+    if callable(obj) or isinstance(obj, (Mapping, type)):
+        return False
+    return any(callable(getattr(obj, name, None)) for name in _METHODS.values())
+
+
+def adapted(obj):
+    """``adapt(obj)`` for a class-based pimm hook, else ``obj`` unchanged: how ``pf.loop`` accepts one directly.
+
+    Registered with ``pimm_fn.core.hook.register_adapter`` when ``pimm_fn.compat`` is imported.
+
+    >>> adapted(HookBase()).__class__.__name__, adapted(len) is len
+    ('_Adapted', True)
+    """
+    return adapt(obj) if is_pimm_hook(obj) else obj

@@ -1,125 +1,67 @@
 """pimm hook configs (``dict(type="CheckpointSaver", save_freq=5)``) as pimm_fn hooks.
 
 A ``HookRegistry`` is an immutable mapping from pimm type names to hook
-factories. ``build_hooks`` looks each config up, checks its keywords against
-the factory's signature and calls it, so a typo fails when the hook list is
-built, with the accepted names in the message. Nothing is registered behind
-your back: extend a registry with ``add`` and pass it as ``registry=``.
+factories whose keywords and defaults are pimm's. ``build_hooks`` applies
+pimm's overrides (``hooks_override``, then ``--options``), looks each config
+up, checks its keywords against the factory's signature and calls it, so a
+typo fails when the hook list is built, with a did-you-mean message.
+Nothing is registered behind your back: extend a registry with ``add`` and
+pass it as ``registry=``.
 
-Built-in types (``DEFAULT_REGISTRY``):
+Built-in types (``DEFAULT_REGISTRY``; every type pimm's configs use):
 
-================================  ==============================================
-pimm config                       pimm_fn hook
-================================  ==============================================
-``CheckpointSaverIteration(N)``   ``save_every(N)``
-``CheckpointSaver(save_freq)``    ``save_every_epoch(1, snapshot_every=save_freq)``
-``CheckpointLoader(...)``         ``load_weights(weight, replacements, strict)``
-``InformationWriter(N)``          ``log_every(N)``
-``SemSegEvaluator`` and others    ``evaluate_every(0, evaluate)``
-``IterationTimer``                ``ignored(...)``: timing is the runtime's job
-``PreciseEvaluator``              not supported: an error says what to do
-================================  ==============================================
+=================================  ================================================
+pimm config                        pimm_fn hook
+=================================  ================================================
+``CheckpointSaver``                ``checkpoint_saver(save_freq, evaluator_every_n_steps)``
+``CheckpointSaverIteration``       ``checkpoint_saver_iteration(save_freq, save_iter_checkpoints, backend)``
+``CheckpointLoader``               ``checkpoint_loader(weight, keywords/replacement/replacements, strict)``
+``InformationWriter``              ``information_writer(log_frequency, step_offset)``
+``IterationTimer``                 ``iteration_timer(warmup_iter)``
+``SemSegEvaluator``,               ``pimm_evaluator(type, fn, every_n_steps, **options)``
+``InstanceSegmentationEvaluator``,
+``MAEEvaluator``,
+``PretrainEvaluator``
+``FinalEvaluator``                 ``final_evaluator(tester, test_last)``
+``ModelHook``                      ``pimm_model_hook()``
+``WandbNamer``                     ``wandb_namer(keys, sep, format_numbers, extra)``
+``WeightDecayExclusion``           ``weight_decay_exclusion(...)`` (+ ``split_weight_decay``)
+``WeightDecayScheduler``           ``weight_decay_scheduler(base_value, final_value, warmup_ratio)``
+``GradientNormLogger``             ``gradient_norm_logger(norm_type, log_per_layer, log_frequency, prefix)``
+``ParameterCounter``               ``parameter_counter(...)``
+``AttentionMaskAnnealingHook``     ``attention_mask_annealing(log_frequency, log_per_layer, prefix)``
+``DtypeOverrider``                 ``dtype_overrider(...)``
+``GarbageHandler``                 ``garbage_handler(interval, disable_auto, empty_cache)``
+``SimulateCrash``, ``RuntimeProfiler``, ``PrototypeUsageLogger``,   refused: the error says why and what
+``FeatureStdMonitor``, ``LogitEntropyLogger``,                       to do instead
+``ResourceUtilizationLogger``, ``PushToHub``, ``PreciseEvaluator``,
+``OnlineLinearProbe``, ``EventLinearProbeEvaluator``
+=================================  ================================================
+
+Hooks whose work needs the model, the optimizer or a clock emit the effects
+of ``pimm_fn.compat.effects``: run them with ``loop(handlers=pimm_fn.compat.HANDLERS)``.
 """
 
 import difflib
 import inspect
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Mapping
 
 import attrs
 
-from pimm_fn.compat.hookbase import HookBase, adapt
-from pimm_fn.compat.saving import save_every_epoch
+from pimm_fn.compat.builtins import BUILTINS, CONTEXT, REFUSED
+from pimm_fn.compat.evaluators import _FinalEvaluator, _PimmEvaluator
+from pimm_fn.compat.hookbase import adapt, is_pimm_hook
+from pimm_fn.compat.options import override_hooks
+from pimm_fn.compat.saving import _PimmSaver
 from pimm_fn.core.frozen import FrozenMap, freeze
-from pimm_fn.hooks import evaluate_every, load_weights, log_every, save_every
 
-__all__ = ["HookRegistry", "DEFAULT_REGISTRY", "register_hook", "build_hooks", "ignored"]
+__all__ = ["HookRegistry", "DEFAULT_REGISTRY", "register_hook", "build_hooks", "REFUSED", "CONTEXT_KEYWORDS"]
 
-# The parameter through which a factory receives build_hooks' context; never a config keyword.
-CONTEXT = "context"
-
-
-@attrs.frozen(repr=False)
-class _Ignored:
-    """A hook that never runs: the fold skips a hook that wants no event."""
-
-    factory_name: ClassVar[str] = "ignored"
-    events: ClassVar[tuple] = ()
-    rank_consistent: ClassVar[bool] = True  # never runs
-    type: str
-    options: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
-
-    def __call__(self, state, event):
-        return state, ()
-
-    def __repr__(self):
-        options = "".join(f", {k}={v!r}" for k, v in self.options.items())
-        return f"ignored({self.type!r}{options})"
+# The keywords build_hooks passes to factories, besides context={...} for factories of your own.
+CONTEXT_KEYWORDS = ("weight", "evaluate", "tester")
 
 
-def ignored(type: str, **options):
-    """A no-op stand-in for a pimm hook whose job pimm_fn does elsewhere.
-
-    It keeps the hook's place (and index) in the list and shows in the repr
-    what the config asked for.
-
-    >>> ignored("IterationTimer", warmup_iter=2)
-    ignored('IterationTimer', warmup_iter=2)
-    """
-    return _Ignored(type, options)
-
-
-# The built-in factories. Their keyword names and defaults are pimm's.
-
-
-def _checkpoint_saver_iteration(save_freq):
-    return save_every(save_freq)
-
-
-def _checkpoint_saver(save_freq=None):
-    return save_every_epoch(1, snapshot_every=save_freq)
-
-
-def _checkpoint_loader(keywords="", replacement="", strict=False, weight=None, *, context):
-    path = weight if weight is not None else context.get("weight")
-    if path is None:
-        raise ValueError(
-            "needs the weights file to load: pass build_hooks(..., weight='path/to/model.pth') "
-            "or dict(type='CheckpointLoader', weight=...); to resume a run use loop(..., resume='auto') instead"
-        )
-    return load_weights(path, replacements={keywords: replacement} if keywords else None, strict=strict)
-
-
-def _information_writer(log_interval=1):
-    return log_every(log_interval)
-
-
-def _evaluator(type_name):
-    def factory(*, context):  # no keywords: evaluation settings belong to the evaluate callable
-        evaluate = context.get("evaluate")
-        if evaluate is None:
-            raise ValueError(
-                f"needs the evaluation to run: pass build_hooks(..., evaluate=fn) where "
-                f"fn(model) returns {{metric: value}} (pimm_fn evaluates at the end of each epoch)"
-            )
-        return evaluate_every(0, evaluate)
-
-    factory.__name__ = factory.__qualname__ = f"_{type_name}"
-    return factory
-
-
-def _iteration_timer(warmup_iter=1):
-    # Timing reads a clock, which no pure hook may do; the runtime reports it.
-    return ignored("IterationTimer", warmup_iter=warmup_iter)
-
-
-def _precise_evaluator(test_last=False):
-    raise ValueError(
-        "a full test pass after training has no pimm_fn hook: drop it from the hook list, "
-        "and after run() returns test the weights in save_dir/model/model_best.pth (or last/) with your tester"
-    )
-
-
+# -- the registry --------------------------------------------------------------------------------------------------
 def _accepted(factory) -> tuple[tuple, bool]:
     """(config keywords ``factory`` accepts, whether it takes any keyword)."""
     params = inspect.signature(factory).parameters.values()
@@ -140,8 +82,9 @@ class HookRegistry(Mapping):
 
     A factory is called with the config's keywords (everything but
     ``type``) and returns a pimm_fn hook. One that declares a keyword-only
-    ``context`` parameter also receives ``build_hooks``' context keywords as
-    a read-only mapping.
+    ``context`` parameter also receives ``build_hooks``' context (``weight``,
+    ``evaluate``, ``tester`` and the entries of its ``context=``) as a
+    read-only mapping.
 
     >>> from pimm_fn.hooks import save_every
     >>> registry = HookRegistry({"Every": save_every})
@@ -184,17 +127,7 @@ class HookRegistry(Mapping):
         return f"HookRegistry({list(self._factories)!r})"
 
 
-DEFAULT_REGISTRY = HookRegistry({
-    "CheckpointSaverIteration": _checkpoint_saver_iteration,
-    "CheckpointSaver": _checkpoint_saver,
-    "CheckpointLoader": _checkpoint_loader,
-    "InformationWriter": _information_writer,
-    "SemSegEvaluator": _evaluator("SemSegEvaluator"),
-    "ClsEvaluator": _evaluator("ClsEvaluator"),
-    "InsSegEvaluator": _evaluator("InsSegEvaluator"),
-    "IterationTimer": _iteration_timer,
-    "PreciseEvaluator": _precise_evaluator,
-})
+DEFAULT_REGISTRY = HookRegistry(BUILTINS)
 
 
 def register_hook(name: str):
@@ -263,45 +196,97 @@ def _build_one(where, config, registry, context):
         raise type(error)(f"build_hooks: {where} {name}: {error}") from error
 
 
-def build_hooks(configs, *, registry: Mapping | None = None, **context) -> list:
+def _with_metrics(hooks: list) -> list:
+    """Each pimm saver tracking the current metric of the evaluator before it (else the first after), as pimm's
+    ``comm_info`` hands it over."""
+    found = []
+    for i, hook in enumerate(hooks):
+        if isinstance(hook, _PimmSaver) and hook.metric is None:
+            before = [h for h in hooks[:i] if isinstance(h, _PimmEvaluator) and h.evaluate and h.metric]
+            after = [h for h in hooks[i + 1:] if isinstance(h, _PimmEvaluator) and h.evaluate and h.metric]
+            source = before[-1] if before else after[0] if after else None
+            if source is not None:
+                hook = attrs.evolve(hook, metric=source.metric[0], mode=source.metric[1])
+        found.append(hook)
+    final = [h for h in found if isinstance(h, _FinalEvaluator) and h.evaluate and not h.test_last]
+    if final and not any(isinstance(h, _PimmSaver) and h.metric for h in found):
+        raise ValueError(
+            "build_hooks: FinalEvaluator(test_last=False) tests model_best.pth, which no hook of this list writes "
+            "(a CheckpointSaver after an evaluator writes it when the evaluator's metric improves): add an "
+            "evaluator, or pass test_last=True"
+        )
+    return found
+
+
+def build_hooks(configs, *, registry: Mapping | None = None, options=None, hooks_override: Mapping | None = None,
+                weight: str | None = None, evaluate=None, tester: Callable | None = None,
+                context: Mapping | None = None, **unknown) -> list:
     """pimm-style hook configs as a list of pimm_fn hooks, in the same order.
 
-    Each item is a dict ``{"type": name, **keywords}`` looked up in
-    ``registry``, an already-built pimm_fn hook (kept as is), or a
-    ``HookBase`` instance (wrapped with ``adapt``). Order matters as in
-    pimm: put evaluators before savers.
+    pimm's overrides are applied first, in pimm's order (``hooks_override``,
+    then ``options``; ``pimm_fn.compat.options``). Each item is then a dict
+    ``{"type": name, **keywords}`` looked up in ``registry``, an
+    already-built pimm_fn hook (kept as is), or an object with pimm's hook
+    methods, a ``HookBase`` (adapted with ``adapt``). Order matters as in
+    pimm: put evaluators before savers. Each saver tracks, for
+    ``model_best``, the current metric of the evaluator listed before it.
 
     Args:
         configs: the pimm ``hooks`` list.
         registry: the type names to factories (default ``DEFAULT_REGISTRY``).
-        **context: values factories may need: ``weight`` (the
-            ``CheckpointLoader`` weights path, pimm's ``cfg.weight``) and
-            ``evaluate`` (the ``fn(model) -> {metric: value}`` evaluators run).
+        options: pimm's ``--options`` for hooks: ``["hooks.CheckpointSaver.save_freq=100",
+            "hooks.1.save_freq=7"]`` (or the parsed dict).
+        hooks_override: pimm's ``{HookType: {"param.path": value}}``, applied before ``options``.
+        weight: pimm's ``cfg.weight``, the warm start of ``CheckpointLoader``
+            (``None``: a fresh run loads nothing).
+        evaluate: the evaluation ``fn(model) -> {metric: value}`` the
+            evaluators run, or ``{type: fn}`` per evaluator type, or ``False``
+            for pimm's ``cfg.evaluate=False`` (no evaluation at all).
+        tester: ``FinalEvaluator``'s test ``fn(model) -> {metric: value} | None``.
+        context: more values for factories of your own (their ``context``).
 
     Returns:
         A list of hooks for ``loop`` or ``plan``.
 
     Raises:
-        TypeError: an item is not a dict or hook, or a config has an unknown keyword.
-        ValueError: an unknown or unsupported type, or a missing context value.
+        TypeError: an item is not a dict or hook, a config has an unknown
+            keyword, or ``build_hooks`` itself got one.
+        ValueError: an unknown or unsupported type, a missing context value,
+            or a bad override.
 
     >>> build_hooks([dict(type="CheckpointSaverIteration", save_freq=100), dict(type="IterationTimer")])
-    [save_every(100), ignored('IterationTimer', warmup_iter=1)]
+    [checkpoint_saver_iteration(save_freq=100), iteration_timer(1)]
     >>> build_hooks([dict(type="CheckpointSaver", save_frq=1)])
     Traceback (most recent call last):
     TypeError: build_hooks: hooks[0] CheckpointSaver got unknown keyword 'save_frq': did you mean 'save_freq'?
-    (CheckpointSaver accepts ['save_freq'])
+    (CheckpointSaver accepts ['save_freq', 'evaluator_every_n_steps'])
+    >>> build_hooks([], wieght="w.pth")
+    Traceback (most recent call last):
+    TypeError: build_hooks() got an unexpected keyword 'wieght': did you mean 'weight'? ...
     """
+    if unknown:
+        word = next(iter(unknown))
+        named = ["registry", "options", "hooks_override", *CONTEXT_KEYWORDS, "context"]
+        raise TypeError(
+            f"build_hooks() got an unexpected keyword {word!r}{_suggest(word, named)} (it takes {named}; values for "
+            f"factories of your own go in context={{...}})"
+        )
     registry = DEFAULT_REGISTRY if registry is None else registry
     if not isinstance(registry, HookRegistry):
         registry = HookRegistry(registry)
-    context = FrozenMap(context)
+    if options is not None or hooks_override:
+        configs = override_hooks(configs, options, hooks_override=hooks_override, known=registry)
+    taken = {"weight": weight, "evaluate": evaluate, "tester": tester}
+    clash = sorted(set(taken) & set(context or {}))
+    if clash:
+        raise TypeError(f"build_hooks: pass {clash} as build_hooks' own keywords, not in context={{...}}")
+    context = FrozenMap({**taken, **(context or {})})
     hooks = []
     for i, item in enumerate(configs):
-        if isinstance(item, HookBase):
+        if is_pimm_hook(item):
             hooks.append(adapt(item))
         elif callable(item):
             hooks.append(item)
         else:
             hooks.append(_build_one(f"hooks[{i}]", item, registry, context))
-    return hooks
+    return _with_metrics(hooks)

@@ -66,6 +66,7 @@ __all__ = [
     "saves_in_background",
     "emits_any",
     "check_hooks",
+    "register_adapter",
     "hook_factory",
     "DuplicateHookError",
 ]
@@ -335,16 +336,32 @@ def check_hooks(hooks, where: str = "hooks") -> tuple:
         raise TypeError(
             f"'{where}' must be a list or tuple of hooks, run in that order (got {type(hooks).__name__}{single})"
         )
-    for hook in hooks:
+    hooks = tuple(_ADAPTERS[0](h) if _ADAPTERS and not callable(h) else h for h in hooks)  # a pimm HookBase object
+    for position, hook in enumerate(hooks):
         if getattr(hook, "hook_factory", False) is True:
             name = getattr(hook, "__name__", repr(hook))
             raise TypeError(
                 f"'{where}' holds the hook factory {name} itself: call it to make a hook, e.g. {name}(...)"
             )
         if not callable(hook):
-            raise TypeError(f"a hook must be callable as hook(state, event) (got {hook!r:.80})")
+            raise TypeError(
+                f"'{where}' position {position}: a hook must be callable as hook(state, event) (got {hook!r:.80})"
+            )
     _refuse_duplicates(hooks, where)
     return tuple(hooks)
+
+
+# -- class-based hooks (pimm's HookBase objects): pimm_fn.compat registers ``adapt`` here -------------------
+_ADAPTERS: list = []  # at most one: fn(obj) -> a hook, or obj unchanged when it is not one it adapts
+
+
+def register_adapter(fn) -> None:
+    """Have ``check_hooks`` pass every non-callable item through ``fn`` (``pimm_fn.compat.adapt``'s registration).
+
+    ``fn(obj)`` returns a hook for an object it adapts, or ``obj`` unchanged
+    (then refused as usual). A second registration replaces the first.
+    """
+    _ADAPTERS[:] = [fn]
 
 
 def _refuse_duplicates(hooks, where) -> None:

@@ -23,11 +23,18 @@ lr (``StepLR``, ``ExponentialLR``) continues from the new lr, while one that
 computes lr from its ``base_lrs`` (``LambdaLR``, ``CosineAnnealingLR``,
 ``OneCycleLR``) returns to the checkpoint's schedule. To change a schedule,
 build the scheduler anew and start a fresh run with ``load_weights``.
+
+A scheduler with a horizon (``OneCycleLR``'s ``total_steps``) cannot be
+stepped past it: a run extended beyond the horizon its checkpoint's
+scheduler was built for (2 epochs, resumed with ``max_epochs=3`` and a
+scheduler built for 3) would fail in torch one step after the old end.
+``horizon_problem`` finds that before anything is loaded, so the resume is
+refused with the fix instead.
 """
 
 import torch
 
-__all__ = ["hyperparameters", "differences", "apply_new", "describe"]
+__all__ = ["hyperparameters", "differences", "apply_new", "describe", "horizon_problem"]
 
 # How a group is computed, not what it computes: a change is no change of training.
 _IMPLEMENTATION = frozenset({"params", "param_names", "foreach", "fused", "capturable", "differentiable"})
@@ -103,3 +110,33 @@ def describe(found: list[tuple], winner: str, name: str | None = None) -> str:
         outcome = "keeping the checkpoint's values; pass resume_hyperparameters='new' to use this run's"
     which = "the optimizer's" if name is None else f"optimizer {name!r}'s"
     return f"{which} hyper-parameters differ from the checkpoint's: {items}; {outcome}"
+
+
+def horizon_problem(scheduler, saved: dict | None, path) -> str | None:
+    """Why ``scheduler``, loaded from ``saved`` (its checkpointed state), would fail this run; ``None`` when it would not.
+
+    A scheduler whose state holds ``total_steps`` (``OneCycleLR``) raises once
+    stepped past it. Loading ``saved`` replaces this run's horizon with the
+    checkpoint's, so when this run built its scheduler for more steps (the
+    run was extended) the resume is refused before anything is loaded.
+
+    >>> class OneCycle:
+    ...     total_steps = 30
+    >>> print(horizon_problem(OneCycle(), {"total_steps": 20, "last_epoch": 20}, "run/model/last"))
+    the scheduler in run/model/last (OneCycle) was built for 20 steps and has taken 20; this run built it for 30, ...
+    >>> horizon_problem(OneCycle(), {"total_steps": 30, "last_epoch": 20}, "run/model/last") is None
+    True
+    """
+    if scheduler is None or not isinstance(saved, dict):
+        return None
+    built, old = getattr(scheduler, "total_steps", None), saved.get("total_steps")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (built, old)) or built <= old:
+        return None
+    taken = saved.get("last_epoch", "?")
+    name = type(scheduler).__name__
+    return (
+        f"the scheduler in {path} ({name}) was built for {old} steps and has taken {taken}; this run built it for "
+        f"{built}, but a resume restores the scheduler's state as saved, horizon included, so training past step "
+        f"{old} would fail. Resume with the budget the checkpoint was written for (its {old} steps), or extend the "
+        f"run as a fresh one from its weights (pf.load_weights({str(path)!r})) with a scheduler built for the new length"
+    )

@@ -1,6 +1,9 @@
-"""A pimm-style hook config, class-based hook included, driving a real pf.loop run."""
+"""A pimm-style hook list driving a real pf.loop run: the catalogue's handlers do pimm's work on the model and
+optimizer, class-based hooks go straight into pf.loop, and the records land in log.jsonl."""
 
+import gc
 import json
+import math
 
 import pytest
 
@@ -8,105 +11,129 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import pimm_fn as pf  # noqa: E402
-from pimm_fn.compat import HookBase, build_hooks  # noqa: E402
-from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint  # noqa: E402
-from pimm_fn.runtime.handlers import load_weights as load_weights_handler  # noqa: E402
+from pimm_fn.compat import HANDLERS, HookBase, build_hooks, split_weight_decay  # noqa: E402
+from pimm_fn.core.effects import Log  # noqa: E402
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+
+    def get_anneal_factor(self):
+        return 1.0 / (1 + self.step)
 
 
 class Net(torch.nn.Module):
+    """A model with pimm's annealing interface (update_anneal_step, decoder.blocks) and pimm-style hook methods."""
+
     def __init__(self):
         super().__init__()
         self.encoder = torch.nn.Linear(3, 4)
+        self.norm = torch.nn.LayerNorm(4)
         self.head = torch.nn.Linear(4, 1)
+        self.decoder = torch.nn.Module()
+        self.decoder.blocks = torch.nn.ModuleList([Block(), Block()])
+        self.anneal_steps, self.epochs_seen = [], []
+
+    def update_anneal_step(self, step):
+        self.anneal_steps.append(step)
+        for block in self.decoder.blocks:
+            block.step = step
+
+    def after_epoch(self):  # pimm's ModelHook forwards the trainer's events to the model
+        self.epochs_seen.append(self.trainer.epoch)
 
     def forward(self, batch):
         x, y = batch
-        return {"loss": ((self.head(torch.relu(self.encoder(x))) - y) ** 2).mean()}
+        return {"loss": ((self.head(self.norm(self.encoder(x))) - y) ** 2).mean()}
 
 
 def data():
-    x = torch.randn(20, 3, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))
     return TensorDataset(x, x.sum(1, keepdim=True))
 
 
 def score(model):
     x, y = data().tensors
-    with torch.no_grad():
-        return {"mIoU": -float(model(( x, y))["loss"])}
+    return {"mIoU": -float(model((x, y))["loss"])}
 
 
-class DoubleBatch(HookBase):
-    """A pimm-style class hook: edits the config and logs at each epoch's end."""
-
-    def modify_config(self, cfg):
-        cfg["batch_size"] = cfg.get("batch_size", 1) * 2  # plan() starts from an empty config
+class EpochNote(HookBase):
+    """A class-based hook handed to pf.loop directly."""
 
     def after_epoch(self):
-        return (Log(self.trainer.global_step, "epoch_done", {"epoch": self.trainer.epoch}),)
+        return (Log(self.trainer.global_step, "note", {"epoch": self.trainer.epoch}),)
 
     def __repr__(self):
-        return "DoubleBatch()"
+        return "EpochNote()"
 
 
 CONFIG = [
-    dict(type="CheckpointLoader", keywords="backbone.", replacement="encoder."),
-    dict(type="IterationTimer", warmup_iter=2),
-    dict(type="InformationWriter", log_interval=2),
+    dict(type="WandbNamer", keys=("model", "seed")),
+    dict(type="WeightDecayExclusion"),
+    dict(type="ParameterCounter", min_params=5),
+    dict(type="DtypeOverrider", class_patterns=["LayerNorm"], dtype="float64", override_parameters=True),
+    dict(type="ModelHook"),
+    dict(type="WeightDecayScheduler", base_value=0.04, final_value=0.2),
+    dict(type="AttentionMaskAnnealingHook", log_frequency=3),
+    dict(type="IterationTimer", warmup_iter=0),
+    dict(type="InformationWriter", log_frequency=2),
+    dict(type="GradientNormLogger", log_frequency=3),
     dict(type="SemSegEvaluator"),
-    dict(type="CheckpointSaver", save_freq=2),
+    dict(type="CheckpointSaver", save_freq=3),
+    dict(type="GarbageHandler", interval=2, disable_auto=False),
+    dict(type="FinalEvaluator"),
 ]
 
 
-def _loop(save_dir, weight, *, max_epochs, resume=None, handlers=None):
+def test_a_pimm_config_runs_with_the_catalogue_handlers(tmp_path):
+    """Weight decay split before the loop and scheduled per step, LayerNorm run in float64, annealing told every
+    global step, the model's own hook methods called, gradient norms, parameter counts, timing, best-model tests."""
     torch.manual_seed(0)
     model = Net()
-    hooks = build_hooks([*CONFIG, DoubleBatch()], weight=str(weight), evaluate=score)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(data(), batch_size=5, shuffle=True)
-    run = pf.loop(model, optimizer, loader, hooks=hooks, max_epochs=max_epochs, save_dir=save_dir,
-                  resume=resume, config={"batch_size": 5}, console=False, handlers=handlers)
-    return model, hooks, run
+    optimizer = split_weight_decay(model, torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.5))
+    tested = []
+
+    def tester(m):
+        tested.append(m is not model)
+        return {"allAcc": 1.0}
+
+    hooks = build_hooks(CONFIG, evaluate=score, tester=tester)
+    run = pf.loop(model, optimizer, DataLoader(data(), batch_size=4), hooks=[*hooks, EpochNote()], max_epochs=2,
+                  save_dir=tmp_path, handlers=HANDLERS, config={"model": "Net", "seed": 1500}, console=False)
+    state = run()
+    assert gc.isenabled()
+    assert state.config["wandb_run_name"] == "Net-1.5K"
+    assert [g["apply_wd"] for g in optimizer.param_groups] == [True, False]
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [pytest.approx(0.2 - 0.08 * (1 + math.cos(math.pi * 5 / 6))), 0.0]
+    assert getattr(model.norm.forward, "pimm_fn_dtype", None) is torch.float64 and model.norm.weight.dtype == torch.float64
+    assert model.anneal_steps == [0, 1, 2, 3, 4, 5, 6] and model.epochs_seen == [0, 1]
+    assert tested == [True] and (tmp_path / "model" / "model_best.pth").is_file()
+    records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    kinds = {}
+    for r in records:
+        kinds.setdefault(r["kind"], []).append(r["step"])
+    assert kinds["grad_norm"] == [3, 6] and kinds["anneal"] == [3, 6] and kinds["train"] == [2, 3, 4, 6]
+    assert kinds["timing"] == [3, 6] and kinds["note"] == [3, 6] and kinds["eval/FinalEvaluator"] == [6]
+    assert [r["module"] for r in records if r["kind"] == "parameters/module"] == ["encoder", "norm", "head"]
+    assert records[0]["kind"] == "parameters" and records[0]["total"] == 3 * 4 + 4 + 8 + 4 + 1
 
 
-def test_pimm_config_trains_saves_per_epoch_and_resumes(tmp_path):
-    """Weights load with the key rewrite, saves land at epoch ends with snapshots every 2, and a resume continues."""
-    torch.manual_seed(1)
-    pretrained = Net()
-    weight = tmp_path / "pretrained.pth"
-    torch.save({f"backbone.{k[len('encoder.'):]}" if k.startswith("encoder.") else k: v
-                for k, v in pretrained.state_dict().items()}, weight)
-    save_dir = tmp_path / "run"
+def test_weight_decay_exclusion_refuses_an_optimizer_that_was_not_split():
+    """The split must precede the scheduler and the optimizer's load: the hook refuses to train without it."""
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters())
+    run = pf.loop(model, optimizer, DataLoader(data(), batch_size=4), hooks=build_hooks([CONFIG[1]]), max_epochs=1,
+                  handlers=HANDLERS, console=False)
+    with pytest.raises(ValueError, match=r"param group 0 is not split .*split_weight_decay\(model, optimizer"):
+        run.step()
 
-    loaded = {}
 
-    def load_and_record(effect, state, ctx):
-        followups = load_weights_handler(effect, state, ctx)
-        loaded.update({k: v.clone() for k, v in ctx.model.state_dict().items()})
-        return followups
-
-    _, hooks, run = _loop(save_dir, weight, max_epochs=3, handlers={LoadWeights: load_and_record})
-    final = run()
-    assert loaded and all(torch.equal(loaded[k], v) for k, v in pretrained.state_dict().items())
-
-    assert final.progress.global_step == 12 and final.config == {"batch_size": 10}
-    saves = [e.effect for e in run.trace if isinstance(e.effect, SaveCheckpoint)]
-    assert saves == [SaveCheckpoint(4, deferred=True), SaveCheckpoint(8, snapshot=True, deferred=True), SaveCheckpoint(12, deferred=True)]
-    assert [e.effect.step for e in run.trace if isinstance(e.effect, Evaluate)] == [4, 8, 12]
-    assert run.trace[0].effect == LoadWeights(str(weight), (("backbone.", "encoder."),))
-    model_dir = save_dir / "model"
-    assert (model_dir / "last").is_dir() and (model_dir / "iter_8").is_dir() and not (model_dir / "iter_4").exists()
-    kinds = [json.loads(line)["kind"] for line in (save_dir / "log.jsonl").read_text().splitlines()]
-    assert kinds[:5] == ["train", "train", "epoch", "eval/score", "epoch_done"]
-
-    metrics = {e.event.step: dict(e.event.values) for e in run.trace if isinstance(e.event, pf.events.MetricsPublished)}
-    planned = pf.plan(hooks, iters_per_epoch=4, max_epochs=3, metrics=metrics)
-    def shown(entries):  # a dry run has no losses: compare log records by kind
-        return [(e.step, e.hook, e.effect.kind if isinstance(e.effect, Log) else e.effect) for e in entries]
-
-    assert shown(run.trace) == shown(planned)
-
-    _, _, resumed = _loop(save_dir, weight, max_epochs=4, resume="auto")
-    assert resumed.state.progress.global_step == 12
-    resumed()
-    after_resume = [e.effect for e in resumed.trace if isinstance(e.effect, (SaveCheckpoint, LoadWeights))]
-    assert after_resume == [SaveCheckpoint(16, snapshot=True, deferred=True)]  # no warm start again, cadence continues
+def test_pf_loop_takes_a_class_based_hook_directly():
+    """A HookBase object in loop(hooks=...) is adapted; its methods see the trainer view and return effects."""
+    model = Net()
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(data(), batch_size=6),
+                  hooks=[EpochNote()], max_epochs=2, console=False)
+    run()
+    assert [(e.step, e.effect.values["epoch"]) for e in run.trace] == [(2, 0), (4, 1)]

@@ -1,0 +1,263 @@
+"""Resuming pimm's checkpoints in pimm_fn: the translation of their counters, RNG and optimizer state.
+
+pimm's split ``last/`` (``weights.pth`` + ``trainer.dcp/``) and one-file
+``model_last.pth`` are read by ``pimm_fn.compat.reading``, safely (``weights_only``).
+
+A resume translates the checkpoint into a pimm_fn checkpoint (legacy
+format, under ``model/.staging-pimm-import/``, which the run's first save
+removes) and resumes from that, with pimm's translation of its counters:
+
+* at an epoch boundary (pimm's ``iter_in_epoch == 0``, as every deferred
+  epoch-end save is): after epoch ``epoch - 1``, at ``global_step``, the RNG
+  restored; the next epoch runs exactly as in pimm_fn;
+* mid-epoch: the cursor cannot be read, so, as pimm does without one, the
+  epoch restarts from its first batch with ``global_step = epoch *
+  iters_per_epoch`` (a ``ResumeNotExactWarning`` says so);
+* Pointcept-style files (``PIMM.md`` 3.11): ``epoch`` ``E`` and ``iter``
+  ``i``; the run resumes at epoch ``E`` (``E - 1`` when ``0 < i <
+  iters_per_epoch``), step ``epoch * iters_per_epoch``, no RNG restored.
+
+Steps per epoch come from the counters (``global_step / epoch``) or the
+scheduler's step count; the epochs to train from the scheduler's
+``total_steps``; where they cannot be told, ``translate`` takes them
+(``iters_per_epoch=``, ``max_epochs=``), and ``loop(max_epochs=)`` always
+sets the budget. What cannot be translated is refused with a
+``PimmCheckpointError`` saying why: a weights-only file, an incomplete
+directory, another world size, an unreadable payload.
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+import tempfile
+import warnings
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from pimm_fn import checkpoint
+from pimm_fn.checkpoint import dist
+from pimm_fn.checkpoint.contents import PerRank, Replicated, SavedState, TrainerContents, to_parts
+from pimm_fn.compat.reading import (
+    PimmCheckpoint, PimmCheckpointError, latest_pimm_checkpoint, load_pimm_weights, pimm_source, read_pimm_checkpoint,
+    remap_pimm_weights, safe_load,
+)
+from pimm_fn.compat.saving import PIMM_BEST
+from pimm_fn.core.slots import Keyed
+from pimm_fn.core.state import Progress, State
+from pimm_fn.runtime.feed import ResumeNotExactWarning
+from pimm_fn.runtime.rng import capture_rng
+
+__all__ = [
+    "PimmCheckpointError", "PimmCheckpoint", "read_pimm_checkpoint", "latest_pimm_checkpoint", "pimm_source",
+    "load_pimm_weights", "remap_pimm_weights", "translate", "locate", "safe_load",
+]
+
+IMPORT = ".staging-pimm-import"  # where a resume's translation goes, in the run's model/; the first save removes it
+
+
+# -- translation ----------------------------------------------------------------------------------------------------
+def _positional_optimizer(saved):
+    """pimm's optimizer entry as ``optimizer.state_dict()`` takes it: FQN keys numbered in param-group order."""
+    if saved is None:
+        return None
+    sd = saved.get("state_dict", saved) if isinstance(saved, Mapping) and "param_groups" not in saved else saved
+    if sd is None:
+        return None
+    if not isinstance(sd, Mapping) or "param_groups" not in sd:
+        raise PimmCheckpointError(f"the checkpoint's optimizer state has no param_groups (got {sorted(sd)[:6]})")
+    ids: dict = {}
+    groups = []
+    for group in sd["param_groups"]:
+        params = []
+        for p in group["params"]:
+            ids.setdefault(p, p if isinstance(p, int) else len(ids))
+            params.append(ids[p])
+        groups.append({**group, "params": params})
+    return {"state": {ids.get(k, k): dict(v) for k, v in (sd.get("state") or {}).items()}, "param_groups": groups}
+
+
+def _nested_state(entry):
+    return entry.get("state_dict") if isinstance(entry, Mapping) and "state_dict" in entry else entry
+
+
+def _item(value):
+    return value.item() if isinstance(value, torch.Tensor) else value
+
+
+def _rng(entry, world: int, rank: int, where) -> dict:
+    """This rank's pimm RNG state as pimm_fn's ``capture_rng`` keeps it; the process's own when the checkpoint has none."""
+    state = (entry or {}).get("state") if isinstance(entry, Mapping) and "state" in (entry or {}) else entry
+    if not state:
+        return capture_rng()  # pimm restores none here either (legacy files)
+    states = state.get("states") if isinstance(state, Mapping) and "states" in state else [state]
+    saved_world = state.get("world_size", len(states)) if isinstance(state, Mapping) else len(states)
+    if saved_world != world or rank >= len(states):
+        raise PimmCheckpointError(
+            f"{where}: RNG state was saved with world_size={saved_world}, but current world_size={world}. Resume "
+            f"it with {saved_world} rank(s), or warm-start from its weights (CheckpointLoader / checkpoint_loader)"
+        )
+    own = states[rank]
+    version, internal, gauss = own["python"]
+    kind, keys, pos, has_gauss, cached = own["numpy"]
+    found = {
+        "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "torch": own["torch"],
+    }
+    if own.get("torch_cuda"):
+        found["cuda"] = list(own["torch_cuda"])
+    return found
+
+
+def _exact(numerator, denominator):
+    return numerator // denominator if denominator > 0 and numerator % denominator == 0 and numerator > 0 else None
+
+
+def _counters(payload: Mapping, where) -> tuple[int, int, int | None, int, bool]:
+    """``(epoch, iter_in_epoch, global_step or None, samples_seen, legacy)`` pimm resumes from."""
+    trainer = payload.get("train_state") or payload.get("trainer")
+    if isinstance(trainer, Mapping):
+        i = trainer.get("iter_in_epoch", trainer.get("iteration", trainer.get("iter", 0)))
+        return (int(_item(trainer.get("epoch", 0))), int(_item(i or 0)), int(_item(trainer.get("global_step", 0))),
+                int(_item(trainer.get("samples_seen", 0))), False)
+    if "epoch" not in payload:
+        raise PimmCheckpointError(
+            f"{where} holds model weights only (no 'epoch' or trainer state): nothing to resume. Warm-start a fresh "
+            f"run from it instead (CheckpointLoader with weight={str(where)!r}, or pf.load_weights)"
+        )
+    return int(_item(payload["epoch"])), int(_item(payload.get("iter") or 0)), None, 0, True
+
+
+def _steps_per_epoch(epoch, i, step, payload, given, legacy, where) -> int:
+    if given is not None:
+        return given
+    if not legacy and epoch > 0:
+        found = _exact(step - i, epoch)
+        if found is not None and (i == 0 or i < found):
+            return found
+    scheduler = _nested_state(payload.get("scheduler")) or {}
+    count = scheduler.get("last_epoch") if isinstance(scheduler, Mapping) else None
+    if legacy and isinstance(count, int) and epoch > 0:
+        found = _exact(count, epoch) if i == 0 else _exact(count - i, epoch - 1) if epoch > 1 else None
+        if found is not None:
+            return found
+    if not legacy and epoch == 0 and i > 0:
+        return i + 1  # the first epoch restarts at step 0 (below): its length no longer matters
+    raise PimmCheckpointError(
+        f"{where} records epoch={epoch}, iter={i} but not its steps per epoch: translate it with "
+        f"pimm_fn.compat.translate({str(where)!r}, out_dir, iters_per_epoch=len(train_loader)) and resume from that"
+    )
+
+
+def _progress(payload: Mapping, where, iters_per_epoch, max_epochs) -> tuple[Progress, str, str | None]:
+    """``(progress, position, note)``: where pimm would resume, as pimm_fn's state; ``note`` a warning to give."""
+    epoch, i, step, samples, legacy = _counters(payload, where)
+    ipe = _steps_per_epoch(epoch, i, step, payload, iters_per_epoch, legacy, where)
+    note = None
+    if legacy:
+        start = max(0, epoch - 1) if 0 < i < ipe else epoch
+        if 0 < i < ipe:
+            note = (f"{where}: legacy checkpoint is mid-epoch (epoch={epoch}, iter={i}) and has no dataloader state; "
+                    f"epoch {start} restarts from its first batch")
+        step = start * ipe
+    elif 0 < i < ipe:
+        start = epoch
+        note = (f"{where}: checkpoint is mid-epoch (epoch {epoch}, step {i} of {ipe}) and its dataloader state is a "
+                f"pickle pimm_fn does not load; resuming from the beginning of the saved epoch and replaying "
+                f"already-completed batches (global_step {step} -> {epoch * ipe}), as pimm does without a cursor")
+        step = epoch * ipe
+    else:
+        start = epoch + (1 if i >= ipe else 0)
+    scheduler = payload.get("scheduler")
+    horizon = scheduler.get("total_steps") if isinstance(scheduler, Mapping) else None
+    horizon = horizon if horizon is not None else (_nested_state(scheduler) or {}).get("total_steps")
+    epochs = max_epochs if max_epochs is not None else _exact(_item(horizon), ipe) if isinstance(_item(horizon), int) else None
+    epochs = max(epochs if epochs is not None else start, start)
+    if start == 0:
+        return Progress(ipe, epochs, 0, 0, 0, samples), "BeforeTrain", note
+    return Progress(ipe, epochs, start - 1, ipe, step, samples), "AfterEpoch", note
+
+
+def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: int | None = None):
+    """Write the pimm checkpoint at ``path`` as a pimm_fn checkpoint in ``out_dir``; returns its ``CheckpointInfo``.
+
+    Collective in a process group (every rank calls it; each translates its
+    own RNG state, rank 0 writes ``out_dir/last.pth``). Resume from it with
+    ``loop(resume=info.path)``; ``loop(resume=path)`` on the pimm checkpoint
+    itself does this for you when the counters tell the steps per epoch.
+
+    Args:
+        path: a pimm checkpoint (``last/``, ``model_last.pth``, ...).
+        out_dir: the directory to write into (its ``last.pth``).
+        iters_per_epoch: steps per epoch, when the checkpoint cannot tell them.
+        max_epochs: pimm's ``cfg.epoch`` (default: from the scheduler's ``total_steps``).
+
+    Warns:
+        ResumeNotExactWarning: a mid-epoch checkpoint restarts its epoch.
+
+    Raises:
+        PimmCheckpointError: what cannot be translated, and why.
+    """
+    path = pathlib.Path(path)
+    ckpt = read_pimm_checkpoint(path)
+    payload = ckpt.payload
+    progress, position, note = _progress(payload, path, iters_per_epoch, max_epochs)
+    if note is not None:
+        warnings.warn(note, ResumeNotExactWarning, stacklevel=2)
+    trainer = payload.get("trainer") if isinstance(payload.get("trainer"), Mapping) else {}
+    best = _item(trainer["best_metric_value"] if "best_metric_value" in trainer else payload.get("best_metric_value"))
+    finite = isinstance(best, (int, float)) and not isinstance(best, bool) and math.isfinite(best)
+    state = State(progress, rank=dist.rank(), world_size=dist.world_size(), position=position,
+                  best={PIMM_BEST: float(best)} if finite else {})
+    saved = SavedState(state, Keyed(()))
+    scaler = payload.get("scaler")
+    scaler = _nested_state(scaler) if not isinstance(scaler, Mapping) or scaler.get("enabled", True) else None
+    cursor = {"epoch_start": None, "generator": None, "samplers": [], "rest": None, "data": None}
+    rng = _rng(payload.get("rng"), dist.world_size(), dist.rank(), path)
+    optimizer = _positional_optimizer(payload.get("optimizer"))
+    if optimizer is None:
+        raise PimmCheckpointError(
+            f"{path} holds no optimizer state: a resume would restart the optimizer's moments. Warm-start a fresh "
+            f"run from its weights instead (CheckpointLoader with weight={str(path)!r}, or pf.load_weights)"
+        )
+    replicated = Replicated(optimizer, _nested_state(payload.get("scheduler")), scaler, saved)
+    trainer_part, local = to_parts(TrainerContents(replicated, PerRank(saved, rng, cursor)))
+    return checkpoint.save_checkpoint(out_dir, step=progress.global_step, weights=ckpt.weights, trainer=trainer_part,
+                                      local=local, format="legacy")
+
+
+def locate(resume, save_dir):
+    """The pimm_fn checkpoint to resume from when ``resume`` names a pimm checkpoint, translated; else ``None``.
+
+    Called by ``pimm_fn.runtime.resume.locate`` first. ``resume="auto"``
+    looks for pimm's layout (``PIMM.md`` 3.9) in ``save_dir/model`` only when
+    it holds no pimm_fn checkpoint; a fresh start (``resume=None``) into a
+    ``save_dir`` holding pimm checkpoints is refused, as for pimm_fn's own.
+
+    Raises:
+        FileExistsError: a fresh start over pimm checkpoints.
+        PimmCheckpointError: a pimm checkpoint that cannot be translated.
+    """
+    model_dir = pathlib.Path(save_dir) / "model" if save_dir is not None else None
+    # Looked up by rank 0 and agreed (every rank calls, whatever its file listing shows).
+    in_save_dir = (lambda: pimm_source(model_dir) if model_dir.is_dir() else None) if model_dir is not None else None
+    if resume is None or resume is False:
+        found = dist.run_on_main(in_save_dir) if in_save_dir is not None else None
+        if found is not None:
+            raise FileExistsError(
+                f"save_dir {str(save_dir)!r} already holds pimm checkpoints ({found.name}); a fresh run would "
+                f"overwrite them. Pass resume='auto' to continue that run, or choose another save_dir"
+            )
+        return None
+    if resume == "auto":
+        found = dist.run_on_main(in_save_dir) if in_save_dir is not None else None
+    else:
+        found = dist.run_on_main(lambda: pimm_source(resume))
+    if found is None:
+        return None
+    out = model_dir / IMPORT if model_dir is not None else pathlib.Path(dist.run_on_main(tempfile.mkdtemp)) / IMPORT
+    return translate(found, out)

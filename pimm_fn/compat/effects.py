@@ -1,0 +1,157 @@
+"""The requests pimm's hooks make in pimm_fn: frozen values, carried out by ``pimm_fn.compat.HANDLERS``.
+
+pimm's hooks act on the trainer themselves (load weights, rewrite the
+optimizer's groups, wrap modules, log gradient norms). In pimm_fn the hook
+decides (a pure function of the state) and asks for the work with one of
+these effects; the handler of the same name in ``pimm_fn.compat.handlers``
+does it. Pass them to the loop::
+
+    pf.loop(model, optimizer, data, hooks=build_hooks(cfg["hooks"]), handlers=compat.HANDLERS, ...)
+
+Without them a run stops at the first such effect with a
+``MissingHandlerError`` naming it.
+
+>>> SetWeightDecay(7, 0.05)
+SetWeightDecay(step=7, value=0.05)
+>>> SetWeightDecay.scope
+Scope.LOCAL
+"""
+
+from typing import ClassVar
+
+import attrs
+
+from pimm_fn.core.effects import Effect, Scope
+
+__all__ = [
+    "LoadPimmWeights",
+    "ExcludeWeightDecay",
+    "SetWeightDecay",
+    "LogGradientNorm",
+    "CountParameters",
+    "AnnealAttention",
+    "OverrideDtype",
+    "CollectGarbage",
+    "TimeStep",
+    "FinalTest",
+]
+
+
+@attrs.frozen
+class LoadPimmWeights(Effect):
+    """Warm-start the model from ``path`` with pimm's key rules (``CheckpointLoader``); each rank its replica.
+
+    ``rules`` is ``((keyword, replacement), ...)``; see ``pimm_fn.compat.checkpoints.load_pimm_weights``.
+    """
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    path: str
+    rules: tuple = ()
+    strict: bool = False
+
+
+@attrs.frozen
+class ExcludeWeightDecay(Effect):
+    """Check that the optimizer's param groups are split as ``WeightDecayExclusion`` asks (each rank its own).
+
+    The split itself is ``pimm_fn.compat.split_weight_decay``, done before the
+    scheduler is built and the optimizer state is loaded.
+    """
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    bias: bool = True
+    norm: bool = True
+    gamma: bool = True
+    token: bool = True
+    ndim_1: bool = True
+
+
+@attrs.frozen
+class SetWeightDecay(Effect):
+    """Set ``weight_decay`` to ``value`` on every group not excluded (``apply_wd``), before step ``step``."""
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    step: int
+    value: float
+
+
+@attrs.frozen
+class LogGradientNorm(Effect):
+    """Log the norm of the gradients of step ``step`` (after clipping) as ``<prefix>/total``."""
+
+    scope: ClassVar[Scope] = Scope.MAIN
+    step: int
+    norm_type: float = 2.0
+    per_layer: bool = False
+    prefix: str = "grad_norm"
+
+
+@attrs.frozen
+class CountParameters(Effect):
+    """Log the model's parameter counts (total, trainable, by module)."""
+
+    scope: ClassVar[Scope] = Scope.MAIN
+    show_details: bool = True
+    show_gradients: bool = True
+    sort_by_params: bool = True
+    min_params: int = 0
+
+
+@attrs.frozen
+class AnnealAttention(Effect):
+    """Tell the model the global step (``model.update_anneal_step(step)``); log the mean factor when ``log``."""
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    step: int
+    log: bool = False
+    per_layer: bool = False
+    prefix: str = "anneal"
+
+
+@attrs.frozen
+class OverrideDtype(Effect):
+    """Run the matched modules' methods in ``dtype`` (their outputs cast back); optionally cast their parameters."""
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    patterns: tuple = ()
+    class_patterns: tuple = ()
+    dtype: str = "float32"
+    methods: tuple = ("forward",)
+    override_parameters: bool = False
+    verbose: bool = False
+
+
+@attrs.frozen
+class CollectGarbage(Effect):
+    """Run the garbage collector at ``step`` (``collect``), then empty the CUDA cache (``empty_cache``).
+
+    ``automatic`` ``False`` turns Python's automatic collection off first,
+    ``True`` turns it back on after; ``None`` leaves it as it is.
+    """
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    step: int
+    collect: bool = True
+    empty_cache: bool = False
+    automatic: bool | None = None
+
+
+@attrs.frozen
+class TimeStep(Effect):
+    """Time global step ``step`` (the wall clock since the previous one); ``report`` logs the epoch's timing and ETA."""
+
+    scope: ClassVar[Scope] = Scope.MAIN
+    step: int
+    steps_left: int
+    warmup: bool = False
+    report: bool = False
+
+
+@attrs.frozen
+class FinalTest(Effect):
+    """After training: run the tester named ``tester`` on ``model_best`` (or the last weights with ``test_last``)."""
+
+    scope: ClassVar[Scope] = Scope.COLLECTIVE
+    step: int
+    tester: str
+    test_last: bool = False

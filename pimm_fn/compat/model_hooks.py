@@ -1,0 +1,329 @@
+"""pimm's hooks that act on the model or optimizer, as pure hooks with effects: ``WeightDecayExclusion``,
+``WeightDecayScheduler``, ``AttentionMaskAnnealingHook``, ``DtypeOverrider``, ``GarbageHandler``, ``ModelHook``.
+
+Each decides from the state alone (the global step, pimm's schedules as pure
+functions of it) and requests the work as an effect that
+``pimm_fn.compat.HANDLERS`` carries out. The model's and optimizer's state
+that pimm drives from hook counters (the annealing step, the weight decay)
+is a function of the global step here, so a resumed run sets the same
+values as the uninterrupted one (pimm re-derives some of them from counters
+restarted at 0).
+
+``WeightDecayExclusion`` changes the optimizer's param groups, which must
+happen before the scheduler is built and before a checkpoint's optimizer
+state is loaded (pimm splits them after loading, ``PIMM.md`` 6.7): call
+``pimm_fn.compat.split_weight_decay(model, optimizer, ...)`` where the
+optimizer is built; the hook checks at ``BeforeTrain`` that it was.
+
+>>> import pimm_fn as pf
+>>> [round(e.effect.value, 4) for e in pf.plan([weight_decay_scheduler(0.04, 0.2)], iters_per_epoch=2, max_epochs=2)]
+[0.04, 0.0634, 0.12, 0.1766]
+"""
+
+import math
+from typing import ClassVar
+
+import attrs
+
+from pimm_fn.compat.effects import AnnealAttention, CollectGarbage, ExcludeWeightDecay, OverrideDtype, SetWeightDecay
+from pimm_fn.compat.hookbase import _METHODS, TrainerView, _call, _effects
+from pimm_fn.core import events as ev
+from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, number, one_of
+
+__all__ = [
+    "weight_decay_exclusion", "weight_decay_scheduler", "cosine_value", "attention_mask_annealing",
+    "dtype_overrider", "DTYPES", "garbage_handler", "pimm_model_hook",
+]
+
+DTYPES = ("float16", "float32", "float64", "bfloat16", "int8", "int16", "int32")  # pimm's DtypeOverrider names
+
+
+@attrs.frozen(repr=False)
+class _WeightDecayExclusion:
+    factory_name: ClassVar[str] = "weight_decay_exclusion"
+    events: ClassVar[tuple] = (ev.BeforeTrain,)
+    emits: ClassVar[tuple] = (ExcludeWeightDecay,)
+    rank_consistent: ClassVar[bool] = True
+    exclude_bias_from_wd: bool = attrs.field(default=True, validator=is_bool)
+    exclude_norm_from_wd: bool = attrs.field(default=True, validator=is_bool)
+    exclude_gamma_from_wd: bool = attrs.field(default=True, validator=is_bool)
+    exclude_token_from_wd: bool = attrs.field(default=True, validator=is_bool)
+    exclude_ndim_1_from_wd: bool = attrs.field(default=True, validator=is_bool)
+
+    @property
+    def flags(self) -> dict:
+        """The exclusion rules as ``split_weight_decay`` takes them."""
+        return {n.removeprefix("exclude_").removesuffix("_from_wd"): getattr(self, n)
+                for n in ("exclude_bias_from_wd", "exclude_norm_from_wd", "exclude_gamma_from_wd",
+                          "exclude_token_from_wd", "exclude_ndim_1_from_wd")}
+
+    def __call__(self, state, event):
+        return state, (ExcludeWeightDecay(**self.flags),)
+
+    def __repr__(self):
+        args = [f"exclude_{k}_from_wd=False" for k, v in self.flags.items() if not v]
+        return f"weight_decay_exclusion({', '.join(args)})"
+
+
+@hook_factory
+def weight_decay_exclusion(exclude_bias_from_wd: bool = True, exclude_norm_from_wd: bool = True,
+                           exclude_gamma_from_wd: bool = True, exclude_token_from_wd: bool = True,
+                           exclude_ndim_1_from_wd: bool = True):
+    """pimm's ``WeightDecayExclusion``: biases, norms, ``gamma``, tokens and 1-D parameters without weight decay.
+
+    The split is ``pimm_fn.compat.split_weight_decay(model, optimizer,
+    **hook.flags)``, done where the optimizer is built (before its scheduler
+    and before a resume loads its state). This hook checks at ``BeforeTrain``
+    that the optimizer's groups are split so, and refuses to train otherwise.
+
+    Emits:
+        ``ExcludeWeightDecay(bias, norm, gamma, token, ndim_1)`` at ``BeforeTrain`` (each rank).
+
+    >>> weight_decay_exclusion(exclude_token_from_wd=False)
+    weight_decay_exclusion(exclude_token_from_wd=False)
+    """
+    return _WeightDecayExclusion(exclude_bias_from_wd, exclude_norm_from_wd, exclude_gamma_from_wd,
+                                 exclude_token_from_wd, exclude_ndim_1_from_wd)
+
+
+def cosine_value(index: int, base: float, final: float, total: float) -> float:
+    """pimm's ``CosineScheduler.get(index)`` over ``total`` iterations, computed instead of tabled.
+
+    >>> [round(cosine_value(i, 0.04, 0.2, 4), 4) for i in (0, 2, 9)]
+    [0.04, 0.12, 0.2]
+    """
+    if index >= total:
+        return final
+    length = math.ceil(total)  # len(np.arange(total))
+    return final + 0.5 * (base - final) * (1 + math.cos(math.pi * index / length))
+
+
+@attrs.frozen(repr=False)
+class _WeightDecayScheduler:
+    factory_name: ClassVar[str] = "weight_decay_scheduler"
+    events: ClassVar[tuple] = (ev.BeforeStep,)
+    emits: ClassVar[tuple] = (SetWeightDecay,)
+    rank_consistent: ClassVar[bool] = True
+    base_value: float = attrs.field(default=0.04, validator=number(at_least=0))
+    final_value: float = attrs.field(default=0.2, validator=number(at_least=0))
+    warmup_ratio: float = attrs.field(default=1.0, validator=number(above=0))
+
+    def __call__(self, state, event):
+        total = state.progress.max_steps * self.warmup_ratio  # pimm: cfg.scheduler.total_steps * warmup_ratio
+        value = cosine_value(event.step - 1, self.base_value, self.final_value, total)
+        return state, (SetWeightDecay(event.step, value),)
+
+    def __repr__(self):
+        return f"weight_decay_scheduler({self.base_value!r}, {self.final_value!r}, warmup_ratio={self.warmup_ratio!r})"
+
+
+@hook_factory
+def weight_decay_scheduler(base_value: float = 0.04, final_value: float = 0.2, warmup_ratio: float = 1.0):
+    """pimm's ``WeightDecayScheduler``: weight decay on a cosine from ``base_value`` to ``final_value``.
+
+    Before global step ``s`` the decay is pimm's cosine at index ``s - 1``
+    over ``max_steps * warmup_ratio`` steps (pimm's ``cfg.scheduler.total_steps
+    * warmup_ratio``), then ``final_value``; it is set on every param group
+    not excluded by ``WeightDecayExclusion`` (``apply_wd``).
+
+    Emits:
+        ``SetWeightDecay(step, value)`` before every step (each rank).
+
+    >>> weight_decay_scheduler()
+    weight_decay_scheduler(0.04, 0.2, warmup_ratio=1.0)
+    """
+    return _WeightDecayScheduler(base_value, final_value, warmup_ratio)
+
+
+@attrs.frozen(repr=False)
+class _AttentionMaskAnnealing:
+    factory_name: ClassVar[str] = "attention_mask_annealing"
+    events: ClassVar[tuple] = (ev.BeforeTrain, ev.AfterStep)
+    emits: ClassVar[tuple] = (AnnealAttention,)
+    rank_consistent: ClassVar[bool] = True
+    reads_outputs: ClassVar[bool] = False
+    log_frequency: int = attrs.field(default=100, validator=int_at_least(1))
+    log_per_layer: bool = attrs.field(default=False, validator=is_bool)
+    prefix: str = attrs.field(default="anneal", validator=non_empty_str)
+
+    def __call__(self, state, event):
+        step = state.progress.global_step
+        log = isinstance(event, ev.AfterStep) and step % self.log_frequency == 0
+        return state, (AnnealAttention(step, log, self.log_per_layer, self.prefix),)
+
+    def __repr__(self):
+        args = [f"log_frequency={self.log_frequency}"] if self.log_frequency != 100 else []
+        args += ["log_per_layer=True"] if self.log_per_layer else []
+        args += [f"prefix={self.prefix!r}"] if self.prefix != "anneal" else []
+        return f"attention_mask_annealing({', '.join(args)})"
+
+
+@hook_factory
+def attention_mask_annealing(log_frequency: int = 100, log_per_layer: bool = False, prefix: str = "anneal"):
+    """pimm's ``AttentionMaskAnnealingHook``: the model's annealing follows the global step.
+
+    Before training (fresh or resumed) and after every step the handler calls
+    ``model.update_anneal_step(global_step)`` when the model has it; every
+    ``log_frequency`` steps it logs the mean ``get_anneal_factor()`` of
+    ``model.decoder.blocks`` as ``<prefix>/average`` (and per layer).
+
+    Emits:
+        ``AnnealAttention(step, log, per_layer, prefix)`` (each rank).
+
+    >>> attention_mask_annealing(log_frequency=10)
+    attention_mask_annealing(log_frequency=10)
+    """
+    return _AttentionMaskAnnealing(log_frequency, log_per_layer, prefix)
+
+
+@attrs.frozen(repr=False)
+class _DtypeOverrider:
+    factory_name: ClassVar[str] = "dtype_overrider"
+    events: ClassVar[tuple] = (ev.BeforeTrain,)
+    emits: ClassVar[tuple] = (OverrideDtype,)
+    rank_consistent: ClassVar[bool] = True
+    patterns: tuple = attrs.field(default=(), converter=lambda v: tuple(v or ()))
+    class_patterns: tuple = attrs.field(default=(), converter=lambda v: tuple(v or ()))
+    dtype: str = attrs.field(default="float32", validator=one_of(*DTYPES))
+    methods_to_override: tuple = attrs.field(default=("forward",), converter=lambda v: tuple(v or ("forward",)))
+    override_parameters: bool = attrs.field(default=False, validator=is_bool)
+    verbose: bool = attrs.field(default=False, validator=is_bool)
+
+    def __call__(self, state, event):
+        return state, (OverrideDtype(self.patterns, self.class_patterns, self.dtype, self.methods_to_override,
+                                     self.override_parameters, self.verbose),)
+
+    def __repr__(self):
+        defaults = {"patterns": (), "class_patterns": (), "dtype": "float32", "methods_to_override": ("forward",),
+                    "override_parameters": False, "verbose": False}
+        args = [f"{k}={getattr(self, k)!r}" for k, v in defaults.items() if getattr(self, k) != v]
+        return f"dtype_overrider({', '.join(args)})"
+
+
+@hook_factory
+def dtype_overrider(patterns=None, class_patterns=None, dtype: str = "float32", methods_to_override=None,
+                    override_parameters: bool = False, verbose: bool = False):
+    """pimm's ``DtypeOverrider``: run matched modules in ``dtype`` (LayerNorm in float32 under bf16, say).
+
+    A module matches when ``re.search`` finds one of ``patterns`` in its
+    dotted name or one of ``class_patterns`` in its class name. The handler
+    wraps its ``methods_to_override`` to cast the first tensor argument to
+    ``dtype`` and the outputs back, once per module, and with
+    ``override_parameters`` casts its own parameters in place. Runs at every
+    ``BeforeTrain``, so a resumed run's model is overridden as the original's.
+
+    Emits:
+        ``OverrideDtype(...)`` at ``BeforeTrain`` (each rank).
+
+    >>> dtype_overrider(class_patterns=["LayerNorm"], override_parameters=True)
+    dtype_overrider(class_patterns=('LayerNorm',), override_parameters=True)
+    """
+    return _DtypeOverrider(patterns, class_patterns, dtype, methods_to_override, override_parameters, verbose)
+
+
+@attrs.frozen(repr=False)
+class _GarbageHandler:
+    factory_name: ClassVar[str] = "garbage_handler"
+    events: ClassVar[tuple] = (ev.BeforeTrain, ev.AfterStep, ev.AfterTrain)
+    emits: ClassVar[tuple] = (CollectGarbage,)
+    rank_consistent: ClassVar[bool] = True
+    reads_outputs: ClassVar[bool] = False
+    interval: int = attrs.field(default=150, validator=int_at_least(1))
+    disable_auto: bool = attrs.field(default=True, validator=is_bool)
+    empty_cache: bool = attrs.field(default=False, validator=is_bool)
+
+    def __call__(self, state, event):
+        step = state.progress.global_step
+        match event:
+            case ev.BeforeTrain() if self.disable_auto:
+                return state, (CollectGarbage(step, collect=False, automatic=False),)
+            case ev.AfterStep() if state.progress.iter_in_epoch % self.interval == 0:  # pimm counts per epoch
+                return state, (CollectGarbage(step, empty_cache=self.empty_cache),)
+            case ev.AfterTrain():
+                return state, (CollectGarbage(step, empty_cache=True, automatic=True if self.disable_auto else None),)
+        return state, ()
+
+    def __repr__(self):
+        args = [f"interval={self.interval}"] if self.interval != 150 else []
+        args += ["disable_auto=False"] if not self.disable_auto else []
+        args += ["empty_cache=True"] if self.empty_cache else []
+        return f"garbage_handler({', '.join(args)})"
+
+
+@hook_factory
+def garbage_handler(interval: int = 150, disable_auto: bool = True, empty_cache: bool = False):
+    """pimm's ``GarbageHandler``: collect garbage every ``interval`` steps of each epoch, and after training.
+
+    ``disable_auto`` turns Python's automatic collection off before training;
+    unlike pimm, it is turned back on after training.
+
+    Emits:
+        ``CollectGarbage(step, empty_cache, automatic)`` (each rank).
+
+    >>> garbage_handler(interval=50)
+    garbage_handler(interval=50)
+    """
+    return _GarbageHandler(interval, disable_auto, empty_cache)
+
+
+class _BoundPimmModelHook:
+    """A model taking part through pimm's hook methods, called with a ``TrainerView`` (not ``modify_config``)."""
+
+    hook_key = "pimm_model_hook()"
+
+    def __init__(self, model):
+        self.model = model
+
+    @property
+    def events(self) -> tuple | None:
+        """Every event for a model with ``on_event``; else the events of the pimm methods it has (quiet steps stay quiet)."""
+        if callable(getattr(self.model, "on_event", None)):
+            return None
+        return tuple(cls for cls, name in _METHODS.items()
+                     if name != "modify_config" and callable(getattr(self.model, name, None)))
+
+    def __call__(self, state, event):
+        on_event = getattr(self.model, "on_event", None)
+        if callable(on_event):  # pimm_fn's own model protocol
+            result = on_event(state, event)
+            return (state, ()) if result is None else result
+        name = _METHODS.get(type(event))
+        method = getattr(self.model, name, None) if name and name != "modify_config" else None
+        if not callable(method):
+            return state, ()
+        return state, _effects(_call(self.model, method, TrainerView.of(state, event)), self.model, name)
+
+    def __repr__(self):
+        return "pimm_model_hook()"
+
+
+@attrs.frozen(repr=False)
+class _PimmModelHook:
+    factory_name: ClassVar[str] = "pimm_model_hook"
+
+    def __call__(self, state, event):
+        return state, ()
+
+    def bind(self, model) -> _BoundPimmModelHook:
+        return _BoundPimmModelHook(model)
+
+    def __repr__(self):
+        return "pimm_model_hook()"
+
+
+@hook_factory
+def pimm_model_hook():
+    """pimm's ``ModelHook``: the model takes part in the loop through its own hook methods.
+
+    ``loop`` binds it to the model (unwrapped from DDP). A model with
+    ``on_event`` takes part as with ``pimm_fn.model_hook()``; one with
+    pimm's methods (``before_train`` ... ``after_train``) has them called at
+    their events with ``self.trainer`` a read-only ``TrainerView``, returning
+    ``None`` or effects (``modify_config`` is not forwarded, as in pimm).
+    In ``plan`` there is no model: it emits nothing.
+
+    >>> pimm_model_hook()
+    pimm_model_hook()
+    """
+    return _PimmModelHook()
