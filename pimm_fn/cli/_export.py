@@ -1,0 +1,35 @@
+"""``export``: a checkpoint's weights as a plain state dict, for anyone with ``torch.load(weights_only=True)``."""
+
+from __future__ import annotations
+
+import pathlib
+
+import torch
+
+from pimm_fn.checkpoint import load_weights_file
+from pimm_fn.checkpoint import _layout as L
+from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, USAGE, Failure
+
+__all__ = ["export"]
+
+
+def export(args) -> int:
+    """Write the weights of ``args.path`` (a sharded checkpoint's assembled) to ``args.out``, atomically."""
+    source, out = pathlib.Path(args.path), pathlib.Path(args.out)
+    if out.exists() and not args.force:
+        raise Failure(USAGE, f"{str(out)!r} exists; pass --force to overwrite it, or another OUT.pth")
+    if out.is_dir():
+        raise Failure(USAGE, f"{str(out)!r} is a directory; OUT.pth names the file to write")
+    try:
+        weights = load_weights_file(source)
+    except FileNotFoundError as exc:
+        raise Failure(NOT_FOUND, str(exc)) from None
+    except (OSError, ValueError) as exc:
+        raise Failure(DAMAGED, f"{exc}; run `python -m pimm_fn verify {source}`") from None
+    # Plain tensors only: contiguous CPU copies, no storage shared with a mapped file or a larger buffer.
+    plain = {k: v.detach().to("cpu").contiguous().clone() if isinstance(v, torch.Tensor) else v
+             for k, v in weights.items()}
+    L.atomic_write(out, lambda f: torch.save(plain, f))
+    tensors = [v for v in plain.values() if isinstance(v, torch.Tensor)]
+    print(f"wrote {out}: {len(tensors)} tensors, {sum(t.numel() for t in tensors)} parameters, from {source}")
+    return OK

@@ -1,0 +1,261 @@
+"""``ls`` and ``inspect``: what checkpoints hold, read from markers and skeletons, never from tensors."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import attrs
+from torch.distributed.checkpoint.api import CheckpointException
+
+from pimm_fn.checkpoint import _layout as L
+from pimm_fn.checkpoint import find_checkpoint
+from pimm_fn.checkpoint._peek import TensorInfo, contents_of, size_of, trainer_without_tensors, weights_without_tensors
+from pimm_fn.checkpoint.contents import from_parts
+from pimm_fn.checkpoint._retain import REMOVING, marker_of
+from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit
+from pimm_fn.cli._listing import Entry, entries, is_best_file, model_dir_of, reason
+from pimm_fn.core import slots
+
+__all__ = ["ls", "inspect", "row", "size_text", "values_text"]
+
+
+def size_text(n: int) -> str:
+    """Bytes for people: ``11.6 KB``."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def values_text(values) -> str:
+    """``{"acc": 0.5}`` as ``acc=0.5``."""
+    return " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in (values or {}).items())
+
+
+def _best_record(path: pathlib.Path) -> dict:
+    """What ``write_best`` recorded beside a best-model file: metric, value, step."""
+    return json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+
+
+def row(entry: Entry) -> dict:
+    """One ``ls`` line as data: step, epoch, status, size, metrics and best values.
+
+    ``status`` is ``complete``, ``incomplete`` (no marker: never finished), ``damaged`` (a file
+    missing or changed since the save), ``unfinished`` (a ``.staging-*`` leftover) or ``best``.
+    """
+    out = {"name": entry.name, "kind": entry.kind, "format": entry.format, "step": entry.step, "epoch": None,
+           "status": "unfinished", "problem": None, "size": size_of(entry.path), "metrics": {}, "best": {}}
+    if entry.kind == "unfinished":
+        removing = entry.name.startswith(REMOVING)
+        out["problem"] = ("a snapshot being removed by retention" if removing else
+                          "a save in progress or interrupted: never read, the next save removes it")
+        return out
+    if entry.kind == "best":
+        out["status"] = "best"
+        try:
+            record = _best_record(entry.path)
+            out.update(step=record["step"], best={record["metric"]: record["value"]})
+        except (OSError, ValueError, KeyError) as exc:
+            out["problem"] = f"no readable {entry.path.with_suffix('.json').name} ({type(exc).__name__})"
+        return out
+    try:
+        marker = marker_of(entry.path)
+        out.update(status="complete", step=marker["step"], metrics=marker.get("metrics") or {})
+    except (OSError, ValueError) as exc:
+        unmarked = entry.path.is_dir() and not (entry.path / L.MARKER).exists()
+        out.update(status="incomplete" if unmarked else "damaged", problem=reason(exc))
+        return out
+    try:
+        state = contents_of(entry.path).replicated.state.state
+        out.update(epoch=state.progress.epoch, best=dict(state.best))
+        out["metrics"] = out["metrics"] or dict(state.metrics)
+    except (Exception, CheckpointException):  # noqa: BLE001 - not a loop's trainer state: the marker's word stands
+        pass
+    return out
+
+
+def _table(rows: list[dict]) -> str:
+    lines = [("NAME", "STEP", "EPOCH", "STATUS", "SIZE", "METRICS")]
+    for r in rows:
+        detail = r["problem"] if r["problem"] else values_text(r["metrics"] if r["kind"] != "best" else r["best"])
+        if r["best"] and r["kind"] != "best":
+            detail += f"  best: {values_text(r['best'])}"
+        status = r["status"] if r["status"] in ("complete", "best", "unfinished") else r["status"].upper()
+        lines.append((r["name"], _dash(r["step"]), _dash(r["epoch"]), status, size_text(r["size"]), detail))
+    widths = [max(len(line[i]) for line in lines) for i in range(5)]
+    return "\n".join(
+        "  ".join([line[0].ljust(widths[0]), line[1].rjust(widths[1]), line[2].rjust(widths[2]),
+                   line[3].ljust(widths[3]), line[4].rjust(widths[4]), line[5]]).rstrip()
+        for line in lines
+    )
+
+
+def _dash(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def ls(args) -> int:
+    """List every checkpoint, best-model file and unfinished save under a save_dir or model_dir."""
+    model_dir = model_dir_of(pathlib.Path(args.dir), "ls")
+    rows = [row(e) for e in entries(model_dir)]
+    if not rows:
+        raise Failure(NOT_FOUND, f"no checkpoint under {str(model_dir)!r}; pass a save_dir or its model/ directory")
+    emit({"model_dir": str(model_dir), "entries": rows}, _table(rows), args.json)
+    return OK
+
+
+# -- inspect -------------------------------------------------------------------------------------
+def _slot_lines(saved, prefix: str = "") -> dict[str, str]:
+    """The saved slots by hook identity (a chain's children as ``chain / child``)."""
+    if not isinstance(saved, slots.Keyed):  # a checkpoint that kept them by position
+        return {f"{prefix}#{i}": repr(slot) for i, slot in enumerate(saved)}
+    out = {}
+    for key, slot in saved.entries:
+        if isinstance(slot, slots.Keyed):
+            out.update(_slot_lines(slot, f"{prefix}{key} / "))
+        else:
+            out[f"{prefix}{key}"] = repr(slot)
+    return out
+
+
+def _tensors(tree) -> list[TensorInfo]:
+    if isinstance(tree, TensorInfo):
+        return [tree]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in _tensors(v)]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in _tensors(v)]
+    return []
+
+
+def _tensor_summary(tree) -> dict:
+    found = _tensors(tree)
+    return {"tensors": len(found), "bytes": sum(t.nbytes for t in found)}
+
+
+def _optimizer(state_dict: dict) -> dict:
+    """Each param group's hyper-parameters and size, and how much state the optimizer keeps."""
+    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": len(g.get("params", ()))}
+              for g in state_dict.get("param_groups") or ()]
+    return {"param_groups": groups, "state_entries": len(state_dict.get("state") or {}),
+            **_tensor_summary(state_dict.get("state"))}
+
+
+def _plain(state_dict) -> dict | None:
+    """A scheduler's or scaler's state dict with tensors shown by shape."""
+    if state_dict is None:
+        return None
+    return {k: repr(v) if isinstance(v, TensorInfo) else v for k, v in state_dict.items()}
+
+
+def _inspect_best(path: pathlib.Path) -> dict:
+    try:
+        weights = weights_without_tensors(path)
+    except (OSError, ValueError) as exc:
+        raise Failure(DAMAGED, str(exc)) from None
+    try:
+        record = _best_record(path)
+    except (OSError, ValueError) as exc:
+        record = {"problem": f"no readable {path.with_suffix('.json').name} ({type(exc).__name__})"}
+    return {"path": str(path), "format": "weights", "size": size_of(path), "best": record,
+            "weights": {**_tensor_summary(weights), "parameters": _numel(weights)}}
+
+
+def _numel(weights: dict) -> int:
+    total = 0
+    for info in weights.values():
+        n = 1
+        for d in info.shape:
+            n *= d
+        total += n
+    return total
+
+
+def describe(path: pathlib.Path) -> dict:
+    """Everything ``inspect`` shows of the checkpoint at ``path``, as data."""
+    try:
+        info = find_checkpoint(path)
+    except FileNotFoundError as exc:
+        raise Failure(NOT_FOUND, str(exc)) from None
+    except ValueError as exc:
+        raise Failure(DAMAGED, str(exc)) from None
+    try:
+        marker, weights = marker_of(info.path), weights_without_tensors(info.path)
+        trainer = trainer_without_tensors(info.path)
+        contents = from_parts(trainer, None) if isinstance(trainer, dict) and "state" in trainer else None
+    except (OSError, ValueError, KeyError, TypeError, CheckpointException) as exc:
+        raise Failure(DAMAGED, f"{info.path} cannot be read ({reason(exc)}); "
+                               f"run `python -m pimm_fn verify {info.path}`") from None
+    found = {"path": str(info.path), "format": info.format, "step": info.step, "world_size": info.world_size,
+             "size": size_of(info.path), "recorded_metrics": marker.get("metrics"),
+             "weights": {**_tensor_summary(weights), "parameters": _numel(weights)}}
+    if contents is None:  # written by save_checkpoint with a trainer dict of one's own, not by loop
+        return {**found, "trainer": trainer}
+    r, saved = contents.replicated, contents.replicated.state
+    return {
+        **found,
+        "progress": attrs.asdict(saved.state.progress), "position": saved.state.position, "stop": saved.state.stop,
+        "metrics": dict(saved.state.metrics), "best": dict(saved.state.best), "slots": _slot_lines(saved.slots),
+        "optimizer": _optimizer(r.optimizer) if r.optimizer is not None else None,
+        "optimizers": {name: _optimizer(sd) for name, sd in (r.optimizers or {}).items()} or None,
+        "scheduler": _plain(r.scheduler), "scaler": _plain(r.scaler),
+        "extra": {name: _tensor_summary(sd) for name, sd in (r.extra or {}).items()}, "sharded": r.sharded,
+    }
+
+
+def _weights_line(d: dict, label: str) -> str:
+    w = d["weights"]
+    return f"{label}{w['tensors']} tensors, {w['parameters']} parameters" + (" (in the shards)" if d.get("sharded") else "")
+
+
+def _progress_line(d: dict) -> str:
+    p = d["progress"]
+    budget = f"max_steps {p['step_limit']}" if p.get("step_limit") else f"max_epochs {p['max_epochs']}"
+    stop = f", stopped: {d['stop']}" if d["stop"] else ""
+    return (f"progress    step {p['global_step']}, epoch {p['epoch']} (iter {p['iter_in_epoch']} of "
+            f"{p['iters_per_epoch']}), {budget}, samples_seen {p['samples_seen']}, at {d['position']}{stop}")
+
+
+def _optimizer_lines(d: dict) -> list[str]:
+    optimizers = {"": d["optimizer"]} if d["optimizer"] else {f" {k}": v for k, v in (d["optimizers"] or {}).items()}
+    lines = []
+    for name, opt in optimizers.items():
+        lines.append(f"optimizer{name}   {opt['state_entries']} state entries, {opt['tensors']} tensors "
+                     f"({size_text(opt['bytes'])}), {len(opt['param_groups'])} param group(s)")
+        lines += [f"  group {i}: {values_text(g)}" for i, g in enumerate(opt["param_groups"])]
+    return lines
+
+
+def _text(d: dict) -> str:
+    """``inspect``'s data for people: one section a line."""
+    if d.get("format") == "weights":
+        return "\n".join([f"best-model file  {d['path']}  ({size_text(d['size'])})", f"best             {d['best']}",
+                          _weights_line(d, "weights          ")])
+    head = f"checkpoint  {d['path']}  ({d['format']}, {d['world_size']} rank(s), {size_text(d['size'])})"
+    if "trainer" in d:  # not a loop's: its own trainer dict, tensors by shape
+        return "\n".join([head, f"step        {d['step']}", f"trainer     {d['trainer']!r:.400}",
+                          _weights_line(d, "weights     ")])
+    lines = [
+        head, _progress_line(d),
+        f"metrics     {values_text(d['metrics']) or '-'}",
+        f"best        {values_text(d['best']) or '-'}",
+        _weights_line(d, "weights     "),
+        "slots       (by hook identity)" if d["slots"] else "slots       -",
+        *(f"  {key}: {slot}" for key, slot in d["slots"].items()),
+        *_optimizer_lines(d),
+        f"scheduler   {values_text(d['scheduler']) if d['scheduler'] else '-'}",
+        f"scaler      {values_text(d['scaler']) if d['scaler'] else '-'}",
+    ]
+    lines += [f"extra       {name}: {s['tensors']} tensors ({size_text(s['bytes'])})" for name, s in d["extra"].items()]
+    return "\n".join(lines)
+
+
+def inspect(args) -> int:
+    """Show a checkpoint's progress, metrics, hook slots, optimizer and scheduler, without reading tensors."""
+    path = pathlib.Path(args.path)
+    if not path.exists():
+        raise Failure(NOT_FOUND, f"{str(path)!r} does not exist; pass a checkpoint, a save_dir or a model_dir")
+    data = _inspect_best(path) if is_best_file(path) else describe(path)
+    emit(data, _text(data), args.json)
+    return OK
