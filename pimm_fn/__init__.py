@@ -49,12 +49,19 @@ _RUNTIME = {
     "TrainStep": "pimm_fn.runtime.train_step",
     "CollectiveDivergenceError": "pimm_fn.runtime.guard",
     "ResumeError": "pimm_fn.runtime.resume",
+    "CheckpointError": "pimm_fn.checkpoint.errors",
     "ResumeNotExactWarning": "pimm_fn.runtime.feed",
     "MissingHandlerError": "pimm_fn.runtime.interpreter",
     "ConfigurationWarning": "pimm_fn.runtime.advice",
     "PeerFailureError": "pimm_fn.runtime.peers",
     "NonFiniteLossError": "pimm_fn.runtime.step",
     "NonFiniteLossWarning": "pimm_fn.runtime.step",
+    "History": "pimm_fn.runtime.history",
+    "JsonlLogger": "pimm_fn.runtime.loggers",
+    "CSVLogger": "pimm_fn.runtime.loggers",
+    "TensorBoardLogger": "pimm_fn.runtime.trackers",
+    "WandbLogger": "pimm_fn.runtime.trackers",
+    "MLFlowLogger": "pimm_fn.runtime.trackers",
 }
 
 __all__ = [

@@ -22,9 +22,10 @@ PUBLIC = {
     "compat", "effects", "events", "register", "Scope", "Chain", "TraceEntry", "chain", "FrozenMap", "plan",
     "Progress", "State", "save_every", "SaveEveryState", "best_on", "BestState", "evaluate_every",
     "load_weights", "log_every", "LogState", "model_hook", "early_stop", "EarlyStopState", "step_scheduler",
-    "loop", "Loop", "train_step", "TrainStep", "CollectiveDivergenceError", "ResumeError", "ResumeNotExactWarning",
+    "loop", "Loop", "train_step", "TrainStep", "CollectiveDivergenceError", "ResumeError", "CheckpointError", "ResumeNotExactWarning",
     "NonFiniteLossError", "NonFiniteLossWarning", "ema", "EmaWeights",
     "MissingHandlerError", "ConfigurationWarning", "PeerFailureError", "DuplicateHookError", "hook_factory",
+    "History", "JsonlLogger", "CSVLogger", "TensorBoardLogger", "WandbLogger", "MLFlowLogger",
 }
 
 

@@ -83,6 +83,10 @@ class WriteBest(Effect):
 
     ``weights`` names the average (``pimm_fn.ema``) whose weights were
     evaluated, so the file holds what earned the metric; ``None``: the model's own.
+    It runs after the other effects of its event (``runs_last``): the write is
+    a consequence of the evaluation, so the evaluation's log line (``log_every``
+    reacts to the same ``MetricsPublished``) comes before the "new best" line,
+    wherever the two hooks stand in the list.
     """
 
     scope: ClassVar[Scope] = Scope.MAIN
@@ -92,6 +96,10 @@ class WriteBest(Effect):
     weights: str | None = None
 
     __repr__ = repr_unless_none("weights")
+
+    @property
+    def runs_last(self) -> bool:
+        return True
 
 
 @attrs.frozen(repr=False)

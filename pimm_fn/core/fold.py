@@ -15,9 +15,10 @@ nothing.
 hook for the event, then hand the collected effects, in (hook position,
 emission order), to an executor, dispatching any follow-up events the
 executor returns depth-first before the next effect. Effects that say they
-``runs_last`` (a deferred epoch-end save, the final save) keep that order
-among themselves but come after the event's other effects. The order
-depends on the effects' values alone, so it is the same on every rank.
+``runs_last`` (a deferred epoch-end save, the final save, a best-model
+write) keep that order among themselves but come after the event's other
+effects: the logs of an epoch's end or of an evaluation come first. The
+order depends on the effects' values alone, so it is the same on every rank.
 
 The pass is resumable: ``start`` folds the event and returns the work left
 as a ``Pending`` value (an explicit stack of events with the effects and
@@ -38,6 +39,7 @@ from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import AfterStep, Event
 from pimm_fn.core.schedule import advance, stepped, stepped_state
 from pimm_fn.core.state import State
+from pimm_fn.core.trace import TraceEntry  # defined beside Trace; importable from here as before
 
 _NEVER = 2**63  # the step no cadence reaches
 
@@ -114,8 +116,11 @@ class Chain:
         return Chain(hooks, self.name)
 
     @property
-    def hook_key(self) -> str | None:
-        return self.name
+    def hook_key(self) -> str:
+        """Its ``name``, or its children's identities: the same in every process (no function addresses)."""
+        if self.name is not None:
+            return self.name
+        return f"chain({', '.join(protocol.key(h) for h in self.hooks)})"
 
     @property
     def events(self) -> tuple | None:
@@ -266,16 +271,6 @@ def chain(*hooks, name: str | None = None) -> Chain:
     if name is not None and (not isinstance(name, str) or not name):
         raise TypeError(f"chain: 'name' must be a non-empty str (got {name!r})")
     return Chain(protocol.check_hooks(hooks, "chain"), name)
-
-
-@attrs.frozen
-class TraceEntry:
-    """One executed effect: at global ``step``, during ``event``, from hook ``hook``."""
-
-    step: int
-    event: Event
-    effect: Effect
-    hook: int = -1
 
 
 class Executor(Protocol):

@@ -49,7 +49,8 @@ class RecordingExecutor:
 
     def execute(self, state: State, entry: TraceEntry) -> tuple:
         effect = entry.effect
-        self.trace.append(entry)
+        if getattr(effect, "traced", True):  # as the interpreter's trace: the progress bar's moves left out
+            self.trace.append(entry)
         if not isinstance(effect, Evaluate):
             return (ev.StopRequested(effect.step, effect.reason),) if isinstance(effect, Stop) else ()
         source_rank = 0 if effect.broadcast else state.rank

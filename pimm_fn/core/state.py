@@ -11,6 +11,7 @@ from typing import Any
 
 import attrs
 
+from pimm_fn.core import display
 from pimm_fn.core.codec import register
 from pimm_fn.core.frozen import FrozenMap, freeze
 
@@ -91,6 +92,16 @@ class Progress:
     samples_seen: int = attrs.field(default=0, validator=_non_negative)
     step_limit: int | None = attrs.field(default=None, validator=_optional_positive)
 
+    # repr stays every field (attrs'); these are for reading (pimm_fn.core.display).
+    def __str__(self) -> str:
+        return display.progress_line(self)
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        display.pretty(printer, str(self), cycle)
+
+    def _repr_html_(self) -> str:
+        return display.render_html("Progress", [("progress", str(self))], self)
+
     @property
     def max_steps(self) -> int:
         """The global step training ends at, when the epochs keep their length."""
@@ -160,6 +171,17 @@ class State:
     slot: Any = None
     position: str | None = attrs.field(default=None, validator=_position)
     stop: str | None = attrs.field(default=None, validator=_optional_str)
+
+    # repr stays every field (attrs), exact for debugging and for comparing runs; ``str`` and
+    # the notebook displays summarise (pimm_fn.core.display): a cell ending in run.run() shows this.
+    def __str__(self) -> str:
+        return display.render_text("State", display.state_rows(self))
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        display.pretty(printer, str(self), cycle)
+
+    def _repr_html_(self) -> str:
+        return display.render_html("State", display.state_rows(self), self.progress)
 
     @property
     def finished(self) -> bool:

@@ -9,7 +9,7 @@ from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Log
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook import hook_factory
-from pimm_fn.hooks._validate import int_at_least
+from pimm_fn.core.validate import int_at_least
 
 __all__ = ["log_every", "LogState"]
 
@@ -99,7 +99,9 @@ class _LogEvery:
 def log_every(n: int):
     """Log the train step's outputs every ``n`` steps, epoch averages, and evaluations.
 
-    Records go to the console and ``save_dir/log.jsonl`` from the main rank.
+    Records go, from the main rank, to the console, ``save_dir/log.jsonl``,
+    the run's ``loggers`` and ``run.history``; the progress bar shows the
+    outputs read on these steps (reading them is the one host sync it costs).
 
     Emits:
         ``Log(step, "train", outputs)`` every ``n`` steps; ``Log(step, "epoch",

@@ -34,6 +34,7 @@ class Context:
     evaluators: dict = attrs.Factory(dict)
     checkpoint_format: str = "standard"
     keep_snapshots: int | None = None
+    keep: Any = None  # the retention policy of iter_<step> snapshots (pimm_fn.core.retention); None: keep all
     rank: int = 0
     world_size: int = 1
     console: bool = True
@@ -50,6 +51,8 @@ class Context:
     everywhere: tuple = ()  # main-rank effect types every rank executes (a sharded model's WriteBest gathers)
     optimizers: dict | None = None  # loop(optimizers=): name -> optimizer; then ``optimizer`` is this dict too
     extra_state: dict = attrs.Factory(dict)  # loop(extra_state=) and the ema() averages: name -> object with state_dict()
+    logs: Any = None  # the run's Logs: its loggers, history and clock (pimm_fn.runtime.logs); the Log handler's
+    bar: Any = None  # the run's ProgressBar on the main rank when one is shown (pimm_fn.runtime.progress_bar)
 
     def named_optimizers(self) -> dict:
         """``{name: optimizer}``: the ``optimizers=`` of the run, or ``{None: optimizer}`` for its one optimizer."""
@@ -72,6 +75,20 @@ class Context:
         return unwrap(self.model).state_dict()
 
     def say(self, message: str) -> None:
-        """A line for the console, from the main rank."""
+        """A line for the console, from the main rank; above the progress bar while one is shown, not through it."""
         if self.console and self.rank == 0:
-            print(f"[pimm_fn] {message}", flush=True)
+            if self.bar is not None and self.bar.showing:
+                self.bar.write(f"[pimm_fn] {message}")
+            else:
+                print(f"[pimm_fn] {message}", flush=True)
+
+    def close(self) -> None:
+        """Close the run's writers (loggers, progress bar): at the end of training and on an error.
+
+        Each opens again on its next record, appending: a notebook's run
+        continued after an exception writes on where it stopped.
+        """
+        if self.bar is not None:
+            self.bar.close()
+        if self.logs is not None:
+            self.logs.close()

@@ -4,8 +4,6 @@ A handler is ``handler(effect, state, ctx) -> follow-up events``; it is the
 only code that touches files, process groups, the console and the model.
 """
 
-import json
-import math
 import numbers
 from collections.abc import Mapping
 
@@ -17,6 +15,8 @@ from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, Wri
 from pimm_fn.core.events import MetricsPublished
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.ema import EMA_HANDLERS, EmaWeights
+from pimm_fn.runtime.loggers import run_loggers
+from pimm_fn.runtime.logs import Logs
 from pimm_fn.runtime.evaluation import evaluating
 from pimm_fn.runtime.rng import capture_rng
 
@@ -191,6 +191,8 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
             snapshot=effect.snapshot,
             keep_snapshots=ctx.keep_snapshots,
             sharded=contents.sharded,
+            keep=ctx.keep,
+            metrics=state.metrics,  # recorded in the marker: what keep_best ranks snapshots by
         )
         ctx.say(f"saving checkpoint of step {effect.step} to {ctx.model_dir} in the background")
         return ()
@@ -204,6 +206,8 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
         snapshot=effect.snapshot,
         keep_snapshots=ctx.keep_snapshots,
         sharded=contents.sharded,
+        keep=ctx.keep,
+        metrics=state.metrics,
     )
     ctx.say(f"saved checkpoint of step {effect.step} to {info.path}")
     return ()
@@ -226,16 +230,47 @@ def write_best(effect: WriteBest, state, ctx) -> tuple:
 
 
 def _as_metrics(result, name) -> dict | None:
+    """Evaluator ``name``'s result as ``{metric: float}`` (``None`` stays ``None``).
+
+    A result of the wrong type, or a metric whose value is not a number,
+    raises a ``TypeError`` naming the evaluator and the metric. NaN and
+    +/-inf pass (the hooks ignore them for a best; ``Advice`` says so).
+    """
     if result is None:
         return None
-    if isinstance(result, numbers.Real):
+    if isinstance(result, numbers.Real) or _one_number(result):
         result = {name: result}
     if not isinstance(result, Mapping):
         raise TypeError(
             f"evaluator {name!r} must return a mapping of metric names to numbers, a number or None "
-            f"(got {type(result).__name__})"
+            f"(got {type(result).__name__}: {result!r:.80})"
         )
-    return {str(k): float(v) for k, v in result.items()}
+    return {str(k): _metric(name, k, v) for k, v in result.items()}
+
+
+def _one_number(value) -> bool:
+    """A one-element tensor or array (``torch.tensor(0.5)``): a number, published under the evaluator's name."""
+    return not isinstance(value, (str, bytes, Mapping)) and getattr(value, "numel", lambda: 0)() == 1
+
+
+def _metric(evaluator: str, key, value) -> float:
+    """``value`` as a float, or a ``TypeError``/``ValueError`` naming the evaluator and the metric."""
+    fix = "return numbers (an int, a float or a one-element tensor) for each metric"
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(
+            f"evaluator {evaluator!r} returned metric {key!r} as a {type(value).__name__} ({value!r:.80}): {fix}"
+        )
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(
+            f"evaluator {evaluator!r} returned metric {key!r} = {value!r:.80}, too large for a float: {fix}"
+        ) from None
+    except Exception:  # a list, a dict, a tensor of several elements
+        raise TypeError(
+            f"evaluator {evaluator!r} returned metric {key!r} as a {type(value).__name__} ({value!r:.80}), "
+            f"which is not one number: {fix}"
+        ) from None
 
 
 def evaluate(effect: Evaluate, state, ctx) -> tuple:
@@ -252,7 +287,7 @@ def evaluate(effect: Evaluate, state, ctx) -> tuple:
     with evaluating(ctx, effect.weights) as model:  # eval mode, inference mode; training's mode and weights back after
         values = _as_metrics(fn(model), effect.evaluator)
     if ctx.advice is not None:
-        ctx.advice.evaluated(effect.evaluator, values)
+        ctx.advice.evaluated(effect.evaluator, values, step=effect.step)
     if effect.broadcast:
         values = dist.broadcast_object(values)
     return (MetricsPublished(values or {}, effect.evaluator, effect.step, consistent=effect.broadcast,
@@ -266,18 +301,22 @@ def _format(value) -> str:
 
 
 def log(effect: Log, state, ctx) -> tuple:
+    """Rank 0 hands the record to the run's loggers and history, then says it with the time and pace.
+
+    Under ``loop(log_reduce="mean")`` every rank runs it (``ctx.everywhere``)
+    and averages a training record over the ranks first (``Logs.over_ranks``).
+    """
+    logs = ctx.logs
+    if logs is None:  # a context built by hand: the console, and save_dir's log.jsonl appended to
+        logs = ctx.logs = Logs(run_loggers(ctx.save_dir, ()), save_dir=ctx.save_dir, say=ctx.say, rank=ctx.rank,
+                               world_size=ctx.world_size)
+    effect = logs.over_ranks(effect)
+    if ctx.rank != 0:
+        return ()
+    logs.write(effect)
     fields = " ".join(f"{k}={_format(v)}" for k, v in effect.values.items())
-    ctx.say(f"step {effect.step} {effect.kind}: {fields}")
-    if ctx.save_dir is not None:
-        ctx.save_dir.mkdir(parents=True, exist_ok=True)
-        record = {"step": effect.step, "kind": effect.kind, **{k: _json_safe(v) for k, v in effect.values.items()}}
-        with open(ctx.save_dir / "log.jsonl", "a") as file:
-            file.write(json.dumps(record) + "\n")
+    ctx.say(f"step {effect.step} {effect.kind}: {fields}{logs.pace(effect.kind, state.progress)}")
     return ()
-
-
-def _json_safe(value):
-    return value if not isinstance(value, float) or math.isfinite(value) else repr(value)
 
 
 def load_weights(effect: LoadWeights, state, ctx) -> tuple:
@@ -300,6 +339,8 @@ def load_weights(effect: LoadWeights, state, ctx) -> tuple:
 
 
 from pimm_fn.runtime.control import CONTROL_HANDLERS  # noqa: E402 - Stop and StepScheduler, in their own module
+from pimm_fn.hooks.progress import ShowProgress  # noqa: E402 - the progress bar's effect, with its hook
+from pimm_fn.runtime.progress_bar import show_progress  # noqa: E402
 
 DEFAULT_HANDLERS = {
     SaveCheckpoint: save_checkpoint,
@@ -309,4 +350,5 @@ DEFAULT_HANDLERS = {
     LoadWeights: load_weights,
     **CONTROL_HANDLERS,
     **EMA_HANDLERS,
+    ShowProgress: show_progress,
 }

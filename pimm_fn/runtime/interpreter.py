@@ -6,13 +6,22 @@ a sharded model's best write, which gathers on every rank), ``COLLECTIVE``
 and ``LOCAL`` ones on every rank, records what it executed in ``trace``, and asks the agreement
 guard (when on) before anything runs. Handlers are plain functions
 ``handler(effect, state, ctx) -> follow-up events``; pass your own to
-``loop(handlers={EffectType: fn})`` to replace or add one.
+``loop(handlers={EffectType: fn})`` to replace or add one. A handler may be
+an object with a ``close()`` (a writer): ``close`` closes it, with the run's
+loggers and progress bar, at the end of training and on an error. An effect
+class declaring ``traced = False`` (the progress bar's ``ShowProgress``)
+only shows the run: it is executed but left out of ``trace``, which so
+stays equal to the plan of the run's hooks.
 """
 
-from pimm_fn.core.effects import Scope
-from pimm_fn.core.fold import TraceEntry
+import collections
+import warnings
 
-__all__ = ["Interpreter", "MissingHandlerError"]
+from pimm_fn.core.effects import Scope
+
+__all__ = ["Interpreter", "MissingHandlerError", "KEEP_TRACE"]
+
+KEEP_TRACE = 10_000  # executed effects a run keeps in its trace by default: the newest, so a long run stays flat
 
 
 class MissingHandlerError(LookupError):
@@ -22,11 +31,12 @@ class MissingHandlerError(LookupError):
 class Interpreter:
     """Executes effects through ``handlers`` against ``ctx``."""
 
-    def __init__(self, ctx, handlers: dict, guard=None):
+    def __init__(self, ctx, handlers: dict, guard=None, *, keep_trace: int | None = KEEP_TRACE):
         self.ctx = ctx
         self.handlers = dict(handlers)
         self.guard = guard
-        self.trace: list[TraceEntry] = []
+        # The newest ``keep_trace`` executed effects (``None``: all of them, for whoever asks).
+        self.trace = collections.deque(maxlen=keep_trace)
         self._skipped = None  # an event whose effects diverged across ranks: they do not run
 
     def handler_for(self, effect):
@@ -49,7 +59,7 @@ class Interpreter:
         if self.guard is not None:
             self.guard.settle()
 
-    def execute(self, state, entry: TraceEntry) -> tuple:
+    def execute(self, state, entry) -> tuple:
         if entry.event is self._skipped and self.guard.skips(entry):
             return ()
         effect = entry.effect
@@ -57,5 +67,23 @@ class Interpreter:
             return ()
         handler = self.handler_for(effect)
         followups = handler(effect, state, self.ctx)
-        self.trace.append(entry)
+        if getattr(effect, "traced", True):  # an effect that only shows the run (the bar's) is left out
+            self.trace.append(entry)
         return tuple(followups or ())
+
+    def close(self, *, on_error: bool = False) -> None:
+        """Close the run's writers (``Context.close``) and every handler object with a ``close()``.
+
+        At the end of training and on an error; each opens again when next
+        used. On an error (``on_error``) a failure to close is a warning, so
+        that it does not hide the error being raised.
+        """
+        objects = {id(h): h for h in self.handlers.values()}.values()  # one close each, however many types it handles
+        closers = [self.ctx.close] + [h.close for h in objects if callable(getattr(h, "close", None))]
+        for close in closers:
+            try:
+                close()
+            except Exception as error:  # noqa: BLE001 - every writer gets closed
+                if not on_error:
+                    raise
+                warnings.warn(f"closing the run's writers failed while stopping on an error: {error!r}", stacklevel=2)

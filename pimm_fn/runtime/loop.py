@@ -14,20 +14,25 @@ import torch
 from pimm_fn.checkpoint import dist, sharded
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
-from pimm_fn.core.effects import WriteBest
+from pimm_fn.core.effects import Log, WriteBest
 from pimm_fn.core.fold import chain
 from pimm_fn.core.plan import initial_state
+from pimm_fn.core.retention import resolve as retention_policy
 from pimm_fn.core.budget import budget_lines
 from pimm_fn.core.schedule import resume_from
 from pimm_fn.runtime import arguments, extras
-from pimm_fn.runtime.advice import Advice, ConfigurationWarning, saver_before_evaluator
+from pimm_fn.runtime.advice import Advice, ConfigurationWarning, configuration_messages, nothing_to_train
 from pimm_fn.runtime.context import Context, unwrap
 from pimm_fn.runtime.control import check_scheduler_hooks
 from pimm_fn.runtime.device import use_local_cuda_device
 from pimm_fn.runtime.feed import Feed
 from pimm_fn.runtime.guard import AgreementGuard
 from pimm_fn.runtime.handlers import DEFAULT_HANDLERS, prewarm_staging
-from pimm_fn.runtime.interpreter import Interpreter
+from pimm_fn.hooks.progress import bar_cadence, progress_bar as progress_hook
+from pimm_fn.runtime import progress_bar
+from pimm_fn.runtime.interpreter import KEEP_TRACE, Interpreter
+from pimm_fn.runtime.loggers import check_loggers, run_loggers
+from pimm_fn.runtime.logs import Logs
 from pimm_fn.runtime.resume import locate, restore
 from pimm_fn.runtime.step import NonFinite, train_step
 from pimm_fn.runtime.train_step import loop_scaler
@@ -63,15 +68,20 @@ def loop(
     iters_per_epoch: int | None = None,
     checkpoint_format: str = "standard",
     keep_snapshots: int | None = None,
+    keep=None,
     check_agreement: bool | None = None,
     strict_resume: bool = False,
     resume_hyperparameters: str = "checkpoint",
     on_nonfinite: str = "raise",
     handlers=None,
+    keep_trace: int | None = KEEP_TRACE,
     config=None,
     console: bool = True,
     ddp: bool = False,
     weights_file: bool = True,
+    progress: bool | None = None,
+    loggers=(),
+    log_reduce: str | None = None,
 ) -> Loop:
     """A training loop over ``train_data`` driven by ``hooks``.
 
@@ -120,7 +130,17 @@ def loop(
             ``len(train_data) // k`` for a step accumulating ``k`` batches).
         checkpoint_format: ``"standard"`` (weights + DCP directory) or
             ``"legacy"`` (one file).
-        keep_snapshots: keep only the newest N ``iter_<step>`` snapshots.
+        keep_snapshots: keep only the newest N ``iter_<step>`` snapshots
+            (the same as ``keep=keep_last(N)``).
+        keep: which ``iter_<step>`` snapshots (``save_every(n,
+            snapshots=True)``) to keep, as a retention policy from
+            ``pimm_fn.core.retention``: ``keep_last(n)``, ``keep_every(k)``,
+            ``keep_best(k, "mIoU", mode="max")``, or several joined with
+            ``any_of`` (or ``|``). Applied by the main rank after each save
+            is published; ``last``, the ``model_best`` files and the newest
+            complete checkpoint are never deleted. ``keep_best`` ranks a
+            snapshot by the metrics the run had published at that save
+            (recorded in its marker). ``None`` (default) keeps all.
         check_agreement: compare collective effects across ranks before
             running them, raising ``CollectiveDivergenceError`` on every rank
             instead of hanging (default ``None``: on whenever a process group
@@ -159,6 +179,9 @@ def loop(
             a custom ``step_fn``, whose loss comes after its step
             (``pimm_fn.runtime.step``).
         handlers: ``{EffectType: handler}`` overriding or adding handlers.
+        keep_trace: how many executed effects ``run.trace`` keeps, the
+            newest (default 10 000, so a long run's memory stays flat);
+            ``None`` keeps every one.
         config: initial ``State.config``.
         console: print progress lines on the main rank.
         ddp: wrap ``model`` in ``DistributedDataParallel`` when a process
@@ -174,6 +197,25 @@ def loop(
             for rank 0's memory: the checkpoint then holds the shards only,
             and ``pimm_fn.checkpoint.load_weights_file`` assembles them.
             Replicated models always write ``model.pth``.
+        progress: a progress bar on the main rank (step/total, it/s, time
+            left, the latest loss ``log_every`` read and metrics): ``None``
+            (default) shows it where someone watches (rank 0's stderr is a
+            terminal, or a notebook) with ``console`` on; ``True``/``False``
+            force it. It adds no host sync (``pimm_fn.runtime.progress_bar``);
+            its hook joins ``run.hooks``, last, but not ``run.trace``.
+        loggers: more destinations of the ``Log`` records, each opened once
+            and closed at the end of training and on an error:
+            ``pimm_fn.CSVLogger()``, ``TensorBoardLogger()``, ``WandbLogger()``,
+            ``MLFlowLogger()``, or any object with ``open``/``write``/``close``
+            (``pimm_fn.runtime.loggers``). ``save_dir/log.jsonl`` is always
+            written with a ``save_dir``: truncated to the resumed step on
+            resume, and a fresh run sets an earlier run's file aside
+            (``log.1.jsonl``). ``run.history`` holds the same records.
+        log_reduce: ``"mean"`` logs the training outputs (``train`` and
+            ``epoch`` records) averaged over the ranks, with one all-reduce
+            per such record, on the steps that log only; ``None`` (default)
+            logs rank 0's. With several ranks each such record says which in
+            its ``over`` field (``"rank 0"`` or ``"mean of 4 ranks"``).
 
     Warns:
         ConfigurationWarning: once each, when a saver precedes an evaluator
@@ -182,7 +224,15 @@ def loop(
             (``best_on``, ``early_stop``) is not among what the evaluators
             publish. With several ``best_on`` metrics each keeps its own
             ``model_best_<metric>.pth``. On resume, for each optimizer
-            hyper-parameter that differs from the checkpoint's.
+            hyper-parameter that differs from the checkpoint's. When a hook
+            reads a metric and no hook evaluates anything; when a resumed
+            run's budget is already spent (nothing to train); when
+            ``resume="auto"`` starts fresh beside an earlier ``model_best``
+            it will replace.
+        NonFiniteMetricWarning: each time an evaluation publishes NaN or
+            +/-inf for a metric a hook reads, naming it and the step; it
+            never becomes the best and training goes on
+            (``pimm_fn.runtime.advice``).
         ResumeNotExactWarning: a resume that cannot put the data back
             exactly (another world size or steps per epoch, one-shot data).
         NonFiniteLossWarning: a NaN or infinite loss, under ``"skip"``/``"warn"``.
@@ -195,36 +245,54 @@ def loop(
             ``max_epochs < 1`` on a fresh run, ``max_steps < 1``, a hook stepping
             the scheduler with ``scheduler=None`` or after a saver, an unknown
             ``on_nonfinite`` or ``resume_hyperparameters``, ``"skip"`` with a
-            custom ``step_fn``.
+            custom ``step_fn``; a model that is not a ``Module``, an optimizer,
+            scheduler or scaler of the wrong kind, a non-callable ``step_fn``,
+            ``handlers`` not mapping effect types to callables, a flag that is
+            not a bool (``console="no"``), ``iters_per_epoch`` or
+            ``keep_snapshots`` out of range (``pimm_fn.runtime.arguments``).
+        NotADirectoryError: ``save_dir`` is a file.
         NonFiniteLossError: (while training) a NaN or infinite loss under
             ``on_nonfinite="raise"``.
-        FileExistsError: a fresh run into a ``save_dir`` that holds checkpoints.
+        FileExistsError: a fresh run into a ``save_dir`` that holds checkpoints
+            or best weights (``model_best*``).
     """
-    if checkpoint_format not in ("standard", "legacy"):
-        raise ValueError(f"checkpoint_format must be 'standard' or 'legacy' (got {checkpoint_format!r})")
+    # Every argument is checked here, before anything is built, loaded or written (pimm_fn.runtime.arguments).
+    arguments.check_model(model)
+    arguments.check_optimizer(optimizer)
+    arguments.check_train_data(train_data)
     hooks = protocol.check_hooks(hooks)
-    if train_data is None:
-        raise TypeError("loop: 'train_data' is missing: loop(model, optimizer, train_data, ...)")
     arguments.check_resume(resume)
+    arguments.check_arguments(
+        step_fn=step_fn, scheduler=scheduler, scaler=scaler, iters_per_epoch=iters_per_epoch,
+        checkpoint_format=checkpoint_format, check_agreement=check_agreement, strict_resume=strict_resume,
+        console=console, ddp=ddp, weights_file=weights_file, handlers=handlers, config=config,
+        keep_trace=keep_trace,
+    )
     arguments.check_budget(max_epochs, max_steps, fresh=resume is None)
     arguments.check_save_dir(hooks, save_dir)
     arguments.check_on_nonfinite(on_nonfinite, custom_step=step_fn not in (None, train_step))
     arguments.check_resume_hyperparameters(resume_hyperparameters)
     check_scheduler_hooks(hooks, scheduler)
+    show_bar = progress_bar.wanted(progress, console)  # this process's wish; rank 0's decides, below
+    loggers = check_loggers(loggers, log_reduce)
+    keep = retention_policy(keep, keep_snapshots, caller="loop")
     shards = sharded.is_sharded(unwrap(model))
     arguments.check_sharding(shards, ddp=ddp, checkpoint_format=checkpoint_format, weights_file=weights_file)
     optimizer, optimizers = extras.check_optimizers(optimizer, optimizers, step_fn, sharded=shards)
     extra_state = extras.extra_state(extra_state, hooks, sharded=shards)
+    arguments.check_fresh_save_dir(resume, save_dir)  # the arguments are right; is save_dir free for a fresh run?
     use_local_cuda_device(model)  # LOCAL_RANK's GPU, before DDP, the guard or DCP allocate on the current one
     if ddp:
         model = _wrap_ddp(model)
-    hooks = chain(*protocol.bind(hooks, unwrap(model)))
-    save_dir = Path(save_dir) if save_dir is not None else None
     feed = Feed(train_data, iters_per_epoch, group=getattr(step_fn, "accumulate", 1))  # k micro-batches a step
+    # Rank 0 decides, so every hook list is alike; about 200 moves an epoch keep a long epoch's steps quiet.
+    shown = (progress_hook(bar_cadence(feed.iters_per_epoch)),) if dist.broadcast_object(show_bar) else ()
+    hooks = chain(*protocol.bind(hooks, unwrap(model)), *shown)
+    save_dir = Path(save_dir) if save_dir is not None else None
     scaler = loop_scaler(step_fn, scaler, model)  # a TrainStep(precision="fp16")'s own, checkpointed as scaler=
     ctx = Context(
         model=model, optimizer=optimizer, feed=feed, save_dir=save_dir, scheduler=scheduler, scaler=scaler,
-        evaluators=protocol.evaluators(hooks.hooks), checkpoint_format=checkpoint_format, keep_snapshots=keep_snapshots,
+        evaluators=protocol.evaluators(hooks.hooks), checkpoint_format=checkpoint_format, keep=keep,
         rank=dist.rank(), world_size=dist.world_size(), console=console,
         hooks=hooks.hooks,
         best_per_metric=len(arguments.best_metrics(hooks.hooks)) > 1,
@@ -233,14 +301,22 @@ def loop(
         sharded=shards, weights_file=weights_file, everywhere=(WriteBest,) if shards else (),
         optimizers=optimizers, extra_state=extra_state,
     )
+    ctx.logs = Logs(run_loggers(save_dir, loggers), save_dir=save_dir, say=ctx.say, rank=ctx.rank,
+                    world_size=ctx.world_size, reduce=log_reduce)
+    ctx.bar = progress_bar.ProgressBar() if shown and ctx.rank == 0 else None
+    if log_reduce == "mean" and ctx.world_size > 1:
+        ctx.everywhere += (Log,)  # every rank joins the average of each training record
     guarded = dist.is_initialized() and check_agreement is not False
-    interpreter = Interpreter(ctx, {**DEFAULT_HANDLERS, **(handlers or {})}, AgreementGuard(hooks) if guarded else None)
+    interpreter = Interpreter(ctx, {**DEFAULT_HANDLERS, **(handlers or {})}, AgreementGuard(hooks) if guarded else None,
+                              keep_trace=keep_trace)
     epochs = max_epochs if max_steps is None else -(-max_steps // feed.iters_per_epoch)
-    for message in saver_before_evaluator(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
+    for message in configuration_messages(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
         warnings.warn(message, ConfigurationWarning, stacklevel=2)
-    info = locate(resume, save_dir)
+    info = locate(resume, save_dir, say=ctx.say)  # skipped checkpoints said on the console, as any line
     if info is None:
         arguments.check_budget(max_epochs, max_steps, fresh=True)  # resume='auto' found nothing: a fresh run
+        if resume == "auto" and arguments.replaced_best(save_dir):  # said, not refused: an 'auto' restart is legal
+            warnings.warn(arguments.replaced_best(save_dir), ConfigurationWarning, stacklevel=2)
         state = initial_state(
             hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps,
             rank=ctx.rank, world_size=ctx.world_size, config=config,
@@ -251,9 +327,12 @@ def loop(
         ctx.say(f"resumed from {info.path} at step {state.progress.global_step}")
         for line in budget_lines(saved, state.progress, max_steps=max_steps):
             ctx.say(line)
+        if nothing_to_train(state, info.path) is not None:  # legal, pointless: said once
+            warnings.warn(nothing_to_train(state, info.path), ConfigurationWarning, stacklevel=2)
+    ctx.logs.start(state.progress, resumed=info is not None)  # log files truncated or set aside; history rebuilt
     prewarm_staging(ctx, hooks.hooks)  # when a hook saves in the background: its memory, after the first step
     run = Loop(ctx, hooks, state, step_fn or train_step, interpreter)
     ctx.nonfinite.where = lambda: run.state.progress  # a NaN loss is reported at the step being trained
-    if info is not None:
+    if info is not None and not run.finished:  # a finished run resumed with its own budget runs no hook at all
         run._dispatch(ev.BeforeTrain(resumed=True))
     return run

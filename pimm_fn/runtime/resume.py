@@ -60,11 +60,14 @@ import attrs
 from pimm_fn.runtime import hyperparameters as hp
 from pimm_fn.runtime.advice import ConfigurationWarning
 
+from torch.distributed.checkpoint.api import CheckpointException
+
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import dist, sharded
+from pimm_fn.checkpoint import _standard, choice, dist, sharded
 from pimm_fn.checkpoint.contents import SavedState, from_parts
 from pimm_fn.core.slots import SlotMismatch
 from pimm_fn.core.state import State
+from pimm_fn.hooks.progress import BAR_KEY
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime import remainder
 from pimm_fn.runtime.feed import ResumeNotExactWarning, changes, describe
@@ -74,15 +77,33 @@ __all__ = ["locate", "restore", "ResumeError"]
 
 
 class ResumeError(RuntimeError):
-    """A checkpoint cannot be resumed as asked."""
+    """A sound checkpoint cannot be resumed as asked (other hooks, optimizers, world size under ``strict``).
+
+    A damaged one is a ``pimm_fn.CheckpointError`` instead: the fix there is another checkpoint, here another run setup.
+    """
 
 
-def locate(resume, save_dir):
-    """The checkpoint to resume from, or ``None`` for a fresh start.
+def locate(resume, save_dir, *, say=None):
+    """The checkpoint to resume from, read on every rank (``pimm_fn.checkpoint.choice``), or ``None`` for a fresh start.
+
+    ``resume="auto"`` takes the newest checkpoint that validates and reads
+    back on every rank, skipping damaged ones with a line each (``say``,
+    default: printed by rank 0), and starts fresh, saying so, when none is
+    usable.
 
     Raises:
         FileExistsError: a fresh start into a ``save_dir`` that holds checkpoints.
+        CheckpointError: (on every rank) ``resume=<path>`` names a damaged
+            checkpoint; nothing under ``save_dir`` was changed.
     """
+    say = say or _say
+    # -- pimm's layouts (last/ with weights.pth + trainer.dcp/, model_last.pth): translated, then resumed as ours --
+    from pimm_fn.compat import checkpoints as pimm_layouts  # noqa: PLC0415 - kept inside this block
+
+    translated = pimm_layouts.locate(resume, save_dir)
+    if translated is not None:
+        return translated
+    # -- end of pimm's layouts --
     if resume is None or resume is False:
         if save_dir is not None and checkpoint.latest_checkpoint(save_dir / "model") is not None:
             raise FileExistsError(
@@ -93,8 +114,13 @@ def locate(resume, save_dir):
     if resume == "auto":
         if save_dir is None:
             raise ValueError("resume='auto' needs save_dir= to look for checkpoints in")
-        return checkpoint.latest_checkpoint(save_dir / "model")
-    return checkpoint.find_checkpoint(resume)
+        return choice.newest_readable(save_dir / "model", say)
+    return choice.read_agreed(resume)
+
+
+def _say(message: str) -> None:
+    if dist.is_main():
+        print(f"[pimm_fn] {message}", flush=True)
 
 
 def _with_slots(saved: SavedState, hooks, info) -> tuple[State, tuple[str, ...]]:
@@ -136,7 +162,8 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
             before slots were keyed, by another number of hooks; a resume on
             another world size whose epoch would restart, under ``strict``.
     """
-    loaded = checkpoint.load_checkpoint(info, weights=not ctx.sharded)  # shards load apart, below
+    loaded = info.loaded if isinstance(info, choice.Chosen) else None  # read by locate, on every rank
+    loaded = loaded or checkpoint.load_checkpoint(info, weights=not ctx.sharded)  # shards load apart, below
     held = _contents(loaded, info)
     _check_sharding(held.replicated, ctx, info)
     same_world = info.world_size == ctx.world_size and held.local is not None
@@ -150,6 +177,9 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
         )
     replicated = held.replicated
     _check_optimizers(replicated, ctx, info)
+    horizon = hp.horizon_problem(ctx.scheduler, replicated.scheduler, info.path)  # a scheduler horizon the run outgrew
+    if horizon is not None:
+        raise ResumeError(f"cannot resume from {info.path}: {horizon}")
     built = {name: hp.hyperparameters(o) for name, o in ctx.named_optimizers().items()}
     _load_model_and_optimizer(loaded, replicated, ctx, info)
     for name in ("scheduler", "scaler"):
@@ -158,6 +188,7 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
             target.load_state_dict(stored)
     _settle_hyperparameters(ctx, built, hyperparameters)
     _restore_extra(replicated, ctx)
+    dropped = tuple(k for k in dropped if k != BAR_KEY)  # the progress bar's empty slot: shown or not, nothing lost
     if dropped:
         ctx.say(_dropped_message(dropped))
     state = attrs.evolve(saved, rank=ctx.rank, world_size=ctx.world_size)
@@ -188,7 +219,10 @@ def _check_sharding(replicated, ctx, info) -> None:
 def _load_model_and_optimizer(loaded, replicated, ctx, info) -> None:
     """A sharded checkpoint's shards through DCP (any world size or sharding); else the weights file and optimizer."""
     if replicated.sharded:
-        sharded.load_into(info.path, unwrap(ctx.model), ctx.optimizer, replicated.optimizer)
+        try:
+            sharded.load_into(info.path, unwrap(ctx.model), ctx.optimizer, replicated.optimizer)
+        except CheckpointException as exc:  # a BaseException: said as the damaged checkpoint it is, on every rank
+            raise _standard.shards_error(info.path, exc) from None
         return
     unwrap(ctx.model).load_state_dict(loaded.weights)
     if ctx.optimizers is None:

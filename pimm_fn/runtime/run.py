@@ -8,13 +8,16 @@ can look at it between steps. Each step is a transaction: an exception or
 exactly. Build one with ``pimm_fn.loop``.
 """
 
+import contextlib
 import sys
 
 import attrs
 
 from pimm_fn.core import events as ev
+from pimm_fn.core import display
 from pimm_fn.core.fold import start
 from pimm_fn.core.schedule import advance, last_quiet_step, next_event, skip_to
+from pimm_fn.core.trace import Trace
 from pimm_fn.runtime import swap
 from pimm_fn.runtime.control import hooks_step_scheduler
 from pimm_fn.runtime.context import Context
@@ -59,9 +62,17 @@ class Loop:
     group is shut down and every rank raises within seconds (those that did
     not fail: ``PeerFailureError``); rebuild with ``resume="auto"`` (``peers``).
 
+    In a notebook a cell ending in ``run``, ``run.state`` or ``run.trace``
+    shows a short summary (``print`` shows the same): step of total, epoch,
+    metrics, best values, the last save and train log, each hook by its
+    identity beside its slot (``pimm_fn.core.display``).
+
     Attributes:
         state: the current ``State`` (progress, metrics, best values, slots).
-        trace: the effects executed so far, as ``TraceEntry`` values.
+        trace: the effects executed so far, a ``Trace`` of ``TraceEntry`` values.
+        history: what the main rank logged (``log_every``'s records, each
+            evaluation), as columns for pandas and matplotlib; kept beside
+            the state, rebuilt from ``log.jsonl`` on resume.
         interrupted: where the last step stopped on an exception
             (an ``Interruption``: ``step`` and ``phase``), until ``run()`` or
             ``step()`` completes that step; ``None`` otherwise.
@@ -113,8 +124,14 @@ class Loop:
         self._state, self._quiet_until = state, 0  # the next step is walked, and opens the next quiet stretch
 
     @property
-    def trace(self) -> list:
-        return list(self._interpreter.trace)
+    def history(self):
+        """What the run logged, as columns (``pimm_fn.runtime.history.History``): ``run.history.to_pandas()``."""
+        return self.ctx.logs.history
+
+    @property
+    def trace(self) -> Trace:
+        """The effects executed so far, as a ``Trace``: equal to a list (or ``plan``'s tuple) of the same entries."""
+        return Trace(self._interpreter.trace, map(display.hook_label, self.hooks.hooks))
 
     @property
     def finished(self) -> bool:
@@ -129,6 +146,7 @@ class Loop:
         self._keys.open = False
         self._interrupted = Interruption(step, phase)  # first: an interrupt while the ranks agree keeps it
         self._interrupted, instead = across_ranks(self._interrupted, sys.exc_info()[1])  # see peers
+        self._interpreter.close(on_error=True)  # loggers and bar: reopened, appending, when the run goes on
         self.ctx.say(str(self._interrupted))
         if instead is not None:  # a PeerFailureError: this rank's error came from another rank's failure
             raise instead
@@ -318,6 +336,7 @@ class Loop:
         if cls is ev.AfterTrain:
             self._interpreter.settle()  # every rank learns of a divergence in the last events
             self.ctx.wait_for_save()  # training ends with every checkpoint published
+            self._interpreter.close()  # and every record written, the loggers and the bar closed
         return event
 
     def step(self) -> "Loop":
@@ -331,14 +350,31 @@ class Loop:
         A Ctrl-C the loop held back (``pimm_fn.runtime.ctrl_c``) is raised
         at the end, where nothing is in flight.
         """
-        with self._keys:
-            self._continue() if self._interrupted is not None else self._step()
-            try:
-                self._keys.safe_point()
-            except KeyboardInterrupt:
-                self.ctx.say(f"interrupted after step {self.state.progress.global_step}; run() continues exactly")
-                raise
+        with self._keys, self._clock():
+            self._step_once()
         return self
+
+    def _step_once(self) -> None:
+        self._continue() if self._interrupted is not None else self._step()
+        try:
+            self._keys.safe_point()
+        except KeyboardInterrupt:
+            self._interpreter.close(on_error=True)  # as on any stop: the bar ends above the line
+            self.ctx.say(f"interrupted after step {self.state.progress.global_step}; run() continues exactly")
+            raise
+
+    @contextlib.contextmanager
+    def _clock(self):
+        """The logs' clock runs inside ``run()`` and ``step()`` only: their pace counts training time."""
+        logs = self.ctx.logs
+        if logs is None:
+            yield
+            return
+        logs.go()
+        try:
+            yield
+        finally:
+            logs.hold()
 
     def _continue(self) -> "Loop":
         """``step()`` after an interruption: finish what the step left, then the rest of it."""
@@ -372,6 +408,7 @@ class Loop:
         if event.__class__ is ev.AfterTrain:
             self._interpreter.settle()
             self.ctx.wait_for_save()
+            self._interpreter.close()
         return event.__class__ in _TRAINED
 
     def _step(self) -> "Loop":
@@ -398,8 +435,11 @@ class Loop:
         """Train ``steps`` more steps, or to the end; returns the state.
 
         After an interruption the first of them completes the interrupted step.
+        The returned ``State`` is ``run.state``: a notebook cell ending in
+        ``run.run(...)`` shows its summary (progress, metrics, best values,
+        slots), as ``print`` does; ``repr`` gives every field.
         """
-        with self._keys:
+        with self._keys, self._clock():
             return self._run(steps)
 
     def _run(self, steps: int | None):
@@ -408,7 +448,7 @@ class Loop:
         if self._interrupted is not None:
             if steps == 0:
                 return self.state
-            self.step()
+            self._step_once()
             done = 1
         elif self.finished or not p.steps_left:
             # A checkpoint of the last step may predate AfterTrain (its save was the deferred
@@ -417,7 +457,7 @@ class Loop:
             if self.finished:
                 return self.state
         while not self.finished and (steps is None or done < steps):
-            self.step()
+            self._step_once()
             done += 1
         if self._unread:
             self._read()  # the state run() returns holds every output (a NaN among them is said here)
@@ -430,7 +470,22 @@ class Loop:
 
     def __repr__(self):
         p = self.state.progress
-        return f"<Loop step {p.global_step}/{p.global_step + p.steps_left}, epoch {p.epoch}, hooks={list(self.hooks.hooks)!r}>"
+        hooks = ", ".join(map(display.hook_label, self.hooks.hooks))  # by identity: no function addresses
+        return f"<Loop step {p.global_step}/{p.global_step + p.steps_left}, epoch {p.epoch}, hooks=[{hooks}]>"
+
+    def _rows(self) -> list:
+        """The summary a notebook shows: ``pimm_fn.core.display.run_rows``, and where an interruption stopped."""
+        rows = display.run_rows(self.state, self.hooks.hooks, self._interpreter.trace)
+        return rows + [("interrupted", str(self._interrupted))] if self._interrupted is not None else rows
+
+    def __str__(self) -> str:
+        return display.render_text("Loop", self._rows())
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        display.pretty(printer, str(self), cycle)
+
+    def _repr_html_(self) -> str:
+        return display.render_html("Loop", self._rows(), self.state.progress)
 
     def replace(self, old, new, *, fresh: bool = False) -> "Loop":
         """Swap hook ``old`` (a hook, its identity or its path in chains) for ``new`` in this live run.

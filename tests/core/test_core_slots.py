@@ -75,6 +75,14 @@ def test_keyed_keeps_each_slot_under_its_hook_identity_and_a_chain_under_its_chi
     assert dict(saved.entries)["watch"] == slots.Keyed((("best_on('acc')", BestState(0.5, 2)), ("log_every(2)", LogState(count=1))))
 
 
+def test_an_unnamed_chain_holding_a_function_hook_has_the_same_identity_in_every_process():
+    """Its identity is built from its children's: a function by its qualified name, never its address."""
+    from pimm_fn.core.hook import key
+
+    assert key(chain(save_every(2), stateless)) == "chain(save_every(2), test_core_slots.stateless)"
+    assert key(chain(save_every(2), save_every(3))) == repr(chain(save_every(2), save_every(3)))
+
+
 def test_the_same_hooks_in_the_same_order_get_their_slots_back_and_drop_nothing():
     """unkeyed inverts keyed for an unchanged hook list."""
     assert slots.unkeyed(HOOKS, slots.keyed(HOOKS, SLOTS)) == (SLOTS, ())

@@ -8,14 +8,14 @@ after they start, wherever the loop happens to be; the last cell calls
 equal those of an uninterrupted run of the same workload in the same kernel.
 """
 
-import contextlib
 import pathlib
 import re
-import signal
 
 import nbformat
 import torch
 from nbclient import NotebookClient
+
+from _deadline import deadline
 
 RUNTIME_TESTS = pathlib.Path(__file__).resolve().parents[1] / "runtime"  # _tiny_workload.py
 INTERRUPT_AFTER = (0.3, 0.7, 1.2)  # seconds after each run.run() cell starts; training takes longer
@@ -74,22 +74,6 @@ def text(cell) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(parts))
 
 
-@contextlib.contextmanager
-def deadline(seconds):
-    """Fail the test, instead of hanging pytest, when the block runs past ``seconds``."""
-
-    def expire(signum, frame):
-        raise TimeoutError(f"the kernel test ran past {seconds} s: a kernel is stuck")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def same(a, b) -> bool:
     """Equal nested values, tensors compared bit for bit."""
     if isinstance(a, torch.Tensor):
@@ -118,7 +102,7 @@ def test_kernel_interrupts_mid_training_then_run_continues_exactly(tmp_path):
         iopub_timeout=30,
         raise_on_iopub_timeout=True,
     )
-    with deadline(TEST_TIMEOUT):
+    with deadline(TEST_TIMEOUT, "the kernel test"):
         client.execute()
 
     interrupted = [cell for cell in nb.cells if "interrupt_after" in cell.metadata]

@@ -52,8 +52,8 @@ def standard_hooks(save_every=3, evaluate_every=4):
     return [pf.evaluate_every(evaluate_every, negative_mse, name="val"), pf.save_every(save_every), pf.best_on("score"), pf.log_every(5)]
 
 
-def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt="standard", **kwargs):
-    """A fresh model, optimizer, scheduler and loop, seeded identically every time."""
+def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt="standard", console=False, **kwargs):
+    """A fresh model, optimizer, scheduler and loop, seeded identically every time (quiet unless ``console``)."""
     torch.manual_seed(0)
     model = TinyNet()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -61,7 +61,7 @@ def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt=
     run = pf.loop(
         model, optimizer, loader(kind), hooks=standard_hooks() if hooks is None else hooks,
         max_epochs=max_epochs, save_dir=save_dir, scheduler=scheduler, resume=resume,
-        checkpoint_format=fmt, console=False, **kwargs,
+        checkpoint_format=fmt, console=console, **kwargs,
     )
     return model, run
 

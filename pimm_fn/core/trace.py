@@ -1,0 +1,100 @@
+"""What a run executed, as values: one ``TraceEntry`` per effect, a ``Trace`` of them in order.
+
+A real run's ``run.trace``, ``plan`` and the simulator all speak of executed
+effects this way, so they compare by ``==``. A ``TraceEntry``'s ``repr``
+names its event by its moment (``AfterStep(step=4, ...)``) instead of
+repeating the step outputs and metric values its effect already carries; its
+effect is shown in full. A ``Trace`` displays as a table (``print``, IPython,
+Jupyter) with each effect's hook shown by its identity.
+"""
+
+from collections.abc import Sequence
+
+import attrs
+
+from pimm_fn.core import display
+from pimm_fn.core.effects import Effect
+from pimm_fn.core.events import Event
+
+__all__ = ["TraceEntry", "Trace"]
+
+
+@attrs.frozen(repr=False)
+class TraceEntry:
+    """One executed effect: at global ``step``, during ``event``, from hook ``hook`` (its position in the list).
+
+    >>> from pimm_fn.core.events import AfterStep
+    >>> from pimm_fn.core.effects import SaveCheckpoint
+    >>> TraceEntry(4, AfterStep(4, {"loss": 0.25}, 8), SaveCheckpoint(4), 1)
+    TraceEntry(step=4, event=AfterStep(step=4, ...), effect=SaveCheckpoint(step=4, snapshot=False, final=False, async_save=False, deferred=False), hook=1)
+    """
+
+    step: int
+    event: Event
+    effect: Effect
+    hook: int = -1
+
+    def __repr__(self):
+        event = display.event_label(self.event)
+        return f"TraceEntry(step={self.step}, event={event}, effect={self.effect!r}, hook={self.hook})"
+
+
+def _labels(hooks):
+    return None if hooks is None else tuple(hooks)
+
+
+@attrs.frozen(eq=False, repr=False)
+class Trace(Sequence):
+    """The effects a run executed, in order: a read-only sequence of ``TraceEntry``.
+
+    It compares equal to a list or tuple of the same entries, so
+    ``run.trace == []`` and ``run.trace == plan(...)`` mean what they say.
+    ``hooks`` holds the hooks' identities for the display only; it is not
+    compared. A slice is a ``Trace`` too.
+
+    >>> from pimm_fn.core.events import AfterStep
+    >>> from pimm_fn.core.effects import SaveCheckpoint
+    >>> trace = Trace([TraceEntry(2, AfterStep(2), SaveCheckpoint(2), 0)], hooks=["save_every(2)"])
+    >>> trace == [TraceEntry(2, AfterStep(2), SaveCheckpoint(2), 0)], trace[:0] == ()
+    (True, True)
+    >>> print(trace)
+    Trace: 1 effect, step 2
+      step  hook           event                effect
+      2     save_every(2)  AfterStep(step=2)    SaveCheckpoint(step=2)
+    """
+
+    entries: tuple = attrs.field(converter=tuple)
+    hooks: tuple | None = attrs.field(default=None, converter=_labels)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return Trace(self.entries[index], self.hooks)
+        return self.entries[index]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __eq__(self, other):
+        if isinstance(other, Trace):
+            return self.entries == other.entries
+        if isinstance(other, (list, tuple)):
+            return len(self.entries) == len(other) and all(a == b for a, b in zip(self.entries, other))
+        return NotImplemented
+
+    def __hash__(self):
+        return hash(self.entries)
+
+    def __repr__(self):
+        return f"Trace({list(self.entries)!r})"
+
+    def __str__(self):
+        return display.table_text(display.trace_title(self.entries), *display.trace_table(self.entries, self.hooks))
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        display.pretty(printer, str(self), cycle)
+
+    def _repr_html_(self) -> str:
+        return display.table_html(display.trace_title(self.entries), *display.trace_table(self.entries, self.hooks))

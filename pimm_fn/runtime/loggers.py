@@ -1,0 +1,243 @@
+"""Where ``Log`` records go: loggers with a lifecycle, and the run's ``Logs`` that feeds them.
+
+A logger is any object with three methods, called on the main rank only:
+
+``open(opening)``  the run starts, or goes on after a ``close``; ``opening``
+                   (an :class:`Opening`) says where it writes (``save_dir``),
+                   the step it starts from, whether that is a resume
+                   (``resumed``: drop what was written past ``step``) or a
+                   continuation (``continued``: append). A fresh run never
+                   appends to an earlier run's file: it sets it aside.
+``write(record)``  one ``Log`` effect: ``step``, ``kind`` (``"train"``,
+                   ``"epoch"``, ``"eval/<name>"``) and ``values``.
+``close()``        at the end of training and on an error; the next record
+                   opens it again (``continued``), as a notebook's run goes on.
+
+``loop(loggers=[...])`` takes them; the run's own :class:`JsonlLogger`
+(``save_dir/log.jsonl``, the source ``run.history`` is rebuilt from on
+resume) is always among them when there is a ``save_dir``. Each is opened
+once when the run is built, and kept open: a record is one write and a
+flush, not a file opened per record. ``pimm_fn.runtime.logs`` feeds them;
+TensorBoard, W&B and MLflow loggers live in ``pimm_fn.runtime.trackers``.
+"""
+
+import csv
+import json
+import math
+import os
+from pathlib import Path
+from typing import Callable
+
+import attrs
+
+from pimm_fn.core.effects import Log
+
+__all__ = [
+    "Opening", "JsonlLogger", "CSVLogger", "check_loggers", "run_loggers", "resolve_path", "set_aside", "LOG_NAME",
+]
+
+LOG_NAME = "log.jsonl"  # the run's own record in save_dir
+
+
+@attrs.frozen
+class Opening:
+    """What a logger learns when it opens: where the run writes and where it starts."""
+
+    save_dir: Path | None
+    step: int = 0
+    resumed: bool = False  # the run restored a checkpoint of ``step``: records past it are gone
+    continued: bool = False  # the same run after a close: append
+    say: Callable = print  # a console line on the main rank (what a logger set aside or dropped)
+
+
+def set_aside(path: Path, say) -> None:
+    """Rename a non-empty ``path`` left by an earlier run to the first free ``<stem>.<n><suffix>``, and say so."""
+    if not path.exists() or (path.stat().st_size == 0 if path.is_file() else not any(path.iterdir())):
+        return  # nothing an earlier run wrote
+    n = 1
+    while (aside := path.with_name(f"{path.stem}.{n}{path.suffix}")).exists():
+        n += 1
+    path.rename(aside)
+    say(f"a fresh run: the earlier run's {path.name} is kept as {aside.name}")
+
+
+def keep_lines(path: Path, keep, say, what: str) -> None:
+    """Rewrite ``path`` (atomically) with only the lines ``keep(line)`` accepts; say how many went."""
+    if not path.is_file():
+        return
+    with open(path, newline="") as file:  # line endings as written (csv writes \r\n)
+        lines = file.read().splitlines(keepends=True)
+    kept = [line for line in lines if keep(line)]
+    if len(kept) == len(lines):
+        return
+    temp = path.with_name(path.name + ".tmp")
+    with open(temp, "w", newline="") as file:
+        file.write("".join(line if line.endswith("\n") else line + "\n" for line in kept))
+    os.replace(temp, path)
+    say(f"{path.name}: dropped {len(lines) - len(kept)} {what}")
+
+
+def _json_safe(value):
+    return value if not isinstance(value, float) or math.isfinite(value) else repr(value)
+
+
+class JsonlLogger:
+    """JSON lines, one record a line: ``{"step": 10, "kind": "train", "loss": 0.38, ...}``.
+
+    Non-finite floats are written as the strings ``"nan"``, ``"inf"``,
+    ``"-inf"``. On resume the records past the resumed step are dropped;
+    a fresh run sets an earlier run's file aside (``log.1.jsonl``).
+
+    Args:
+        path: the file; default ``save_dir/log.jsonl``.
+    """
+
+    def __init__(self, path=None):
+        self.path = Path(path) if path is not None else None
+        self._file = None
+
+    def open(self, opening: Opening) -> None:
+        path = resolve_path(self, self.path, opening.save_dir, LOG_NAME)
+        if opening.resumed and not opening.continued:
+            keep_lines(path, lambda line: _step_of_json(line) <= opening.step, opening.say,
+                       f"record(s) after step {opening.step}, where the run resumed")
+        elif not opening.continued:
+            set_aside(path, opening.say)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(path, "a")
+
+    def write(self, record: Log) -> None:
+        line = {"step": record.step, "kind": record.kind, **{k: _json_safe(v) for k, v in record.values.items()}}
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()  # on disk at once: a killed run keeps every record it wrote
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __repr__(self):
+        return f"JsonlLogger({str(self.path)!r})" if self.path is not None else "JsonlLogger()"
+
+
+def _step_of_json(line: str) -> float:
+    """The step of a JSON line; a line cut short (a kill mid-write) reads as past every step."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return math.inf
+
+
+def resolve_path(logger, path, save_dir, default: str) -> Path:
+    """``path`` when the logger was given one, else ``save_dir/default``; a ``ValueError`` saying so without either."""
+    if path is not None:
+        return path
+    if save_dir is None:
+        raise ValueError(f"{type(logger).__name__}() writes into save_dir by default, and this run has none: "
+                         f"pass save_dir= to loop(), or a path to the logger")
+    return Path(save_dir) / default
+
+
+class CSVLogger:
+    """Comma-separated values, one row per record: ``step,kind,`` then every name logged.
+
+    A name first logged mid-run adds a column: the file is rewritten with
+    it (a few times a run at most). Empty cells where a record lacks a name.
+
+    Args:
+        path: the file; default ``save_dir/log.csv``.
+    """
+
+    def __init__(self, path=None):
+        self.path = Path(path) if path is not None else None
+        self._file = None
+        self._columns: list = []
+        self._where = None
+
+    def open(self, opening: Opening) -> None:
+        path = self._where = resolve_path(self, self.path, opening.save_dir, "log.csv")
+        if opening.resumed and not opening.continued:
+            header = _header(path)
+            keep_lines(path, lambda line: line == header or _step_of_csv(line) <= opening.step, opening.say,
+                       f"row(s) after step {opening.step}, where the run resumed")
+        elif not opening.continued:
+            set_aside(path, opening.say)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        header = _header(path)  # a resumed or continued file keeps its columns
+        self._columns = next(csv.reader([header])) if header else []
+        self._file = open(path, "a", newline="")
+
+    def write(self, record: Log) -> None:
+        row = {"step": record.step, "kind": record.kind, **record.values}
+        new = [name for name in row if name not in self._columns]
+        if new:
+            self._widen(self._columns + new)
+        csv.DictWriter(self._file, self._columns).writerow(row)
+        self._file.flush()
+
+    def _widen(self, columns: list) -> None:
+        """Rewrite the file under the header ``columns`` (a new name came)."""
+        self._file.close()
+        with open(self._where, newline="") as file:
+            rows = list(csv.DictReader(file))
+        temp = self._where.with_name(self._where.name + ".tmp")
+        with open(temp, "w", newline="") as file:
+            writer = csv.DictWriter(file, columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(temp, self._where)
+        self._columns = columns
+        self._file = open(self._where, "a", newline="")
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __repr__(self):
+        return f"CSVLogger({str(self.path)!r})" if self.path is not None else "CSVLogger()"
+
+
+def _header(path: Path) -> str:
+    if not path.is_file():
+        return ""
+    with open(path, newline="") as file:
+        return file.readline()
+
+
+def _step_of_csv(line: str) -> float:
+    try:
+        return int(line.split(",", 1)[0])
+    except ValueError:
+        return math.inf
+
+
+def check_loggers(loggers, log_reduce=None) -> tuple:
+    """``loggers`` as a tuple, refused with advice when one lacks ``open``, ``write`` or ``close``.
+
+    Raises:
+        TypeError: not a list or tuple, or a logger without one of the methods.
+        ValueError: the same logger twice; ``log_reduce`` neither ``None`` nor ``"mean"``.
+    """
+    if log_reduce not in (None, "mean"):
+        raise ValueError(f"loop: 'log_reduce' must be None (rank 0's outputs) or 'mean' (got {log_reduce!r})")
+    if not isinstance(loggers, (list, tuple)):
+        raise TypeError(f"loop: 'loggers' must be a list of loggers, e.g. [pimm_fn.CSVLogger()] "
+                        f"(got {type(loggers).__name__})")
+    for logger in loggers:
+        missing = [m for m in ("open", "write", "close") if not callable(getattr(logger, m, None))]
+        if isinstance(logger, type) or missing:
+            made = f" (the class itself: make one, {logger.__name__}())" if isinstance(logger, type) else ""
+            raise TypeError(f"loop: logger {logger!r:.80} needs the methods open(opening), write(record) and "
+                            f"close(){made}; missing: {', '.join(missing) or 'an instance'}")
+    if len({id(logger) for logger in loggers}) < len(loggers):
+        raise ValueError("loop: 'loggers' holds the same logger twice: each writes once per record")
+    return tuple(loggers)
+
+
+def run_loggers(save_dir, loggers) -> tuple:
+    """The loggers of a run: ``loggers``, after the run's own ``save_dir/log.jsonl`` unless they hold a JSONL one."""
+    own = save_dir is not None and not any(
+        isinstance(logger, JsonlLogger) and logger.path in (None, Path(save_dir) / LOG_NAME) for logger in loggers
+    )
+    return ((JsonlLogger(),) if own else ()) + tuple(loggers)

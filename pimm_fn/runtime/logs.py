@@ -1,0 +1,144 @@
+"""The run's logs: what the ``Log`` handler writes to (its loggers, ``run.history``, its clock).
+
+One ``Logs`` per run, in ``Context.logs``. The main rank opens the loggers
+when the run is built (``start``: a resumed run's history is read back from
+``log.jsonl`` up to the resumed step), hands each record to them and to the
+history, and closes them at the end of training and on an error; the next
+record opens them again, appending. Its clock gives each console line the
+time since the start and, for training records, ms/step and samples/s
+since the previous one. With several ranks, ``over_ranks`` says whose
+training outputs a record holds, rank 0's or (``log_reduce="mean"``) their
+mean over the ranks, one all-reduce per training record.
+"""
+
+import time
+from pathlib import Path
+
+import attrs
+
+from pimm_fn.core.effects import Log
+from pimm_fn.runtime.history import POSITION, History
+from pimm_fn.runtime.loggers import LOG_NAME, Opening
+
+__all__ = ["Logs", "mean_over_ranks"]
+
+_TRAINING = ("train", "epoch")  # the kinds holding training outputs: what log_reduce averages over ranks
+
+
+class Logs:
+    """The run's loggers, history and clock; see the module docstring. Only the main rank opens or writes."""
+
+    def __init__(self, loggers=(), *, save_dir=None, say=print, rank=0, world_size=1, reduce=None):
+        self.loggers = tuple(loggers)
+        self.history = History()
+        self.save_dir, self.say, self.rank, self.world_size, self.reduce = save_dir, say, rank, world_size, reduce
+        self._opening = Opening(save_dir, say=say)
+        self._open = False
+        self._start = self._last = (time.monotonic(), 0, 0)  # (time, global step, samples seen)
+        self._held = None  # when the clock stopped: run() or step() returned
+
+    def start(self, progress, *, resumed: bool) -> None:
+        """Begin the run at ``progress``: rebuild the history of a resumed run, open the loggers."""
+        self._start = self._last = (time.monotonic(), progress.global_step, progress.samples_seen)
+        if self.rank != 0:
+            return
+        if resumed and self.save_dir is not None:
+            self.history = History.from_jsonl(Path(self.save_dir) / LOG_NAME, upto=progress.global_step)
+        self._opening = Opening(self.save_dir, progress.global_step, resumed, say=self.say)
+        self._open_all(self._opening)
+
+    def _open_all(self, opening: Opening) -> None:
+        for logger in self.loggers:
+            logger.open(opening)
+        self._open = True
+
+    def write(self, record: Log) -> None:
+        """Hand ``record`` to every logger (opening them again after a close), then to the history."""
+        if not self._open:
+            self._open_all(attrs.evolve(self._opening, continued=True))
+        for logger in self.loggers:
+            logger.write(record)
+        self.history.append(record.step, record.kind, record.values)
+
+    def close(self) -> None:
+        """Close every logger (all are tried); the first failure is raised after."""
+        if not self._open:
+            return
+        self._open = False
+        failed = []
+        for logger in self.loggers:
+            try:
+                logger.close()
+            except Exception as error:  # noqa: BLE001 - the others still close
+                failed.append(error)
+        if failed:
+            raise failed[0]
+
+    def over_ranks(self, record: Log) -> Log:
+        """``record`` saying whose training outputs it holds, with several ranks: rank 0's, or their mean.
+
+        Under ``reduce="mean"`` every rank calls it for every training record
+        (one all-reduce each, on the steps that log only); the values become
+        their mean over ranks. Position fields stay as they are.
+        """
+        if self.world_size == 1 or record.kind not in _TRAINING:
+            return record
+        values = dict(record.values)
+        if self.reduce == "mean":
+            names = sorted(k for k, v in values.items() if k not in POSITION and _number(v))
+            if names:  # the same names on every rank (one step function): all call, or none
+                values.update(zip(names, mean_over_ranks([float(values[k]) for k in names])))
+            values["over"] = f"mean of {self.world_size} ranks"
+        else:
+            values["over"] = "rank 0"
+        return Log(record.step, record.kind, values)
+
+    def hold(self) -> None:
+        """Stop the clock as ``run()`` or ``step()`` returns: a notebook's time between cells counts in no pace."""
+        self._held = time.monotonic()
+
+    def go(self) -> None:
+        """Start the clock again, where it stopped."""
+        if self._held is not None:
+            gap = time.monotonic() - self._held
+            self._start = (self._start[0] + gap, *self._start[1:])
+            self._last = (self._last[0] + gap, *self._last[1:])
+            self._held = None
+
+    def pace(self, kind: str, progress) -> str:
+        """``" (12.3s, 24.1 ms/step, 332 samples/s)"``: the time since the start, and for a training record the pace.
+
+        samples/s counts every rank's samples (this rank's times the world size).
+        """
+        now = time.monotonic()
+        text = _duration(now - self._start[0])
+        if kind in _TRAINING:
+            then, step, samples = self._last
+            if progress.global_step > step and now > then:
+                per_step = (now - then) / (progress.global_step - step)
+                rate = (progress.samples_seen - samples) * self.world_size / (now - then)
+                text += f", {per_step * 1e3:.3g} ms/step" + (f", {rate:.4g} samples/s" if rate else "")
+            self._last = (now, progress.global_step, progress.samples_seen)
+        return f" ({text})"
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes}m{seconds:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def mean_over_ranks(values: list) -> list:
+    """The mean over the ranks of the default group of each of ``values`` (one all-reduce, float64)."""
+    import torch
+    import torch.distributed as td
+
+    device = torch.device("cuda", torch.cuda.current_device()) if td.get_backend() == "nccl" else None
+    total = torch.tensor(values, dtype=torch.float64, device=device)
+    td.all_reduce(total)
+    return (total / td.get_world_size()).tolist()
