@@ -189,7 +189,7 @@ class Chain:
     def fold(self, state: State, event: Event, slots: tuple) -> tuple[State, tuple, list]:
         """Fold the hooks over ``event``; returns (state, new slots, [(index, effect)])."""
         state, slots, emitted = self._fold(state, event, slots)
-        return (state if state.slot is None else attrs.evolve(state, slot=None)), slots, emitted
+        return (state if state.slot is None else state.with_slot(None)), slots, emitted
 
     def _fold(self, state: State, event: Event, slots: tuple, progress=None) -> tuple[State, tuple, list]:
         """``fold`` leaving the last hook's slot in ``state.slot`` (the caller clears it).
@@ -220,10 +220,10 @@ class Chain:
             slot = (new_slots or slots)[i]
             hook = hooks[i]
             if progress is not None:
-                state = attrs.evolve(state, progress=progress, position="AfterStep", slot=slot)
+                state = state.moved(progress, "AfterStep", state.slots, slot)
                 progress = None
             elif state.slot is not slot:
-                state = attrs.evolve(state, slot=slot)
+                state = state.with_slot(slot)
             result = hook(state, event)
             # Checked inline for the common (state, ()) answer; anything else in full.
             if result.__class__ is tuple and len(result) == 2 and result[1] == () and result[0].__class__ is State:
@@ -299,9 +299,9 @@ def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
     if len(emitted) > 1 and any(e.runs_last for _, e in emitted):
         emitted.sort(key=lambda pair: pair[1].runs_last)  # stable: positions kept within each group
     if slots is not state.slots:
-        state = attrs.evolve(state, slots=slots, slot=None)
+        state = state.moved(state.progress, state.position, slots, None)
     elif state.slot is not None:
-        state = attrs.evolve(state, slot=None)
+        state = state.with_slot(None)
     return state, emitted
 
 

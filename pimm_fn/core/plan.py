@@ -94,12 +94,8 @@ def run_schedule(
                     if stop is not None and stop(state):
                         return state
                     event = next_event(state)
-            if isinstance(event, ev.BeforeStep):  # no hook is called for it: it only moves the position
-                state = advance(state, event)
-                if stop is not None and stop(state):
-                    return state
-                event = next_event(state)
-                continue
+            if isinstance(event, ev.BeforeStep):  # no hook is called for it: the AfterStep after it moves the position
+                event = ev.AfterStep(event.step)
         if isinstance(event, ev.AfterStep) and outputs is not None:
             event = ev.AfterStep(event.step, outputs(event.step))
         state = process(hooks, state, event, executor)

@@ -69,7 +69,7 @@ def advance(state: State, event: ev.Event) -> State:
     """The core's own bookkeeping for ``event``, applied before the hooks see it."""
     match event:
         case ev.AfterStep():
-            return attrs.evolve(state, progress=stepped(state.progress, event), position="AfterStep")
+            return state.moved(stepped(state.progress, event), "AfterStep", state.slots, state.slot)
         case ev.MetricsPublished(values=values):
             return attrs.evolve(state, metrics=state.metrics.merge(values))
         case ev.StopRequested(reason=reason):
@@ -88,7 +88,7 @@ def advance(state: State, event: ev.Event) -> State:
 
 def stepped_state(state: State, progress: Progress, slots: tuple) -> State:
     """``state`` after an ``AfterStep``: its new ``progress`` and hook ``slots``, no running slot."""
-    return attrs.evolve(state, progress=progress, position="AfterStep", slots=slots, slot=None)
+    return state.moved(progress, "AfterStep", slots, None)
 
 
 def stepped(p: Progress, event: ev.AfterStep) -> Progress:
@@ -96,7 +96,7 @@ def stepped(p: Progress, event: ev.AfterStep) -> Progress:
     step = event.step
     if step != p.global_step + 1:
         raise ValueError(f"AfterStep(step={step}) out of order: global_step is {p.global_step}")
-    return attrs.evolve(p, global_step=step, iter_in_epoch=p.iter_in_epoch + 1, samples_seen=p.samples_seen + event.batch_size)
+    return p.advanced(1, event.batch_size)
 
 
 def skip_to(state: State, step: int, *, batch_size: int = 0, samples: int | None = None, slots: tuple | None = None) -> State:
@@ -129,7 +129,7 @@ def skip_to(state: State, step: int, *, batch_size: int = 0, samples: int | None
         return state if slots is None else attrs.evolve(state, slots=slots)
     n = step - p.global_step
     added = n * batch_size if samples is None else samples
-    progress = attrs.evolve(p, global_step=step, iter_in_epoch=p.iter_in_epoch + n, samples_seen=p.samples_seen + added)
+    progress = p.advanced(n, added)
     return stepped_state(state, progress, state.slots if slots is None else slots)
 
 

@@ -102,6 +102,22 @@ class Progress:
     def _repr_html_(self) -> str:
         return display.render_html("Progress", [("progress", str(self))], self)
 
+    def advanced(self, steps: int, samples: int) -> "Progress":
+        """This progress ``steps`` steps on in its epoch, ``samples`` more samples seen.
+
+        The copy made on each step a hook is called on: ``__init__``, its
+        validators included, with every field named (``attrs.evolve`` walks
+        the fields generically, at twice the cost).
+
+        >>> Progress(10, 2, iter_in_epoch=3, global_step=3).advanced(2, 64).global_step
+        5
+        """
+        return type(self)(
+            iters_per_epoch=self.iters_per_epoch, max_epochs=self.max_epochs, epoch=self.epoch,
+            iter_in_epoch=self.iter_in_epoch + steps, global_step=self.global_step + steps,
+            samples_seen=self.samples_seen + samples, step_limit=self.step_limit,
+        )
+
     @property
     def max_steps(self) -> int:
         """The global step training ends at, when the epochs keep their length."""
@@ -193,4 +209,16 @@ class State:
 
     def with_slot(self, slot) -> "State":
         """This state with the running hook's slot replaced."""
-        return attrs.evolve(self, slot=slot)
+        return self.moved(self.progress, self.position, self.slots, slot)
+
+    def moved(self, progress: Progress, position: str | None, slots: tuple, slot) -> "State":
+        """This state with its per-step parts replaced: ``progress``, ``position``, ``slots`` and the running ``slot``.
+
+        The fold's copy, made a few times on each step a hook is called on:
+        ``__init__``, its validators included, with every field named
+        (``attrs.evolve`` walks the fields generically, at twice the cost).
+        """
+        return type(self)(
+            progress=progress, rank=self.rank, world_size=self.world_size, metrics=self.metrics, best=self.best,
+            config=self.config, slots=slots, slot=slot, position=position, stop=self.stop,
+        )
