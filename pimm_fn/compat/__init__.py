@@ -36,6 +36,7 @@ from pimm_fn.compat.model_hooks import (
     attention_mask_annealing, dtype_overrider, garbage_handler, pimm_model_hook, weight_decay_exclusion,
     weight_decay_scheduler,
 )
+from pimm_fn.compat.monitors import ProfilerState, push_to_hub, resource_utilization_logger, runtime_profiler
 from pimm_fn.compat.options import apply_options, override_hooks, parse_options
 from pimm_fn.compat.registry import DEFAULT_REGISTRY, REFUSED, HookRegistry, build_hooks, register_hook
 from pimm_fn.compat.saving import (
@@ -64,6 +65,7 @@ __all__ = [
     "information_writer", "WriterState", "iteration_timer", "wandb_namer", "gradient_norm_logger", "parameter_counter",
     "weight_decay_exclusion", "weight_decay_scheduler", "attention_mask_annealing", "dtype_overrider",
     "garbage_handler", "pimm_model_hook",
+    "resource_utilization_logger", "runtime_profiler", "ProfilerState", "push_to_hub",
     *_RUNTIME,
 ]
 

@@ -17,6 +17,7 @@ from pimm_fn.compat.model_hooks import (
     attention_mask_annealing, dtype_overrider, garbage_handler, pimm_model_hook, weight_decay_exclusion,
     weight_decay_scheduler,
 )
+from pimm_fn.compat.monitors import push_to_hub, resource_utilization_logger, runtime_profiler
 from pimm_fn.compat.saving import checkpoint_loader, checkpoint_saver, checkpoint_saver_iteration
 from pimm_fn.core.validate import int_at_least
 
@@ -124,6 +125,33 @@ def _garbage_handler(interval=150, disable_auto=True, empty_cache=False):
     return garbage_handler(interval, disable_auto, empty_cache)
 
 
+def _resource_utilization_logger(log_frequency=10, prefix="resources", log_per_gpu=False, log_cpu=True,
+                                 log_system_memory=True, per_process=True):
+    return resource_utilization_logger(log_frequency, prefix, log_per_gpu, log_cpu, log_system_memory, per_process)
+
+
+def _runtime_profiler(forward=True, backward=True, interrupt=False, warm_up=2, sort_by="cuda_time_total", row_limit=30,
+                      memory=True):
+    return runtime_profiler(forward, backward, interrupt, warm_up, sort_by, row_limit, memory)
+
+
+def _push_to_hub(repo_id, checkpoint="model_best", weights_only=True, private=True, token=None, revision=None,
+                 name=None, on_train_end=True, on_best=False, every_n_epochs=None, every_n_steps=None, background=True,
+                 squash_history=True, squash_every_n_pushes=None):
+    # Accepted as pimm's and without effect here: weights_only (only weights are uploaded), background (the one
+    # upload after training blocks), squash_history / squash_every_n_pushes (one commit per run).
+    if token is not None:
+        raise ValueError("'token' in a config ends up in checkpoints and logs: drop it and log in with "
+                         "`huggingface-cli login` or set HF_TOKEN")
+    if on_best or every_n_epochs is not None or every_n_steps is not None:
+        raise ValueError(f"pushes during training (on_best={on_best!r}, every_n_epochs={every_n_epochs!r}, "
+                         f"every_n_steps={every_n_steps!r}) are not supported: the weights are pushed once, after "
+                         f"training (on_train_end=True)")
+    if not on_train_end:
+        raise ValueError("on_train_end=False pushes nothing: drop the hook instead")
+    return push_to_hub(repo_id, "last" if checkpoint in ("last", "model_last") else checkpoint, private, revision, name)
+
+
 def _model_hook():
     return pimm_model_hook()
 
@@ -134,11 +162,6 @@ REFUSED = {
         "it kills the process (os._exit(137) at PIMM_SIMULATE_CRASH_STEP) to rehearse a crash, which no hook may do. "
         "Drop it: a pimm_fn run continues exactly after an exception (run.run() again) and after a kill "
         "(loop(resume='auto')); kill a real run to rehearse it"
-    ),
-    "RuntimeProfiler": (
-        "it profiles before training by drawing batches from the train loader, which shifts the data and RNG the "
-        "run trains on (PIMM.md 6.14). Drop it and profile steps of the run itself: "
-        "with torch.profiler.profile(...): run.run(steps=3)"
     ),
     "PrototypeUsageLogger": (
         "it all-reduces inside forward hooks on the model's Sonata heads, which hangs when ranks' forwards differ "
@@ -153,14 +176,6 @@ REFUSED = {
     "LogitEntropyLogger": (
         "it reads the logits tensor from the model's outputs, which pimm_fn reduces to scalars before any hook sees "
         "them. Return the entropy (and the temperature) from the model as outputs: InformationWriter logs them"
-    ),
-    "ResourceUtilizationLogger": (
-        "it polls psutil and NVML from a hook. Log resources from a Log handler of your own "
-        "(loop(handlers={pimm_fn.effects.Log: fn})) or an external monitor"
-    ),
-    "PushToHub": (
-        "uploads are not done from the training loop here. After run() returns, upload the published checkpoint "
-        "with huggingface_hub.upload_folder(repo_id=..., folder_path=save_dir / 'model')"
     ),
     "PreciseEvaluator": (
         "pimm does not register it (a config naming it fails in pimm as well). "
@@ -199,5 +214,8 @@ BUILTINS = {
     "AttentionMaskAnnealingHook": _attention_mask_annealing,
     "DtypeOverrider": _dtype_overrider,
     "GarbageHandler": _garbage_handler,
+    "ResourceUtilizationLogger": _resource_utilization_logger,
+    "RuntimeProfiler": _runtime_profiler,
+    "PushToHub": _push_to_hub,
     **{name: _refusal(name) for name in REFUSED},
 }

@@ -34,6 +34,10 @@ __all__ = [
     "CollectGarbage",
     "TimeStep",
     "FinalTest",
+    "LogResources",
+    "StartProfiler",
+    "StopProfiler",
+    "PushToHub",
 ]
 
 
@@ -155,3 +159,48 @@ class FinalTest(Effect):
     step: int
     tester: str
     test_last: bool = False
+
+
+@attrs.frozen
+class LogResources(Effect):
+    """Measure this process's (or the machine's) CPU, memory and CUDA memory; log them as ``<prefix>/<name>``."""
+
+    scope: ClassVar[Scope] = Scope.MAIN
+    step: int
+    prefix: str = "resources"
+    per_gpu: bool = False
+    cpu: bool = True
+    memory: bool = True
+    per_process: bool = True
+
+
+@attrs.frozen
+class StartProfiler(Effect):
+    """Start ``torch.profiler`` (CPU, plus CUDA when available) over the steps after ``step``; each rank its own."""
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    step: int
+    memory: bool = True
+
+
+@attrs.frozen
+class StopProfiler(Effect):
+    """Stop the profiler ``StartProfiler`` started; write its trace and table into ``save_dir/profiler``."""
+
+    scope: ClassVar[Scope] = Scope.LOCAL
+    step: int
+    sort_by: str = "cuda_time_total"
+    row_limit: int = 30
+
+
+@attrs.frozen
+class PushToHub(Effect):
+    """Stage the ``checkpoint`` weights (``model_best`` or ``last``) in ``save_dir/hub``; upload it to ``repo_id``."""
+
+    scope: ClassVar[Scope] = Scope.MAIN
+    step: int
+    repo_id: str
+    checkpoint: str = "model_best"
+    private: bool = True
+    revision: str | None = None
+    name: str | None = None

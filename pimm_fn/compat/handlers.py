@@ -18,7 +18,7 @@ import torch
 
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint import dist
-from pimm_fn.compat import reading
+from pimm_fn.compat import _monitoring, reading
 from pimm_fn.compat.effects import (
     AnnealAttention, CollectGarbage, CountParameters, ExcludeWeightDecay, FinalTest, LoadPimmWeights, LogGradientNorm,
     OverrideDtype, SetWeightDecay, TimeStep,
@@ -311,4 +311,5 @@ HANDLERS = {
     CollectGarbage: collect_garbage,
     TimeStep: StepTimer(),
     FinalTest: final_test,
+    **_monitoring.HANDLERS,  # LogResources, StartProfiler/StopProfiler, PushToHub
 }

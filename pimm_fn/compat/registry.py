@@ -32,10 +32,13 @@ pimm config                        pimm_fn hook
 ``AttentionMaskAnnealingHook``     ``attention_mask_annealing(log_frequency, log_per_layer, prefix)``
 ``DtypeOverrider``                 ``dtype_overrider(...)``
 ``GarbageHandler``                 ``garbage_handler(interval, disable_auto, empty_cache)``
-``SimulateCrash``, ``RuntimeProfiler``, ``PrototypeUsageLogger``,   refused: the error says why and what
+``ResourceUtilizationLogger``      ``resource_utilization_logger(log_frequency, prefix, ...)``
+``RuntimeProfiler``                ``runtime_profiler(..., warm_up, sort_by, row_limit, memory)``
+``PushToHub``                      ``push_to_hub(repo_id, checkpoint, private, revision, name)`` (``hub`` extra)
+``SimulateCrash``, ``PrototypeUsageLogger``,                         refused: the error says why and what
 ``FeatureStdMonitor``, ``LogitEntropyLogger``,                       to do instead
-``ResourceUtilizationLogger``, ``PushToHub``, ``PreciseEvaluator``,
-``OnlineLinearProbe``, ``EventLinearProbeEvaluator``
+``PreciseEvaluator``, ``OnlineLinearProbe``,
+``EventLinearProbeEvaluator``
 =================================  ================================================
 
 Hooks whose work needs the model, the optimizer or a clock emit the effects
