@@ -188,29 +188,6 @@ def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pat
     return target
 
 
-def snapshots(model_dir: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
-    """All ``iter_<step>`` snapshots (either format), oldest first."""
-    found = []
-    for entry in model_dir.glob("iter_*"):
-        match = (L.ITER_DIR if entry.is_dir() else L.ITER_FILE).match(entry.name)
-        if match:
-            found.append((int(match.group(1)), entry))
-    return sorted(found, key=lambda item: (item[0], item[1].name))
-
-
-def prune_snapshots(model_dir: pathlib.Path, keep: int) -> list[pathlib.Path]:
-    """Delete the oldest snapshots so that at most ``keep`` remain.
-
-    Returns:
-        The deleted paths, oldest first.
-    """
-    snaps = snapshots(model_dir)
-    doomed = [path for _, path in snaps[: max(len(snaps) - keep, 0)]]
-    for path in doomed:
-        L.remove(path)
-    return doomed
-
-
 def write_receipt(staging: pathlib.Path) -> None:
     """Leave ``receipts/rank<r>`` in ``staging``: proof for rank 0 that this rank wrote here, and from which host.
 

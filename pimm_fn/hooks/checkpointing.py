@@ -121,11 +121,8 @@ class BestState:
     step: int = -1
 
 
-finite_number = finite  # the name hooks/control imports; ``pimm_fn.core.validate.finite``
-
-
 def _improves(value, best, mode) -> bool:
-    if not finite_number(value):
+    if not finite(value):
         return False  # NaN and +/-inf never improve: a diverged evaluation must not become model_best
     if best is None:
         return True

@@ -17,8 +17,8 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Log, StepScheduler, Stop
 from pimm_fn.core.hook import hook_factory
-from pimm_fn.core.validate import int_at_least, non_empty_str, number, one_of
-from pimm_fn.hooks.checkpointing import check_spelling, finite_number
+from pimm_fn.core.validate import finite, int_at_least, non_empty_str, number, one_of
+from pimm_fn.hooks.checkpointing import check_spelling
 
 __all__ = ["early_stop", "EarlyStopState", "step_scheduler"]
 
@@ -63,7 +63,7 @@ class _EarlyStop:
         return (self.metric,)
 
     def _improves(self, value, best) -> bool:
-        if not finite_number(value):
+        if not finite(value):
             return False  # NaN, +/-inf (or a non-number) never improves
         if best is None:
             return True

@@ -12,7 +12,7 @@ import pimm_fn as pf
 from _workers import BATCH, Net, ValLoss, _dump, dataset
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
-from _sync_count import counting_reads  # noqa: E402
+from _sync_count import reads_per_step  # noqa: E402
 
 HOOKS_CADENCES = (5, 8, 10)  # evaluate_every, save_every, log_every
 
@@ -27,9 +27,5 @@ def count_reads(rank, world, out, *, save_dir, tag):
              pf.log_every(10)]
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), data, hooks=hooks, max_epochs=3,
                   save_dir=save_dir, console=False, ddp=True)
-    reads = {}
-    while not run.finished:
-        with counting_reads() as calls:
-            run.step()
-        reads[run.state.progress.global_step] = list(calls)
+    reads = reads_per_step(run)
     _dump(out, tag, rank, {"reads": reads, "iters_per_epoch": run.state.progress.iters_per_epoch})

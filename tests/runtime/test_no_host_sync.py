@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import pimm_fn as pf
-from _sync_count import counting_reads, quiet_steps
+from _sync_count import quiet_steps, reads_per_step
 from _tiny_workload import TinyNet, dataset, negative_mse
 
 CADENCES = (7, 25, 10)  # evaluate_every, save_every, log_every
@@ -24,19 +24,10 @@ def _standard_run(tmp_path, extra=(), first=(), **kwargs):
     return pf.loop(model, optimizer, data, hooks=hooks, max_epochs=8, save_dir=tmp_path, console=False, **kwargs)
 
 
-def _reads_per_step(run) -> dict:
-    found = {}
-    while not run.finished:
-        with counting_reads() as calls:
-            run.step()
-        found[run.state.progress.global_step] = list(calls)
-    return found
-
-
 @pytest.mark.parametrize("on_nonfinite", ["raise", "warn"])
 def test_the_standard_stack_reads_no_tensor_on_quiet_steps(tmp_path, on_nonfinite):
     """Zero reads on the quiet steps; the steps where log_every or an evaluation fires do read (the count can fail)."""
-    reads = _reads_per_step(_standard_run(tmp_path, on_nonfinite=on_nonfinite))
+    reads = reads_per_step(_standard_run(tmp_path, on_nonfinite=on_nonfinite))
     quiet = quiet_steps(40, CADENCES, IPE)
     assert quiet and {k: reads[k] for k in quiet} == dict.fromkeys(quiet, [])
     assert reads[10] and reads[20]
@@ -44,7 +35,7 @@ def test_the_standard_stack_reads_no_tensor_on_quiet_steps(tmp_path, on_nonfinit
 
 def test_skip_reads_the_loss_on_every_step_before_its_backward(tmp_path):
     """'skip' decides before the backward: the one policy that reads each loss (documented)."""
-    reads = _reads_per_step(_standard_run(tmp_path, on_nonfinite="skip"))
+    reads = reads_per_step(_standard_run(tmp_path, on_nonfinite="skip"))
     assert all(reads[k] == ["item"] for k in quiet_steps(40, CADENCES, IPE))
 
 
@@ -63,7 +54,7 @@ def test_epoch_means_from_device_sums_equal_those_of_a_run_reading_every_step(tm
 
 def test_a_weight_average_called_every_step_reads_no_outputs(tmp_path):
     """ema() declares reads_outputs=False: called every step, it leaves the outputs on the device."""
-    reads = _reads_per_step(_standard_run(tmp_path, first=[pf.ema(0.9)]))
+    reads = reads_per_step(_standard_run(tmp_path, first=[pf.ema(0.9)]))
     quiet = quiet_steps(40, CADENCES, IPE)
     assert {k: reads[k] for k in quiet} == dict.fromkeys(quiet, [])
 

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 import pimm_fn as pf
 from pimm_fn.runtime import progress_bar
-from _sync_count import counting_reads, quiet_steps
+from _sync_count import quiet_steps, reads_per_step
 from _tiny_workload import TinyNet, build, dataset, negative_mse
 
 
@@ -37,18 +37,14 @@ def test_the_trace_and_the_weights_are_those_of_a_run_without_bar(tmp_path):
 
 
 def test_a_shown_bar_reads_no_tensor_on_quiet_steps(tmp_path):
-    """The bar moves every step yet the loop reads outputs only where log_every or an evaluation fires."""
+    """The bar moves on these short epochs every step, yet the loop reads outputs only where log_every or an evaluation fires."""
     torch.manual_seed(0)
     model = TinyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # Adam reads its step count
     run = pf.loop(model, optimizer, DataLoader(dataset(), batch_size=8),
                   hooks=[pf.evaluate_every(7, negative_mse, name="val"), pf.log_every(10)], max_epochs=8,
                   save_dir=tmp_path, console=False, progress=True)
-    reads = {}
-    while not run.finished:
-        with counting_reads() as calls:
-            run.step()
-        reads[run.state.progress.global_step] = list(calls)
+    reads = reads_per_step(run)
     quiet = quiet_steps(40, (7, 10), 5)
     assert quiet and {k: reads[k] for k in quiet} == dict.fromkeys(quiet, []) and reads[10]
 
