@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import json
 import pathlib
-import warnings
 
 import attrs
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from . import _layout as L
-from . import _legacy
+from . import _legacy, safe_reading
 from ._pack import tensor_to_skeleton, unpack
-from ._standard import _NO_GROUP_WARNING, _SafeReader
 from .contents import TrainerContents, from_parts
 
 __all__ = [
@@ -53,7 +50,7 @@ def _info(dtype: torch.dtype, shape) -> TensorInfo:
 
 def tensor_infos(path: pathlib.Path) -> dict[str, TensorInfo]:
     """Every tensor entry of a standard checkpoint's ``trainer/`` DCP directory, from its metadata alone."""
-    return infos_of(_SafeReader(path / L.TRAINER).read_metadata().state_dict_metadata)
+    return infos_of(safe_reading.metadata(path).state_dict_metadata)
 
 
 def infos_of(meta: dict) -> dict[str, TensorInfo]:
@@ -87,7 +84,7 @@ def trainer_without_tensors(path: pathlib.Path) -> dict:
         infos = {k: _info(t.dtype, t.shape) for k, t in stored.items()}
         needed = {k: stored[k] for k in numpy_keys(skeleton)}
         return unpack(skeleton, {**infos, **needed})
-    meta = _SafeReader(path / L.TRAINER).read_metadata().state_dict_metadata
+    meta = safe_reading.metadata(path).state_dict_metadata
     if not isinstance(meta.get("trainer/skeleton"), TensorStorageMetadata):
         raise ValueError(f"{path / L.TRAINER} has no 'trainer/skeleton' tensor: not written by pimm_fn")
     head = {"trainer/skeleton": torch.empty(meta["trainer/skeleton"].size, dtype=torch.uint8)}
@@ -103,11 +100,8 @@ def trainer_without_tensors(path: pathlib.Path) -> dict:
 
 def _read(path: pathlib.Path, state: dict) -> None:
     """Read the entries of ``state`` (and only those) from a standard checkpoint's DCP directory, in place."""
-    if not state:
-        return
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.load(state, storage_reader=_SafeReader(path / L.TRAINER), no_dist=True)
+    if state:
+        safe_reading.load(state, path)
 
 
 def contents_of(path: pathlib.Path) -> TrainerContents:

@@ -9,33 +9,30 @@ a ``uint8`` tensor) and its tensors, under these keys::
 
 Distinct per-rank keys keep DCP from de-duplicating rank-local data (RNG
 states differ per rank but have equal shapes). Loading allocates tensors from
-the DCP metadata, so no template state is needed, and reads that metadata
-with an unpickler that only admits DCP's own metadata classes.
+the DCP metadata, so no template state is needed, and reads through
+:mod:`.safe_reading`, which never unpickles an object.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import hashlib
 import pathlib
-import pickle
 import warnings
 from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from . import _layout as L
-from . import _publish, dist
+from . import _publish, dist, safe_reading
 from ._pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
 from .errors import CheckpointError, cause, no_space, storage_errors, tensor_bytes
 
 _SKELETON = "skeleton"
 _METADATA = f"{L.TRAINER}/.metadata"
-_NO_GROUP_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
+_NO_GROUP_WARNING = safe_reading.NO_GROUP_WARNING
 
 
 def write_trainer(directory: pathlib.Path, trainer: dict, local: dict) -> None:
@@ -120,8 +117,7 @@ def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]
         CheckpointError: a file of ``trainer/`` is missing, cut short or
             overwritten (naming it), or holds what pimm_fn never writes.
     """
-    reader = _SafeReader(directory / L.TRAINER)
-    meta = metadata(directory, reader)
+    meta = metadata(directory)
     prefixes = {"trainer": "trainer", "local": f"local/rank{rank}"}
     if f"trainer/{_SKELETON}" not in meta.state_dict_metadata:
         problem = f"names no 'trainer/{_SKELETON}': this DCP directory was not written by pimm_fn"
@@ -135,9 +131,9 @@ def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]
             raise CheckpointError(directory, _METADATA, problem)
         state[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-            dcp.load(state, storage_reader=reader, no_dist=True)  # each rank its own entries, no collective
+        safe_reading.load(state, directory, meta=meta)  # each rank its own entries, no collective
+    except CheckpointError:
+        raise
     except (Exception, CheckpointException) as exc:
         damaged = failing_file(directory, meta, state)
         raise CheckpointError(directory, damaged, f"does not read back ({cause(exc)})") from None
@@ -146,15 +142,9 @@ def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]
     return trainer, _unpacked(directory, meta, prefixes["local"], state) if has_local else None
 
 
-def metadata(directory: pathlib.Path, reader: "_SafeReader | None" = None) -> Metadata:
+def metadata(directory: pathlib.Path) -> Metadata:
     """The DCP metadata of a checkpoint's ``trainer/``, read safely; a ``CheckpointError`` when it does not load."""
-    reader = reader or _SafeReader(directory / L.TRAINER)
-    try:
-        return reader.read_metadata()
-    except FileNotFoundError:
-        raise CheckpointError(directory, _METADATA, "is missing") from None
-    except Exception as exc:  # noqa: BLE001 - a damaged pickle raises many types
-        raise CheckpointError(directory, _METADATA, f"does not load ({cause(exc)})") from None
+    return safe_reading.metadata(directory)
 
 
 def data_extents(directory: pathlib.Path) -> dict[str, int]:
@@ -180,9 +170,7 @@ def failing_file(directory: pathlib.Path, meta: Metadata, state: dict[str, torch
     for name in files:
         part = {k: torch.empty_like(state[k]) for k in state if f"{L.TRAINER}/{_home(meta).get(k)}" == name}
         try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-                dcp.load(part, storage_reader=_SafeReader(directory / L.TRAINER), no_dist=True)
+            safe_reading.load(part, directory, meta=meta)
         except (Exception, CheckpointException):
             return name
     return files[0] if files else _METADATA
@@ -260,40 +248,4 @@ def _agree(replicated: dict[str, torch.Tensor], problem: Exception | None) -> No
         )
 
 
-class _SafeReader(dcp.FileSystemReader):
-    """A ``FileSystemReader`` whose metadata unpickler admits only DCP's own types."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        """The checkpoint's metadata, unpickled safely, read once per reader."""
-        cached = self.__dict__.get("_pimm_metadata")
-        if cached is not None:
-            return cached
-        path = self._get_metadata_path(kwargs.get("rank"))
-        with self.fs.create_stream(path, "rb") as stream:
-            metadata = _MetadataUnpickler(stream).load()
-        if not isinstance(metadata, Metadata):
-            raise ValueError(f"{path} does not hold DCP metadata (got {type(metadata).__name__})")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        self._pimm_metadata = metadata
-        return metadata
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module.startswith("torch.distributed.checkpoint"):
-            obj = super().find_class(module, name)
-            if isinstance(obj, type) and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum)):
-                return obj
-        elif module == "torch.serialization" and name == "_get_layout":  # layout name -> torch.layout
-            return super().find_class(module, name)
-        elif module == "torch":
-            obj = getattr(torch, name, None)
-            if obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
-                return obj
-        elif module == "pathlib" and name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"):
-            return super().find_class(module, name)
-        elif module == "collections" and name == "OrderedDict":
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"DCP metadata references {module}.{name}, which is not allowed to load")
+_MetadataUnpickler = safe_reading.MetadataUnpickler  # its home is the reading layer now

@@ -11,6 +11,11 @@ tensor (:func:`load_into`). What is not a tensor in the optimizer state
 (param groups, hyper-parameters) stays in the replicated trainer part, where
 every rank must agree on it; the shards are exempt from that check.
 
+Every read goes through :mod:`.safe_reading` (no pickled entry is ever
+unpickled), and a resume checks first that a checkpoint saying its model is
+sharded holds ``sharded/model/...`` tensors, and one saying it is not holds
+no shards (:func:`check_claim`).
+
 The weights file ``model.pth`` holds :func:`full_weights`: the full state
 dict, gathered collectively to rank 0, loadable by anyone with
 ``torch.load(weights_only=True)``. A run may skip it (``loop(weights_file=False)``)
@@ -21,10 +26,8 @@ the full weights from the shards, in one process.
 from __future__ import annotations
 
 import pathlib
-import warnings
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -34,17 +37,16 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from . import _layout as L
-from ._standard import _SafeReader
+from . import safe_reading
+from .errors import CheckpointError
 
 __all__ = [
     "MODEL", "OPTIM", "is_sharded", "state", "full_weights", "load_full_weights", "load_into", "read_full_weights",
-    "has_shards",
+    "has_shards", "check_claim",
 ]
 
 MODEL = "sharded/model/"
 OPTIM = "sharded/optim/"
-_NO_GROUP_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 
 
 def is_sharded(model) -> bool:
@@ -123,11 +125,9 @@ def load_into(directory: pathlib.Path, model, optimizer, optimizer_rest: dict) -
 
 def _load(directory: pathlib.Path, template: dict) -> None:
     """Read the checkpoint's part of every tensor of ``template`` into it, in place; collective."""
-    reader = _SafeReader(directory / L.TRAINER)  # its metadata read once, for the check and the load
-    _check_keys(directory, template, reader.read_metadata().state_dict_metadata)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.load(template, storage_reader=reader)
+    meta = safe_reading.metadata(directory)  # read once, for the check and the load
+    _check_keys(directory, template, meta.state_dict_metadata)
+    safe_reading.load(template, directory, meta=meta, collective=True)
 
 
 def _check_keys(directory: pathlib.Path, template: dict, saved: dict) -> None:
@@ -141,7 +141,7 @@ def _check_keys(directory: pathlib.Path, template: dict, saved: dict) -> None:
 
 
 def _metadata(directory: pathlib.Path) -> dict:
-    return _SafeReader(directory / L.TRAINER).read_metadata().state_dict_metadata
+    return safe_reading.metadata(directory).state_dict_metadata
 
 
 def has_shards(directory: pathlib.Path) -> bool:
@@ -149,15 +149,43 @@ def has_shards(directory: pathlib.Path) -> bool:
     return any(key.startswith(MODEL) for key in _metadata(directory))
 
 
+def check_claim(directory: pathlib.Path, claimed: bool) -> None:
+    """What the trainer part says (``Replicated.sharded``) is what the DCP metadata holds, before anything loads.
+
+    A checkpoint saying its model is sharded holds ``sharded/model/...`` tensors
+    and only tensors under ``sharded/``; one saying it is not holds none.
+
+    Raises:
+        CheckpointError: the claim and the entries disagree (naming both).
+    """
+    entries = {k: e for k, e in _metadata(directory).items() if k.startswith("sharded/")}
+    odd = [k for k, e in entries.items() if not isinstance(e, TensorStorageMetadata)]
+    if odd:
+        raise CheckpointError(directory, "trainer/.metadata", f"lists {odd[0]!r} as a pickled object where a shard "
+                              "tensor is expected: pimm_fn never unpickles objects from a checkpoint, so nothing "
+                              "of it was run (the checkpoint was not written by pimm_fn, or was altered)")
+    model = [k for k in entries if k.startswith(MODEL)]
+    if claimed and not model:
+        raise CheckpointError(directory, "trainer/", "says its model was sharded (written by FSDP2), but its "
+                              "metadata lists no 'sharded/model/...' tensor: the trainer part was altered")
+    if not claimed and entries:
+        raise CheckpointError(directory, "trainer/", f"says its model was replicated, but its metadata lists "
+                              f"{len(entries)} shard(s) (e.g. {sorted(entries)[0]!r}): the trainer part was altered")
+
+
 def read_full_weights(directory: pathlib.Path) -> dict:
-    """The full model state dict assembled from a checkpoint's shards, in this process alone (CPU)."""
+    """The full model state dict assembled from a checkpoint's shards, in this process alone (CPU).
+
+    Raises:
+        CheckpointError: a shard entry is not a tensor, or does not read safely.
+    """
+    meta = safe_reading.metadata(directory)
     template = {}
-    for key, entry in _metadata(directory).items():
+    for key, entry in meta.state_dict_metadata.items():
         if key.startswith(MODEL):
             if not isinstance(entry, TensorStorageMetadata):
-                raise ValueError(f"{directory}: entry {key!r} is not a tensor; refusing to load it")
+                raise CheckpointError(directory, "trainer/.metadata", f"lists {key!r} as a pickled object where a "
+                                      "shard tensor is expected; refusing to load it")
             template[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.load(template, storage_reader=_SafeReader(directory / L.TRAINER), no_dist=True)
+    safe_reading.load(template, directory, meta=meta)
     return {key[len(MODEL):]: value for key, value in template.items()}

@@ -8,8 +8,9 @@ trainer payload without the model, ``.complete`` markers), and the one-file
 ``{"epoch", "iter", "state_dict", ...}``).
 
 Everything is read with ``torch.load(weights_only=True)`` (numpy arrays
-admitted, as pimm's RNG state holds one) and DCP metadata through an
-unpickler that admits DCP's own types only: nothing runs code (pimm loads
+admitted, as pimm's RNG state holds one) and DCP directories through
+``pimm_fn.checkpoint.safe_reading`` (their plain values the same way, their
+metadata by an unpickler that admits DCP's own types only): nothing runs code (pimm loads
 with ``weights_only=False``, ``PIMM.md`` 6.1). pimm's data-loader cursor is
 itself a pickle inside the payload: it is read as bytes, never unpickled.
 ``pimm_fn.compat.checkpoints`` translates what is read for a resume.
@@ -17,20 +18,15 @@ itself a pickle inside the payload: it is read as bytes, never unpickled.
 
 from __future__ import annotations
 
-import io
 import os
 import pathlib
-import warnings
 from collections.abc import Mapping
 
-import numpy as np
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint._standard import _SafeReader
+from pimm_fn.checkpoint import safe_reading
 
 __all__ = [
     "PimmCheckpointError", "PimmCheckpoint", "read_pimm_checkpoint", "latest_pimm_checkpoint", "pimm_source",
@@ -41,18 +37,10 @@ MARKER = ".complete"  # pimm's success marker (path.py::checkpoint_success_file)
 WEIGHTS = "weights.pth"
 TRAINER = "trainer.dcp"
 LEGACY = "model_last.pth"
-_NO_GROUP_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 
 
 class PimmCheckpointError(ValueError):
     """A pimm checkpoint that cannot be read or translated; the message says why and what to do."""
-
-
-def _numpy_globals() -> list:
-    core = getattr(np, "_core", None) or np.core
-    found = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype]
-    found += [getattr(np.dtypes, n) for n in dir(getattr(np, "dtypes", None) or ()) if n.endswith("DType")]
-    return found
 
 
 def safe_load(source):
@@ -62,7 +50,7 @@ def safe_load(source):
         PimmCheckpointError: the file holds anything else (classes, functions).
     """
     try:
-        with torch.serialization.safe_globals(_numpy_globals()):
+        with torch.serialization.safe_globals(safe_reading.plain_globals()):
             return torch.load(source, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
@@ -75,16 +63,6 @@ def safe_load(source):
 
 
 # -- reading ----------------------------------------------------------------------------------------------------
-class _SafePlanner(DefaultLoadPlanner):
-    """DCP's planner over a flat template, reading non-tensor entries with ``weights_only=True``."""
-
-    def __init__(self):
-        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False, allow_partial_load=True)
-
-    def load_bytes(self, read_item, value: io.BytesIO) -> None:
-        self.state_dict[read_item.dest_index.fqn] = safe_load(value)
-
-
 def _lists(tree):
     """Dicts whose keys are exactly ``0..n-1`` (DCP's paths into lists) back as lists."""
     if not isinstance(tree, dict):
@@ -99,13 +77,10 @@ def _read_dcp(directory: pathlib.Path) -> dict:
     """The nested payload pimm's ``dcp.save(payload)`` wrote: tensors and plain values, read without pickle."""
     if not (directory / MARKER).is_file():
         raise PimmCheckpointError(f"Incomplete DCP checkpoint: {directory} (no {MARKER} marker)")
-    reader = _SafeReader(directory)
-    meta = reader.read_metadata()
+    meta = safe_reading.metadata(directory, within="")
     template = {key: torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else None
                 for key, md in meta.state_dict_metadata.items()}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.load(template, storage_reader=reader, planner=_SafePlanner(), no_dist=True)
+    safe_reading.load(template, directory, within="", meta=meta, plain_values=True)  # plain values: weights_only
     paths = meta.planner_data if isinstance(meta.planner_data, Mapping) else {}
     nested: dict = {}
     for key, value in template.items():

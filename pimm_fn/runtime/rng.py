@@ -9,7 +9,7 @@ import random
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "restore_rng", "torch_rng", "set_torch_rng"]
+__all__ = ["capture_rng", "restore_rng", "rng_problem", "torch_rng", "set_torch_rng"]
 
 _get_cpu = torch.default_generator.get_state  # what torch.get_rng_state returns, at half its cost
 _cuda_ready = torch.cuda.is_initialized
@@ -37,14 +37,34 @@ def capture_rng() -> dict:
 
 def restore_rng(states: dict) -> None:
     """Put back the states ``capture_rng`` returned."""
-    py = states["python"]
-    random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
-    npy = states["numpy"]
-    keys = npy["keys"].numpy().astype(np.uint32)
-    np.random.set_state((npy["kind"], keys, npy["pos"], npy["has_gauss"], npy["cached"]))
+    random.setstate(_python(states["python"]))
+    np.random.set_state(_numpy(states["numpy"]))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def rng_problem(states) -> str | None:
+    """Why ``states`` (read from a checkpoint: untrusted) would not restore, or ``None``; restores nothing.
+
+    Each state is set on a scratch generator of its kind, so anything the
+    real restore would refuse is found before a resume touches the model.
+    """
+    try:
+        random.Random().setstate(_python(states["python"]))
+        np.random.RandomState().set_state(_numpy(states["numpy"]))
+        torch.Generator().set_state(states["torch"])
+    except Exception as exc:  # noqa: BLE001 - altered states fail in many ways
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
+    return None
+
+
+def _python(py: dict) -> tuple:
+    return py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]
+
+
+def _numpy(npy: dict) -> tuple:
+    return npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"], npy["has_gauss"], npy["cached"]
 
 
 def torch_rng() -> tuple:
