@@ -2,8 +2,8 @@
 
 ``python -m benchmarks [--quick]``. Each part also runs alone, e.g.
 ``python -m benchmarks.loop_overhead``. The simulation, guard and FSDP2
-checkpoint benchmarks (``benchmarks.simulation``, ``benchmarks.guard``,
-``benchmarks.fsdp_io``, which starts its own ranks) run as processes of their
+checkpoint benchmarks and the digests one (``benchmarks.simulation``, ``benchmarks.guard``,
+``benchmarks.fsdp_io``, which starts its own ranks, ``benchmarks.digests``) run as processes of their
 own when present; their figures are read back from ``results/<name>.json``.
 """
 
@@ -21,7 +21,7 @@ from benchmarks import _common
 
 HERE = pathlib.Path(__file__).resolve().parent
 OURS = ("loop_overhead", "checkpoint_io", "async_save")
-OTHERS = ("simulation", "guard", "fsdp_io")
+OTHERS = ("simulation", "guard", "fsdp_io", "digests")
 
 
 def _run_other(name: str, quick: bool) -> str | None:

@@ -93,8 +93,10 @@ def save_checkpoint(
             the marker for ``keep_best`` and ``python -m pimm_fn ls``; only
             finite numbers are kept.
         digests: also record each file's SHA-256 in the marker (standard
-            format; costs a read of the checkpoint), checked by
-            ``validation.validate(path, digests=True)``; sizes are always recorded.
+            format; the weights file is hashed as it is written, the others
+            read once: ``benchmarks/RESULTS.md`` has the cost), checked by
+            ``validation.validate(path, digests=True)``, which a resume and
+            ``python -m pimm_fn verify`` use; sizes are always recorded.
 
     Returns:
         The published checkpoint (``last`` or ``last.pth``), on every rank.
@@ -123,7 +125,7 @@ def save_checkpoint(
         state.update(sharded or {})
         # The weights file is written (in place: the staging directory is
         # invisible until published) and fsynced while DCP writes the trainer.
-        weights_file = L.weights_write(staging, weights) if dist.is_main() else None
+        weights_file = L.weights_write(staging, weights, digest=digests) if dist.is_main() else None
         try:
             _standard.write_state(staging, state)  # a full disk: DiskFullError on every rank
         except BaseException:

@@ -201,7 +201,7 @@ def save_checkpoint_async(
             copy.run()
             copy.wait()
             mark_staged()
-            weights_file = L.weights_write(staging, staged_weights) if dist.is_main() else None
+            weights_file = L.weights_write(staging, staged_weights, digest=digests) if dist.is_main() else None
             try:
                 _standard.write_state(staging, staged_state, group=group)  # a full disk: DiskFullError on every rank
             except BaseException:

@@ -22,12 +22,13 @@ marker parses and every file it lists has the recorded size
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pathlib
 import re
+import secrets
 import shutil
-import tempfile
 import threading
 from typing import Callable
 
@@ -167,21 +168,48 @@ def atomic_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib
         write: called with a binary file object to fill.
 
     Returns:
-        ``path``; readers see either the old file or the complete new one.
+        ``path``; readers see either the old file or the complete new one,
+        with the permissions ``open()`` gives (the umask's, see :func:`staged_write`).
+    """
+    tmp = staged_write(path, write)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+    return path
+
+
+def staged_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib.Path:
+    """Write ``path``'s content durably under a fresh ``.staging-<name>.<random>`` name beside it; return that name.
+
+    The one way pimm_fn makes a file that is renamed into place (the caller
+    ``os.replace``-s it): created as ``open()`` creates files, mode 0666 less
+    the umask (0644 under umask 022), so best weights, exports and legacy
+    checkpoints are as readable as every other file of the run, never
+    ``mkstemp``'s 0600. On failure the temp file is removed.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f"{STAGING}{path.name}.", dir=path.parent)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.parent / f"{STAGING}{path.name}.{secrets.token_hex(4)}"
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the kernel applies the umask, as for open(path, "wb")
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name for {path} after 100 tries")
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
     except BaseException:
-        pathlib.Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
-    return path
+    return tmp
 
 
 def durable_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib.Path:
@@ -198,19 +226,45 @@ def durable_write(path: pathlib.Path, write: Callable[[object], None]) -> pathli
     return path
 
 
+class _Hashed:
+    """A binary file that hashes the bytes written through it: a file's SHA-256 in the pass that writes it."""
+
+    def __init__(self, file):
+        self._file, self.sha256 = file, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha256.update(data)  # releases the GIL for large buffers
+        return self._file.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+
 class BackgroundWrite:
     """A :func:`durable_write` running on its own thread.
 
     Lets the weights file be written (and fsynced) while DCP writes the
-    trainer directory: the two files' writes and fsyncs overlap.
-    :meth:`result` joins the thread and re-raises its error.
+    trainer directory: the two files' writes and fsyncs overlap. With
+    ``digest`` the bytes are hashed as they are written, on that thread
+    (``sha256``, hex, once done), so the marker's digest of the weights file
+    costs no second read. :meth:`result` joins the thread and re-raises its error.
     """
 
-    def __init__(self, path: pathlib.Path, write: Callable[[object], None], nbytes: int = 0):
+    def __init__(self, path: pathlib.Path, write: Callable[[object], None], nbytes: int = 0, *, digest: bool = False):
         self.path, self.nbytes = path, nbytes  # what it writes, and about how many bytes (for a full disk's error)
+        self.sha256: str | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(path, write), name=f"pimm_fn-write-{path.name}", daemon=True)
+        target = self._hashed(write) if digest else write
+        self._thread = threading.Thread(target=self._run, args=(path, target), name=f"pimm_fn-write-{path.name}", daemon=True)
         self._thread.start()
+
+    def _hashed(self, write: Callable[[object], None]) -> Callable[[object], None]:
+        def hashed(f) -> None:
+            through = _Hashed(f)
+            write(through)
+            self.sha256 = through.sha256.hexdigest()
+
+        return hashed
 
     def _run(self, path: pathlib.Path, write: Callable[[object], None]) -> None:
         try:
@@ -229,12 +283,15 @@ class BackgroundWrite:
         self._thread.join()
 
 
-def weights_write(directory: pathlib.Path, weights: dict | None) -> BackgroundWrite:
-    """Start writing ``weights`` as ``directory``'s weights file, or, for ``None``, the note saying why there is none."""
+def weights_write(directory: pathlib.Path, weights: dict | None, *, digest: bool = False) -> BackgroundWrite:
+    """Start writing ``weights`` as ``directory``'s weights file, or, for ``None``, the note saying why there is none.
+
+    ``digest``: hash the file as it is written (``BackgroundWrite.sha256``).
+    """
     if weights is None:
-        return BackgroundWrite(directory / WEIGHTS_SKIPPED, lambda f: f.write(_SKIPPED_NOTE))
+        return BackgroundWrite(directory / WEIGHTS_SKIPPED, lambda f: f.write(_SKIPPED_NOTE), digest=digest)
     nbytes = sum(t.numel() * t.element_size() for t in weights.values() if isinstance(t, torch.Tensor))
-    return BackgroundWrite(directory / WEIGHTS, lambda f: torch.save(weights, f), nbytes)
+    return BackgroundWrite(directory / WEIGHTS, lambda f: torch.save(weights, f), nbytes, digest=digest)
 
 
 def write_marker(

@@ -117,9 +117,10 @@ def publish_staged(
 
     Waits for ``weights_file`` first, then makes the trainer directory's
     entries durable (DCP fsyncs its files but not their directory), writes
-    ``COMPLETE`` with every file's size (and SHA-256 with ``digests``; see
-    :func:`.validation.manifest`), fsynced with the staging directory, then
-    :func:`publish_dir` renames.
+    ``COMPLETE`` with every file's size (and SHA-256 with ``digests``: the
+    weights file's as ``weights_file`` hashed it while writing, the others'
+    by :func:`.validation.manifest`), fsynced with the staging directory,
+    then :func:`publish_dir` renames.
 
     Raises:
         DiskFullError: the weights file or the marker did not fit; the
@@ -131,7 +132,8 @@ def publish_staged(
         if weights_file is not None:
             weights_file.result()
         L.fsync_dir(staging / L.TRAINER)
-        files = manifest(staging, digests=digests)
+        hashed = weights_file.sha256 if weights_file is not None else None  # while it was written: no second read
+        files = manifest(staging, digests=digests, known={weights_file.path.name: hashed} if hashed else None)
         L.write_marker(staging, step, world_size, staged=True, metrics=metrics, files=files)
     except BaseException as exc:
         nbytes = _staged_bytes(staging, weights_file)

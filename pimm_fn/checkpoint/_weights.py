@@ -6,7 +6,6 @@ import json
 import math
 import os
 import pathlib
-import tempfile
 from collections.abc import Iterable, Mapping
 
 import attrs
@@ -198,15 +197,11 @@ def write_best(
 
 
 def _stage_all(root: pathlib.Path, files: dict) -> list[pathlib.Path]:
-    """Write each file durably under a ``.staging-*`` name; on failure remove them all (the old files stay)."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Write each file durably under a ``.staging-*`` name (mode by the umask); on failure remove them all (the old files stay)."""
     staged: list[pathlib.Path] = []
     try:
         for path, write in files.items():
-            fd, tmp = tempfile.mkstemp(prefix=f"{L.STAGING}{path.name}.", dir=root)
-            os.close(fd)
-            staged.append(pathlib.Path(tmp))
-            L.durable_write(staged[-1], write)
+            staged.append(L.staged_write(path, write))
     except BaseException:
         for tmp in staged:
             tmp.unlink(missing_ok=True)

@@ -12,12 +12,23 @@ shards and ``model.pth.skipped`` are all in it::
               "trainer/__0_0.distcp": {"size": 8910}, ...}
 
 Sizes cost a ``stat`` each; digests are recorded when a save asks for them
-and checked when a validation asks (``validate(..., digests=True)``, the
-checkpoint CLI's ``verify``). Receipts are not listed: loading never reads
-them. A marker written before ``files`` existed is checked as far as it
-can be: the weights file and the DCP metadata present and not empty, and
-each data file the metadata names at least as long as the bytes it
-records there.
+(``loop(digests=True)``, ``save_checkpoint(..., digests=True)``) and checked
+when a validation asks (``validate(..., digests=True)``): ``resume="auto"``,
+``resume=<path>`` and the checkpoint CLI's ``verify`` ask whenever the marker
+records them, so bytes changed at the same size are caught before they are
+trained on. Receipts are not listed: loading never reads them.
+
+The names a marker lists are untrusted: each must be a relative path
+without ``..`` naming, through real directories (no symbolic link), a
+regular file inside the checkpoint directory (:func:`confined`, checked
+with ``lstat`` part by part before anything is opened). Any other name
+(``../../../dev/zero``, ``/etc/passwd``, a link, a FIFO) makes the marker
+damaged: nothing outside the checkpoint is ever stat'ed or read.
+
+A marker written before ``files`` existed is checked as far as it can be:
+the weights file and the DCP metadata present and not empty, and each
+data file the metadata names (confined alike) at least as long as the
+bytes it records there.
 
 A legacy one-file checkpoint is valid when it loads with
 ``torch.load(weights_only=True)`` (memory-mapped: the tensors stay on disk)
@@ -26,10 +37,13 @@ and holds a valid marker.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import pathlib
+import stat
+from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 
@@ -39,24 +53,99 @@ from ._layout import CheckpointInfo
 from ._standard import data_extents
 from .errors import CheckpointError, cause
 
-__all__ = ["Candidate", "candidates", "manifest", "validate"]
+__all__ = ["Candidate", "candidates", "confined", "digest", "manifest", "validate"]
 
 _METADATA = f"{L.TRAINER}/.metadata"
+_BLOCK = 8 * 2**20  # bytes hashed per read: large blocks, one pass over each file
 
 
-def manifest(directory: pathlib.Path, *, digests: bool = False) -> dict:
-    """The marker's ``files`` entry for a finished checkpoint directory: ``{relative path: {"size", ["sha256"]}}``."""
-    files = {}
+def digest(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file, hex: streamed in large blocks through one reused buffer (any file size, bounded memory).
+
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp()) / "f"
+    >>> _ = path.write_bytes(b"abc")
+    >>> digest(path)[:16]
+    'ba7816bf8f01cfea'
+    """
+    sha, buffer = hashlib.sha256(), bytearray(_BLOCK)
+    view = memoryview(buffer)
+    # Never through a link, never blocking on a FIFO swapped in after a check: a regular file or an OSError.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with open(fd, "rb", buffering=0) as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        while True:
+            n = f.readinto(buffer)
+            if not n:
+                return sha.hexdigest()
+            sha.update(view[:n])  # hashlib releases the GIL for large updates: the training thread runs on
+
+
+def confined(path: pathlib.Path, rel: object, *, listed_in: str = L.MARKER) -> pathlib.Path:
+    """``path / rel`` for a name a checkpoint lists about itself, once sure it is a regular file inside ``path``.
+
+    ``rel`` must be a relative POSIX path of plain parts (no ``..``, ``.``,
+    empty part, backslash or NUL); each part is ``lstat``-ed in turn (a
+    link is never followed): the leading ones must be directories, the last
+    a regular file. So a crafted or damaged marker cannot make a reader
+    stat, open or hang on anything outside the checkpoint (``/dev/zero``,
+    a FIFO, another user's file).
+
+    Raises:
+        CheckpointError: ``listed_in`` (the marker) is damaged, naming the
+            entry and why; or the file is missing or unreadable, naming it.
+    """
+    parts = rel.split("/") if isinstance(rel, str) else None
+    if not parts or rel.startswith("/") or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
+        raise CheckpointError(path, listed_in, f"lists {rel!r:.200}, which is not a plain relative path inside the "
+                                               "checkpoint directory: a damaged or crafted marker")
+    here = path
+    for i, part in enumerate(parts):
+        here = here / part
+        try:
+            mode = os.lstat(here).st_mode
+        except FileNotFoundError:
+            raise CheckpointError(path, rel, "is missing") from None
+        except OSError as exc:
+            raise CheckpointError(path, rel, f"cannot be read ({cause(exc)})") from None
+        wanted, kind = (stat.S_ISREG, "a regular file") if i == len(parts) - 1 else (stat.S_ISDIR, "a directory")
+        if stat.S_ISLNK(mode) or not wanted(mode):
+            what = "a symbolic link" if stat.S_ISLNK(mode) else "not " + kind
+            problem = (f"lists {rel!r:.200}, whose {part!r:.80} is {what}: only regular files inside the "
+                       "checkpoint directory count (a damaged or crafted marker)")
+            raise CheckpointError(path, listed_in, problem)
+    return here
+
+
+def manifest(directory: pathlib.Path, *, digests: bool = False, known: dict | None = None) -> dict:
+    """The marker's ``files`` entry for a finished checkpoint directory: ``{relative path: {"size", ["sha256"]}}``.
+
+    ``known``: ``{relative path: SHA-256}`` already computed while writing
+    (the weights file's); every other file is read once to hash it.
+    """
+    listed = {}
     for path in sorted(pathlib.Path(directory).rglob("*")):
         rel = path.relative_to(directory).as_posix()
-        if rel == L.MARKER or rel.startswith(f"{L.RECEIPTS}/") or not path.is_file():
-            continue
-        files[rel] = {"size": path.stat().st_size, **({"sha256": _sha256(path)} if digests else {})}
+        if rel != L.MARKER and not rel.startswith(f"{L.RECEIPTS}/") and path.is_file():
+            listed[rel] = path
+    files = {rel: {"size": path.stat().st_size} for rel, path in listed.items()}
+    if digests:
+        known = dict(known or {})
+        todo = [rel for rel in listed if not known.get(rel)]
+        # One file per thread (hashlib releases the GIL): a checkpoint of many ranks' data files hashes in parallel.
+        with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1, 4))) as pool:
+            known.update(zip(todo, pool.map(digest, [listed[rel] for rel in todo])))
+        for rel, record in files.items():
+            record["sha256"] = known[rel]
     return files
 
 
 def validate(path: str | os.PathLike, *, digests: bool = False) -> CheckpointInfo:
     """The info of a usable checkpoint (a standard directory or a legacy file), checked as the module says.
+
+    With ``digests`` each file whose marker entry records a SHA-256 is read
+    and hashed too (a checkpoint saved without digests is checked by size).
 
     Raises:
         CheckpointError: naming the checkpoint, the damaged file and what is wrong.
@@ -196,15 +285,20 @@ def _check_file(path: pathlib.Path, rel: str, record: dict, digests: bool) -> No
     if size != record["size"]:
         how = "cut short" if size < record["size"] else "grown since the save"
         raise CheckpointError(path, rel, f"is {size:,} bytes, the marker records {record['size']:,} ({how})")
-    if digests and "sha256" in record and _sha256(path / rel) != record["sha256"]:
+    if digests and "sha256" in record and _digest(path, rel) != record["sha256"]:
         raise CheckpointError(path, rel, "does not match the SHA-256 its marker records: its bytes changed since the save")
 
 
-def _size(path: pathlib.Path, rel: str) -> int:
+def _size(path: pathlib.Path, rel: str, listed_in: str = L.MARKER) -> int:
     try:
-        return (path / rel).stat().st_size
-    except FileNotFoundError:
-        raise CheckpointError(path, rel, "is missing") from None
+        return confined(path, rel, listed_in=listed_in).stat().st_size
+    except OSError as exc:
+        raise CheckpointError(path, rel, f"cannot be read ({cause(exc)})") from None
+
+
+def _digest(path: pathlib.Path, rel: str) -> str:
+    try:
+        return digest(confined(path, rel))
     except OSError as exc:
         raise CheckpointError(path, rel, f"cannot be read ({cause(exc)})") from None
 
@@ -216,12 +310,8 @@ def _check_unlisted(path: pathlib.Path) -> None:
         if _size(path, needed) == 0:
             raise CheckpointError(path, needed, "is empty (0 bytes)")
     for rel, needed in data_extents(path).items():
-        size = _size(path, rel)
+        size = _size(path, rel, _METADATA)
         if size < needed:
             problem = f"is {size:,} bytes, but {_METADATA} places data up to byte {needed:,} (cut short)"
             raise CheckpointError(path, rel, problem)
 
-
-def _sha256(path: pathlib.Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -9,22 +9,19 @@ values a resume would build. When the marker records the files (``"files":
 from __future__ import annotations
 
 import pathlib
-import warnings
 
 import attrs
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from pimm_fn.checkpoint import _layout as L
-from pimm_fn.checkpoint import _legacy
+from pimm_fn.checkpoint import _legacy, safe_reading
 from pimm_fn.checkpoint._pack import tensor_to_skeleton, unpack
 from pimm_fn.checkpoint._peek import infos_of, numpy_keys
 from pimm_fn.checkpoint._retain import marker_of
-from pimm_fn.checkpoint._standard import _NO_GROUP_WARNING, _SafeReader
 from pimm_fn.checkpoint.contents import from_parts
-from pimm_fn.checkpoint.validation import validate
+from pimm_fn.checkpoint.validation import confined, validate
 from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit
 from pimm_fn.cli._listing import Entry, entries, entry_of, is_checkpoint_dir, model_dir_of, reason
 
@@ -80,9 +77,7 @@ def _read_every_tensor(path: pathlib.Path, meta: dict, keep: set) -> tuple[dict,
             batch[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
             size += batch[key].nbytes
         if batch and (key is None or size >= _BATCH_BYTES):
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-                dcp.load(batch, storage_reader=_SafeReader(path / L.TRAINER), no_dist=True)
+            safe_reading.load(batch, path)
             kept.update({k: v for k, v in batch.items() if k in keep})
             read, batch, size = read + size, {}, 0
     return kept, read
@@ -100,7 +95,7 @@ def _trainer_parts(path: pathlib.Path, world_size: int) -> tuple[dict, list[str]
     Only the skeletons and the numpy values they hold are kept in memory; other tensors
     are read and dropped, their place in the tree taken by their shape.
     """
-    meta = _SafeReader(path / L.TRAINER).read_metadata().state_dict_metadata
+    meta = safe_reading.metadata(path).state_dict_metadata
     odd = [k for k, e in meta.items() if not isinstance(e, TensorStorageMetadata)]
     if odd:
         raise ValueError(f"trainer/ entry {odd[0]!r} is not a tensor; pimm_fn writes only tensors")
@@ -127,7 +122,7 @@ def _standard(path: pathlib.Path) -> tuple[list[str], list[str]]:
     marker = marker_of(path)
     notes = []
     if (path / L.WEIGHTS).is_file():
-        weights = torch.load(path / L.WEIGHTS, map_location="cpu", weights_only=True)  # every byte (a replicated model fits)
+        weights = torch.load(confined(path, L.WEIGHTS), map_location="cpu", weights_only=True)  # every byte; never via a link
         read = sum(v.nbytes for v in weights.values() if isinstance(v, torch.Tensor))
         notes.append(f"{L.WEIGHTS}: {len(weights)} entries, {read:,} bytes read")
     parts, problems, summary = _trainer_parts(path, marker["world_size"])

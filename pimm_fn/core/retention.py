@@ -61,7 +61,8 @@ class _KeepLast(_Policy):
 
     def __call__(self, snapshots) -> frozenset:
         steps = sorted(s.step for s in snapshots)
-        return frozenset(steps[len(steps) - self.n:] if self.n else ())
+        # Never steps[len(steps) - n:]: with fewer than n snapshots that start is negative and slices from the end.
+        return frozenset(steps[max(0, len(steps) - self.n):] if self.n else ())
 
     def __repr__(self):
         return f"keep_last({self.n})"
@@ -121,10 +122,12 @@ class _AnyOf(_Policy):
 
 
 def keep_last(n: int):
-    """Keep the ``n`` newest snapshots (``n=0``: none; ``last`` itself always stays).
+    """Keep the ``n`` newest snapshots, all of them while there are fewer (``n=0``: none; ``last`` always stays).
 
     >>> sorted(keep_last(2)([Snapshot(s) for s in (4, 8, 12)]))
     [8, 12]
+    >>> sorted(keep_last(5)([Snapshot(s) for s in (4, 8)]))
+    [4, 8]
     """
     return _KeepLast(n)
 

@@ -45,6 +45,7 @@ ARGUMENTS = {
     "console": _BOOL,
     "ddp": _BOOL,
     "weights_file": _BOOL,
+    "digests": _BOOL,
     "handlers": v.optional(v.mapping_of(
         v.subclass_of(Effect), v.is_callable, expected="a dict of effect types to handlers",
     ).with_hint("e.g. {SaveCheckpoint: handler(effect, state, ctx)}")),

@@ -34,6 +34,7 @@ class Context:
     evaluators: dict = attrs.Factory(dict)
     checkpoint_format: str = "standard"
     keep_snapshots: int | None = None
+    digests: bool = False  # record each checkpoint file's SHA-256 in its marker (loop(digests=))
     keep: Any = None  # the retention policy of iter_<step> snapshots (pimm_fn.core.retention); None: keep all
     rank: int = 0
     world_size: int = 1
@@ -53,6 +54,7 @@ class Context:
     extra_state: dict = attrs.Factory(dict)  # loop(extra_state=) and the ema() averages: name -> object with state_dict()
     logs: Any = None  # the run's Logs: its loggers, history and clock (pimm_fn.runtime.logs); the Log handler's
     bar: Any = None  # the run's ProgressBar on the main rank when one is shown (pimm_fn.runtime.progress_bar)
+    lock: Any = None  # the save_dir lock (pimm_fn.runtime.lock): released when training ends
 
     def named_optimizers(self) -> dict:
         """``{name: optimizer}``: the ``optimizers=`` of the run, or ``{None: optimizer}`` for its one optimizer."""
