@@ -25,6 +25,7 @@ from pimm_fn.compat.effects import (
 )
 from pimm_fn.core.effects import Log
 from pimm_fn.core.events import MetricsPublished
+from pimm_fn.core.records import named
 from pimm_fn.runtime import handlers as runtime_handlers
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.evaluation import eval_mode
@@ -295,7 +296,8 @@ def final_test(effect: FinalTest, state, ctx) -> tuple:
         model.load_state_dict(checkpoint.load_weights_file(path), strict=True)
     with eval_mode(model), torch.inference_mode():
         result = tester(model)
-    values = None if result is None else {str(k): float(v) for k, v in dict(result).items()}
+    values = None if result is None else named({k: float(v) for k, v in dict(result).items()},
+                                               f"tester {effect.tester!r} returned metric", effect.tester)
     values = dist.broadcast_object(values)
     return (MetricsPublished(values or {}, effect.tester, effect.step),)
 

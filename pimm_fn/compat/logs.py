@@ -29,6 +29,7 @@ from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Log
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.records import named
 from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, number
 
 __all__ = [
@@ -86,10 +87,12 @@ class _InformationWriter:
                 if step % self.log_frequency and not p.at_epoch_end:
                     return state, ()
                 where = {"epoch": p.epoch + 1, "of_epochs": p.max_epochs, "iter": p.iter_in_epoch, "of": p.iters_per_epoch}
+                values = named(values, "information_writer: the train step returned output", "train")
                 return state, (Log(step + self.step_offset, "train", FrozenMap({**where, **values})),)
             case ev.AfterEpoch(epoch=epoch):
                 slot = state.slot
-                means = {k: v / slot.counts[k] for k, v in slot.sums.items()}
+                means = named({k: v / slot.counts[k] for k, v in slot.sums.items()},
+                              "information_writer: the train step returned output", "train")
                 return state.with_slot(WriterState()), (Log(p.global_step, "epoch", FrozenMap({"epoch": epoch + 1, **means})),)
         return state, ()
 

@@ -17,6 +17,7 @@ from typing import ClassVar
 import attrs
 
 from pimm_fn.core.frozen import FrozenMap, freeze, repr_unless_none
+from pimm_fn.core.records import FIELDS, fits, named
 
 __all__ = [
     "Scope",
@@ -121,14 +122,20 @@ class Evaluate(Effect):
     __repr__ = repr_unless_none("weights")
 
 
+def _keeps_its_fields(log, attribute, values: FrozenMap) -> None:
+    """A value named ``step`` or ``kind`` (or two names alike, ``1`` and ``"1"``) would overwrite one in the line."""
+    if not fits(values, FIELDS):
+        named(values, f"Log({log.step!r}, {log.kind!r}) holds value", reserved=FIELDS)
+
+
 @attrs.frozen
 class Log(Effect):
-    """A record for the console and the run's JSON-lines log."""
+    """A record for the console and the run's JSON-lines log; no value under its own ``step`` or ``kind``."""
 
     scope: ClassVar[Scope] = Scope.MAIN
     step: int
     kind: str
-    values: FrozenMap = attrs.field(converter=freeze)
+    values: FrozenMap = attrs.field(converter=freeze, validator=_keeps_its_fields)
 
 
 @attrs.frozen

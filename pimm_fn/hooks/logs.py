@@ -9,12 +9,14 @@ from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Log
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.records import named
 from pimm_fn.core.validate import int_at_least
 
 __all__ = ["log_every", "LogState"]
 
 
 _EMPTY = FrozenMap()
+_OUTPUT = "log_every: the train step returned output"  # whose values a record refuses (pimm_fn.core.records)
 
 
 @register
@@ -82,10 +84,11 @@ class _LogEvery:
             case ev.AfterStep(step=step, outputs=outputs):
                 state = state.with_slot(_accumulate(state.slot, outputs))
                 where = {"epoch": p.epoch, "iter": p.iter_in_epoch, "of": p.iters_per_epoch}
-                return state, (Log(step, "train", FrozenMap({**where, **outputs})),)
+                return state, (Log(step, "train", FrozenMap({**where, **named(outputs, _OUTPUT, "train")})),)
             case ev.AfterEpoch(epoch=epoch):
                 slot = state.slot
                 means = {k: v / slot.counts.get(k, slot.count) for k, v in slot.sums.items()} if slot.count else {}
+                means = named(means, _OUTPUT, "train")
                 return state.with_slot(LogState()), (Log(p.global_step, "epoch", FrozenMap({"epoch": epoch, **means})),)
             case ev.MetricsPublished(values=values, source=source) if values:
                 return state, (Log(p.global_step, f"eval/{source}" if source else "eval", values),)
@@ -102,6 +105,9 @@ def log_every(n: int):
     Records go, from the main rank, to the console, ``save_dir/log.jsonl``,
     the run's ``loggers`` and ``run.history``; the progress bar shows the
     outputs read on these steps (reading them is the one host sync it costs).
+    An output named like a field the record holds itself (``step``, ``kind``,
+    ``epoch``, ``iter``, ``of``, ...: ``pimm_fn.core.records``), or two names
+    alike once written (``1`` and ``"1"``), is refused with a ``ValueError``.
 
     Emits:
         ``Log(step, "train", outputs)`` every ``n`` steps; ``Log(step, "epoch",

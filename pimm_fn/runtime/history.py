@@ -5,21 +5,18 @@ its cadence, epoch means, each evaluation) in order, kept beside the run,
 never in its ``State``: a checkpoint does not grow with it, and a ``State``
 repr does not print it. A resumed run rebuilds it from ``save_dir/log.jsonl``
 up to the step it resumed at, so its history goes on from there with no
-step twice. On the other ranks it is empty.
+step twice; a damaged line of that file is left out (``pimm_fn.runtime.jsonl``). On the other ranks it is empty.
 
 pandas and matplotlib are optional: ``to_pandas`` and ``plot`` import them
 when called and say which extra to install when missing.
 """
 
 import importlib
-import json
-import math
-from pathlib import Path
+
+from pimm_fn.core.records import POSITION, row  # POSITION: where a record was taken, which plot() leaves out
+from pimm_fn.runtime.jsonl import read_records
 
 __all__ = ["History", "read_jsonl"]
-
-POSITION = ("epoch", "iter", "of")  # where a record was taken, not what it measured: plot() leaves them out
-_NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}  # how log.jsonl spells non-finite floats
 
 
 def _matches(kind: str, wanted: str) -> bool:
@@ -65,7 +62,7 @@ class History:
 
     def records(self, kind: str | None = None) -> list:
         """Each record as a dict ``{"step", "kind", **values}``: all, or those of ``kind`` (or its family)."""
-        return [{"step": s, "kind": k, **v} for s, k, v in self._records if kind is None or _matches(k, kind)]
+        return [row(s, k, v) for s, k, v in self._records if kind is None or _matches(k, kind)]
 
     def columns(self, kind: str = "train") -> dict:
         """``{"step": [...], name: [...]}`` over the records of ``kind``; ``None`` where a record lacks a name.
@@ -150,18 +147,7 @@ def _number(value) -> bool:
 def read_jsonl(path) -> list:
     """The records of a ``log.jsonl`` as ``{"step", "kind", "values"}``, non-finite floats restored.
 
-    A line that does not decode (the last one, cut by a kill mid-write) is left out.
+    A damaged line (not UTF-8, not JSON, or the last one, cut by a kill mid-write) is left out
+    (``pimm_fn.runtime.jsonl``); nothing is written.
     """
-    path = Path(path)
-    if not path.is_file():
-        return []
-    found = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-            step, kind = int(record.pop("step")), str(record.pop("kind"))
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-        values = {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in record.items()}
-        found.append({"step": step, "kind": kind, "values": values})
-    return found
+    return [{"step": step, "kind": kind, "values": values} for step, kind, values in read_records(path)]

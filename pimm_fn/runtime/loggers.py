@@ -22,7 +22,6 @@ TensorBoard, W&B and MLflow loggers live in ``pimm_fn.runtime.trackers``.
 """
 
 import csv
-import json
 import math
 import os
 from pathlib import Path
@@ -30,7 +29,9 @@ from typing import Callable
 
 import attrs
 
+from pimm_fn.core import records
 from pimm_fn.core.effects import Log
+from pimm_fn.runtime.jsonl import keep_upto, line_of
 
 __all__ = [
     "Opening", "JsonlLogger", "CSVLogger", "check_loggers", "run_loggers", "resolve_path", "set_aside", "LOG_NAME",
@@ -77,16 +78,14 @@ def keep_lines(path: Path, keep, say, what: str) -> None:
     say(f"{path.name}: dropped {len(lines) - len(kept)} {what}")
 
 
-def _json_safe(value):
-    return value if not isinstance(value, float) or math.isfinite(value) else repr(value)
-
-
 class JsonlLogger:
     """JSON lines, one record a line: ``{"step": 10, "kind": "train", "loss": 0.38, ...}``.
 
     Non-finite floats are written as the strings ``"nan"``, ``"inf"``,
-    ``"-inf"``. On resume the records past the resumed step are dropped;
-    a fresh run sets an earlier run's file aside (``log.1.jsonl``).
+    ``"-inf"``. On resume the records past the resumed step are dropped
+    and damaged lines (not UTF-8, not JSON, cut short) are moved to
+    ``log.jsonl.damaged`` (``pimm_fn.runtime.jsonl``); a fresh run sets an
+    earlier run's file aside (``log.1.jsonl``).
 
     Args:
         path: the file; default ``save_dir/log.jsonl``.
@@ -99,16 +98,14 @@ class JsonlLogger:
     def open(self, opening: Opening) -> None:
         path = resolve_path(self, self.path, opening.save_dir, LOG_NAME)
         if opening.resumed and not opening.continued:
-            keep_lines(path, lambda line: _step_of_json(line) <= opening.step, opening.say,
-                       f"record(s) after step {opening.step}, where the run resumed")
+            keep_upto(path, opening.step, opening.say)  # and damaged lines moved to log.jsonl.damaged
         elif not opening.continued:
             set_aside(path, opening.say)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(path, "a")
 
     def write(self, record: Log) -> None:
-        line = {"step": record.step, "kind": record.kind, **{k: _json_safe(v) for k, v in record.values.items()}}
-        self._file.write(json.dumps(line) + "\n")
+        self._file.write(line_of(record))
         self._file.flush()  # on disk at once: a killed run keeps every record it wrote
 
     def close(self) -> None:
@@ -118,14 +115,6 @@ class JsonlLogger:
 
     def __repr__(self):
         return f"JsonlLogger({str(self.path)!r})" if self.path is not None else "JsonlLogger()"
-
-
-def _step_of_json(line: str) -> float:
-    """The step of a JSON line; a line cut short (a kill mid-write) reads as past every step."""
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return math.inf
 
 
 def resolve_path(logger, path, save_dir, default: str) -> Path:
@@ -168,7 +157,7 @@ class CSVLogger:
         self._file = open(path, "a", newline="")
 
     def write(self, record: Log) -> None:
-        row = {"step": record.step, "kind": record.kind, **record.values}
+        row = records.row(record.step, record.kind, record.values)
         new = [name for name in row if name not in self._columns]
         if new:
             self._widen(self._columns + new)
