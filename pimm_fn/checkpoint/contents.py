@@ -8,8 +8,10 @@ module describes. The trainer state has three parts, by who holds them:
   each one's under its name, in ``optimizers``), the extra state
   (``loop(extra_state=)``, the ``ema`` averages: each object's
   ``state_dict()`` by name, rank 0's written, every rank's must agree in
-  structure), and the *agreed* ``State`` (the main rank's), which a resume
-  on another world size starts from;
+  structure), the *agreed* ``State`` (the main rank's), which a resume
+  on another world size starts from, and the class of each optimizer and
+  of the scheduler (``classes``, qualified names: a resume into another
+  class is refused before anything is loaded);
 * **per-rank**, each rank's own: its ``State`` (with its rank-local metrics
   and the per-rank sums hooks keep in their slots), its RNG states and its
   data cursor;
@@ -35,7 +37,7 @@ position.
 >>> from pimm_fn.hooks import SaveEveryState, log_every, save_every
 >>> state = State(Progress(10, 2), slots=(SaveEveryState(4),))
 >>> own = saved_state(state, [save_every(4)])
->>> held = TrainerContents(Replicated({"state": {}}, None, None, own), PerRank(own, {}, None))
+>>> held = TrainerContents(Replicated({"state": {}}, None, None, own), PerRank(own, {}, {}))
 >>> back = from_parts(*to_parts(held))
 >>> back.local.state.restored([log_every(5), save_every(4)])[0].slots
 (LogState(sums=FrozenMap({}), count=0, counts=FrozenMap({})), SaveEveryState(last_saved=4, deferred=None))
@@ -91,6 +93,48 @@ def saved_state(state: State, hooks=None) -> SavedState:
     return SavedState(attrs.evolve(state, slots=(), slot=None), found)
 
 
+def _names(value) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def _classes(instance, attribute, value) -> None:
+    """``Replicated.classes`` holds qualified class names, one for each state held: a checkpoint is untrusted input."""
+    if value is None:
+        return
+    plain = {k: v for k, v in value.items() if k != "optimizers"} if isinstance(value, dict) else None
+    if not (_names(plain) and set(plain) <= {"optimizer", "scheduler"} and _names(value.get("optimizers", {}))):
+        raise ValueError(
+            f"the checkpoint's record of its optimizer and scheduler classes is malformed (got {value!r:.120}); "
+            f"expected {{'optimizer': name}} or {{'optimizers': {{name: name}}}}, and 'scheduler': name, qualified names"
+        )
+    recorded = ("optimizer" in value, "scheduler" in value, sorted(value.get("optimizers", {})))
+    held = (instance.optimizer is not None, instance.scheduler is not None, sorted(instance.optimizers or {}))
+    if recorded != held:  # the writer records a class for each state it writes, and only then
+        raise ValueError(
+            f"the checkpoint records the classes of {_objects(*recorded)}, but holds the states of "
+            f"{_objects(*held)}: it was not written by pimm_fn, or was altered"
+        )
+
+
+def _objects(optimizer: bool, scheduler: bool, named: list) -> str:
+    optimizers = f"optimizers {named}" if named else ("an optimizer" if optimizer else "no optimizer")
+    return f"{optimizers} and {'a scheduler' if scheduler else 'no scheduler'}"
+
+
+def _held(kind: type, *, optional: bool = True):
+    """A validator: a part read from a checkpoint holds a ``kind`` (or ``None``); a checkpoint is untrusted input."""
+
+    def check(instance, attribute, value) -> None:
+        if isinstance(value, kind) or (optional and value is None):
+            return
+        raise ValueError(
+            f"the checkpoint's {attribute.name!r} is a {type(value).__name__}, where pimm_fn writes a "
+            f"{kind.__name__}{' or None' if optional else ''}: it was not written by pimm_fn, or was altered"
+        )
+
+    return check
+
+
 @attrs.frozen(eq=False)
 class Replicated:
     """The part identical on every rank, written once.
@@ -99,13 +143,16 @@ class Replicated:
     ahead of a save (the staging prewarm): states hold no tensors.
     """
 
-    optimizer: dict | None  # None when the run has several named optimizers (``optimizers``)
-    scheduler: dict | None
-    scaler: dict | None
+    optimizer: dict | None = attrs.field(validator=_held(dict))  # None when the run has several named optimizers
+    scheduler: dict | None = attrs.field(validator=_held(dict))
+    scaler: dict | None = attrs.field(validator=_held(dict))
     state: SavedState | None
-    sharded: bool = False  # the optimizer's tensors and the model are in the shards, not here
-    optimizers: dict | None = None  # name -> state dict, for loop(optimizers=)
-    extra: dict | None = None  # name -> state dict, for loop(extra_state=) and the ema() averages
+    sharded: bool = attrs.field(default=False, validator=_held(bool, optional=False))  # the model is in the shards
+    optimizers: dict | None = attrs.field(default=None, validator=_held(dict))  # name -> state dict, loop(optimizers=)
+    extra: dict | None = attrs.field(default=None, validator=_held(dict))  # name -> state dict: extra_state=, ema()
+    # The classes whose states these are, by qualified name: {"optimizer": name} or {"optimizers": {name: name}},
+    # and "scheduler" when there is one. None in a checkpoint written before they were recorded.
+    classes: dict | None = attrs.field(default=None, validator=_classes)
 
 
 @attrs.frozen(eq=False)
@@ -113,8 +160,8 @@ class PerRank:
     """One rank's own part: its state, RNG states (``runtime.rng``) and data cursor (``Feed.state_dict``)."""
 
     state: SavedState
-    rng: dict
-    cursor: Any
+    rng: dict = attrs.field(validator=_held(dict, optional=False))
+    cursor: Any = attrs.field(validator=_held(dict))
 
 
 def _shards(instance, attribute, value):
@@ -158,6 +205,8 @@ def to_parts(contents: TrainerContents) -> tuple[dict, dict]:
         trainer["optimizers"] = r.optimizers
     if r.extra:
         trainer["extra"] = r.extra
+    if r.classes:
+        trainer["classes"] = r.classes
     trainer.update(_state_part(r.state))
     trainer["layout"] = LAYOUT
     if r.sharded:
@@ -192,13 +241,26 @@ def from_parts(trainer: dict, local: dict | None) -> TrainerContents:
         )
     replicated = Replicated(trainer["optimizer"], trainer.get("scheduler"), trainer.get("scaler"),
                             _read_state(trainer, layout), trainer.get("sharded", False),
-                            trainer.get("optimizers"), trainer.get("extra"))
+                            trainer.get("optimizers"), trainer.get("extra"), trainer.get("classes"))
     if local is None:
         return TrainerContents(replicated, None)
-    return TrainerContents(replicated, PerRank(_read_state(local, layout), local["rng"], local["cursor"]))
+    if not isinstance(local.get("cursor"), dict):  # every run saves its data cursor; only a template has none
+        raise ValueError(f"the checkpoint's per-rank 'cursor' is a {type(local.get('cursor')).__name__}, where "
+                         f"pimm_fn writes a dict: it was not written by pimm_fn, or was altered")
+    return TrainerContents(replicated, PerRank(_read_state(local, layout), local.get("rng"), local["cursor"]))
 
 
 def _read_state(part: dict, layout: int) -> SavedState:
+    try:
+        return _decoded_state(part, layout)
+    except (KeyError, TypeError, AttributeError) as exc:  # a part altered or not pimm_fn's: no field, another type
+        raise ValueError(
+            f"the checkpoint's saved state does not decode ({type(exc).__name__}: {str(exc)[:120]}): it was not "
+            f"written by pimm_fn, or was altered"
+        ) from None
+
+
+def _decoded_state(part: dict, layout: int) -> SavedState:
     state = codec.loads(part["state"])
     if layout == 1:  # the whole State as one JSON, its slots by position
         return SavedState(attrs.evolve(state, slots=()), state.slots)

@@ -13,15 +13,18 @@ removes) and resumes from that, with pimm's translation of its counters:
 * mid-epoch: the cursor cannot be read, so, as pimm does without one, the
   epoch restarts from its first batch with ``global_step = epoch *
   iters_per_epoch`` (a ``ResumeNotExactWarning`` says so);
-* Pointcept-style files (``PIMM.md`` 3.11): ``epoch`` ``E`` and ``iter``
-  ``i``; the run resumes at epoch ``E`` (``E - 1`` when ``0 < i <
+* legacy (Pointcept-style) files (``PIMM.md`` 3.11): ``epoch`` ``E`` and
+  ``iter`` ``i``; the run resumes at epoch ``E`` (``E - 1`` when ``0 < i <
   iters_per_epoch``), step ``epoch * iters_per_epoch``, no RNG restored.
+  Such a file records no steps per epoch, and pimm takes its loader's
+  length: so does ``loop(resume=...)``, with this run's steps per epoch
+  (``len(train_data)``), saying so in one console line.
 
-Steps per epoch come from the counters (``global_step / epoch``) or the
-scheduler's step count; the epochs to train from the scheduler's
-``total_steps``; where they cannot be told, ``translate`` takes them
-(``iters_per_epoch=``, ``max_epochs=``), and ``loop(max_epochs=)`` always
-sets the budget. What cannot be translated is refused with a
+Otherwise steps per epoch come from the counters (``global_step / epoch``);
+``translate`` alone takes a legacy file's from the scheduler's step count,
+or from its ``iters_per_epoch=``. The epochs to train come from the
+scheduler's ``total_steps`` or ``max_epochs=``, and ``loop(max_epochs=)``
+always sets the budget. What cannot be translated is refused with a
 ``PimmCheckpointError`` saying why: a weights-only file, an incomplete
 directory, another world size, an unreadable payload.
 """
@@ -117,10 +120,15 @@ def _exact(numerator, denominator):
     return numerator // denominator if denominator > 0 and numerator % denominator == 0 and numerator > 0 else None
 
 
+def _legacy(payload: Mapping) -> bool:
+    """Whether ``payload`` is a legacy (Pointcept-style) file: counters ``epoch``/``iter``, no trainer state."""
+    return not isinstance(payload.get("train_state") or payload.get("trainer"), Mapping)
+
+
 def _counters(payload: Mapping, where) -> tuple[int, int, int | None, int, bool]:
     """``(epoch, iter_in_epoch, global_step or None, samples_seen, legacy)`` pimm resumes from."""
     trainer = payload.get("train_state") or payload.get("trainer")
-    if isinstance(trainer, Mapping):
+    if not _legacy(payload):
         i = trainer.get("iter_in_epoch", trainer.get("iteration", trainer.get("iter", 0)))
         return (int(_item(trainer.get("epoch", 0))), int(_item(i or 0)), int(_item(trainer.get("global_step", 0))),
                 int(_item(trainer.get("samples_seen", 0))), False)
@@ -133,7 +141,7 @@ def _counters(payload: Mapping, where) -> tuple[int, int, int | None, int, bool]
 
 
 def _steps_per_epoch(epoch, i, step, payload, given, legacy, where) -> int:
-    if given is not None:
+    if given is not None:  # translate(iters_per_epoch=), or the loader's length for a legacy file (pimm's rule)
         return given
     if not legacy and epoch > 0:
         found = _exact(step - i, epoch)
@@ -153,10 +161,14 @@ def _steps_per_epoch(epoch, i, step, payload, given, legacy, where) -> int:
     )
 
 
-def _progress(payload: Mapping, where, iters_per_epoch, max_epochs) -> tuple[Progress, str, str | None]:
-    """``(progress, position, note)``: where pimm would resume, as pimm_fn's state; ``note`` a warning to give."""
+def _progress(payload: Mapping, where, iters_per_epoch, max_epochs, run_steps=None) -> tuple[Progress, str, str | None]:
+    """``(progress, position, note)``: where pimm would resume, as pimm_fn's state; ``note`` a warning to give.
+
+    ``run_steps``: the resuming run's steps per epoch, which a legacy file is resumed with (pimm's rule).
+    """
     epoch, i, step, samples, legacy = _counters(payload, where)
-    ipe = _steps_per_epoch(epoch, i, step, payload, iters_per_epoch, legacy, where)
+    given = run_steps if legacy and iters_per_epoch is None else iters_per_epoch
+    ipe = _steps_per_epoch(epoch, i, step, payload, given, legacy, where)
     note = None
     if legacy:
         start = max(0, epoch - 1) if 0 < i < ipe else epoch
@@ -182,7 +194,8 @@ def _progress(payload: Mapping, where, iters_per_epoch, max_epochs) -> tuple[Pro
     return Progress(ipe, epochs, start - 1, ipe, step, samples), "AfterEpoch", note
 
 
-def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: int | None = None):
+def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: int | None = None,
+              run_steps: int | None = None, say=None):
     """Write the pimm checkpoint at ``path`` as a pimm_fn checkpoint in ``out_dir``; returns its ``CheckpointInfo``.
 
     Collective in a process group (every rank calls it; each translates its
@@ -195,6 +208,9 @@ def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: 
         out_dir: the directory to write into (its ``last.pth``).
         iters_per_epoch: steps per epoch, when the checkpoint cannot tell them.
         max_epochs: pimm's ``cfg.epoch`` (default: from the scheduler's ``total_steps``).
+        run_steps: the resuming run's steps per epoch (``len(train_data)``):
+            a legacy file's, which records none, as pimm takes its loader's
+            length; said through ``say`` (a console line).
 
     Warns:
         ResumeNotExactWarning: a mid-epoch checkpoint restarts its epoch.
@@ -205,7 +221,9 @@ def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: 
     path = pathlib.Path(path)
     ckpt = read_pimm_checkpoint(path)
     payload = ckpt.payload
-    progress, position, note = _progress(payload, path, iters_per_epoch, max_epochs)
+    progress, position, note = _progress(payload, path, iters_per_epoch, max_epochs, run_steps)
+    if run_steps is not None and iters_per_epoch is None and _legacy(payload) and say is not None:
+        say(_legacy_line(path, payload, progress, position))
     if note is not None:
         warnings.warn(note, ResumeNotExactWarning, stacklevel=2)
     trainer = payload.get("trainer") if isinstance(payload.get("trainer"), Mapping) else {}
@@ -230,13 +248,23 @@ def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: 
                                       local=local, format="legacy")
 
 
-def locate(resume, save_dir):
+def _legacy_line(path, payload, progress: Progress, position: str) -> str:
+    epoch, i = _item(payload["epoch"]), _item(payload.get("iter") or 0)
+    at = progress.epoch + 1 if position == "AfterEpoch" else 0
+    return (f"{path} is pimm's legacy checkpoint (epoch={epoch}, iter={i}), which does not record its steps per "
+            f"epoch: taking this run's steps per epoch, {progress.iters_per_epoch}, as pimm takes its loader's "
+            f"length; resuming at epoch {at}, global_step {progress.global_step}")
+
+
+def locate(resume, save_dir, *, iters_per_epoch: int | None = None, say=None):
     """The pimm_fn checkpoint to resume from when ``resume`` names a pimm checkpoint, translated; else ``None``.
 
     Called by ``pimm_fn.runtime.resume.locate`` first. ``resume="auto"``
     looks for pimm's layout (``PIMM.md`` 3.9) in ``save_dir/model`` only when
     it holds no pimm_fn checkpoint; a fresh start (``resume=None``) into a
     ``save_dir`` holding pimm checkpoints is refused, as for pimm_fn's own.
+    ``iters_per_epoch``: the run's steps per epoch, which a legacy file is
+    resumed with (pimm's rule), saying so through ``say``.
 
     Raises:
         FileExistsError: a fresh start over pimm checkpoints.
@@ -260,4 +288,4 @@ def locate(resume, save_dir):
     if found is None:
         return None
     out = model_dir / IMPORT if model_dir is not None else pathlib.Path(dist.run_on_main(tempfile.mkdtemp)) / IMPORT
-    return translate(found, out)
+    return translate(found, out, run_steps=iters_per_epoch, say=say)

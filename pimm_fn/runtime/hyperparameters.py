@@ -34,7 +34,7 @@ refused with the fix instead.
 
 import torch
 
-__all__ = ["hyperparameters", "differences", "apply_new", "describe", "horizon_problem"]
+__all__ = ["hyperparameters", "differences", "apply_new", "restart_schedule", "describe", "horizon_problem"]
 
 # How a group is computed, not what it computes: a change is no change of training.
 _IMPLEMENTATION = frozenset({"params", "param_names", "foreach", "fused", "capturable", "differentiable"})
@@ -93,6 +93,17 @@ def apply_new(optimizer, built: list[dict], found: list[tuple]) -> None:
         group[key] = new
         if key == "initial_lr" and "lr" in built[i]:
             group["lr"] = built[i]["lr"]
+
+
+def restart_schedule(optimizer, built: list[dict], scheduler) -> None:
+    """Give ``optimizer``'s groups this run's values of the keys ``scheduler`` moves (``lr``, ``initial_lr``...).
+
+    For a scheduler started fresh over a resumed optimizer: its schedule
+    begins where this run built it, not at the checkpoint's decayed lr.
+    """
+    keys = _scheduled(scheduler) | {"initial_lr"}
+    for group, mine in zip(optimizer.param_groups, built):
+        group.update({key: value for key, value in mine.items() if key in keys})
 
 
 def _show(value) -> str:

@@ -96,7 +96,5 @@ def test_a_resume_without_the_bar_says_nothing_of_its_slot(tmp_path, capsys):
     _, run = build(tmp_path, hooks=[pf.save_every(3)], max_epochs=1, progress=True)
     run.run(steps=3)
     run.ctx.close()
-    model = TinyNet()
-    resumed = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(dataset(), batch_size=8),
-                      hooks=[pf.save_every(3)], max_epochs=1, save_dir=tmp_path, resume="auto", progress=False)
+    _, resumed = build(tmp_path, hooks=[pf.save_every(3)], max_epochs=1, resume="auto", progress=False, console=True)
     assert "dropped" not in capsys.readouterr().out and resumed.state.progress.global_step == 3
