@@ -50,6 +50,7 @@ _RUNTIME = {
     "CollectiveDivergenceError": "pimm_fn.runtime.guard",
     "ResumeError": "pimm_fn.runtime.resume",
     "CheckpointError": "pimm_fn.checkpoint.errors",
+    "SaveDirLockError": "pimm_fn.runtime.lock",
     "ResumeNotExactWarning": "pimm_fn.runtime.feed",
     "MissingHandlerError": "pimm_fn.runtime.interpreter",
     "ConfigurationWarning": "pimm_fn.runtime.advice",

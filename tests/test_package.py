@@ -26,6 +26,7 @@ PUBLIC = {
     "NonFiniteLossError", "NonFiniteLossWarning", "ema", "EmaWeights",
     "MissingHandlerError", "ConfigurationWarning", "PeerFailureError", "DuplicateHookError", "hook_factory",
     "History", "JsonlLogger", "CSVLogger", "TensorBoardLogger", "WandbLogger", "MLFlowLogger",
+    "SaveDirLockError",
 }
 
 

@@ -5,7 +5,8 @@
   marker does not parse. It names the checkpoint, the file and what is
   wrong, and points to an older checkpoint. Raised by ``find_checkpoint``,
   ``load_checkpoint`` and ``loop(resume=<path>)``; ``resume="auto"`` skips
-  such a checkpoint instead, saying so.
+  such a checkpoint instead, saying so, and raises one naming each when
+  none is usable (``choice.NoIntactCheckpointError``).
 - :class:`CheckpointStorageError` (a ``RuntimeError``): a save could not be
   written where it had to go (a ``save_dir`` that is not shared between
   nodes, a failed write); nothing was published.

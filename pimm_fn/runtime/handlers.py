@@ -13,6 +13,8 @@ from pimm_fn.checkpoint.contents import PerRank, Replicated, TrainerContents, sa
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.events import MetricsPublished
+from pimm_fn.core.records import named
+from pimm_fn.runtime.class_change import recorded
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.ema import EMA_HANDLERS, EmaWeights
 from pimm_fn.runtime.loggers import run_loggers
@@ -62,6 +64,7 @@ def _replicated(ctx, agreed, optimizer=None, *, background=False) -> Replicated:
         sharded=optimizer is not None,
         optimizers={name: o.state_dict() for name, o in ctx.optimizers.items()} if several else None,
         extra={name: _extra_state(obj, background) for name, obj in ctx.extra_state.items()},
+        classes=recorded(ctx),
     )
 
 
@@ -193,6 +196,7 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
             sharded=contents.sharded,
             keep=ctx.keep,
             metrics=state.metrics,  # recorded in the marker: what keep_best ranks snapshots by
+            digests=ctx.digests,
         )
         ctx.say(f"saving checkpoint of step {effect.step} to {ctx.model_dir} in the background")
         return ()
@@ -208,6 +212,7 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
         sharded=contents.sharded,
         keep=ctx.keep,
         metrics=state.metrics,
+        digests=ctx.digests,
     )
     ctx.say(f"saved checkpoint of step {effect.step} to {info.path}")
     return ()
@@ -233,8 +238,11 @@ def _as_metrics(result, name) -> dict | None:
     """Evaluator ``name``'s result as ``{metric: float}`` (``None`` stays ``None``).
 
     A result of the wrong type, or a metric whose value is not a number,
-    raises a ``TypeError`` naming the evaluator and the metric. NaN and
-    +/-inf pass (the hooks ignore them for a best; ``Advice`` says so).
+    raises a ``TypeError`` naming the evaluator and the metric; a metric named
+    like a log record's own field (``step``, ``kind``, ``epoch``, ...), or two
+    alike once written (``1`` and ``"1"``), a ``ValueError``
+    (``pimm_fn.core.records``). NaN and +/-inf pass (the hooks ignore them
+    for a best; ``Advice`` says so).
     """
     if result is None:
         return None
@@ -245,7 +253,7 @@ def _as_metrics(result, name) -> dict | None:
             f"evaluator {name!r} must return a mapping of metric names to numbers, a number or None "
             f"(got {type(result).__name__}: {result!r:.80})"
         )
-    return {str(k): _metric(name, k, v) for k, v in result.items()}
+    return named({k: _metric(name, k, v) for k, v in result.items()}, f"evaluator {name!r} returned metric", name)
 
 
 def _one_number(value) -> bool:

@@ -37,13 +37,19 @@ class Logs:
         self._start = self._last = (time.monotonic(), 0, 0)  # (time, global step, samples seen)
         self._held = None  # when the clock stopped: run() or step() returned
 
-    def start(self, progress, *, resumed: bool) -> None:
-        """Begin the run at ``progress``: rebuild the history of a resumed run, open the loggers."""
+    def start(self, progress, *, resumed: bool, writes: bool = True) -> None:
+        """Begin the run at ``progress``: rebuild the history of a resumed run, open the loggers.
+
+        A run that will not write (``writes=False``: finished, opened to be
+        read, perhaps on read-only storage) only rebuilds its history.
+        """
         self._start = self._last = (time.monotonic(), progress.global_step, progress.samples_seen)
         if self.rank != 0:
             return
         if resumed and self.save_dir is not None:
             self.history = History.from_jsonl(Path(self.save_dir) / LOG_NAME, upto=progress.global_step)
+        if not writes:
+            return
         self._opening = Opening(self.save_dir, progress.global_step, resumed, say=self.say)
         self._open_all(self._opening)
 

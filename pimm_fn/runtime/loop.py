@@ -7,6 +7,7 @@ run restored from a checkpoint or started fresh. The run itself is a
 """
 
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
@@ -21,6 +22,7 @@ from pimm_fn.core.retention import resolve as retention_policy
 from pimm_fn.core.budget import budget_lines
 from pimm_fn.core.schedule import resume_from
 from pimm_fn.runtime import arguments, extras
+from pimm_fn.runtime import lock as save_dir_lock
 from pimm_fn.runtime.advice import Advice, ConfigurationWarning, configuration_messages, nothing_to_train
 from pimm_fn.runtime.context import Context, unwrap
 from pimm_fn.runtime.control import check_scheduler_hooks
@@ -79,6 +81,7 @@ def loop(
     console: bool = True,
     ddp: bool = False,
     weights_file: bool = True,
+    digests: bool = False,
     progress: bool | None = None,
     loggers=(),
     log_reduce: str | None = None,
@@ -112,7 +115,10 @@ def loop(
             ``max_steps``, a larger one to extend a finished run (from the
             next epoch), or a smaller one already reached to end at once.
             ``plan`` and ``pimm_fn.testing.simulate`` take it too.
-        save_dir: where checkpoints (``model/``) and ``log.jsonl`` go.
+        save_dir: where checkpoints (``model/``) and ``log.jsonl`` go. One run
+            at a time: a run that will write takes ``save_dir/pimm_fn.lock``
+            first (``pimm_fn.runtime.lock``); a finished run opened to be
+            read takes none and writes nothing (read-only storage works).
         step_fn: ``step_fn(model, optimizer, batch, *, scheduler, scaler)``
             returning a mapping of outputs; default ``train_step``. A
             ``TrainStep`` configures device, precision, accumulation and
@@ -125,7 +131,8 @@ def loop(
             ``TrainStep(precision="fp16")`` makes its own, checkpointed the
             same way; ``TrainStep`` under ``"32"``/``"bf16"`` refuses one.
         resume: ``None`` (fresh), ``"auto"`` (latest complete checkpoint in
-            ``save_dir``, fresh if none) or a checkpoint path.
+            ``save_dir``; fresh, said, if it holds none; a ``CheckpointError``
+            if it holds only damaged ones) or a checkpoint path.
         iters_per_epoch: steps per epoch (default ``len(train_data)``, or
             ``len(train_data) // k`` for a step accumulating ``k`` batches).
         checkpoint_format: ``"standard"`` (weights + DCP directory) or
@@ -167,7 +174,10 @@ def loop(
             ``"checkpoint"`` (default) or ``"new"`` (applied after loading
             the optimizer state). Each difference is said either way. A
             scheduler's state still comes from the checkpoint and moves
-            ``lr`` on from it (``pimm_fn.runtime.hyperparameters``).
+            ``lr`` on from it (``pimm_fn.runtime.hyperparameters``). An
+            optimizer or scheduler of another class than the checkpoint's is
+            a ``ResumeError`` under ``"checkpoint"``; under ``"new"`` it
+            starts fresh, said on the console (``pimm_fn.runtime.class_change``).
         on_nonfinite: what a NaN or infinite training loss does:
             ``"raise"`` (default; ``NonFiniteLossError`` naming the global
             step), ``"skip"`` (the default step leaves the batch out of the
@@ -197,6 +207,14 @@ def loop(
             for rank 0's memory: the checkpoint then holds the shards only,
             and ``pimm_fn.checkpoint.load_weights_file`` assembles them.
             Replicated models always write ``model.pth``.
+        digests: record each checkpoint file's SHA-256 in its ``COMPLETE``
+            marker (standard format): the weights file hashed as it is
+            written, the others in one streamed pass each (a background save
+            hashes on its worker thread). ``resume`` (``"auto"`` or a path)
+            and ``python -m pimm_fn verify`` then check them, so bytes changed
+            at the same size are refused like any other damage; sizes are
+            recorded and checked either way. Off by default: SHA-256 adds
+            about a third to a synchronous save (``benchmarks/RESULTS.md``).
         progress: a progress bar on the main rank (step/total, it/s, time
             left, the latest loss ``log_every`` read and metrics): ``None``
             (default) shows it where someone watches (rank 0's stderr is a
@@ -255,6 +273,10 @@ def loop(
             ``on_nonfinite="raise"``.
         FileExistsError: a fresh run into a ``save_dir`` that holds checkpoints
             or best weights (``model_best*``).
+        SaveDirLockError: (on every rank) another run holds ``save_dir``, or
+            it cannot be written and this run would train.
+        CheckpointError: (on every rank) ``resume=<path>`` is damaged, or
+            ``resume="auto"`` found checkpoints and none intact (each named).
     """
     # Every argument is checked here, before anything is built, loaded or written (pimm_fn.runtime.arguments).
     arguments.check_model(model)
@@ -266,7 +288,7 @@ def loop(
         step_fn=step_fn, scheduler=scheduler, scaler=scaler, iters_per_epoch=iters_per_epoch,
         checkpoint_format=checkpoint_format, check_agreement=check_agreement, strict_resume=strict_resume,
         console=console, ddp=ddp, weights_file=weights_file, handlers=handlers, config=config,
-        keep_trace=keep_trace,
+        keep_trace=keep_trace, digests=digests,
     )
     arguments.check_budget(max_epochs, max_steps, fresh=resume is None)
     arguments.check_save_dir(hooks, save_dir)
@@ -298,7 +320,7 @@ def loop(
         best_per_metric=len(arguments.best_metrics(hooks.hooks)) > 1,
         advice=Advice(hooks.hooks, world_size=dist.world_size()),
         nonfinite=NonFinite(on_nonfinite, world_size=dist.world_size()),
-        sharded=shards, weights_file=weights_file, everywhere=(WriteBest,) if shards else (),
+        sharded=shards, weights_file=weights_file, digests=digests, everywhere=(WriteBest,) if shards else (),
         optimizers=optimizers, extra_state=extra_state,
     )
     ctx.logs = Logs(run_loggers(save_dir, loggers), save_dir=save_dir, say=ctx.say, rank=ctx.rank,
@@ -312,27 +334,33 @@ def loop(
     epochs = max_epochs if max_steps is None else -(-max_steps // feed.iters_per_epoch)
     for message in configuration_messages(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
         warnings.warn(message, ConfigurationWarning, stacklevel=2)
-    info = locate(resume, save_dir, say=ctx.say)  # skipped checkpoints said on the console, as any line
-    if info is None:
-        arguments.check_budget(max_epochs, max_steps, fresh=True)  # resume='auto' found nothing: a fresh run
-        if resume == "auto" and arguments.replaced_best(save_dir):  # said, not refused: an 'auto' restart is legal
-            warnings.warn(arguments.replaced_best(save_dir), ConfigurationWarning, stacklevel=2)
-        state = initial_state(
-            hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps,
-            rank=ctx.rank, world_size=ctx.world_size, config=config,
-        )
-    else:
-        state = restore(info, ctx, hooks.hooks, strict=strict_resume, hyperparameters=resume_hyperparameters)
-        saved, state = state.progress, resume_from(state, max_epochs=max_epochs, max_steps=max_steps)
-        ctx.say(f"resumed from {info.path} at step {state.progress.global_step}")
-        for line in budget_lines(saved, state.progress, max_steps=max_steps):
-            ctx.say(line)
-        if nothing_to_train(state, info.path) is not None:  # legal, pointless: said once
-            warnings.warn(nothing_to_train(state, info.path), ConfigurationWarning, stacklevel=2)
-    ctx.logs.start(state.progress, resumed=info is not None)  # log files truncated or set aside; history rebuilt
-    prewarm_staging(ctx, hooks.hooks)  # when a hook saves in the background: its memory, after the first step
-    run = Loop(ctx, hooks, state, step_fn or train_step, interpreter)
-    ctx.nonfinite.where = lambda: run.state.progress  # a NaN loss is reported at the step being trained
-    if info is not None and not run.finished:  # a finished run resumed with its own budget runs no hook at all
-        run._dispatch(ev.BeforeTrain(resumed=True))
+    lock = save_dir_lock.take(save_dir, say=ctx.say)  # before anything is written there; rank 0's, told to all
+    with lock.released_on_error():
+        # skipped checkpoints said on the console, as any line; a pimm legacy file takes this run's steps per epoch
+        info = locate(resume, save_dir, say=ctx.say, iters_per_epoch=feed.iters_per_epoch)
+        if info is None:
+            arguments.check_budget(max_epochs, max_steps, fresh=True)  # resume='auto' found nothing: a fresh run
+            if resume == "auto" and arguments.replaced_best(save_dir):  # said, not refused: an 'auto' restart is legal
+                warnings.warn(arguments.replaced_best(save_dir), ConfigurationWarning, stacklevel=2)
+            state = initial_state(
+                hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps,
+                rank=ctx.rank, world_size=ctx.world_size, config=config,
+            )
+        else:
+            state = restore(info, ctx, hooks.hooks, strict=strict_resume, hyperparameters=resume_hyperparameters)
+            saved, state = state.progress, resume_from(state, max_epochs=max_epochs, max_steps=max_steps)
+            ctx.say(f"resumed from {info.path} at step {state.progress.global_step}")
+            for line in budget_lines(saved, state.progress, max_steps=max_steps):
+                ctx.say(line)
+            if nothing_to_train(state, info.path) is not None:  # legal, pointless: said once
+                warnings.warn(nothing_to_train(state, info.path), ConfigurationWarning, stacklevel=2)
+        writes = info is None or not state.finished  # a finished run opened to be read (run.history) writes nothing
+        ctx.lock = lock.settle(writes=writes)  # the refusal raised when it will write; else released at once
+        ctx.logs.start(state.progress, resumed=info is not None, writes=writes)  # logs truncated or set aside; history
+        prewarm_staging(ctx, hooks.hooks)  # when a hook saves in the background: its memory, after the first step
+        run = Loop(ctx, hooks, state, step_fn or train_step, interpreter)
+        ctx.nonfinite.where = lambda: run.state.progress  # a NaN loss is reported at the step being trained
+        if info is not None and not run.finished:  # a finished run resumed with its own budget runs no hook at all
+            run._dispatch(ev.BeforeTrain(resumed=True))
+    weakref.finalize(run, ctx.lock.release)  # and at the end of training (Loop), or at exit
     return run

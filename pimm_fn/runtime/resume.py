@@ -42,6 +42,10 @@ said once (a console line and a ``ConfigurationWarning``), and
 or ``"new"``. A run of several named optimizers (``loop(optimizers=)``)
 resumes only from a checkpoint of the same names (else a ``ResumeError``),
 each optimizer from its own state, its differences said under its name.
+An optimizer or scheduler of another class than the checkpoint's
+(``pimm_fn.runtime.class_change``) is a ``ResumeError`` naming both, before
+anything is loaded; under ``"new"`` that object starts fresh instead (its
+state not loaded, said on the console), and the rest resumes.
 
 Extra state (``loop(extra_state=)``, the ``ema`` averages) comes back by
 name, like hook slots: a name the checkpoint lacks keeps the object as this
@@ -57,13 +61,15 @@ import warnings
 
 import attrs
 
-from pimm_fn.runtime import hyperparameters as hp
+from pimm_fn.runtime import class_change, hyperparameters as hp
 from pimm_fn.runtime.advice import ConfigurationWarning
 
 from torch.distributed.checkpoint.api import CheckpointException
 
 from pimm_fn import checkpoint
+from pimm_fn.checkpoint import _layout as L
 from pimm_fn.checkpoint import _standard, choice, dist, sharded
+from pimm_fn.checkpoint.errors import CheckpointError
 from pimm_fn.checkpoint.contents import SavedState, from_parts
 from pimm_fn.core.slots import SlotMismatch
 from pimm_fn.core.state import State
@@ -71,7 +77,7 @@ from pimm_fn.hooks.progress import BAR_KEY
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime import remainder
 from pimm_fn.runtime.feed import ResumeNotExactWarning, changes, describe
-from pimm_fn.runtime.rng import restore_rng
+from pimm_fn.runtime.rng import restore_rng, rng_problem
 
 __all__ = ["locate", "restore", "ResumeError"]
 
@@ -83,24 +89,30 @@ class ResumeError(RuntimeError):
     """
 
 
-def locate(resume, save_dir, *, say=None):
+def locate(resume, save_dir, *, say=None, iters_per_epoch=None):
     """The checkpoint to resume from, read on every rank (``pimm_fn.checkpoint.choice``), or ``None`` for a fresh start.
 
     ``resume="auto"`` takes the newest checkpoint that validates and reads
     back on every rank, skipping damaged ones with a line each (``say``,
-    default: printed by rank 0), and starts fresh, saying so, when none is
-    usable.
+    default: printed by rank 0). It starts fresh only when ``save_dir/model``
+    holds no checkpoint, saying ``no checkpoint in <dir>: starting fresh``
+    (a mistyped ``save_dir`` shows there); checkpoints that are all damaged
+    are refused, never replaced. ``iters_per_epoch``: the run's steps per
+    epoch, which pimm's legacy ``model_last.pth`` (no record of its own) is
+    resumed with, as pimm does, saying so.
 
     Raises:
         FileExistsError: a fresh start into a ``save_dir`` that holds checkpoints.
         CheckpointError: (on every rank) ``resume=<path>`` names a damaged
-            checkpoint; nothing under ``save_dir`` was changed.
+            checkpoint, or ``resume="auto"`` found checkpoints and none intact
+            (``pimm_fn.checkpoint.choice.NoIntactCheckpointError``, naming each
+            and why); nothing under ``save_dir`` was changed.
     """
     say = say or _say
     # -- pimm's layouts (last/ with weights.pth + trainer.dcp/, model_last.pth): translated, then resumed as ours --
     from pimm_fn.compat import checkpoints as pimm_layouts  # noqa: PLC0415 - kept inside this block
 
-    translated = pimm_layouts.locate(resume, save_dir)
+    translated = pimm_layouts.locate(resume, save_dir, iters_per_epoch=iters_per_epoch, say=say)
     if translated is not None:
         return translated
     # -- end of pimm's layouts --
@@ -132,10 +144,19 @@ def _with_slots(saved: SavedState, hooks, info) -> tuple[State, tuple[str, ...]]
 
 
 def _contents(loaded, info):
+    """The checkpoint's contents, decoded (RNG states checked) on every rank; one rank's refusal raised on all.
+
+    The per-rank part differs by rank: a refusal on one rank alone would leave the others waiting in a collective.
+    """
     try:
-        return from_parts(loaded.trainer, loaded.local)
+        held, problem = from_parts(loaded.trainer, loaded.local), None
     except ValueError as exc:
-        raise ResumeError(f"cannot resume from {info.path}: {exc}") from None
+        held, problem = None, ResumeError(f"cannot resume from {info.path}: {exc}")
+    problem = problem or _rng_error(held.local, info)
+    problems = [p for p in dist.all_gather_object(problem) if p is not None]  # every rank's, on every rank
+    if problems:
+        raise problem or problems[0]
+    return held
 
 
 def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> State:
@@ -148,7 +169,9 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
         strict: refuse a resume on another world size whose interrupted epoch
             cannot be positioned (it would restart from its first batch).
         hyperparameters: ``"checkpoint"`` or ``"new"``: whose optimizer
-            hyper-parameters win where they differ (each difference is said).
+            hyper-parameters win where they differ (each difference is said);
+            under ``"new"`` an optimizer or scheduler of another class than
+            the checkpoint's starts fresh (said), else it is refused.
 
     Warns:
         ResumeNotExactWarning: another world size (per-rank RNG states do not
@@ -160,7 +183,9 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
         ResumeError: a hook's saved slot no longer fits it (naming the hook,
             the slot type found and the one expected); a checkpoint written
             before slots were keyed, by another number of hooks; a resume on
-            another world size whose epoch would restart, under ``strict``.
+            another world size whose epoch would restart, under ``strict``;
+            an optimizer or scheduler of another class than the checkpoint's
+            (naming both), unless ``hyperparameters="new"``.
     """
     loaded = info.loaded if isinstance(info, choice.Chosen) else None  # read by locate, on every rank
     loaded = loaded or checkpoint.load_checkpoint(info, weights=not ctx.sharded)  # shards load apart, below
@@ -177,15 +202,25 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
         )
     replicated = held.replicated
     _check_optimizers(replicated, ctx, info)
-    horizon = hp.horizon_problem(ctx.scheduler, replicated.scheduler, info.path)  # a scheduler horizon the run outgrew
-    if horizon is not None:
+    fresh = _changed_classes(replicated, ctx, info, hyperparameters)  # started fresh under "new", else refused
+    fresh_scheduler = any(c.what == "scheduler" for c in fresh)
+    horizon = hp.horizon_problem(ctx.scheduler, None if fresh_scheduler else replicated.scheduler, info.path)
+    if horizon is not None:  # a scheduler horizon the run outgrew
         raise ResumeError(f"cannot resume from {info.path}: {horizon}")
     built = {name: hp.hyperparameters(o) for name, o in ctx.named_optimizers().items()}
-    _load_model_and_optimizer(loaded, replicated, ctx, info)
+    _load_model_and_optimizer(loaded, class_change.fresh_states(replicated, fresh, ctx), ctx, info)
     for name in ("scheduler", "scaler"):
         target, stored = getattr(ctx, name), getattr(replicated, name)
-        if target is not None and stored is not None:
+        if target is not None and stored is not None and not (name == "scheduler" and fresh_scheduler):
             target.load_state_dict(stored)
+        elif (target is None) != (stored is None):  # one side only: said, as any change since the checkpoint
+            ctx.say(f"the checkpoint {info.path} holds no {name} state: this run's {name} starts fresh" if stored is None
+                    else f"dropped the checkpoint's {name} state: this run has no {name}")
+    if fresh_scheduler:
+        for name, optimizer in ctx.named_optimizers().items():
+            hp.restart_schedule(optimizer, built[name], ctx.scheduler)
+    for c in fresh:
+        ctx.say(class_change.fresh_line(c, info.path))
     _settle_hyperparameters(ctx, built, hyperparameters)
     _restore_extra(replicated, ctx)
     dropped = tuple(k for k in dropped if k != BAR_KEY)  # the progress bar's empty slot: shown or not, nothing lost
@@ -207,29 +242,68 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
 
 
 def _check_sharding(replicated, ctx, info) -> None:
-    """A sharded model resumes from shards (written by a sharded model of any world size), never from a weights file."""
+    """What the checkpoint says of its model is what it holds, and fits this run: checked before anything loads.
+
+    A sharded model resumes from shards (written by a sharded model of any
+    world size), never from a weights file; a sharded checkpoint resumes into
+    a replicated model too (its shards read into it). The claim itself is
+    checked against the DCP metadata: shards claimed are there, as tensors.
+    """
+    if info.format != "standard" and replicated.sharded:
+        raise CheckpointError(info.path, info.path.name, "says its model was sharded, but a legacy file holds no "
+                              "shards: its trainer part was altered")
+    if info.format == "standard":
+        sharded.check_claim(info.path, replicated.sharded)
     if ctx.sharded and not replicated.sharded:
         raise ResumeError(
             f"cannot resume this sharded model from {info.path}: that checkpoint was written by a replicated "
             f"(unsharded) model, whose optimizer state is keyed by parameter position. Resume it with the model "
             f"unsharded, or start the sharded run from its weights (load_weights({str(info.path)!r}))"
         )
+    rest = replicated.optimizer
+    if replicated.sharded and not (isinstance(rest, dict) and isinstance(rest.get("state"), dict)
+                                   and isinstance(rest.get("param_groups"), (list, type(None)))):
+        raise CheckpointError(info.path, L.TRAINER, "says its model was sharded, but its optimizer part is not "
+                              "the state and param groups a sharded save writes: its trainer part was altered")
+
+
+def _rng_error(local, info) -> CheckpointError | None:
+    """This rank's saved RNG states do not restore (tried on scratch generators): the error, before anything loads."""
+    problem = None if local is None else rng_problem(local.rng)
+    if problem is None:
+        return None
+    return CheckpointError(info.path, L.TRAINER, f"holds RNG states of rank {dist.rank()} that do not restore "
+                           f"({problem}): the checkpoint was not written by pimm_fn, or was altered")
 
 
 def _load_model_and_optimizer(loaded, replicated, ctx, info) -> None:
-    """A sharded checkpoint's shards through DCP (any world size or sharding); else the weights file and optimizer."""
+    """A sharded checkpoint's shards through DCP (any world size or sharding); else the optimizer(s), then the weights.
+
+    The optimizers load first: ``Optimizer.load_state_dict`` changes nothing
+    when it refuses a state, so a refusal leaves the run as it was built.
+    """
     if replicated.sharded:
         try:
             sharded.load_into(info.path, unwrap(ctx.model), ctx.optimizer, replicated.optimizer)
         except CheckpointException as exc:  # a BaseException: said as the damaged checkpoint it is, on every rank
             raise _standard.shards_error(info.path, exc) from None
         return
+    states = {None: replicated.optimizer} if ctx.optimizers is None else replicated.optimizers
+    for name, optimizer in ctx.named_optimizers().items():
+        _load_optimizer(optimizer, states[name], name, info)
     unwrap(ctx.model).load_state_dict(loaded.weights)
-    if ctx.optimizers is None:
-        ctx.optimizer.load_state_dict(replicated.optimizer)
-        return
-    for name, optimizer in ctx.optimizers.items():
-        optimizer.load_state_dict(replicated.optimizers[name])
+
+
+def _load_optimizer(optimizer, state, name, info) -> None:
+    """``optimizer.load_state_dict(state)``; a state that does not fit it is a ``ResumeError`` naming both."""
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise ResumeError(
+            f"cannot resume from {info.path}: its state of optimizer {name!r} does not load into this run's "
+            f"{type(optimizer).__name__} ({type(exc).__name__}: {str(exc)[:160]}). Build the run with the optimizer the "
+            f"checkpoint was written with, or start fresh from its weights (load_weights({str(info.path)!r}))"
+        ) from None
 
 
 def _check_optimizers(replicated, ctx, info) -> None:
@@ -244,6 +318,17 @@ def _check_optimizers(replicated, ctx, info) -> None:
         f"Build the run with the optimizers the checkpoint was written with, or start fresh from its weights "
         f"(load_weights({str(info.path)!r}))"
     )
+
+
+def _changed_classes(replicated, ctx, info, winner) -> tuple:
+    """The optimizers and scheduler of another class than the checkpoint's: fresh under ``"new"``, else refused."""
+    changed = class_change.changes(replicated, ctx)
+    if changed and winner != "new":
+        raise ResumeError(class_change.refusal(changed, info.path))
+    unfit = None if any(c.what == "scheduler" for c in changed) else class_change.unfit_scheduler_state(replicated, ctx)
+    if unfit is not None:
+        raise ResumeError(f"cannot resume from {info.path}: {unfit}")
+    return changed
 
 
 def _settle_hyperparameters(ctx, built, winner) -> None:

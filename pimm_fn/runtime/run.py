@@ -337,7 +337,13 @@ class Loop:
             self._interpreter.settle()  # every rank learns of a divergence in the last events
             self.ctx.wait_for_save()  # training ends with every checkpoint published
             self._interpreter.close()  # and every record written, the loggers and the bar closed
+            self._free_save_dir()
         return event
+
+    def _free_save_dir(self) -> None:
+        """Training ended, every save published: release ``save_dir``'s lock (``pimm_fn.runtime.lock``)."""
+        if self.ctx.lock is not None:
+            self.ctx.lock.release()
 
     def step(self) -> "Loop":
         """Train one step, with the events around it (epoch end, training end).
@@ -409,6 +415,7 @@ class Loop:
             self._interpreter.settle()
             self.ctx.wait_for_save()
             self._interpreter.close()
+            self._free_save_dir()
         return event.__class__ in _TRAINED
 
     def _step(self) -> "Loop":

@@ -114,17 +114,23 @@ def test_an_emptied_last_is_skipped_and_named(saved, tmp_path, capsys):
         resumed(run_dir, last)
 
 
-def test_auto_resume_starts_fresh_and_says_so_when_every_checkpoint_is_damaged(saved, tmp_path, capsys):
-    """With every checkpoint damaged, 'auto' starts from step 0 and names each one it ignored."""
+def test_auto_resume_refuses_and_changes_nothing_when_every_checkpoint_is_damaged(saved, tmp_path, capsys):
+    """With every checkpoint damaged, 'auto' raises CheckpointError naming each one; no file under save_dir changes.
+
+    (It used to start from step 0, and its first save replaced the checkpoints it had rejected: issue 20.)
+    """
     run_dir = copied(saved, tmp_path)
     for entry in (run_dir / "model").iterdir():
         damage(entry / "trainer" / ".metadata", "garbage")
-    _, run = resumed(run_dir, "auto")
-    out = capsys.readouterr().out
-    assert run.state.progress.global_step == 0
-    assert out.count("skipped checkpoint") == 4
-    fresh = [line for line in out.splitlines() if "starting fresh" in line]
-    assert len(fresh) == 1 and all(name in fresh[0] for name in ("last", "iter_4", "iter_8", "iter_10")), out
+    before = hashes(run_dir)
+    with pytest.raises(pf.CheckpointError) as caught:
+        resumed(run_dir, "auto")
+    message = str(caught.value)
+    assert capsys.readouterr().out.count("skipped checkpoint") == 4
+    assert [pathlib.Path(r[0]).name for r in caught.value.rejected] == ["last", "iter_10", "iter_8", "iter_4"]
+    assert all(f"{run_dir / 'model' / name} (" in message for name in ("last", "iter_4", "iter_8", "iter_10")), message
+    assert message.count("trainer/.metadata") == 4 and "resume=None" in message and "move them aside" in message
+    assert hashes(run_dir) == before
 
 
 def test_the_marker_records_every_file_with_its_size(saved):
