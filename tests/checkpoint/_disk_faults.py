@@ -18,10 +18,18 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import hashlib
 import io
 import os
 import pathlib
 import random
+
+
+def hashes(root) -> dict:
+    """``{relative path: SHA-256}`` of every file under ``root``: to show that a refusal changed nothing."""
+    root = pathlib.Path(root)
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
+            if p.is_file()}
 
 
 def damage(path, how: str) -> None:

@@ -5,7 +5,6 @@ each case copies it and damages the copy. The two-rank version is
 ``tests/distributed/test_auto_resume_rejected_ranks.py``.
 """
 
-import hashlib
 import pathlib
 import shutil
 import sys
@@ -19,12 +18,7 @@ from pimm_fn.checkpoint import choice
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402
-from _disk_faults import damage  # noqa: E402
-
-
-def hashes(root: pathlib.Path) -> dict:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
-            if p.is_file()}
+from _disk_faults import damage, hashes  # noqa: E402
 
 
 def hooks():

@@ -21,17 +21,12 @@ from pimm_fn.checkpoint import CheckpointError, validation
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402
-from _disk_faults import damage  # noqa: E402
+from _disk_faults import damage, hashes  # noqa: E402
 from _process_group import one_rank_group  # noqa: E402, F401 - a fixture
 
 FILES = ["COMPLETE", "model.pth", "trainer/.metadata", "trainer/__0_0.distcp", "receipts/rank0"]
 DAMAGES = ["truncate", "empty", "zeros", "garbage", "delete"]
 HARMLESS = {"receipts/rank0"}  # proof of where a rank wrote: loading never reads it
-
-
-def hashes(root: pathlib.Path) -> dict:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
-            if p.is_file()}
 
 
 def hooks():

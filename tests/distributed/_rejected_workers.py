@@ -9,7 +9,6 @@ held by a live process, the launching test's), every rank tries
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
@@ -19,16 +18,12 @@ import time
 
 import pimm_fn as pf
 from _fault_workers import _build
+from _disk_faults import hashes as _hashes  # on the path _fault_workers adds
 from _workers import _dump
 from pimm_fn.checkpoint import dist
 from pimm_fn.runtime import lock
 
 CASES = ["all_damaged", "rank1_only", "marker_lost", "locked"]
-
-
-def _hashes(root: pathlib.Path) -> dict:
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
-            if p.is_file()}
 
 
 def _garbage(path: pathlib.Path) -> None:
