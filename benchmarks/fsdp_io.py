@@ -97,11 +97,13 @@ def _local(tensor):
 
 def _context(model, optimizer):
     """The run's context as the save handler reads it: a sharded model, its optimizer, no scheduler, no hooks."""
+    from pimm_fn.core.fold import chain
     from pimm_fn.runtime.context import Context
+    from pimm_fn.runtime.implied import Implied
 
     cursor = {"epoch_start": 0, "generator": None, "samplers": [], "rest": None, "data": "benchmark"}
     return Context(model=model, optimizer=optimizer, feed=types.SimpleNamespace(state_dict=lambda: cursor),
-                   save_dir=None, console=False, hooks=(), sharded=True)
+                   save_dir=None, console=False, implied=Implied.of(chain()), sharded=True)
 
 
 def pimm_save(model_dir: pathlib.Path, model, optimizer, weights_file: bool):

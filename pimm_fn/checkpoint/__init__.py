@@ -6,7 +6,10 @@ weights go through ``torch.load(weights_only=True)`` and trainer state
 through ``torch.distributed.checkpoint`` as tensors plus a JSON skeleton.
 What a trainer checkpoint holds is one value, ``TrainerContents``
 (:mod:`.contents`), turned into the ``trainer`` and ``local`` parts by
-``to_parts`` and read back by ``from_parts``.
+``to_parts`` and read back by ``from_parts``. Tools (the command line,
+compat) list, describe and read back checkpoints through :mod:`.inspection`;
+background saves are a run's :class:`BackgroundSaver` (:mod:`.background`);
+process groups are :mod:`pimm_fn.dist`'s.
 
 Example:
     >>> import tempfile, torch
@@ -18,20 +21,24 @@ Example:
 """
 
 from ._api import LoadedCheckpoint, load_checkpoint, save_checkpoint
-from ._async import AsyncSave, prewarm_async_save, save_checkpoint_async
+from ._async import AsyncSave
+from .background import BackgroundSaver, prewarm_async_save, save_checkpoint_async
 from ._discovery import find_checkpoint, latest_checkpoint
 from ._layout import CheckpointInfo
 from .errors import CheckpointError, CheckpointStorageError, DiskFullError
 from .validation import validate
-from ._weights import WeightsReport, load_weights_file, remap_state_dict, write_best
+from ._weights import load_weights_file, write_best
+from .remap import KeyRule, WeightsReport, remap_state_dict
 from .contents import PerRank, Replicated, SavedState, TrainerContents, from_parts, saved_state, to_parts
 
 __all__ = [
     "AsyncSave",
+    "BackgroundSaver",
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointStorageError",
     "DiskFullError",
+    "KeyRule",
     "LoadedCheckpoint",
     "PerRank",
     "Replicated",

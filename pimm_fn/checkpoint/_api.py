@@ -23,11 +23,12 @@ import attrs
 import torch
 
 from pimm_fn.core import retention, validate
+from pimm_fn import dist
 
 from . import _layout as L
-from . import _legacy, _publish, _retain, _standard, dist
+from . import _legacy, _publish, _retain, _standard, validation
 from ._layout import CheckpointInfo
-from .errors import on_main
+from .errors import SHARED
 
 __all__ = ["LoadedCheckpoint", "load_checkpoint", "save_checkpoint"]
 
@@ -120,7 +121,7 @@ def save_checkpoint(
     root = pathlib.Path(model_dir)
     world = dist.world_size()
     if format == "standard":
-        staging = on_main(lambda: _publish.fresh_staging(root, step))
+        staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step), shared=SHARED)
         state = _standard.packed_state(trainer, local)  # collective: fails on every rank before any write
         state.update(sharded or {})
         # The weights file is written (in place: the staging directory is
@@ -151,7 +152,7 @@ def save_checkpoint(
         _retain.retain(root, policy, step)
         return CheckpointInfo(published, step, format, world)
 
-    return on_main(publish_and_retain)  # rank 0's DiskFullError is raised as itself on every rank
+    return dist.run_on_main(publish_and_retain, shared=SHARED)  # rank 0's DiskFullError is raised as itself on every rank
 
 
 def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedCheckpoint:
@@ -181,7 +182,7 @@ def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedChec
     if info.format == "legacy":
         found, trainer, local = _legacy.read(info.path, dist.rank())
         return LoadedCheckpoint(info, found, trainer, local)
-    L.check_standard_dir(info.path)
+    validation.validate(info.path)
     weights_path = info.path / L.WEIGHTS
     read = weights and weights_path.is_file()
     found = _legacy._load(weights_path, mmap=True, checkpoint=info.path) if read else None  # mapped: read when used

@@ -1,6 +1,6 @@
-"""Standard checkpoints written in the background while training goes on.
+"""One standard checkpoint written in the background while training goes on.
 
-``save_checkpoint_async`` does the cheap, collective part at once (the
+:func:`start` does the cheap, collective part at once (the
 staging directory, packing, the agreement check), then a worker thread:
 
 1. *stages*: copies every tensor into a reused CPU staging area (see
@@ -17,6 +17,10 @@ A crash at any point before the rename leaves only a ``.staging-*``
 directory, which discovery ignores: the previous checkpoint stays the
 latest. In a process group the worker's collectives run on a dedicated gloo
 group, so they never interleave with the training's own collectives.
+
+This module is the mechanism; :mod:`.background` is the API: the
+:class:`~.background.BackgroundSaver` a run owns, ``save_checkpoint_async``
+and ``prewarm_async_save``.
 """
 
 from __future__ import annotations
@@ -26,28 +30,16 @@ import pathlib
 import threading
 import time
 
+from pimm_fn import dist
 from pimm_fn.core import retention
 
 from . import _layout as L
-from . import _publish, _retain, _staging, _standard, dist
+from . import _publish, _retain, _staging, _standard
 from ._api import _check_args
 from ._layout import CheckpointInfo
-from .errors import on_main
+from .errors import SHARED
 
-__all__ = ["AsyncSave", "prewarm_async_save", "save_checkpoint_async"]
-
-_GROUP = None  # the gloo group background saves use, made once per process group
-
-
-def _background_group():
-    global _GROUP
-    if not dist.is_initialized():
-        return None
-    if _GROUP is None:
-        import torch.distributed as td
-
-        _GROUP = td.new_group(backend="gloo")  # collective: every rank reaches its first async save together
-    return _GROUP
+__all__ = ["AsyncSave", "start"]
 
 
 def _stage(area: _staging.StagingArea, state: dict, weights: dict | None):
@@ -94,6 +86,7 @@ class AsyncSave:
             self._error = exc
         finally:
             self._mark_staged()
+            self._copy = None  # the staged tensors and their sources are the pool's and the caller's again
             self.done_at = time.perf_counter()
             self._done.set()
 
@@ -143,58 +136,24 @@ class AsyncSave:
         return f"<AsyncSave step={self.step} {status}>"
 
 
-def save_checkpoint_async(
-    model_dir: str | os.PathLike,
-    *,
-    step: int,
-    weights: dict,
-    trainer: dict,
-    local: dict,
-    snapshot: bool = False,
-    keep_snapshots: int | None = None,
-    sharded: dict | None = None,
-    keep=None,
-    metrics: dict | None = None,
-    digests: bool = False,
+def start(
+    model_dir: str | os.PathLike, *, pool: _staging.StagingPool, group, step: int, weights: dict, trainer: dict,
+    local: dict, snapshot: bool, keep_snapshots: int | None, sharded: dict | None, keep, metrics: dict | None,
+    digests: bool,
 ) -> AsyncSave:
-    """Start a standard-format save that stages, writes and publishes in the background.
-
-    Collective like ``save_checkpoint``: every rank calls it, in the same
-    order. The caller must not change ``weights`` or ``trainer`` tensors in
-    place before ``wait_staged()`` returns, nor start another save before
-    ``wait()`` returned.
-
-    Args:
-        model_dir, step, weights, trainer, local, snapshot, keep_snapshots, sharded, keep, metrics, digests:
-            as for :func:`save_checkpoint` (standard format only). Shards
-            (DTensors) are copied into fresh memory, not the reused staging area.
-
-    Returns:
-        An :class:`AsyncSave`; ``wait()`` gives the published ``CheckpointInfo``,
-        or raises what failed: a full disk as ``DiskFullError`` on every rank,
-        its staging directory removed and the previous checkpoint the latest.
-
-    Example:
-        >>> import tempfile, torch
-        >>> d = tempfile.mkdtemp()
-        >>> pending = save_checkpoint_async(d, step=2, weights={"w": torch.ones(2)},
-        ...                                 trainer={"lr": 0.1}, local={})
-        >>> pending.wait().step
-        2
-    """
+    """Start a save as :func:`.background.save_checkpoint_async` says: staging into ``pool``, collectives on ``group``."""
     _check_args(step, "standard", keep_snapshots, weights=weights, trainer=trainer, local=local, sharded=sharded)
     policy = retention.resolve(keep, keep_snapshots, caller="save_checkpoint_async")
     recorded = retention.recordable(metrics) if metrics is not None else None
     root = pathlib.Path(model_dir)
     world = dist.world_size()
-    group = _background_group()
-    staging = on_main(lambda: _publish.fresh_staging(root, step))
+    staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step), shared=SHARED)
     state = _standard.packed_state(trainer, local)  # non-tensor values are frozen into JSON now
     state.update(sharded or {})
     pending = AsyncSave(step)
 
     def work(mark_staged) -> CheckpointInfo:
-        area = _staging.acquire()
+        area = pool.acquire()
         try:
             staged_state, staged_weights, copy = _stage(area, state, weights if dist.is_main() else None)
             pending._copy = copy  # from now on a thread waiting in wait_staged() helps copying
@@ -211,7 +170,7 @@ def save_checkpoint_async(
                 if weights_file is not None:
                     weights_file.join()
         finally:
-            _staging.release(area)  # nothing reads the staged copy any more
+            pool.release(area)  # nothing reads the staged copy any more
 
         def publish() -> CheckpointInfo:
             published = _publish.publish_staged(
@@ -222,35 +181,6 @@ def save_checkpoint_async(
             _retain.retain(root, policy, step)
             return CheckpointInfo(published, step, "standard", world)
 
-        return on_main(publish, group=group)  # rank 0's DiskFullError is raised as itself on every rank
+        return dist.run_on_main(publish, group=group, shared=SHARED)  # rank 0's DiskFullError is raised as itself on every rank
 
     return pending._start(work)
-
-
-def prewarm_async_save(*, weights: dict, trainer: dict, local: dict, pause_s: float = 0.0) -> _staging.Prewarm:
-    """Ready, in the background, the memory a later async save of state shaped like this copies into.
-
-    Not collective, and reads no tensor's values: only keys, shapes and
-    dtypes, taken now, so the caller may go on changing the tensors. A
-    background thread allocates the process's staging tensors and writes
-    every page, so the first :func:`save_checkpoint_async` of the process
-    finds them ready instead of faulting fresh memory in while the training
-    runs beside it. A save that starts before the prewarm ends takes over
-    what it readied (see :mod:`._staging`).
-
-    Args:
-        weights, trainer, local: as the later save will pass them (values
-            may differ; keys, shapes and dtypes should not).
-        pause_s: seconds to sleep after each chunk written (tests).
-
-    Returns:
-        The running :class:`~._staging.Prewarm` (``wait()`` blocks until it ended).
-
-    Example:
-        >>> import torch
-        >>> prewarm_async_save(weights={"w": torch.ones(4)}, trainer={}, local={}).wait().finished
-        True
-    """
-    state = _standard.flat_state(trainer, local)
-    layout = _staging.layout_of(state, weights) if dist.is_main() else _staging.layout_of(state)
-    return _staging.prewarm(layout, pause_s=pause_s)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import pathlib
 
+from pimm_fn import dist
+
 from . import _layout as L
-from . import dist, validation
+from . import validation
 from ._layout import CheckpointInfo
 
 _MODEL = "model"

@@ -134,18 +134,6 @@ def info_from_marker(path: pathlib.Path, payload: object, fmt: str) -> Checkpoin
         raise ValueError(f"marker is invalid: {exc}") from None
 
 
-def check_standard_dir(path: pathlib.Path) -> CheckpointInfo:
-    """Return the info of a usable standard checkpoint directory (see :func:`.validation.validate`).
-
-    Raises:
-        CheckpointError: (a ``ValueError``) the marker is missing or invalid,
-            or a file it lists is missing or has another size.
-    """
-    from .validation import validate  # validation builds on this module's names
-
-    return validate(path)
-
-
 def fsync_dir(path: pathlib.Path) -> None:
     """Make renames inside ``path`` durable (best effort where unsupported)."""
     try:

@@ -31,9 +31,11 @@ import shutil
 import socket
 import time
 
+from pimm_fn import dist
+
 from . import _layout as L
-from . import dist
 from .errors import CheckpointStorageError, storage_error, storage_errors
+from .validation import manifest, validate
 
 __all__ = ["CheckpointStorageError"]  # defined in .errors, kept importable from here
 
@@ -96,7 +98,7 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path) -> pathlib.Path:
     last = model_dir / L.LAST
     if last.exists():
         try:
-            old = str(L.check_standard_dir(last).step)
+            old = str(validate(last).step)
         except ValueError:
             old = "incomplete"
         retired = model_dir / f"{L.RETIRED}{L.LAST}-{old}"
@@ -126,8 +128,6 @@ def publish_staged(
         DiskFullError: the weights file or the marker did not fit; the
             staging directory is removed, the previous checkpoint intact.
     """
-    from .validation import manifest  # here, not at the top: validation imports _standard, which imports this module
-
     try:
         if weights_file is not None:
             weights_file.result()

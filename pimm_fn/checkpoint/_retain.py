@@ -24,7 +24,7 @@ import pathlib
 from pimm_fn.core import retention
 
 from . import _layout as L
-from . import _legacy
+from . import _legacy, validation
 
 REMOVING = f"{L.STAGING}removed-"
 
@@ -36,7 +36,7 @@ def marker_of(path: pathlib.Path) -> dict:
         ValueError / OSError: the checkpoint is not complete or not readable.
     """
     if path.is_dir():
-        L.check_standard_dir(path)
+        validation.validate(path)
         return json.loads((path / L.MARKER).read_text(encoding="utf-8"))
     content = _legacy._load(path, mmap=True)  # the marker only: tensors stay on disk
     marker = content.get("marker") if isinstance(content, dict) else None

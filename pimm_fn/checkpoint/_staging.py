@@ -16,8 +16,13 @@ reach a later file. (Transparent huge pages were tried for the first save
 and rejected: the kernel's compaction made the first huge-page fault of a
 process slower, ~300 ms for 500 MB, than plain pages.)
 
-One idle area is kept per process (the largest); a save takes it for its
+The reusable memory is a :class:`StagingPool`: at most one idle area (the
+largest) and the prewarm readying it. A save takes the idle area for its
 whole write and gives it back afterwards, so two saves never share one.
+Memory belongs to the process, not to a run: every save and prewarm of the
+process shares one pool (:data:`POOL`; ``acquire``, ``release``,
+``prewarm`` and ``drop_idle`` here are its methods), so a second run in a
+notebook copies into the memory the first one readied.
 
 The first save of a process would still pay the page faults, on the other
 core while the next forward and backward run. :func:`prewarm` pays them
@@ -44,11 +49,10 @@ import time
 
 import torch
 
-__all__ = ["Copy", "Prewarm", "StagingArea", "acquire", "drop_idle", "layout_of", "prewarm", "release"]
+__all__ = [
+    "POOL", "Copy", "Prewarm", "StagingArea", "StagingPool", "acquire", "drop_idle", "layout_of", "prewarm", "release",
+]
 
-_lock = threading.Lock()
-_idle: StagingArea | None = None
-_warming: Prewarm | None = None  # the prewarm holding an area, while it runs
 _CHUNK = 8 * 2**20  # bytes per copy step shared between threads
 
 
@@ -230,8 +234,9 @@ class Prewarm:
         error: what stopped it, if it failed (a later save allocates anew).
     """
 
-    def __init__(self, area: StagingArea, layout: tuple, pause_s: float):
+    def __init__(self, pool: "StagingPool", area: StagingArea, layout: tuple, pause_s: float):
         self.area = area
+        self._pool = pool
         self.finished: bool | None = None
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -240,16 +245,13 @@ class Prewarm:
         )
 
     def _run(self, area: StagingArea, layout: tuple, pause_s: float) -> None:
-        global _warming
         finished = False
         try:
             finished = area.warm(layout, stop=self._stop, pause_s=pause_s)
         except BaseException as exc:  # noqa: BLE001 - kept for inspection; the save allocates what is missing
             self.error = exc
         finally:
-            with _lock:  # one step: no acquire() sees neither the prewarm nor its area
-                _warming = None
-                _offer(area)
+            self._pool._returned(self, area)
             self.finished = finished
 
     def stop(self) -> None:
@@ -270,56 +272,71 @@ class Prewarm:
         return f"<Prewarm {status}>"
 
 
-def prewarm(layout: tuple, *, pause_s: float = 0.0) -> Prewarm:
-    """Ready the idle staging area for ``layout`` on a background thread; returns at once.
+class StagingPool:
+    """The staging memory of a process: at most one idle area (the largest) and the prewarm readying it.
 
-    The thread holds the area until done; the prewarm already running, if
-    any, is returned instead of starting a second one.
-
-    Args:
-        layout: what :func:`layout_of` gives the parts the next save stages.
-        pause_s: seconds to sleep after each chunk written (tests).
+    Thread-safe: saves take and give back areas from their worker threads.
     """
-    global _idle, _warming
-    with _lock:
-        if _warming is not None:
-            return _warming
-        area, _idle = _idle, None
-        _warming = Prewarm(area if area is not None else StagingArea(), layout, pause_s)
-        _warming._thread.start()
-        return _warming
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: StagingArea | None = None
+        self._warming: Prewarm | None = None  # the prewarm holding an area, while it runs
+
+    def prewarm(self, layout: tuple, *, pause_s: float = 0.0) -> Prewarm:
+        """Ready the idle staging area for ``layout`` on a background thread; returns at once.
+
+        The thread holds the area until done; the prewarm already running, if
+        any, is returned instead of starting a second one.
+
+        Args:
+            layout: what :func:`layout_of` gives the parts the next save stages.
+            pause_s: seconds to sleep after each chunk written (tests).
+        """
+        with self._lock:
+            if self._warming is not None:
+                return self._warming
+            area, self._idle = self._idle, None
+            self._warming = Prewarm(self, area if area is not None else StagingArea(), layout, pause_s)
+            self._warming._thread.start()
+            return self._warming
+
+    def acquire(self) -> StagingArea:
+        """Take the idle staging area, or a new one when it is in use.
+
+        A prewarm holding the area is stopped at its next chunk, and its area
+        taken: the memory it readied is used, none is allocated twice.
+        """
+        while True:
+            with self._lock:
+                area, self._idle = self._idle, None
+                warming = self._warming
+            if area is not None or warming is None:
+                return area if area is not None else StagingArea()
+            warming.stop()  # returns once the area is idle; the next turn takes it
+
+    def release(self, area: StagingArea) -> None:
+        """Give ``area`` back once nothing reads its tensors any more; the larger idle area is kept."""
+        with self._lock:
+            self._offer(area)
+
+    def drop_idle(self) -> None:
+        """Forget the idle area (freed once no save holds it): the next save starts from fresh memory, as in a new process."""
+        with self._lock:
+            self._idle = None
+
+    def _returned(self, warming: Prewarm, area: StagingArea) -> None:
+        """A prewarm ended: in one step, so that no ``acquire`` sees neither the prewarm nor its area."""
+        with self._lock:
+            if self._warming is warming:
+                self._warming = None
+            self._offer(area)
+
+    def _offer(self, area: StagingArea) -> None:
+        if self._idle is None or area.nbytes >= self._idle.nbytes:  # the caller holds the lock
+            self._idle = area
 
 
-def acquire() -> StagingArea:
-    """Take the process's idle staging area, or a new one when it is in use.
-
-    A prewarm holding the area is stopped at its next chunk, and its area
-    taken: the memory it readied is used, none is allocated twice.
-    """
-    global _idle
-    while True:
-        with _lock:
-            area, _idle = _idle, None
-            warming = _warming
-        if area is not None or warming is None:
-            return area if area is not None else StagingArea()
-        warming.stop()  # returns once the area is idle; the next turn takes it
-
-
-def release(area: StagingArea) -> None:
-    """Give ``area`` back once nothing reads its tensors any more; the larger idle area is kept."""
-    with _lock:
-        _offer(area)
-
-
-def _offer(area: StagingArea) -> None:
-    global _idle  # the caller holds _lock
-    if _idle is None or area.nbytes >= _idle.nbytes:
-        _idle = area
-
-
-def drop_idle() -> None:
-    """Forget the idle area (freed once no save holds it): the next save starts from fresh memory, as in a new process."""
-    global _idle
-    with _lock:
-        _idle = None
+POOL = StagingPool()
+"""The process's staging memory, shared by every save and prewarm of the process."""
+prewarm, acquire, release, drop_idle = POOL.prewarm, POOL.acquire, POOL.release, POOL.drop_idle

@@ -25,8 +25,10 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from pimm_fn import dist
+
 from . import _layout as L
-from . import _publish, dist, safe_reading
+from . import _publish, safe_reading
 from ._pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
 from .errors import CheckpointError, cause, no_space, storage_errors, tensor_bytes
 
@@ -147,15 +149,6 @@ def metadata(directory: pathlib.Path) -> Metadata:
     return safe_reading.metadata(directory)
 
 
-def data_extents(directory: pathlib.Path) -> dict[str, int]:
-    """``{data file: bytes it must hold at least}``, from the DCP metadata of ``directory``'s ``trainer/``."""
-    extents: dict[str, int] = {}
-    for info in (metadata(directory).storage_data or {}).values():
-        rel = f"{L.TRAINER}/{info.relative_path}"
-        extents[rel] = max(extents.get(rel, 0), info.offset + info.length)
-    return extents
-
-
 def damaged_file(directory: pathlib.Path, meta: Metadata, keys) -> str:
     """The data file holding ``keys`` that is missing or shorter than the metadata says; else the first one."""
     files = _files_of(meta, keys)
@@ -190,13 +183,6 @@ def _short(directory: pathlib.Path, meta: Metadata, name: str) -> bool:
     needed = max(i.offset + i.length for i in meta.storage_data.values() if f"{L.TRAINER}/{i.relative_path}" == name)
     path = directory / name
     return not path.is_file() or path.stat().st_size < needed
-
-
-def shards_error(directory: pathlib.Path, exc: BaseException) -> CheckpointError:
-    """A failed read of a sharded model's shards (DCP's ``CheckpointException``), as the damaged file it comes from."""
-    meta = metadata(directory)
-    shards = [key for key in meta.state_dict_metadata if key.startswith("sharded/")]
-    return CheckpointError(directory, damaged_file(directory, meta, shards), f"does not read back ({cause(exc)})")
 
 
 def _unpacked(directory: pathlib.Path, meta: Metadata, prefix: str, state: dict[str, torch.Tensor]) -> Any:

@@ -41,11 +41,12 @@ from typing import Callable
 
 import attrs
 
-from . import dist, validation
+from pimm_fn import dist
+from . import validation
 from ._api import LoadedCheckpoint, load_checkpoint
 from ._discovery import find_checkpoint
 from ._layout import CheckpointInfo
-from .errors import CheckpointError, on_main
+from .errors import SHARED, CheckpointError
 
 __all__ = ["Chosen", "NoIntactCheckpointError", "RECHECK_S", "newest_readable", "read_agreed"]
 
@@ -69,7 +70,7 @@ def newest_readable(model_dir: str | os.PathLike, say: Callable[[str], None]) ->
     Raises:
         NoIntactCheckpointError: on every rank, when checkpoints exist and none is usable.
     """
-    listing = on_main(lambda: _rechecked(model_dir))  # rank 0's listing: every rank walks the same
+    listing = dist.run_on_main(lambda: _rechecked(model_dir), shared=SHARED)  # rank 0's listing: every rank walks the same
     if not listing:
         say(f"no checkpoint in {model_dir}: starting fresh")
         return None
@@ -151,7 +152,7 @@ def read_agreed(path: str | os.PathLike) -> Chosen:
         CheckpointError: on every rank, when it is damaged on any (naming the rank).
         FileNotFoundError: on every rank, when rank 0 finds nothing there.
     """
-    resolved = on_main(lambda: _resolve(path))
+    resolved = dist.run_on_main(lambda: _resolve(path), shared=SHARED)
     if isinstance(resolved, BaseException):
         raise resolved
     outcome = _read_everywhere(resolved)
@@ -182,7 +183,7 @@ def _chosen(info: CheckpointInfo, loaded: LoadedCheckpoint) -> Chosen:
 
 def _read_everywhere(info: CheckpointInfo) -> LoadedCheckpoint | CheckpointError:
     """What this rank read of ``info``, or the first failing rank's error, the same on every rank (collective)."""
-    changed = on_main(lambda: _changed_bytes(info))  # rank 0 hashes each file once, before any rank reads one
+    changed = dist.run_on_main(lambda: _changed_bytes(info), shared=SHARED)  # rank 0 hashes each file once, before any rank reads one
     if changed is not None:
         return changed
     loaded, problem = None, None

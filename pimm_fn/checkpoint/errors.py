@@ -34,7 +34,7 @@ from typing import Callable
 
 from torch.distributed.checkpoint.api import CheckpointException
 
-from . import dist
+from pimm_fn import dist
 
 __all__ = ["CheckpointError", "CheckpointStorageError", "DiskFullError"]
 
@@ -153,28 +153,8 @@ def storage_errors(directory, nbytes: int | Callable[[], int], what: str, conseq
         raise converted from no_space(exc)
 
 
-def on_main(fn: Callable, group=None):
-    """``dist.run_on_main``, but a checkpoint or storage error of rank 0 is raised as itself on every rank.
-
-    Other errors reach the other ranks as the ``RuntimeError`` that
-    ``run_on_main`` raises; no rank waits forever either way.
-    """
-    result, error = None, None
-    if dist.is_main():
-        try:
-            result = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, on every rank
-            error = exc
-    ours = isinstance(error, (CheckpointError, CheckpointStorageError))
-    shared = error if ours else None if error is None else f"{type(error).__name__}: {error}"
-    ok, payload = dist.broadcast_object((error is None, result if error is None else shared), group=group)
-    if error is not None:
-        raise error
-    if ok:
-        return payload
-    if isinstance(payload, BaseException):
-        raise payload
-    raise RuntimeError(f"rank 0 failed while this rank waited for it: {payload}")
+SHARED = (CheckpointError, CheckpointStorageError)
+"""The errors :func:`pimm_fn.dist.run_on_main` raises as themselves on every rank (``shared=SHARED``)."""
 
 
 def tensor_bytes(*trees) -> int:

@@ -37,12 +37,12 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from . import safe_reading
-from .errors import CheckpointError
+from . import _standard, safe_reading
+from .errors import CheckpointError, cause
 
 __all__ = [
     "MODEL", "OPTIM", "is_sharded", "state", "full_weights", "load_full_weights", "load_into", "read_full_weights",
-    "has_shards", "check_claim",
+    "has_shards", "check_claim", "shards_error",
 ]
 
 MODEL = "sharded/model/"
@@ -189,3 +189,10 @@ def read_full_weights(directory: pathlib.Path) -> dict:
             template[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
     safe_reading.load(template, directory, meta=meta)
     return {key[len(MODEL):]: value for key, value in template.items()}
+
+
+def shards_error(directory: pathlib.Path, exc: BaseException) -> CheckpointError:
+    """A failed read of a sharded model's shards (DCP's ``CheckpointException``), as the damaged file it comes from."""
+    meta = _standard.metadata(directory)
+    shards = [key for key in meta.state_dict_metadata if key.startswith("sharded/")]
+    return CheckpointError(directory, _standard.damaged_file(directory, meta, shards), f"does not read back ({cause(exc)})")

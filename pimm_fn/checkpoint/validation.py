@@ -48,9 +48,8 @@ from concurrent.futures import ThreadPoolExecutor
 import attrs
 
 from . import _layout as L
-from . import _legacy
+from . import _legacy, safe_reading
 from ._layout import CheckpointInfo
-from ._standard import data_extents
 from .errors import CheckpointError, cause
 
 __all__ = ["Candidate", "candidates", "confined", "digest", "manifest", "validate"]
@@ -309,9 +308,17 @@ def _check_unlisted(path: pathlib.Path) -> None:
     for needed in (weights, _METADATA):
         if _size(path, needed) == 0:
             raise CheckpointError(path, needed, "is empty (0 bytes)")
-    for rel, needed in data_extents(path).items():
+    for rel, needed in _data_extents(path).items():
         size = _size(path, rel, _METADATA)
         if size < needed:
             problem = f"is {size:,} bytes, but {_METADATA} places data up to byte {needed:,} (cut short)"
             raise CheckpointError(path, rel, problem)
 
+
+def _data_extents(path: pathlib.Path) -> dict[str, int]:
+    """``{data file: bytes it must hold at least}``, from the DCP metadata of ``path``'s ``trainer/``."""
+    extents: dict[str, int] = {}
+    for info in (safe_reading.metadata(path).storage_data or {}).values():
+        rel = f"{L.TRAINER}/{info.relative_path}"
+        extents[rel] = max(extents.get(rel, 0), info.offset + info.length)
+    return extents

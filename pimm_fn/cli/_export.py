@@ -7,7 +7,7 @@ import pathlib
 import torch
 
 from pimm_fn.checkpoint import load_weights_file
-from pimm_fn.checkpoint import _layout as L
+from pimm_fn.checkpoint.inspection import write_plain_weights
 from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, USAGE, Failure
 
 __all__ = ["export"]
@@ -26,10 +26,7 @@ def export(args) -> int:
         raise Failure(NOT_FOUND, str(exc)) from None
     except (OSError, ValueError) as exc:
         raise Failure(DAMAGED, f"{exc}; run `python -m pimm_fn verify {source}`") from None
-    # Plain tensors only: contiguous CPU copies, no storage shared with a mapped file or a larger buffer.
-    plain = {k: v.detach().to("cpu").contiguous().clone() if isinstance(v, torch.Tensor) else v
-             for k, v in weights.items()}
-    L.atomic_write(out, lambda f: torch.save(plain, f))
+    plain = write_plain_weights(out, weights)  # contiguous CPU copies, written atomically
     tensors = [v for v in plain.values() if isinstance(v, torch.Tensor)]
     print(f"wrote {out}: {len(tensors)} tensors, {sum(t.numel() for t in tensors)} parameters, from {source}")
     return OK

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pathlib
-import re
 
 import attrs
 
-from pimm_fn.checkpoint import _layout as L
+from pimm_fn.checkpoint import inspection
 from pimm_fn.checkpoint.errors import CheckpointError, cause
+from pimm_fn.checkpoint.inspection import is_best_file, is_checkpoint_dir
 from pimm_fn.cli import NOT_FOUND, Failure
 
 __all__ = ["Entry", "entries", "entry_of", "model_dir_of", "is_checkpoint_dir", "is_best_file", "reason"]
@@ -45,16 +45,6 @@ class Entry:
         return "legacy" if self.path.suffix == ".pth" else "standard"
 
 
-def is_checkpoint_dir(path: pathlib.Path) -> bool:
-    """A directory laid out as a standard checkpoint (complete or not)."""
-    return path.is_dir() and any((path / name).exists() for name in (L.MARKER, L.TRAINER, L.WEIGHTS))
-
-
-def is_best_file(path: pathlib.Path) -> bool:
-    """A ``model_best.pth`` or ``model_best_<metric>.pth`` file."""
-    return path.is_file() and path.suffix == ".pth" and path.stem.startswith(L.best_stem())
-
-
 def model_dir_of(path: pathlib.Path, command: str) -> pathlib.Path:
     """The model_dir that ``path`` names: itself, or ``path/model`` for a save_dir.
 
@@ -75,23 +65,8 @@ def reason(exc: BaseException) -> str:
 
 def entry_of(path: pathlib.Path) -> Entry | None:
     """What ``path`` is by its name, or ``None`` for a name no checkpoint, best file or save in progress has."""
-    name = path.name
-    if name.startswith(L.STAGING):
-        return Entry(path, "unfinished", _trailing_step(name))
-    if name.startswith(L.RETIRED):
-        return Entry(path, "retired", _trailing_step(name))
-    if is_best_file(path):
-        return Entry(path, "best")
-    if name in (L.LAST, L.LEGACY_LAST):
-        return Entry(path, "checkpoint")
-    match = (L.ITER_DIR if path.is_dir() else L.ITER_FILE).match(name)
-    return Entry(path, "checkpoint", int(match.group(1))) if match else None
-
-
-def _trailing_step(name: str) -> int | None:
-    """The step in ``.staging-last-<step>``, ``.staging-removed-iter_<step>``, ``.retired-last-<step>``."""
-    match = re.search(r"(?:last-|iter_)(\d+)(?:\.pth)?$", name)
-    return int(match.group(1)) if match else None
+    found = inspection.kind_of(path)
+    return Entry(path, *found) if found is not None else None
 
 
 def entries(model_dir: pathlib.Path) -> list[Entry]:

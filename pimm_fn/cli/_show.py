@@ -8,14 +8,16 @@ import pathlib
 import attrs
 from torch.distributed.checkpoint.api import CheckpointException
 
-from pimm_fn.checkpoint import _layout as L
 from pimm_fn.checkpoint import find_checkpoint
-from pimm_fn.checkpoint._peek import TensorInfo, contents_of, size_of, trainer_without_tensors, weights_without_tensors
 from pimm_fn.checkpoint.contents import from_parts
-from pimm_fn.checkpoint._retain import REMOVING, marker_of
+from pimm_fn.checkpoint.inspection import (
+    TensorInfo, contents_of, is_marked, is_removal, size_of, trainer_without_tensors, weights_without_tensors,
+)
+from pimm_fn.checkpoint.inspection import marker as marker_of
 from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit
 from pimm_fn.cli._listing import Entry, entries, is_best_file, model_dir_of, reason
 from pimm_fn.core import slots
+import pimm_fn.compat  # noqa: F401 - the plug-in pimm_fn ships: a pimm run's slots (its savers') decode
 
 __all__ = ["ls", "inspect", "row", "size_text", "values_text"]
 
@@ -47,7 +49,7 @@ def row(entry: Entry) -> dict:
     out = {"name": entry.name, "kind": entry.kind, "format": entry.format, "step": entry.step, "epoch": None,
            "status": "unfinished", "problem": None, "size": size_of(entry.path), "metrics": {}, "best": {}}
     if entry.kind == "unfinished":
-        removing = entry.name.startswith(REMOVING)
+        removing = is_removal(entry.path)
         out["problem"] = ("a snapshot being removed by retention" if removing else
                           "a save in progress or interrupted: never read, the next save removes it")
         return out
@@ -63,7 +65,7 @@ def row(entry: Entry) -> dict:
         marker = marker_of(entry.path)
         out.update(status="complete", step=marker["step"], metrics=marker.get("metrics") or {})
     except (OSError, ValueError) as exc:
-        unmarked = entry.path.is_dir() and not (entry.path / L.MARKER).exists()
+        unmarked = not is_marked(entry.path)
         out.update(status="incomplete" if unmarked else "damaged", problem=reason(exc))
         return out
     try:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 import torch
 
-from pimm_fn.checkpoint import dist
+from pimm_fn import dist
 from pimm_fn.runtime.advice import ConfigurationWarning
 
 __all__ = ["local_cuda_index", "misplaced_model", "use_local_cuda_device"]

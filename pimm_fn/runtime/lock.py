@@ -37,7 +37,7 @@ import uuid
 
 import attrs
 
-from pimm_fn.checkpoint import dist
+from pimm_fn import dist
 
 __all__ = ["LOCK_NAME", "Holder", "Lock", "SaveDirLockError", "take"]
 

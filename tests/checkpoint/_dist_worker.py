@@ -36,7 +36,8 @@ def main(rank, world, root):
     import torch.distributed as td
 
     from conftest import assert_same
-    from pimm_fn.checkpoint import dist, latest_checkpoint, load_checkpoint, save_checkpoint
+    from pimm_fn import dist
+    from pimm_fn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
     td.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30))
     assert (dist.rank(), dist.world_size()) == (rank, world)

@@ -17,7 +17,8 @@ import torch
 
 import pimm_fn as pf
 from _workers import Net, _dump, loader
-from pimm_fn.checkpoint import DiskFullError, dist
+from pimm_fn import dist
+from pimm_fn.checkpoint import DiskFullError
 from pimm_fn.runtime.context import unwrap
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "checkpoint"))  # after the workers' own dir

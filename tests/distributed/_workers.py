@@ -32,7 +32,7 @@ from torch.utils.data import DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import dist
+from pimm_fn import dist
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.runtime import handlers

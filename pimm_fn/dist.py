@@ -3,11 +3,11 @@
 Every function here asks ``torch.distributed`` whether a default process group
 is initialized; when it is not (a plain script, a notebook, a unit test), the
 rank is 0, the world size is 1 and every collective returns at once. This is
-the only module of the checkpoint layer that talks to ``torch.distributed``
-directly, so the rest reads the same in both worlds.
+the library's process-group layer: the only module that talks to
+``torch.distributed``'s collectives directly, so the rest reads the same in both worlds.
 
 Example:
-    >>> from pimm_fn.checkpoint import dist
+    >>> from pimm_fn import dist
     >>> dist.rank(), dist.world_size(), dist.is_main()
     (0, 1, True)
     >>> dist.broadcast_object({"step": 3})
@@ -27,6 +27,7 @@ __all__ = [
     "gather_object",
     "is_initialized",
     "is_main",
+    "new_gloo_group",
     "rank",
     "run_on_main",
     "world_size",
@@ -53,6 +54,14 @@ def world_size() -> int:
 def is_main() -> bool:
     """Whether this process is rank 0, the one that writes shared files."""
     return rank() == 0
+
+
+def new_gloo_group():
+    """A new group of every rank on gloo, for collectives run beside the training's (``None`` without a group).
+
+    Collective: every rank of the default group calls it, in the same order.
+    """
+    return _td.new_group(backend="gloo") if is_initialized() else None
 
 
 def barrier() -> None:
@@ -101,16 +110,19 @@ def all_gather_object(obj: Any) -> list[Any]:
     return out
 
 
-def run_on_main(fn: Callable[[], T], group=None) -> T:
+def run_on_main(fn: Callable[[], T], group=None, *, shared: tuple[type[BaseException], ...] = ()) -> T:
     """Run ``fn`` on rank 0 only and share its outcome with every rank.
 
-    A failure on rank 0 is re-raised there and reported as a ``RuntimeError``
-    on the other ranks, so no rank is left waiting in a later collective.
-    This also acts as a barrier: no rank returns before rank 0 finished.
+    A failure on rank 0 is re-raised there; on the other ranks it is raised
+    as itself when it is one of ``shared`` (it must pickle: pimm_fn's own
+    checkpoint errors), else reported as a ``RuntimeError`` naming it, so no
+    rank is left waiting in a later collective. This also acts as a barrier:
+    no rank returns before rank 0 finished.
 
     Args:
         fn: a zero-argument callable doing main-rank-only work (file writes).
         group: the process group to share the outcome over (default group).
+        shared: the error types other ranks raise as themselves.
 
     Returns:
         ``fn()``'s result on every rank (it must be picklable in a group).
@@ -120,14 +132,14 @@ def run_on_main(fn: Callable[[], T], group=None) -> T:
     if is_main():
         try:
             result = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, on every rank
             error = exc
-    outcome = broadcast_object(
-        (error is None, result if error is None else f"{type(error).__name__}: {error}"), group=group
-    )
+    told = error if isinstance(error, shared) else None if error is None else f"{type(error).__name__}: {error}"
+    ok, payload = broadcast_object((error is None, result if error is None else told), group=group)
     if error is not None:
         raise error
-    ok, payload = outcome
-    if not ok:
-        raise RuntimeError(f"rank 0 failed while this rank waited for it: {payload}")
-    return payload
+    if ok:
+        return payload
+    if isinstance(payload, BaseException):
+        raise payload
+    raise RuntimeError(f"rank 0 failed while this rank waited for it: {payload}")

@@ -1,0 +1,214 @@
+"""What a model_dir holds and what each checkpoint in it holds, for tools: list, describe, read back, export.
+
+The public reading API of the checkpoint layer for everything that is not
+a training run (the ``python -m pimm_fn`` commands, notebooks): callers
+never need the layout's file names or the formats' private modules.
+
+- **list**: :func:`kind_of` names an entry of a model_dir by what it is
+  (``checkpoint``, ``best``, ``retired``, ``unfinished``);
+  :func:`is_marked` says whether a checkpoint directory was ever finished;
+  :func:`marker` reads a finished one's completion marker, validated.
+- **describe** without reading tensors: :func:`trainer_without_tensors`,
+  :func:`contents_of`, :func:`weights_without_tensors` (tensors as
+  :class:`TensorInfo`), :func:`size_of`.
+- **read back**: :func:`read_back` reads every byte of a checkpoint (or
+  best-model file) as a resume would and says what it checked.
+- **export**: :func:`write_plain_weights` writes weights as a file anyone
+  can ``torch.load(weights_only=True)``, atomically.
+
+Nothing here runs code from a checkpoint: every read goes through
+``torch.load(weights_only=True)`` or :mod:`.safe_reading`.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import torch
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from . import _layout as L
+from . import _legacy, safe_reading
+from ._pack import tensor_to_skeleton, unpack
+from ._peek import TensorInfo, contents_of, infos_of, numpy_keys, size_of, trainer_without_tensors, weights_without_tensors
+from ._retain import REMOVING
+from ._retain import marker_of as marker
+from .contents import from_parts
+from .validation import confined, validate
+
+__all__ = [
+    "TRAINER", "TensorInfo", "contents_of", "is_best_file", "is_checkpoint_dir", "is_marked", "is_removal", "kind_of", "marker",
+    "read_back", "size_of", "trainer_without_tensors", "weights_without_tensors", "write_plain_weights",
+]
+
+TRAINER = L.TRAINER
+"""The directory of a standard checkpoint holding the trainer part (DCP): the file an error about that part names."""
+_BATCH_BYTES = 256 * 2**20  # tensors read per DCP load: bounded memory for any checkpoint size
+NOT_RECORDED = "sizes and checksums are not recorded in this checkpoint's marker: only readability was checked"
+
+
+def is_checkpoint_dir(path: pathlib.Path) -> bool:
+    """A directory laid out as a standard checkpoint (complete or not)."""
+    return path.is_dir() and any((path / name).exists() for name in (L.MARKER, L.TRAINER, L.WEIGHTS))
+
+
+def is_marked(path: pathlib.Path) -> bool:
+    """Whether a checkpoint directory has its completion marker (was ever finished); a file always counts."""
+    return not path.is_dir() or (path / L.MARKER).exists()
+
+
+def is_best_file(path: pathlib.Path) -> bool:
+    """A ``model_best.pth`` or ``model_best_<metric>.pth`` file."""
+    return path.is_file() and path.suffix == ".pth" and path.stem.startswith(L.best_stem())
+
+
+def is_removal(path: pathlib.Path) -> bool:
+    """An ``unfinished`` entry that is a snapshot being removed by retention, not a save."""
+    return path.name.startswith(REMOVING)
+
+
+def kind_of(path: pathlib.Path) -> tuple[str, int | None] | None:
+    """``(kind, step)`` of a model_dir entry by its name; ``None`` for a name nothing pimm_fn writes has.
+
+    ``kind``: ``"checkpoint"`` (``last``, ``iter_<step>``, either format),
+    ``"best"``, ``"retired"`` (the previous ``last`` during a publish) or
+    ``"unfinished"`` (``.staging-*``: a save in progress or interrupted, or a
+    snapshot being removed); ``step``: the step the name says, if any.
+    """
+    name = path.name
+    if name.startswith(L.STAGING):
+        return "unfinished", _trailing_step(name)
+    if name.startswith(L.RETIRED):
+        return "retired", _trailing_step(name)
+    if is_best_file(path):
+        return "best", None
+    if name in (L.LAST, L.LEGACY_LAST):
+        return "checkpoint", None
+    match = (L.ITER_DIR if path.is_dir() else L.ITER_FILE).match(name)
+    return ("checkpoint", int(match.group(1))) if match else None
+
+
+def _trailing_step(name: str) -> int | None:
+    """The step in ``.staging-last-<step>``, ``.staging-removed-iter_<step>``, ``.retired-last-<step>``."""
+    match = re.search(r"(?:last-|iter_)(\d+)(?:\.pth)?$", name)
+    return int(match.group(1)) if match else None
+
+
+def read_back(path: pathlib.Path, *, best: bool = False) -> tuple[list[str], list[str]]:
+    """Read every byte of a checkpoint (or, with ``best``, a best-model file) as a resume would.
+
+    Returns:
+        ``(problems, notes)``: what makes it damaged, and what was checked.
+
+    Raises:
+        CheckpointError / OSError / ValueError: it does not read back.
+    """
+    if best:
+        return _best(path)
+    return _standard(path) if path.is_dir() else _legacy_file(path)
+
+
+def write_plain_weights(out: pathlib.Path, weights: dict) -> dict:
+    """Write ``weights`` to ``out`` atomically as plain tensors (contiguous CPU copies); returns what was written."""
+    # Plain tensors only: no storage shared with a mapped file or a larger buffer.
+    plain = {k: v.detach().to("cpu").contiguous().clone() if isinstance(v, torch.Tensor) else v
+             for k, v in weights.items()}
+    L.atomic_write(out, lambda f: torch.save(plain, f))
+    return plain
+
+
+def _recorded(record: dict) -> str:
+    """What the marker let :func:`validate` check beyond readability."""
+    files = record.get("files")
+    if not isinstance(files, dict):
+        return NOT_RECORDED
+    digests = sum(1 for entry in files.values() if isinstance(entry, dict) and "sha256" in entry)
+    return f"{len(files)} file sizes" + (f" and {digests} SHA-256 digests" if digests else "") + " match the marker"
+
+
+def _read_every_tensor(path: pathlib.Path, meta: dict, keep: set) -> tuple[dict, int]:
+    """Read every tensor of a ``trainer/`` DCP directory, in batches of bounded size; keep only those in ``keep``.
+
+    Returns:
+        ``(kept tensors, bytes read)``.
+    """
+    kept, read, batch, size = {}, 0, {}, 0
+    for key, entry in [*meta.items(), (None, None)]:  # a last, empty entry reads the final batch
+        if key is not None:
+            batch[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
+            size += batch[key].nbytes
+        if batch and (key is None or size >= _BATCH_BYTES):
+            safe_reading.load(batch, path)
+            kept.update({k: v for k, v in batch.items() if k in keep})
+            read, batch, size = read + size, {}, 0
+    return kept, read
+
+
+def _rebuilt(trainer, local) -> None:
+    """Decode a loop's saved states as a resume would (a checkpoint of ``save_checkpoint``'s own dicts has none)."""
+    if isinstance(trainer, dict) and "state" in trainer and "optimizer" in trainer:
+        from_parts(trainer, local)
+
+
+def _trainer_parts(path: pathlib.Path, world_size: int) -> tuple[dict, list[str], str]:
+    """Read every tensor of ``trainer/`` and unpack each part: ``(parts by prefix, problems, what was read)``.
+
+    Only the skeletons and the numpy values they hold are kept in memory; other tensors
+    are read and dropped, their place in the tree taken by their shape.
+    """
+    meta = safe_reading.metadata(path).state_dict_metadata
+    odd = [k for k, e in meta.items() if not isinstance(e, TensorStorageMetadata)]
+    if odd:
+        raise ValueError(f"trainer/ entry {odd[0]!r} is not a tensor; pimm_fn writes only tensors")
+    prefixes = ["trainer", *(f"local/rank{r}" for r in range(world_size))]
+    missing = [p for p in prefixes if f"{p}/skeleton" not in meta]
+    skeletons = [f"{p}/skeleton" for p in prefixes if p not in missing]
+    first, _ = _read_every_tensor(path, {k: meta[k] for k in skeletons}, set(skeletons))
+    texts = {k.removesuffix("/skeleton"): tensor_to_skeleton(v) for k, v in first.items()}
+    arrays = {f"{p}/t/{k}" for p, text in texts.items() for k in numpy_keys(text)}
+    kept, read = _read_every_tensor(path, meta, arrays)
+    shapes = infos_of(meta)
+    parts = {}
+    for prefix, text in texts.items():
+        head = f"{prefix}/t/"
+        parts[prefix] = unpack(text, {k[len(head):]: kept.get(k, info) for k, info in shapes.items() if k.startswith(head)})
+    problems = [f"trainer/ lacks the {p} part (the checkpoint says {world_size} rank(s) wrote it)" for p in missing]
+    shards = sum(1 for k in meta if k.startswith("sharded/"))
+    summary = f"trainer/: {len(meta)} tensors read ({read:,} bytes)" + (f", {shards} of them shards" if shards else "")
+    return parts, problems, summary
+
+
+def _standard(path: pathlib.Path) -> tuple[list[str], list[str]]:
+    validate(path, digests=True)  # the marker, then every file it lists: size and SHA-256 (raises on the first)
+    record = marker(path)
+    notes = []
+    if (path / L.WEIGHTS).is_file():
+        weights = torch.load(confined(path, L.WEIGHTS), map_location="cpu", weights_only=True)  # every byte; never via a link
+        read = sum(v.nbytes for v in weights.values() if isinstance(v, torch.Tensor))
+        notes.append(f"{L.WEIGHTS}: {len(weights)} entries, {read:,} bytes read")
+    parts, problems, summary = _trainer_parts(path, record["world_size"])
+    for prefix, local in parts.items():
+        if prefix != "trainer" and "trainer" in parts:
+            _rebuilt(parts["trainer"], local)
+    notes.append(f"{summary}, {len(parts) - 1} rank part(s) unpacked")
+    return problems, [*notes, _recorded(record)]
+
+
+def _legacy_file(path: pathlib.Path) -> tuple[list[str], list[str]]:
+    info = _legacy.read_info(path)
+    content = _legacy._load(path, mmap=False)  # every byte read
+    trainer = _legacy._unpacked(content["trainer"])
+    for local in content["local"]:
+        _rebuilt(trainer, _legacy._unpacked(local))
+    entries_read = len(content["weights"])
+    return [], [f"one file written atomically; {entries_read} weight entries and {info.world_size} rank(s) read back"]
+
+
+def _best(path: pathlib.Path) -> tuple[list[str], list[str]]:
+    weights = _legacy._load(path, mmap=False)
+    notes = [f"{len(weights)} weight entries read"]
+    meta = path.with_suffix(".json")
+    if not meta.is_file():
+        notes.append(f"no {meta.name} beside it: which metric and step it holds is not recorded")
+    return [], notes

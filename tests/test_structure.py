@@ -1,0 +1,131 @@
+"""The package's structure: no private imports across subpackages, no import cycles, no module state rebound.
+
+All read from the source with ``ast`` (every ``import`` statement, at the
+top of a module or inside a function), so an import hidden in a function
+to dodge a cycle counts like any other.
+"""
+
+import ast
+import pathlib
+
+import pimm_fn
+
+ROOT = pathlib.Path(pimm_fn.__file__).parent
+
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imported(name: str, path: pathlib.Path, known: dict) -> set[str]:
+    """The pimm_fn modules that ``name`` (at ``path``) imports, anywhere in its body."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else base)
+    return {m for m in found if m in known and m != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {name: _imported(name, path, known) for name, path in known.items()}
+
+
+def _subpackage(name: str) -> str:
+    """``pimm_fn.checkpoint`` for any module under it; ``pimm_fn`` for the top-level package itself."""
+    return ".".join(name.split(".")[:2])
+
+
+def _is_private(name: str) -> bool:
+    return any(part.startswith("_") and not part.startswith("__") for part in name.split("."))
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(frozenset(component))
+    return found
+
+
+def test_the_scan_sees_function_level_and_relative_imports(tmp_path):
+    """An import inside a function counts, relative imports resolve, and a cycle of three is one component."""
+    module = tmp_path / "mod.py"
+    module.write_text("from . import validation\n\ndef f():\n    from pimm_fn.checkpoint import _layout as L\n")
+    known = _modules()
+    found = _imported("pimm_fn.checkpoint.mod", module, known)
+    assert found == {"pimm_fn.checkpoint.validation", "pimm_fn.checkpoint._layout"}
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+
+
+def test_no_module_imports_a_private_module_of_another_subpackage():
+    """A subpackage's private modules (``_name.py``) are imported only from inside that subpackage."""
+    crossings = sorted(
+        f"{importer} imports {imported}"
+        for importer, targets in _graph().items()
+        for imported in targets
+        if _is_private(imported) and _subpackage(imported) != _subpackage(importer)
+    )
+    assert not crossings, "private modules imported across subpackages (use the public module instead):\n" + "\n".join(crossings)
+
+
+def test_no_import_cycles():
+    """No set of pimm_fn modules imports itself around a cycle (top-level and function-level imports alike)."""
+    cycles = _cycles(_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(sorted(c)) for c in cycles)
+
+
+def test_no_module_rebinds_its_own_globals():
+    """No ``global`` statement: state lives in objects that own it (a run's BackgroundSaver), not in module variables."""
+    found = sorted(
+        f"{name}: global {', '.join(node.names)}"
+        for name, path in _modules().items()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Global)
+    )
+    assert not found, "module state rebound through `global`:\n" + "\n".join(found)
