@@ -16,7 +16,6 @@ import importlib
 
 __version__ = "0.1.0"
 
-from pimm_fn import compat
 from pimm_fn.core import effects, events
 from pimm_fn.core.codec import register
 from pimm_fn.core.effects import Scope
@@ -98,7 +97,11 @@ __all__ = [
 
 
 def __getattr__(name):
-    """Import the torch-dependent runtime only when one of its names is used."""
+    """Import the torch-dependent runtime, or the pimm plug-in ``compat``, only when one of its names is used."""
+    if name == "compat":  # a plug-in: imported when asked for, never by pimm_fn itself
+        value = importlib.import_module("pimm_fn.compat")
+        globals()[name] = value
+        return value
     module = _RUNTIME.get(name)
     if module is None:
         raise AttributeError(f"module 'pimm_fn' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Model weights on their own: the best-model file, warm starts, key remapping."""
+"""Model weights on their own: the best-model file, and warm-start weights read from any file (keys: ``.remap``)."""
 
 from __future__ import annotations
 
@@ -6,145 +6,16 @@ import json
 import math
 import os
 import pathlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
-import attrs
 import torch
 
+from pimm_fn import dist
+
 from . import _layout as L
-from . import _legacy, dist
+from . import _legacy, sharded
 from ._discovery import find_checkpoint
 from .errors import storage_errors, tensor_bytes
-
-_MODULE = "module."
-
-
-@attrs.frozen
-class WeightsReport:
-    """How a remapped state_dict lines up with the target model's keys.
-
-    Attributes:
-        loaded: keys present in both, in the source's order.
-        missing: target keys the source does not provide.
-        unexpected: source keys (after remapping) the target does not have.
-
-    Example:
-        >>> WeightsReport(loaded=("a",), missing=("b",), unexpected=()).summary()
-        'loaded 1/2 target keys; 1 missing: b; 0 unexpected'
-    """
-
-    loaded: tuple[str, ...]
-    missing: tuple[str, ...]
-    unexpected: tuple[str, ...]
-
-    @property
-    def num_loaded(self) -> int:
-        return len(self.loaded)
-
-    @property
-    def num_missing(self) -> int:
-        return len(self.missing)
-
-    @property
-    def num_unexpected(self) -> int:
-        return len(self.unexpected)
-
-    @property
-    def complete(self) -> bool:
-        """True when every key matched (what ``strict=True`` requires)."""
-        return not self.missing and not self.unexpected
-
-    def summary(self, limit: int = 5) -> str:
-        """One readable line; lists at most ``limit`` keys per group."""
-
-        def group(name: str, keys: tuple[str, ...]) -> str:
-            shown = ", ".join(keys[:limit]) + (f", ... (+{len(keys) - limit})" if len(keys) > limit else "")
-            return f"{len(keys)} {name}" + (f": {shown}" if keys else "")
-
-        total = self.num_loaded + self.num_missing
-        return f"loaded {self.num_loaded}/{total} target keys; {group('missing', self.missing)}; {group('unexpected', self.unexpected)}"
-
-
-def remap_state_dict(
-    state: Mapping, replacements: Mapping[str, str] | None, target_keys: Iterable[str]
-) -> tuple[dict, WeightsReport]:
-    """Rewrite a state_dict's keys to fit a target model (warm start).
-
-    Each key first loses a leading ``module.`` (DDP's prefix); then the rule
-    with the longest matching prefix, if any, replaces that prefix; finally
-    ``module.`` is put back when every target key has it. Rules may be written
-    with or without ``module.``.
-
-    Args:
-        state: the source state_dict.
-        replacements: ``{old_prefix: new_prefix}``, or ``None`` for none.
-        target_keys: the target model's state_dict keys.
-
-    Returns:
-        ``(remapped, report)``; pass ``remapped`` to ``load_state_dict``.
-
-    Raises:
-        TypeError: ``replacements`` is not a dict of strings.
-        ValueError: a rule matched no key, or two keys map to the same name.
-
-    Example:
-        >>> sd, report = remap_state_dict({"module.backbone.w": 1, "head.b": 2},
-        ...                               {"backbone.": "encoder."}, ["encoder.w", "head.b"])
-        >>> sorted(sd), report.num_missing
-        (['encoder.w', 'head.b'], 0)
-    """
-    rules = _normalized_rules(replacements)
-    targets = list(target_keys)
-    wrapped = bool(targets) and all(k.startswith(_MODULE) for k in targets)
-    out: dict = {}
-    origin: dict[str, str] = {}
-    used: set[str] = set()
-    for key, value in state.items():
-        name = key[len(_MODULE):] if key.startswith(_MODULE) else key
-        matches = [prefix for prefix in rules if name.startswith(prefix)]
-        if matches:
-            prefix = max(matches, key=len)
-            used.add(prefix)
-            name = rules[prefix][1] + name[len(prefix):]
-        name = _MODULE + name if wrapped else name
-        if name in out:
-            raise ValueError(f"remap_state_dict: keys {origin[name]!r} and {key!r} both map to {name!r}; make the rules disjoint")
-        out[name], origin[name] = value, key
-    unmatched = [rules[p][0] for p in rules if p not in used]
-    if unmatched:
-        sample = list(state)[:5]
-        raise ValueError(
-            f"remap_state_dict: replacement rule(s) {unmatched} matched no key; source keys look like {sample}. "
-            "Fix the prefix or drop the rule."
-        )
-    target_set = set(targets)
-    report = WeightsReport(
-        loaded=tuple(k for k in out if k in target_set),
-        missing=tuple(k for k in targets if k not in out),
-        unexpected=tuple(k for k in out if k not in target_set),
-    )
-    return out, report
-
-
-def _normalized_rules(replacements) -> dict[str, tuple[str, str]]:
-    """Map a rule's prefix without ``module.`` to (original prefix, new prefix)."""
-    if replacements is None:
-        return {}
-    if not isinstance(replacements, Mapping):
-        raise TypeError(
-            "remap_state_dict: 'replacements' must be a dict {old_prefix: new_prefix}, e.g. {'backbone.': 'encoder.'} "
-            f"(got {type(replacements).__name__}: {replacements!r:.80})"
-        )
-    rules: dict[str, tuple[str, str]] = {}
-    for old, new in replacements.items():
-        if not isinstance(old, str) or not isinstance(new, str) or not old:
-            raise TypeError(f"remap_state_dict: rule {old!r}: {new!r} must map a non-empty str to a str")
-        bare_old = old[len(_MODULE):] if old.startswith(_MODULE) else old
-        bare_new = new[len(_MODULE):] if new.startswith(_MODULE) else new
-        if bare_old in rules and rules[bare_old][1] != bare_new:
-            raise ValueError(f"remap_state_dict: rules {rules[bare_old][0]!r} and {old!r} conflict (same prefix once 'module.' is ignored)")
-        rules[bare_old] = (old, bare_new)
-    return rules
 
 
 def write_best(
@@ -229,9 +100,7 @@ def load_weights_file(path: str | os.PathLike) -> dict:
     if p.is_dir():
         info = find_checkpoint(p)
         if info.format == "standard" and (info.path / L.WEIGHTS_SKIPPED).is_file():
-            from .sharded import read_full_weights  # a sharded model saved without a weights file
-
-            return read_full_weights(info.path)
+            return sharded.read_full_weights(info.path)  # a sharded model saved without a weights file
         p, owner = (info.path / L.WEIGHTS if info.format == "standard" else info.path), info.path
     elif not p.exists():
         raise FileNotFoundError(f"load_weights_file: {str(p)!r} does not exist")

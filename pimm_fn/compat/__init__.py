@@ -8,10 +8,13 @@
   ``pimm_fn.compat.effects``, carried out by ``HANDLERS``:
   ``pf.loop(..., handlers=compat.HANDLERS)``;
 * a class-based hook (pimm's ``HookBase``) runs through ``adapt``; ``pf.loop``
-  and ``build_hooks`` accept one directly;
+  and ``build_hooks`` accept one directly (a ``HookBase`` carries its adapter,
+  ``as_hook()``: nothing in pimm_fn's core is filled when this package is imported);
 * pimm's checkpoints (``last/`` with ``weights.pth`` + ``trainer.dcp/``,
-  ``model_last.pth``) resume with ``pf.loop(resume=<path or "auto">)`` and
-  warm-start with ``CheckpointLoader`` (``pimm_fn.compat.checkpoints``).
+  ``model_last.pth``) resume with ``pf.loop(resume=<path or "auto">,
+  handlers=HANDLERS)`` (its ``LoadWeights`` handler is their reader,
+  ``pimm_fn.checkpoint.foreign``) and warm-start with ``CheckpointLoader``
+  (``pimm_fn.compat.checkpoints``).
 
     >>> import pimm_fn as pf
     >>> from pimm_fn.compat import build_hooks
@@ -42,9 +45,6 @@ from pimm_fn.compat.registry import DEFAULT_REGISTRY, REFUSED, HookRegistry, bui
 from pimm_fn.compat.saving import (
     PIMM_BEST, PimmSaveState, checkpoint_format, checkpoint_loader, checkpoint_saver, checkpoint_saver_iteration,
 )
-from pimm_fn.core.hook import register_adapter
-
-register_adapter(adapted)  # pf.loop([..., SomeHookBase(), ...]) adapts it
 
 _RUNTIME = {
     "HANDLERS": "pimm_fn.compat.handlers",

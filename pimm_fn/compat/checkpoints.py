@@ -2,6 +2,8 @@
 
 pimm's split ``last/`` (``weights.pth`` + ``trainer.dcp/``) and one-file
 ``model_last.pth`` are read by ``pimm_fn.compat.reading``, safely (``weights_only``).
+``PIMM_CHECKPOINTS`` (``HANDLERS``' ``LoadWeights`` handler) is the reader a
+resume asks (``pimm_fn.checkpoint.foreign``) and carries out pimm's warm starts.
 
 A resume translates the checkpoint into a pimm_fn checkpoint (legacy
 format, under ``model/.staging-pimm-import/``, which the run's first save
@@ -41,21 +43,25 @@ import numpy as np
 import torch
 
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import dist
+from pimm_fn import dist
 from pimm_fn.checkpoint.contents import PerRank, Replicated, SavedState, TrainerContents, to_parts
 from pimm_fn.compat.reading import (
     PimmCheckpoint, PimmCheckpointError, latest_pimm_checkpoint, load_pimm_weights, pimm_source, read_pimm_checkpoint,
     remap_pimm_weights, safe_load,
 )
+from pimm_fn.compat.effects import PIMM
 from pimm_fn.compat.saving import PIMM_BEST
+from pimm_fn.core.effects import LoadWeights
 from pimm_fn.core.slots import Keyed
 from pimm_fn.core.state import Progress, State
+from pimm_fn.runtime import handlers as runtime_handlers
+from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.feed import ResumeNotExactWarning
 from pimm_fn.runtime.rng import capture_rng
 
 __all__ = [
     "PimmCheckpointError", "PimmCheckpoint", "read_pimm_checkpoint", "latest_pimm_checkpoint", "pimm_source",
-    "load_pimm_weights", "remap_pimm_weights", "translate", "locate", "safe_load",
+    "load_pimm_weights", "remap_pimm_weights", "translate", "safe_load", "PimmCheckpoints", "PIMM_CHECKPOINTS",
 ]
 
 IMPORT = ".staging-pimm-import"  # where a resume's translation goes, in the run's model/; the first save removes it
@@ -200,8 +206,8 @@ def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: 
 
     Collective in a process group (every rank calls it; each translates its
     own RNG state, rank 0 writes ``out_dir/last.pth``). Resume from it with
-    ``loop(resume=info.path)``; ``loop(resume=path)`` on the pimm checkpoint
-    itself does this for you when the counters tell the steps per epoch.
+    ``loop(resume=info.path)``; ``loop(resume=path, handlers=HANDLERS)`` on the
+    pimm checkpoint itself does this for you (``PimmCheckpoints.resume_from``).
 
     Args:
         path: a pimm checkpoint (``last/``, ``model_last.pth``, ...).
@@ -256,36 +262,61 @@ def _legacy_line(path, payload, progress: Progress, position: str) -> str:
             f"length; resuming at epoch {at}, global_step {progress.global_step}")
 
 
-def locate(resume, save_dir, *, iters_per_epoch: int | None = None, say=None):
-    """The pimm_fn checkpoint to resume from when ``resume`` names a pimm checkpoint, translated; else ``None``.
+class PimmCheckpoints:
+    """pimm's checkpoints in a run: warm starts in pimm's dialect, and resumes from pimm's layouts.
 
-    Called by ``pimm_fn.runtime.resume.locate`` first. ``resume="auto"``
-    looks for pimm's layout (``PIMM.md`` 3.9) in ``save_dir/model`` only when
-    it holds no pimm_fn checkpoint; a fresh start (``resume=None``) into a
-    ``save_dir`` holding pimm checkpoints is refused, as for pimm_fn's own.
-    ``iters_per_epoch``: the run's steps per epoch, which a legacy file is
-    resumed with (pimm's rule), saying so through ``say``.
+    ``HANDLERS`` holds one as its ``LoadWeights`` handler, so a run given
+    ``handlers=compat.HANDLERS`` can do both:
 
-    Raises:
-        FileExistsError: a fresh start over pimm checkpoints.
-        PimmCheckpointError: a pimm checkpoint that cannot be translated.
+    * as a handler (``__call__``) it carries out a ``LoadWeights`` in pimm's
+      dialect (``CheckpointLoader``: the weights found and renamed as pimm
+      does, through pimm_fn's one engine, ``remap_state_dict``) and hands
+      pimm_fn's own warm starts to pimm_fn's handler;
+    * as a reader (``pimm_fn.checkpoint.foreign``) it lets
+      ``loop(resume=<path or "auto">)`` resume pimm's ``last/`` and
+      ``model_last.pth``: the resume asks ``recognise`` on rank 0 only where
+      pimm_fn's own discovery found nothing, and ``resume_from`` translates.
+      A fresh start into a ``save_dir`` holding pimm's checkpoints is refused,
+      as over pimm_fn's own.
     """
-    model_dir = pathlib.Path(save_dir) / "model" if save_dir is not None else None
-    # Looked up by rank 0 and agreed (every rank calls, whatever its file listing shows).
-    in_save_dir = (lambda: pimm_source(model_dir) if model_dir.is_dir() else None) if model_dir is not None else None
-    if resume is None or resume is False:
-        found = dist.run_on_main(in_save_dir) if in_save_dir is not None else None
-        if found is not None:
-            raise FileExistsError(
-                f"save_dir {str(save_dir)!r} already holds pimm checkpoints ({found.name}); a fresh run would "
-                f"overwrite them. Pass resume='auto' to continue that run, or choose another save_dir"
-            )
-        return None
-    if resume == "auto":
-        found = dist.run_on_main(in_save_dir) if in_save_dir is not None else None
-    else:
-        found = dist.run_on_main(lambda: pimm_source(resume))
-    if found is None:
-        return None
-    out = model_dir / IMPORT if model_dir is not None else pathlib.Path(dist.run_on_main(tempfile.mkdtemp)) / IMPORT
-    return translate(found, out, run_steps=iters_per_epoch, say=say)
+
+    name = "pimm"
+
+    def __call__(self, effect: LoadWeights, state, ctx) -> tuple:
+        if effect.dialect != PIMM:
+            return runtime_handlers.load_weights(effect, state, ctx)
+        module = unwrap(ctx.model)
+        source = load_pimm_weights(effect.path)
+        target = module.state_dict()
+        remapped, skipped = remap_pimm_weights(source, effect.replacements, target, strict=effect.strict)
+        result = module.load_state_dict(remapped, strict=effect.strict)
+        missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
+        ctx.say(f"Loaded {len(target) - len(missing)}/{len(target)} model params from {effect.path} "
+                f"(missing: {len(missing)}, unexpected: {len(unexpected)})")
+        if skipped:
+            ctx.say(f"Skipped {len(skipped)} shape-mismatched key(s), kept at init: {', '.join(skipped[:8])}")
+        if missing:
+            ctx.say(f"missing keys: {', '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}")
+        return ()
+
+    def recognise(self, path) -> pathlib.Path | None:
+        """The pimm checkpoint ``path`` names (``pimm_source``), local and without a collective."""
+        return pimm_source(path)
+
+    def resume_from(self, found, model_dir, *, iters_per_epoch: int | None = None, say=None):
+        """``found`` translated under ``model_dir`` (which the run's first save clears), for the resume to read.
+
+        ``iters_per_epoch``: the run's steps per epoch, which a legacy file is
+        resumed with (pimm's rule), saying so through ``say``. Collective.
+
+        Raises:
+            PimmCheckpointError: a pimm checkpoint that cannot be translated.
+        """
+        out = model_dir / IMPORT if model_dir is not None else pathlib.Path(dist.run_on_main(tempfile.mkdtemp)) / IMPORT
+        return translate(found, out, run_steps=iters_per_epoch, say=say)
+
+    def __repr__(self):
+        return "PimmCheckpoints()"
+
+
+PIMM_CHECKPOINTS = PimmCheckpoints()

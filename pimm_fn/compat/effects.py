@@ -21,9 +21,10 @@ from typing import ClassVar
 
 import attrs
 
-from pimm_fn.core.effects import Effect, Scope
+from pimm_fn.core.effects import Effect, LoadWeights, Scope
 
 __all__ = [
+    "PIMM",
     "LoadPimmWeights",
     "ExcludeWeightDecay",
     "SetWeightDecay",
@@ -41,17 +42,20 @@ __all__ = [
 ]
 
 
-@attrs.frozen
-class LoadPimmWeights(Effect):
-    """Warm-start the model from ``path`` with pimm's key rules (``CheckpointLoader``); each rank its replica.
+PIMM = "pimm"  # the dialect of pimm's warm starts: LoadWeights(..., dialect=PIMM)
 
-    ``rules`` is ``((keyword, replacement), ...)``; see ``pimm_fn.compat.checkpoints.load_pimm_weights``.
+
+def LoadPimmWeights(path: str, rules: tuple = (), strict: bool = False) -> LoadWeights:  # noqa: N802 - an effect's name
+    """pimm's ``CheckpointLoader`` request: pimm_fn's one warm-start effect, ``LoadWeights``, in pimm's dialect.
+
+    ``rules`` is ``((keyword, replacement), ...)``, read as pimm reads them
+    (``pimm_fn.compat.reading.pimm_rules``); the weights are found as pimm
+    finds them. Carried out by ``HANDLERS``' ``LoadWeights`` handler, each rank its replica.
+
+    >>> LoadPimmWeights("w.pth", (("backbone", "encoder"),))
+    LoadWeights(path='w.pth', replacements=(('backbone', 'encoder'),), strict=False, dialect='pimm')
     """
-
-    scope: ClassVar[Scope] = Scope.LOCAL
-    path: str
-    rules: tuple = ()
-    strict: bool = False
+    return LoadWeights(path, tuple(rules), strict, PIMM)
 
 
 @attrs.frozen

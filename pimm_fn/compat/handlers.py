@@ -1,8 +1,11 @@
-"""The handlers of ``pimm_fn.compat.effects``: the only compat code that touches the model, optimizer and clock.
+"""The handlers of ``pimm_fn.compat.effects``: with ``compat.checkpoints``, the compat code that touches the model.
 
 ``HANDLERS`` maps each compat effect to its handler; pass it to the loop::
 
     pf.loop(..., hooks=build_hooks(cfg["hooks"], ...), handlers=pimm_fn.compat.HANDLERS)
+
+Its ``LoadWeights`` handler is ``PIMM_CHECKPOINTS`` (``pimm_fn.compat.checkpoints``):
+pimm's warm starts, and the reader through which ``loop(resume=...)`` resumes pimm's layouts.
 
 Records go through pimm_fn's ``Log`` handler (the console and ``log.jsonl``).
 ``split_weight_decay`` is the one helper called outside the loop: pimm's
@@ -17,13 +20,14 @@ import time
 import torch
 
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import dist
-from pimm_fn.compat import _monitoring, reading
+from pimm_fn import dist
+from pimm_fn.compat import _monitoring
+from pimm_fn.compat.checkpoints import PIMM_CHECKPOINTS
 from pimm_fn.compat.effects import (
-    AnnealAttention, CollectGarbage, CountParameters, ExcludeWeightDecay, FinalTest, LoadPimmWeights, LogGradientNorm,
+    AnnealAttention, CollectGarbage, CountParameters, ExcludeWeightDecay, FinalTest, LogGradientNorm,
     OverrideDtype, SetWeightDecay, TimeStep,
 )
-from pimm_fn.core.effects import Log
+from pimm_fn.core.effects import LoadWeights, Log
 from pimm_fn.core.events import MetricsPublished
 from pimm_fn.core.records import named
 from pimm_fn.runtime import handlers as runtime_handlers
@@ -35,24 +39,6 @@ __all__ = ["HANDLERS", "split_weight_decay", "excluded_from_weight_decay"]
 
 def _log(state, ctx, step: int, kind: str, values: dict) -> None:
     runtime_handlers.log(Log(step, kind, values), state, ctx)
-
-
-# -- CheckpointLoader ------------------------------------------------------------------------------------------------
-def load_pimm_weights(effect: LoadPimmWeights, state, ctx) -> tuple:
-    """Warm start with pimm's rules; say pimm's report line (loaded / missing / unexpected, shape-skipped keys)."""
-    module = unwrap(ctx.model)
-    source = reading.load_pimm_weights(effect.path)
-    target = module.state_dict()
-    remapped, skipped = reading.remap_pimm_weights(source, effect.rules, target, strict=effect.strict)
-    result = module.load_state_dict(remapped, strict=effect.strict)
-    missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
-    ctx.say(f"Loaded {len(target) - len(missing)}/{len(target)} model params from {effect.path} "
-            f"(missing: {len(missing)}, unexpected: {len(unexpected)})")
-    if skipped:
-        ctx.say(f"Skipped {len(skipped)} shape-mismatched key(s), kept at init: {', '.join(skipped[:8])}")
-    if missing:
-        ctx.say(f"missing keys: {', '.join(missing[:12])}{' ...' if len(missing) > 12 else ''}")
-    return ()
 
 
 # -- WeightDecayExclusion / WeightDecayScheduler ---------------------------------------------------------------------
@@ -303,7 +289,7 @@ def final_test(effect: FinalTest, state, ctx) -> tuple:
 
 
 HANDLERS = {
-    LoadPimmWeights: load_pimm_weights,
+    LoadWeights: PIMM_CHECKPOINTS,  # pimm's warm starts (pimm_fn's own passed on), and resumes from pimm's layouts
     ExcludeWeightDecay: exclude_weight_decay,
     SetWeightDecay: set_weight_decay,
     LogGradientNorm: log_gradient_norm,

@@ -1,12 +1,14 @@
 """pimm's class-based hooks (``HookBase`` subclasses) running inside pimm_fn.
 
 ``adapt(hook_obj)`` turns an object with pimm's hook methods into a pimm_fn
-hook; ``pf.loop``, ``plan``, ``chain`` and ``build_hooks`` adapt one found in
-their hook list themselves (``adapted``, registered with
-``pimm_fn.core.hook.register_adapter`` when ``pimm_fn.compat`` is imported). At each lifecycle event it sets ``hook_obj.trainer`` to a read-only
-``TrainerView`` of the state, calls the matching method, and restores the
-previous ``trainer``. A method returns ``None`` (nothing to do) or a tuple
-of effects, e.g. ``(SaveCheckpoint(view.global_step),)``.
+hook. A ``HookBase`` carries its adapter itself (``as_hook()``, the hook
+protocol's stand-in, ``pimm_fn.core.hook``), so ``pf.loop``, ``plan`` and
+``chain`` take one directly; ``build_hooks`` adapts any object with pimm's
+methods (a duck-typed hook, or pimm's own ``HookBase``). At each lifecycle
+event it sets ``hook_obj.trainer`` to a read-only ``TrainerView`` of the
+state, calls the matching method, and restores the previous ``trainer``. A
+method returns ``None`` (nothing to do) or a tuple of effects, e.g.
+``(SaveCheckpoint(view.global_step),)``.
 
 ``adapt`` is for migration, not a pure hook: the object may keep state on
 itself, which pimm_fn neither checkpoints nor resets, so ``plan``, the
@@ -59,11 +61,15 @@ class HookBase:
     ``self.trainer`` is a ``TrainerView`` while a method runs (``None``
     otherwise). Methods other than ``modify_config`` return ``None`` or a
     tuple of effects; ``modify_config(cfg)`` gets a copy of the config as a
-    dict and may change it in place or return a new dict. Run it in a loop
-    with ``adapt(hook)`` or by putting it in ``build_hooks``' list.
+    dict and may change it in place or return a new dict. Put it in a hook
+    list as it is (``as_hook()`` adapts it), or adapt it with ``adapt(hook)``.
     """
 
     trainer = None
+
+    def as_hook(self):
+        """The pimm_fn hook that runs this object's methods: ``adapt(self)`` (how ``pf.loop`` takes it directly)."""
+        return adapt(self)
 
     def modify_config(self, cfg):
         return None
@@ -253,9 +259,7 @@ def is_pimm_hook(obj) -> bool:
 
 
 def adapted(obj):
-    """``adapt(obj)`` for a class-based pimm hook, else ``obj`` unchanged: how ``pf.loop`` accepts one directly.
-
-    Registered with ``pimm_fn.core.hook.register_adapter`` when ``pimm_fn.compat`` is imported.
+    """``adapt(obj)`` for a class-based pimm hook, else ``obj`` unchanged: how ``build_hooks`` takes one.
 
     >>> adapted(HookBase()).__class__.__name__, adapted(len) is len
     ('_Adapted', True)

@@ -35,6 +35,8 @@ import copy
 import difflib
 from collections.abc import Iterable, Mapping
 
+from pimm_fn.compat.builtins import BUILTINS
+
 __all__ = ["parse_value", "parse_options", "apply_options", "override_hooks", "split_options"]
 
 
@@ -237,9 +239,7 @@ def apply_options(cfg: Mapping, options=None, *, known=None) -> dict:
     (3, [{'type': 'CheckpointSaver', 'save_freq': 100}], ('epoch', 'hooks.CheckpointSaver.save_freq'), False)
     """
     if known is None:
-        from pimm_fn.compat.registry import DEFAULT_REGISTRY
-
-        known = DEFAULT_REGISTRY
+        known = BUILTINS  # the built-in registry's types
     cfg = copy.deepcopy(dict(cfg))
     hooks = cfg.get("hooks")
     if hooks is not None and not isinstance(hooks, list):

@@ -26,11 +26,11 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import safe_reading
+from pimm_fn.checkpoint import inspection, safe_reading
 
 __all__ = [
     "PimmCheckpointError", "PimmCheckpoint", "read_pimm_checkpoint", "latest_pimm_checkpoint", "pimm_source",
-    "load_pimm_weights", "remap_pimm_weights", "safe_load",
+    "load_pimm_weights", "pimm_rules", "remap_pimm_weights", "safe_load",
 ]
 
 MARKER = ".complete"  # pimm's success marker (path.py::checkpoint_success_file)
@@ -178,7 +178,8 @@ def latest_pimm_checkpoint(model_dir) -> pathlib.Path | None:
 
 
 def _is_pimm_fn(path: pathlib.Path) -> bool:
-    return (path / "COMPLETE").is_file() or (path / "model.pth").is_file()
+    """A directory laid out as a pimm_fn checkpoint, complete or not (``pimm_fn.checkpoint.inspection``)."""
+    return inspection.is_checkpoint_dir(path)
 
 
 def pimm_source(path) -> pathlib.Path | None:
@@ -189,7 +190,7 @@ def pimm_source(path) -> pathlib.Path | None:
     """
     p = pathlib.Path(path)
     if p.is_file():
-        return None if _pimm_fn_file(p) else p
+        return None if _holds_pimm_fn(p) else p
     if not p.is_dir() or _is_pimm_fn(p):
         return None
     if (p / MARKER).is_file() or (p / WEIGHTS).is_file():
@@ -198,22 +199,16 @@ def pimm_source(path) -> pathlib.Path | None:
     return None if _holds_pimm_fn(model_dir) else latest_pimm_checkpoint(model_dir)
 
 
-def _holds_pimm_fn(model_dir: pathlib.Path) -> bool:
-    """Whether ``model_dir`` holds a complete pimm_fn checkpoint (looked up locally, no collective)."""
+def _holds_pimm_fn(path: pathlib.Path) -> bool:
+    """Whether ``path`` (a file, a checkpoint or a model_dir) is or holds a usable pimm_fn checkpoint (local).
+
+    Told by pimm_fn's own validation: what it refuses is not one of ours.
+    """
     try:
-        checkpoint.find_checkpoint(model_dir)
-    except (FileNotFoundError, ValueError):
+        checkpoint.find_checkpoint(path)
+    except (FileNotFoundError, ValueError):  # a CheckpointError is a ValueError
         return False
     return True
-
-
-def _pimm_fn_file(path: pathlib.Path) -> bool:
-    """A pimm_fn legacy file (with its marker), told without reading its tensors."""
-    try:
-        content = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - not a pimm_fn file (pimm's numpy payload, or not torch at all)
-        return False
-    return isinstance(content, Mapping) and isinstance(content.get("marker"), Mapping)
 
 
 # -- warm start ---------------------------------------------------------------------------------------------------
@@ -261,26 +256,36 @@ def _strip(name: str) -> str:
     return name[len("module."):] if name.startswith("module.") else name
 
 
-def _matches(key: str, keyword: str) -> bool:
-    """``keyword`` is a whole-component dotted prefix of ``key`` (``backbone`` matches ``backbone.x``, not ``backbone2.x``)."""
-    keyword = keyword.rstrip(".")
-    return bool(keyword) and (key == keyword or key.startswith(keyword + "."))
+def pimm_rules(rules) -> list:
+    """pimm's ``(keyword, replacement)`` pairs as rules of pimm_fn's one key-rewrite engine (``remap_state_dict``).
 
+    Each keyword matches whole dotted components and may match nothing; of
+    two rules for one keyword the one pimm tries first wins (the longer as
+    written, then the earlier); a keyword that is empty once ``module.`` and
+    a trailing dot are dropped matches nothing, as in pimm.
 
-def _rewrite(key: str, keyword: str, replacement: str) -> str:
-    keyword, replacement = keyword.rstrip("."), replacement.rstrip(".")
-    rest = key[len(keyword):]
-    return (replacement + rest) if replacement else rest.lstrip(".")
+    >>> pimm_rules([("", ""), ("backbone", "encoder"), ("module.backbone.", "trunk.")])
+    [KeyRule(old='module.backbone.', new='trunk.', whole=True, required=False)]
+    """
+    ordered = sorted(rules or (), key=lambda rule: len(_strip(rule[0])), reverse=True)  # stable: pimm's order
+    chosen: dict = {}
+    for keyword, replacement in ordered:
+        bare = _strip(keyword).rstrip(".")
+        if bare and bare not in chosen:
+            chosen[bare] = checkpoint.KeyRule(keyword, replacement, whole=True, required=False)
+    return list(chosen.values())
 
 
 def remap_pimm_weights(weights: Mapping, rules, model_state: Mapping, *, strict: bool = False):
     """pimm's key rewrite (``PIMM.md`` 3.7), on whole dotted components, and its shape and zero-match checks.
 
+    The rewrite is ``pimm_fn.checkpoint.remap_state_dict`` fed ``pimm_rules(rules)``.
     Returns ``(remapped, skipped)``: the dict to load and the keys left at
     their initial values for another shape (non-strict only).
 
     Raises:
         RuntimeError: no key of the model would load (pimm's message).
+        ValueError: two keys of the file map to one name (pimm would load one of them silently).
 
     >>> import torch
     >>> model = {"encoder.w": torch.zeros(2), "encoder2.w": torch.zeros(2), "head.b": torch.zeros(1)}
@@ -289,16 +294,7 @@ def remap_pimm_weights(weights: Mapping, rules, model_state: Mapping, *, strict:
     >>> sorted(out), skipped
     (['encoder.w'], ('head.b',))
     """
-    ordered = sorted(((_strip(k), _strip(v)) for k, v in (rules or [("", "")])), key=lambda r: len(r[0]), reverse=True)
-    wrapped = bool(model_state) and all(k.startswith("module.") for k in model_state)
-    out = {}
-    for key, value in weights.items():
-        name = _strip(key)
-        for keyword, replacement in ordered:
-            if _matches(name, keyword):
-                name = _rewrite(name, keyword, replacement)
-                break
-        out[("module." + name) if wrapped else name] = value
+    out, _ = checkpoint.remap_state_dict(weights, pimm_rules(rules), model_state)
     skipped = ()
     if not strict:
         skipped = tuple(k for k, v in out.items() if k in model_state and hasattr(v, "shape")

@@ -37,7 +37,7 @@ import attrs
 from pimm_fn.compat.effects import LoadPimmWeights
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register
-from pimm_fn.core.effects import Log, SaveCheckpoint, WriteBest
+from pimm_fn.core.effects import LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, one_of, optional
@@ -251,7 +251,7 @@ def _rules(instance, attribute, value):
 class _CheckpointLoader:
     factory_name: ClassVar[str] = "checkpoint_loader"
     events: ClassVar[tuple] = (ev.BeforeTrain,)
-    emits: ClassVar[tuple] = (LoadPimmWeights,)
+    emits: ClassVar[tuple] = (LoadWeights,)
     rank_consistent: ClassVar[bool] = True  # emits nothing collective
     weight: str | None = attrs.field(validator=optional(non_empty_str))
     rules: tuple = attrs.field(default=(), validator=_rules)
@@ -296,7 +296,8 @@ def checkpoint_loader(weight: str | None = None, *, keywords: str = "", replacem
     keys is an error.
 
     Emits:
-        ``LoadPimmWeights(weight, rules, strict)`` at ``BeforeTrain`` of a fresh run.
+        ``LoadPimmWeights(weight, rules, strict)`` (a ``LoadWeights`` in pimm's dialect) at ``BeforeTrain``
+        of a fresh run.
 
     Raises:
         TypeError: ``replacements`` is not a dict (pimm's message).

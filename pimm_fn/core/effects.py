@@ -140,12 +140,19 @@ class Log(Effect):
 
 @attrs.frozen
 class LoadWeights(Effect):
-    """Warm-start the model from a weights file before training."""
+    """Warm-start the model from a weights file before training: the one warm-start request.
+
+    ``dialect`` says how ``path`` is found and ``replacements`` are read:
+    ``"pimm_fn"`` (``load_weights``: ``(old_prefix, new_prefix)`` pairs), or
+    a plug-in's, carried out by the handlers the plug-in provides (``"pimm"``:
+    pimm's ``CheckpointLoader`` keywords, ``pimm_fn.compat.HANDLERS``).
+    """
 
     scope: ClassVar[Scope] = Scope.LOCAL
     path: str
     replacements: tuple = ()
     strict: bool = False
+    dialect: str = "pimm_fn"
 
 
 @attrs.frozen

@@ -36,6 +36,11 @@ and the agreement guard need to know about it. Every one is optional:
                     rebuilds the composite around new children.
 ==================  =========================================================
 
+An object that is not itself a hook (not callable) may stand in a hook list
+when it declares ``as_hook()``, the hook to run in its place: a plug-in's
+objects carry their own adapter (``pimm_fn.compat.HookBase`` declares one),
+so the core keeps no list of adapters.
+
 Identity (``key``): the ``hook_key`` it declares; else, for a function, its
 module-qualified name; else its ``repr`` when that reads like a call
 (``save_every(1000)``, an attrs class); else its class's qualified name.
@@ -66,7 +71,6 @@ __all__ = [
     "saves_in_background",
     "emits_any",
     "check_hooks",
-    "register_adapter",
     "hook_factory",
     "DuplicateHookError",
 ]
@@ -327,6 +331,8 @@ def emits_any(hooks, effect_type) -> bool:
 def check_hooks(hooks, where: str = "hooks") -> tuple:
     """``hooks`` as a tuple, refused with advice when it is not a list of hooks.
 
+    An object declaring ``as_hook()`` (not callable itself) is replaced by the hook it declares.
+
     Raises:
         TypeError: not a list or tuple, an uncalled factory, or a non-callable.
         DuplicateHookError: two hooks with the same identity.
@@ -336,7 +342,7 @@ def check_hooks(hooks, where: str = "hooks") -> tuple:
         raise TypeError(
             f"'{where}' must be a list or tuple of hooks, run in that order (got {type(hooks).__name__}{single})"
         )
-    hooks = tuple(_ADAPTERS[0](h) if _ADAPTERS and not callable(h) else h for h in hooks)  # a pimm HookBase object
+    hooks = tuple(_as_hook(h) for h in hooks)
     for position, hook in enumerate(hooks):
         if getattr(hook, "hook_factory", False) is True:
             name = getattr(hook, "__name__", repr(hook))
@@ -351,17 +357,10 @@ def check_hooks(hooks, where: str = "hooks") -> tuple:
     return tuple(hooks)
 
 
-# -- class-based hooks (pimm's HookBase objects): pimm_fn.compat registers ``adapt`` here -------------------
-_ADAPTERS: list = []  # at most one: fn(obj) -> a hook, or obj unchanged when it is not one it adapts
-
-
-def register_adapter(fn) -> None:
-    """Have ``check_hooks`` pass every non-callable item through ``fn`` (``pimm_fn.compat.adapt``'s registration).
-
-    ``fn(obj)`` returns a hook for an object it adapts, or ``obj`` unchanged
-    (then refused as usual). A second registration replaces the first.
-    """
-    _ADAPTERS[:] = [fn]
+def _as_hook(item):
+    """``item``, or the hook it declares it stands for (``as_hook()``) when it is not callable itself."""
+    convert = getattr(item, "as_hook", None)
+    return convert() if not callable(item) and callable(convert) else item
 
 
 def _refuse_duplicates(hooks, where) -> None:
