@@ -107,12 +107,10 @@ def saver_before_evaluator(hooks, *, iters_per_epoch: int, max_epochs: int) -> l
 class Advice:
     """Watches evaluations for the run-time mistakes above; warns once for each."""
 
-    def __init__(self, hooks, *, world_size: int):
-        self.readers_of: dict[str, list] = {}  # metric -> the hooks that read it, in order
-        for d in map(protocol.declared, protocol.leaves(hooks)):
-            for metric in d.reads_metrics:
-                self.readers_of.setdefault(metric, []).append(d.key)
-        self.evaluators = set(protocol.evaluators(hooks))
+    def __init__(self, implied, *, world_size: int):
+        """``implied``: what the run's hooks imply (``pimm_fn.runtime.implied.Implied``)."""
+        self.readers_of = implied.readers_of  # metric -> the hooks that read it, in order
+        self.evaluators = set(implied.evaluators)
         self.world_size = world_size
         self.published: dict[str, set] = {}  # evaluator -> the metric names it published
         self.said: set = set()

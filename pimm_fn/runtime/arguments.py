@@ -23,7 +23,7 @@ __all__ = [
     "replaced_best",
     "check_resume", "check_max_epochs", "check_budget", "check_save_dir", "check_on_nonfinite",
     "check_resume_hyperparameters",
-    "best_metrics", "check_sharding",
+    "check_sharding",
 ]
 
 _BOOL = v.is_bool.with_hint("pass True or False")
@@ -248,15 +248,6 @@ def check_resume_hyperparameters(value) -> None:
             f"loop: 'resume_hyperparameters' must be 'checkpoint' (the checkpoint's optimizer hyper-parameters "
             f"win) or 'new' (this run's optimizer's win) (got {value!r:.80})"
         )
-
-
-def best_metrics(hooks) -> tuple:
-    """The metrics whose best weights the hooks write, in hook order (``best_on``'s metrics)."""
-    found = []
-    for declared in map(protocol.declared, protocol.leaves(hooks)):
-        if declared.may_emit(WriteBest):
-            found.extend(m for m in declared.reads_metrics if m not in found)
-    return tuple(found)
 
 
 def check_sharding(shards: bool, *, ddp: bool, checkpoint_format: str, weights_file) -> None:

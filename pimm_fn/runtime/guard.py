@@ -61,9 +61,9 @@ import torch
 import torch.distributed as td
 
 from pimm_fn.core import events as ev
-from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Scope
-from pimm_fn.runtime.setup import describe_setup, setup_of, stable
+from pimm_fn.runtime.implied import Implied
+from pimm_fn.runtime.setup import Setup, describe_setup, schedule_of
 
 __all__ = [
     "CollectiveDivergenceError",
@@ -107,21 +107,17 @@ class _Comparison:
         return agreed, -neg_not_waiting == 1
 
 
-def _step_cadences(declared, watched) -> tuple:
-    """The distinct ``AfterStep`` cadences of the watched hooks, smallest first."""
-    return tuple(sorted({declared[i].every for i in watched if declared[i].wants(ev.AfterStep)}))
-
-
 class AgreementGuard:
     """Compares the setup, then the watched hooks' collective effects, across the default process group."""
 
-    def __init__(self, hooks):
-        self.hooks = hooks
+    def __init__(self, implied):
+        """``implied``: what the run's hooks imply (``pimm_fn.runtime.implied``), or their ``Chain``, read into one."""
+        self.implied = implied if isinstance(implied, Implied) else Implied.of(implied, guarded=True)
+        self.hooks = self.implied.hooks
         backend = td.get_backend()
         self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        declared = [protocol.declared(h) for h in hooks.hooks]
-        self.watched = frozenset(i for i, d in enumerate(declared) if not d.rank_consistent)
-        self._cadences = _step_cadences(declared, self.watched)
+        self.watched = self.implied.watched
+        self._cadences = self.implied.watched_cadences
         self.comparisons = 0  # per-event comparisons started (the setup's is not counted)
         self._started = False
         self._guarded: dict = {}  # event type other than AfterStep -> whether a watched hook listens to it
@@ -138,9 +134,7 @@ class AgreementGuard:
         The events a run starts with (where the setup is compared, at the
         same point on every rank), and those a watched hook may be called for.
         """
-        if event_type is ev.ModifyConfig or event_type is ev.BeforeTrain:
-            return True
-        return any(i in self.watched for i in self.hooks.active(event_type))
+        return self.implied.compared(event_type)
 
     def guards(self, event) -> bool:
         """Whether a watched hook is called for ``event``: the same answer on every rank once setups agree."""
@@ -193,7 +187,7 @@ class AgreementGuard:
         ranks with different hook lists meet in this all-reduce.
         """
         self._started = True
-        setup = setup_of(self.hooks.hooks, state)
+        setup = Setup(self.implied.setups, schedule_of(state))  # the hooks' part derived once, with the rest
         digest = _digest(setup)
         buffer = torch.tensor([digest, -digest], dtype=torch.int64).to(self.device)
         td.all_reduce(buffer, op=td.ReduceOp.MAX)
@@ -218,7 +212,8 @@ class AgreementGuard:
             self._raise(pending)
 
     def _raise(self, comparison: _Comparison):
-        mine = [(i, stable(protocol.key(self.hooks.hooks[i])), repr(e)) for i, e in comparison.collective]
+        setups = self.implied.setups
+        mine = [(i, setups[i].key, repr(e)) for i, e in comparison.collective]  # identities without addresses
         everyone = [None] * td.get_world_size()
         td.all_gather_object(everyone, mine)
         raise CollectiveDivergenceError(describe(comparison.event, comparison.step, everyone))

@@ -12,7 +12,7 @@ import attrs
 
 from pimm_fn.core import hook as protocol
 
-__all__ = ["HookSetup", "Setup", "setup_of", "describe_setup", "stable"]
+__all__ = ["HookSetup", "Setup", "setup_of", "hook_setups", "schedule_of", "describe_setup", "stable"]
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
@@ -78,13 +78,22 @@ def setup_of(hooks, state) -> Setup:
     >>> setup.hooks[0].key, setup.schedule[:2]
     ('save_every(2)', (('iters_per_epoch', 6), ('max_epochs', 3)))
     """
+    return Setup(hook_setups(hooks), schedule_of(state))
+
+
+def hook_setups(hooks) -> tuple:
+    """Each of ``hooks`` (top-level, in order) as the guard compares it: derived once (``Implied.setups``)."""
+    return tuple(_hook_setup(h) for h in hooks)
+
+
+def schedule_of(state) -> tuple:
+    """The schedule every rank must share, as ``(name, value)`` pairs, from the run's ``state``."""
     p = state.progress
-    schedule = (
+    return (
         ("iters_per_epoch", p.iters_per_epoch), ("max_epochs", p.max_epochs), ("epoch", p.epoch),
         ("iter_in_epoch", p.iter_in_epoch), ("global_step", p.global_step), ("position", state.position),
         ("max_steps", p.step_limit),
     )
-    return Setup(tuple(_hook_setup(h) for h in hooks), schedule)
 
 
 def _ranks(ranks: list) -> str:

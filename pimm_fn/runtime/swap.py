@@ -1,10 +1,11 @@
 """Swapping one hook of a live run for another: fix a hook (or an evaluator) and continue.
 
 A run's hooks are fixed when ``loop()`` builds it: the hook list is bound to
-the model, the evaluators are collected, the checkpoint handler keys slots by
-the hooks' identities, and the driver caches which events some hook wants.
+the model, and what it implies (the evaluators, the identities the checkpoint
+handler keys slots by, which events the driver processes: one frozen
+``Implied``, ``pimm_fn.runtime.implied``) is derived from it once.
 ``Loop.replace`` (built on ``replace`` here) changes one hook, at any depth
-of nested chains, and rebuilds every one of those from the new hook list, so
+of nested chains, and derives that value again from the new hook list, so
 the run goes on as if it had been built with it, from the current step.
 
 Exactness is kept: the new hook takes over the old one's slot, so it is
@@ -23,7 +24,7 @@ new hook list there and resume from the last checkpoint.
 
 import warnings
 
-from pimm_fn.checkpoint import dist
+from pimm_fn import dist
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import slots as keyed_slots
 from attrs import evolve
@@ -32,11 +33,11 @@ from pimm_fn.runtime.advice import Advice, ConfigurationWarning, saver_before_ev
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.control import check_scheduler_hooks
 from pimm_fn.runtime.handlers import prewarm_staging
+from pimm_fn.runtime.implied import Implied
 
 __all__ = ["replace", "replace_evaluator", "locate", "carried_slot"]
 
 _PATH = " / "  # joins the identities of a hook inside chains, outermost first (as checkpoints do)
-_CACHED = ("hooks", "_processed", "_run_step", "_scheduler_in_step")  # what Loop.__init__ derives from the hooks
 
 
 # -- finding a hook -------------------------------------------------------------------------------
@@ -231,11 +232,11 @@ def replace(run, old, new, *, fresh: bool = False) -> None:
     slot = carried_slot(current, bound, _slot_at(run.state.slots, top, path), fresh=fresh)
     hooks = run.hooks.with_children(_with_hook(top, path, bound))
     ctx = run.ctx
-    evaluators = protocol.evaluators(hooks.hooks)
+    implied = Implied.of(hooks, guarded=ctx.implied.guarded)  # everything the new list implies, as loop() derives it
     arguments.check_save_dir(hooks.hooks, ctx.save_dir)
     check_scheduler_hooks(hooks.hooks, ctx.scheduler)
     state = evolve(run.state, slots=_with_slot(run.state.slots, top, path, slot))
-    _commit(run, hooks, state, evaluators)
+    _commit(run, implied, state)
 
 
 def _level(hooks: tuple, path: tuple) -> tuple:
@@ -244,25 +245,19 @@ def _level(hooks: tuple, path: tuple) -> tuple:
     return hooks
 
 
-def _commit(run, hooks, state, evaluators) -> None:
-    """Rebuild everything derived from the hooks, as ``loop()`` and ``Loop.__init__`` build it."""
+def _commit(run, implied, state) -> None:
+    """Run on with the hooks of ``implied``, as ``loop()`` builds a run: advice, state, the loop's reading of them."""
     ctx, old = run.ctx, run.hooks.hooks
-    ctx.hooks = hooks.hooks  # the next checkpoint keys the new hook's slot by its identity
-    ctx.evaluators = evaluators
-    ctx.best_per_metric = len(arguments.best_metrics(hooks.hooks)) > 1
     said = ctx.advice.said if ctx.advice is not None else set()
-    ctx.advice = Advice(hooks.hooks, world_size=ctx.world_size)
+    ctx.advice = Advice(implied, world_size=ctx.world_size)
     ctx.advice.said = said  # a warning already given is not given again
     run.state = state
-    # Loop.__init__ derives its caches from the hooks: a Loop built on the same parts gives them.
-    fresh = type(run)(ctx, hooks, state, run._step_fn, run._interpreter)
-    for name in _CACHED:
-        setattr(run, name, getattr(fresh, name))
-    run._peeked = (None, None)
-    prewarm_staging(ctx, hooks.hooks)  # a no-op unless the new hook is the first to save in the background
+    run._use(implied)  # the next checkpoint keys the new hook's slot by its identity; the evaluators are its
+    prewarm_staging(ctx)  # a no-op unless the new hook is the first to save in the background
     p = state.progress
     before = set(saver_before_evaluator(old, iters_per_epoch=p.iters_per_epoch, max_epochs=p.max_epochs))
-    for message in saver_before_evaluator(hooks.hooks, iters_per_epoch=p.iters_per_epoch, max_epochs=p.max_epochs):
+    hooks = implied.hooks.hooks
+    for message in saver_before_evaluator(hooks, iters_per_epoch=p.iters_per_epoch, max_epochs=p.max_epochs):
         if message not in before:
             warnings.warn(message, ConfigurationWarning, stacklevel=4)
 
