@@ -1,10 +1,20 @@
-"""What the effect handlers act on: the model, its optimizer, the data, the files."""
+"""What the effect handlers act on: the model, its optimizer, the data, the files.
+
+What the hooks imply (evaluators, best files, the hook identities slots are
+kept by) is not kept here field by field: it is one frozen ``Implied``
+(``pimm_fn.runtime.implied``), derived by ``loop()`` and again by
+``Loop.replace``; ``hooks``, ``evaluators`` and ``best_per_metric`` read it.
+"""
 
 from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
+
+from pimm_fn.checkpoint.background import BackgroundSaver
+from pimm_fn.runtime.advice import Advice
+from pimm_fn.runtime.implied import Implied
 
 __all__ = ["Context", "unwrap"]
 
@@ -31,7 +41,6 @@ class Context:
     save_dir: Path | None
     scheduler: Any = None
     scaler: Any = None
-    evaluators: dict = attrs.Factory(dict)
     checkpoint_format: str = "standard"
     keep_snapshots: int | None = None
     digests: bool = False  # record each checkpoint file's SHA-256 in its marker (loop(digests=))
@@ -39,14 +48,10 @@ class Context:
     rank: int = 0
     world_size: int = 1
     console: bool = True
-    hooks: tuple | None = None  # the run's top-level hooks: a checkpoint keeps their slots by identity
-    best_per_metric: bool = False  # several metrics' best weights are kept: one model_best_<metric> file each
-    advice: Any = None  # the run's Advice, told of every evaluation
+    implied: Implied | None = None  # what the run's hooks imply; None: a context built by hand, without hooks
+    advice: Advice | None = None  # the run's Advice, told of every evaluation
     nonfinite: Any = None  # the step's NonFinite policy for a NaN/inf loss (loop(on_nonfinite=)); None: no check
-    pending_save: Any = None  # the background save in flight (an AsyncSave), if any
-    save_gate: Any = None  # the optimizer pre-step hook that waits for its staging
-    prewarm_hook: Any = None  # the optimizer post-step hook that readies the staging memory of background saves
-    prewarm: Any = None  # the staging prewarm it started (a checkpoint Prewarm), once it fired
+    saver: BackgroundSaver = attrs.Factory(BackgroundSaver)  # background saves: in flight, prewarm, optimizer hooks
     sharded: bool = False  # the model keeps DTensor parameters (FSDP2): its state goes through DCP's state_dict API
     weights_file: bool = True  # a sharded model's checkpoints gather its full weights into model.pth
     everywhere: tuple = ()  # main-rank effect types every rank executes (a sharded model's WriteBest gathers)
@@ -56,15 +61,48 @@ class Context:
     bar: Any = None  # the run's ProgressBar on the main rank when one is shown (pimm_fn.runtime.progress_bar)
     lock: Any = None  # the save_dir lock (pimm_fn.runtime.lock): released when training ends
 
+    @property
+    def hooks(self) -> tuple | None:
+        """The run's top-level hooks: a checkpoint keeps their slots by identity (``None``: by position)."""
+        return self.implied.hooks.hooks if self.implied is not None else None
+
+    @property
+    def evaluators(self):
+        """``{name: fn}`` of the evaluators the hooks provide."""
+        return self.implied.evaluators if self.implied is not None else {}
+
+    @property
+    def best_per_metric(self) -> bool:
+        """Several metrics' best weights are kept: one ``model_best_<metric>`` file each."""
+        return self.implied is not None and self.implied.best_per_metric
+
     def named_optimizers(self) -> dict:
         """``{name: optimizer}``: the ``optimizers=`` of the run, or ``{None: optimizer}`` for its one optimizer."""
         return self.optimizers if self.optimizers is not None else {None: self.optimizer}
 
     def wait_for_save(self) -> None:
         """Block until the background save in flight (if any) is published."""
-        pending, self.pending_save = self.pending_save, None
-        if pending is not None:
-            pending.wait()
+        self.saver.wait()
+
+    @property
+    def pending_save(self):
+        """The background save in flight (an ``AsyncSave``), if any."""
+        return self.saver.pending
+
+    @property
+    def prewarm(self):
+        """The staging prewarm of background saves, once started (``False``: the state could not be packed)."""
+        return self.saver.prewarm
+
+    @property
+    def prewarm_hook(self):
+        """The optimizer post-step hooks that start the prewarm, until the first background save removes them."""
+        return self.saver.arming
+
+    @property
+    def save_gate(self):
+        """The optimizer pre-step hooks that wait for a background save's copy."""
+        return self.saver.gate
 
     @property
     def model_dir(self) -> Path:
@@ -85,12 +123,13 @@ class Context:
                 print(f"[pimm_fn] {message}", flush=True)
 
     def close(self) -> None:
-        """Close the run's writers (loggers, progress bar): at the end of training and on an error.
+        """Close the run's writers (loggers, progress bar) and its background saver: at the end of training and on an error.
 
-        Each opens again on its next record, appending: a notebook's run
+        Each opens again when next used, appending: a notebook's run
         continued after an exception writes on where it stopped.
         """
         if self.bar is not None:
             self.bar.close()
         if self.logs is not None:
             self.logs.close()
+        self.saver.close()  # last: finishing a save's copy may raise that save's error

@@ -33,7 +33,8 @@ _HERE = pathlib.Path(__file__).parent
 OWN_FILES = frozenset(
     str(path)
     for path in [*(_HERE.parent / "core").glob("*.py"), *(_HERE / name for name in (
-        "run.py", "transaction.py", "feed.py", "rng.py", "peers.py", "interpreter.py", "ctrl_c.py",
+        "run.py", "walker.py", "transaction.py", "driver.py", "optimizer_watch.py", "quiet.py", "feed.py", "rng.py",
+        "peers.py", "interpreter.py", "ctrl_c.py",
     ))]
 )
 

@@ -24,7 +24,7 @@ dataset length. When one of them changed, the loader's own state (which
 describes the old ones) is not loaded: one ``ResumeNotExactWarning`` line
 names the change and the epoch is replayed from its start to the same batch
 (the same samples in the same order when only ``num_workers`` changed; see
-``pimm_fn.runtime.resume`` for another batch size).
+``pimm_fn.runtime.positioning`` for another batch size).
 
 A fetch that raises (an exception, a KeyboardInterrupt) loses no batch: the
 feed rebuilds its iterator at the cursor from before the fetch, the same

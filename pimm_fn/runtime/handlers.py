@@ -8,7 +8,8 @@ import numbers
 from collections.abc import Mapping
 
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import dist, sharded
+from pimm_fn import dist
+from pimm_fn.checkpoint import sharded
 from pimm_fn.checkpoint.contents import PerRank, Replicated, TrainerContents, saved_state, to_parts
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
@@ -20,6 +21,7 @@ from pimm_fn.runtime.ema import EMA_HANDLERS, EmaWeights
 from pimm_fn.runtime.loggers import run_loggers
 from pimm_fn.runtime.logs import Logs
 from pimm_fn.runtime.evaluation import evaluating
+from pimm_fn.runtime.interpreter import MissingHandlerError
 from pimm_fn.runtime.rng import capture_rng
 
 __all__ = [
@@ -116,16 +118,17 @@ class _Handles:
 
 def _gate(ctx) -> None:
     """Make each optimizer's ``step()`` wait until a background save has staged its copy."""
-    if ctx.save_gate is None:
+    saver = ctx.saver
+    if saver.gate is None:
         def wait_for_staging(optimizer, args, kwargs):
-            pending = ctx.pending_save
+            pending = saver.pending
             if pending is not None and not pending.staged:
                 pending.wait_staged()
 
-        ctx.save_gate = _Handles(o.register_step_pre_hook(wait_for_staging) for o in ctx.named_optimizers().values())
+        saver.gate = _Handles(o.register_step_pre_hook(wait_for_staging) for o in ctx.named_optimizers().values())
 
 
-def prewarm_staging(ctx, hooks, *, pause_s: float = 0.0) -> None:
+def prewarm_staging(ctx, hooks=None, *, pause_s: float = 0.0) -> None:
     """Ready the staging memory of background saves after the first optimizer step, when some hook saves so.
 
     A hook declares that it emits background saves with a true ``async_save``
@@ -135,38 +138,40 @@ def prewarm_staging(ctx, hooks, *, pause_s: float = 0.0) -> None:
     a background thread allocates and writes the staging tensors, so that the
     first background save copies into ready memory instead of faulting fresh
     pages in beside the next forward and backward. Training never waits for
-    it; a save arriving first takes over (``pimm_fn.checkpoint.prewarm_async_save``).
+    it; a save arriving first takes over (``ctx.saver``, a ``pimm_fn.checkpoint.BackgroundSaver``).
     A no-op without such a hook, with the legacy format, a sharded model, or
     an optimizer that takes no step hooks. Calling it again replaces an arming that has
     not fired yet.
 
     Args:
         ctx: the run's :class:`~pimm_fn.runtime.context.Context`.
-        hooks: the run's hooks.
+        hooks: hooks to look at instead of the run's (``ctx.implied``, derived once).
         pause_s: seconds the prewarm sleeps after each chunk (tests).
     """
-    if ctx.checkpoint_format != "standard" or ctx.sharded or not protocol.saves_in_background(hooks):
+    background = ctx.implied.saves_in_background if hooks is None else protocol.saves_in_background(hooks)
+    if ctx.checkpoint_format != "standard" or ctx.sharded or not background:
         return  # a sharded model's shards are copied apart from the staging area: nothing to ready
     optimizers = list(ctx.named_optimizers().values())
     if not all(hasattr(o, "register_step_post_hook") for o in optimizers) or ctx.prewarm is not None:
         return
-    if ctx.prewarm_hook is not None:
-        ctx.prewarm_hook.remove()
+    saver = ctx.saver.open()
+    if saver.arming is not None:
+        saver.arming.remove()
     stepped = set()  # the optimizers that stepped: their state exists once all did
 
     def after_first_step(optimizer, args, kwargs):
         # Not removed here, while the optimizer iterates its hooks: it idles until the next save removes it.
         stepped.add(id(optimizer))
-        if ctx.prewarm is None and len(stepped) == len(optimizers):
-            ctx.prewarm = _start_prewarm(ctx, pause_s) or False
+        if saver.prewarm is None and len(stepped) == len(optimizers):
+            saver.prewarm = _start_prewarm(ctx, pause_s) or False
 
-    ctx.prewarm_hook = _Handles(o.register_step_post_hook(after_first_step) for o in optimizers)
+    saver.arming = _Handles(o.register_step_post_hook(after_first_step) for o in optimizers)
 
 
 def _start_prewarm(ctx, pause_s: float):
     """The prewarm of what a background save of ``ctx`` stages (RNG states and cursor, a few KB, are left to the save)."""
     try:
-        return checkpoint.prewarm_async_save(
+        return ctx.saver.warm(
             weights=unwrap(ctx.model).state_dict(),
             trainer=to_parts(TrainerContents(_replicated(ctx, None, background=True), None))[0],
             local={}, pause_s=pause_s
@@ -176,16 +181,17 @@ def _start_prewarm(ctx, pause_s: float):
 
 
 def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
-    ctx.wait_for_save()  # never two saves in flight
-    if ctx.prewarm is not None and ctx.prewarm_hook is not None:  # it fired: off the optimizer, now that it is idle
-        ctx.prewarm_hook.remove()
-        ctx.prewarm_hook = None
+    saver = ctx.saver
+    saver.wait()  # never two saves in flight
+    if saver.prewarm is not None and saver.arming is not None:  # it fired: off the optimizer, now that it is idle
+        saver.arming.remove()
+        saver.arming = None
     background = effect.async_save and ctx.checkpoint_format == "standard"
     contents = trainer_contents(ctx, state, background=background)
     replicated, local = to_parts(contents)
     if background:
         _gate(ctx)
-        ctx.pending_save = checkpoint.save_checkpoint_async(
+        saver.save(
             ctx.model_dir,
             step=effect.step,
             weights=_weights(ctx) if ctx.sharded else _weights_for_background(ctx),
@@ -328,6 +334,13 @@ def log(effect: Log, state, ctx) -> tuple:
 
 
 def load_weights(effect: LoadWeights, state, ctx) -> tuple:
+    """Warm start in pimm_fn's dialect; another dialect's request goes to the handler its plug-in provides."""
+    if effect.dialect != "pimm_fn":
+        raise MissingHandlerError(
+            f"no handler for {effect!r}: a warm start in the {effect.dialect!r} dialect is carried out by the "
+            f"handlers of the plug-in that asks for it; pass them to the loop (for 'pimm': "
+            f"loop(handlers=pimm_fn.compat.HANDLERS))"
+        )
     module = unwrap(ctx.model)
     source = checkpoint.load_weights_file(effect.path)
     targets = module.state_dict().keys()

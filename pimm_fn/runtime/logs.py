@@ -11,6 +11,7 @@ training outputs a record holds, rank 0's or (``log_reduce="mean"``) their
 mean over the ranks, one all-reduce per training record.
 """
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -20,9 +21,22 @@ from pimm_fn.core.effects import Log
 from pimm_fn.runtime.history import POSITION, History
 from pimm_fn.runtime.loggers import LOG_NAME, Opening
 
-__all__ = ["Logs", "mean_over_ranks"]
+__all__ = ["Logs", "clock", "mean_over_ranks"]
 
 _TRAINING = ("train", "epoch")  # the kinds holding training outputs: what log_reduce averages over ranks
+
+
+@contextlib.contextmanager
+def clock(logs: "Logs | None"):
+    """The logs' clock runs inside ``run()`` and ``step()`` only: their pace counts training time."""
+    if logs is None:
+        yield
+        return
+    logs.go()
+    try:
+        yield
+    finally:
+        logs.hold()
 
 
 class Logs:

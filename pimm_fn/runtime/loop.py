@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-from pimm_fn.checkpoint import dist, sharded
+from pimm_fn import dist
+from pimm_fn.checkpoint import foreign, sharded
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Log, WriteBest
@@ -30,12 +31,14 @@ from pimm_fn.runtime.device import use_local_cuda_device
 from pimm_fn.runtime.feed import Feed
 from pimm_fn.runtime.guard import AgreementGuard
 from pimm_fn.runtime.handlers import DEFAULT_HANDLERS, prewarm_staging
+from pimm_fn.runtime.implied import Implied
 from pimm_fn.hooks.progress import bar_cadence, progress_bar as progress_hook
 from pimm_fn.runtime import progress_bar
 from pimm_fn.runtime.interpreter import KEEP_TRACE, Interpreter
 from pimm_fn.runtime.loggers import check_loggers, run_loggers
 from pimm_fn.runtime.logs import Logs
-from pimm_fn.runtime.resume import locate, restore
+from pimm_fn.runtime.locate import locate
+from pimm_fn.runtime.resume import restore
 from pimm_fn.runtime.step import NonFinite, train_step
 from pimm_fn.runtime.train_step import loop_scaler
 from pimm_fn.runtime.run import Loop
@@ -167,7 +170,7 @@ def loop(
             Steps per epoch that changed since the checkpoint (another batch
             size) continue the interrupted epoch by samples consumed where
             that is exact, else restart it; ``global_step`` is kept and a
-            ``ResumeNotExactWarning`` says which (``pimm_fn.runtime.resume``).
+            ``ResumeNotExactWarning`` says which (``pimm_fn.runtime.positioning``).
         resume_hyperparameters: whose optimizer hyper-parameters win on
             resume where this run's optimizer (``lr``, ``weight_decay``,
             ``momentum``, ``betas``...) differs from the checkpoint's:
@@ -188,7 +191,9 @@ def loop(
             loss before the backward (a sync per step), and is refused with
             a custom ``step_fn``, whose loss comes after its step
             (``pimm_fn.runtime.step``).
-        handlers: ``{EffectType: handler}`` overriding or adding handlers.
+        handlers: ``{EffectType: handler}`` overriding or adding handlers. A
+            handler that reads another checkpoint layout (``pimm_fn.checkpoint.foreign``,
+            ``pimm_fn.compat.HANDLERS``) lets ``resume`` continue from it.
         keep_trace: how many executed effects ``run.trace`` keeps, the
             newest (default 10 000, so a long run's memory stays flat);
             ``None`` keeps every one.
@@ -312,32 +317,31 @@ def loop(
     hooks = chain(*protocol.bind(hooks, unwrap(model)), *shown)
     save_dir = Path(save_dir) if save_dir is not None else None
     scaler = loop_scaler(step_fn, scaler, model)  # a TrainStep(precision="fp16")'s own, checkpointed as scaler=
+    guarded = dist.is_initialized() and check_agreement is not False
+    implied = Implied.of(hooks, guarded=guarded)  # what the hooks imply, derived once (pimm_fn.runtime.implied)
+    averaged = log_reduce == "mean" and dist.world_size() > 1  # every rank joins the average of each training record
     ctx = Context(
         model=model, optimizer=optimizer, feed=feed, save_dir=save_dir, scheduler=scheduler, scaler=scaler,
-        evaluators=protocol.evaluators(hooks.hooks), checkpoint_format=checkpoint_format, keep=keep,
-        rank=dist.rank(), world_size=dist.world_size(), console=console,
-        hooks=hooks.hooks,
-        best_per_metric=len(arguments.best_metrics(hooks.hooks)) > 1,
-        advice=Advice(hooks.hooks, world_size=dist.world_size()),
+        checkpoint_format=checkpoint_format, keep=keep, rank=dist.rank(), world_size=dist.world_size(),
+        console=console, implied=implied, advice=Advice(implied, world_size=dist.world_size()),
         nonfinite=NonFinite(on_nonfinite, world_size=dist.world_size()),
-        sharded=shards, weights_file=weights_file, digests=digests, everywhere=(WriteBest,) if shards else (),
+        sharded=shards, weights_file=weights_file, digests=digests,
+        everywhere=((WriteBest,) if shards else ()) + ((Log,) if averaged else ()),
         optimizers=optimizers, extra_state=extra_state,
     )
     ctx.logs = Logs(run_loggers(save_dir, loggers), save_dir=save_dir, say=ctx.say, rank=ctx.rank,
                     world_size=ctx.world_size, reduce=log_reduce)
     ctx.bar = progress_bar.ProgressBar() if shown and ctx.rank == 0 else None
-    if log_reduce == "mean" and ctx.world_size > 1:
-        ctx.everywhere += (Log,)  # every rank joins the average of each training record
-    guarded = dist.is_initialized() and check_agreement is not False
-    interpreter = Interpreter(ctx, {**DEFAULT_HANDLERS, **(handlers or {})}, AgreementGuard(hooks) if guarded else None,
-                              keep_trace=keep_trace)
+    interpreter = Interpreter(ctx, {**DEFAULT_HANDLERS, **(handlers or {})},
+                              AgreementGuard(implied) if guarded else None, keep_trace=keep_trace)
     epochs = max_epochs if max_steps is None else -(-max_steps // feed.iters_per_epoch)
     for message in configuration_messages(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
         warnings.warn(message, ConfigurationWarning, stacklevel=2)
     lock = save_dir_lock.take(save_dir, say=ctx.say)  # before anything is written there; rank 0's, told to all
     with lock.released_on_error():
         # skipped checkpoints said on the console, as any line; a pimm legacy file takes this run's steps per epoch
-        info = locate(resume, save_dir, say=ctx.say, iters_per_epoch=feed.iters_per_epoch)
+        info = locate(resume, save_dir, say=ctx.say, iters_per_epoch=feed.iters_per_epoch,
+                      readers=foreign.readers((handlers or {}).values()))  # a plug-in's, with its handlers
         if info is None:
             arguments.check_budget(max_epochs, max_steps, fresh=True)  # resume='auto' found nothing: a fresh run
             if resume == "auto" and arguments.replaced_best(save_dir):  # said, not refused: an 'auto' restart is legal
@@ -357,8 +361,8 @@ def loop(
         writes = info is None or not state.finished  # a finished run opened to be read (run.history) writes nothing
         ctx.lock = lock.settle(writes=writes)  # the refusal raised when it will write; else released at once
         ctx.logs.start(state.progress, resumed=info is not None, writes=writes)  # logs truncated or set aside; history
-        prewarm_staging(ctx, hooks.hooks)  # when a hook saves in the background: its memory, after the first step
-        run = Loop(ctx, hooks, state, step_fn or train_step, interpreter)
+        prewarm_staging(ctx)  # when a hook saves in the background: its memory, after the first step
+        run = Loop(ctx, state, step_fn or train_step, interpreter)
         ctx.nonfinite.where = lambda: run.state.progress  # a NaN loss is reported at the step being trained
         if info is not None and not run.finished:  # a finished run resumed with its own budget runs no hook at all
             run._dispatch(ev.BeforeTrain(resumed=True))

@@ -8,11 +8,13 @@ the core's resumable ``process`` (``pimm_fn.core.fold.Pending``):
 
 * ``Interruption``, the public value ``Loop.interrupted`` shows and the line
   the loop prints;
-* ``StepWatch``, optimizer step hooks that tell whether an exception came
-  before ``optimizer.step()`` changed anything (the retry is exact), inside
-  it (some parameters may have changed: not exact, and said so), or after;
+* the phases a step can stop in (a train step's exception is placed
+  around ``optimizer.step()`` by ``pimm_fn.runtime.optimizer_watch``);
 * ``failing_hook``, the hook a fold raised in, read from the traceback so
-  the fold itself pays nothing for it.
+  the fold itself pays nothing for it;
+* ``Transaction``, the one protocol every unit of a step's work runs in
+  (``with unit:``), and the records of what an interrupted step left for
+  ``run()`` to finish.
 
 Across ranks (a process group of two or more), see ``pimm_fn.runtime.peers``:
 a step that fails on every rank at the same global step and in the same
@@ -25,23 +27,17 @@ that did not fail with ``PeerFailureError`` naming the rank that did), and
 in a fresh process group, with ``resume="auto"``.
 """
 
-import warnings
-import weakref
-from collections.abc import Mapping
-
 import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.runtime.ctrl_c import CTRL_C
-from pimm_fn.runtime.feed import ResumeNotExactWarning
+from pimm_fn.runtime.peers import across_ranks
 
-__all__ = ["Interruption", "StepWatch", "failing_hook", "effect_phase"]
+__all__ = ["Interruption", "Transaction", "Unit", "failing_hook", "effect_phase", "fold_phase"]
 
 LOADING = "loading the batch"
 TRAINING = "the train step"
-OPTIMIZING = "the optimizer step"
-AFTER_OPTIMIZER = "the train step, after the optimizer step"
 SCHEDULING = "the scheduler step"
 
 
@@ -97,21 +93,9 @@ def failing_hook(error: BaseException):
     return found
 
 
-def step_of(event, state) -> int:
-    """The step an event belongs to, for a message: the one a step's events name, else the last trained."""
-    return event.step if event.__class__ in (ev.BeforeStep, ev.AfterStep) else state.progress.global_step
-
-
-def warn_if_not_exact(step: int, phase: str) -> None:
-    """Warn (``ResumeNotExactWarning``) when a train step raised once ``optimizer.step()`` had begun."""
-    if phase is OPTIMIZING or phase is AFTER_OPTIMIZER:
-        where = "inside optimizer.step()" if phase is OPTIMIZING else "after optimizer.step() in the train step"
-        warnings.warn(
-            f"step {step} was interrupted {where}: some parameters may already be updated, so training it "
-            f"again from its batch (what run() does) will not end bit-identical to an uninterrupted run",
-            ResumeNotExactWarning,
-            stacklevel=4,
-        )
+def step_of(event) -> int | None:
+    """The step an event belongs to, for a message: the one a step's events name, else ``None`` (the last trained)."""
+    return event.step if event.__class__ is ev.AfterStep or event.__class__ is ev.BeforeStep else None
 
 
 def hook_phase(hook) -> str:
@@ -121,82 +105,91 @@ def hook_phase(hook) -> str:
         return f"hook {hook!r:.80}"
 
 
-class StepWatch:
-    """Counts the optimizer's step entries and completions, to place an exception around ``optimizer.step()``.
+def fold_phase(error: BaseException, event) -> str:
+    """Where folding ``event`` raised ``error``: the hook it raised in, else the fold itself."""
+    hook = failing_hook(error)
+    return hook_phase(hook) if hook is not None else f"processing {type(event).__name__}"
 
-    The pre-hook is kept the last of the optimizer's step pre-hooks (a hook
-    registered later is moved before it at the next ``arm``), so that its
-    count means every pre-hook passed and the step's body began. One watch
-    per optimizer: loops rebuilt around it (``Loop.replace``) share it.
+
+class Transaction:
+    """The protocol of every unit of a step's work, and what an interrupted step left.
+
+    A unit (a fetch, the train step, a scheduler step, a fold, an effect)
+    runs as ``with unit:``, ``unit`` made once by ``transaction.unit(phase)``
+    (a ``Unit``): it raises first a Ctrl-C held back until then
+    (``pimm_fn.runtime.ctrl_c``), lets one land inside the block, and holds
+    one back again when the block ends. When the block raises, it records
+    where the step stopped (``interrupted``, agreed across ranks:
+    ``pimm_fn.runtime.peers``), closes the interpreter's handlers (the
+    loggers and bar reopen, appending, when the run goes on), prints the
+    ``Interruption`` line and lets the exception go on (or the
+    ``PeerFailureError`` that replaces it). The step it names is ``step``,
+    which the walker sets before its units run (``None``: the last step
+    trained, ``last_step()``, read only then); ``phase`` is a string, or a
+    function of ``(step, error)`` giving one, called only then (it may
+    record what the unit leaves). Units are made once and reused: entering
+    one costs what a ``try`` and a flag cost.
+
+    The records, all ``None`` while nothing is interrupted, are what
+    ``run()`` finishes first: ``held`` (the batch drawn and not trained, with
+    the torch RNG its forward started from), ``trained`` (``(step, scalars,
+    batch size)``: the optimizer stepped, the scheduler step to do),
+    ``event`` (the event being handed to the hooks, its driver work done: a
+    failed fold folds it again), ``work`` (a ``Pending``: a folded event's
+    effects, not all executed) and ``rng`` (the torch RNG the failed effect
+    started from).
     """
 
-    _watches = weakref.WeakKeyDictionary()
+    __slots__ = ("keys", "step", "interrupted", "held", "trained", "event", "work", "rng", "_ctx", "_interpreter",
+                 "_last_step")
 
-    def __init__(self, optimizer):
-        self.entered = 0
-        self.done = 0
-        self._pre_hooks = optimizer._optimizer_step_pre_hooks
-        self._pre = optimizer.register_step_pre_hook(self._entering)
-        self._post = optimizer.register_step_post_hook(self._stepped)
+    def __init__(self, ctx, interpreter, last_step, keys=CTRL_C):
+        self.keys = keys  # a real Ctrl-C: taken inside a unit, held back in the loop's records
+        self.step = self.interrupted = self.held = self.trained = self.event = self.work = self.rng = None
+        self._ctx, self._interpreter, self._last_step = ctx, interpreter, last_step
 
-    @classmethod
-    def of(cls, optimizer) -> "StepWatch | None":
-        """The watch of ``optimizer``, made on first use; ``None`` for an optimizer without step hooks.
+    def unit(self, phase) -> "Unit":
+        """A unit of this transaction that stops in ``phase`` (a string, or a function of ``(step, error)``)."""
+        return Unit(self, phase)
 
-        For a mapping of named optimizers (``loop(optimizers=)``), one watch over all of them.
-        """
-        if isinstance(optimizer, Mapping):
-            watches = [cls.of(o) for o in optimizer.values()]
-            return None if not watches or None in watches else _Watches(watches)
-        if not hasattr(optimizer, "_optimizer_step_pre_hooks") or not hasattr(optimizer, "register_step_post_hook"):
-            return None
-        try:
-            watch = cls._watches.get(optimizer)
-        except TypeError:  # not weakly referenceable
-            return None
-        if watch is None:
-            watch = cls._watches[optimizer] = cls(optimizer)
-        return watch
+    def stop(self, phase, error: BaseException) -> None:
+        """Record where the step stopped on ``error``, agreed across ranks, and say it (see the class docstring)."""
+        self.keys.open = False
+        phase = phase if phase.__class__ is str else phase(self.step, error)
+        step = self.step if self.step is not None else self._last_step()
+        self.interrupted = Interruption(step, phase)  # first: an interrupt while the ranks agree keeps it
+        self.interrupted, instead = across_ranks(self.interrupted, error)
+        self._interpreter.close(on_error=True)
+        self._ctx.say(str(self.interrupted))
+        if instead is not None:  # a PeerFailureError: this rank's error came from another rank's failure
+            raise instead
 
-    def _entering(self, optimizer, args, kwargs):
-        self.entered += 1
-        # A Ctrl-C waits for the parameters to be all updated and the step recorded; the next
-        # piece of work the loop opens (CtrlC.start) releases it.
-        CTRL_C.holding = True
-
-    def _stepped(self, optimizer, args, kwargs):
-        self.done += 1
-
-    def arm(self) -> int:
-        """Before a step: keep the pre-hook last; returns the completions so far, for ``phase``."""
-        hooks = self._pre_hooks
-        if next(reversed(hooks)) != self._pre.id:
-            hooks.move_to_end(self._pre.id)
-        return self.done
-
-    def phase(self, done_before: int) -> str:
-        """Where, around ``optimizer.step()``, a step armed at ``done_before`` raised."""
-        entered, self.entered = self.entered, self.done
-        if self.done > done_before:
-            return AFTER_OPTIMIZER
-        return OPTIMIZING if entered > self.done else TRAINING
+    def stopped_after(self, step: int) -> None:
+        """A Ctrl-C held back to the end of ``step`` is raised there (nothing in flight): close and say so."""
+        self._interpreter.close(on_error=True)  # as on any stop: the bar ends above the line
+        self._ctx.say(f"interrupted after step {step}; run() continues exactly")
 
 
-class _Watches:
-    """The watches of several optimizers, read as one: a step raised after any of them stepped is not exact."""
+class Unit:
+    """One unit of a step's work in its ``Transaction``: ``with unit:`` (see ``Transaction``)."""
 
-    def __init__(self, watches):
-        self.watches = tuple(watches)
+    __slots__ = ("_tx", "_keys", "_phase")
 
-    def arm(self) -> int:
-        return sum(w.arm() for w in self.watches)
+    def __init__(self, tx: Transaction, phase):
+        self._tx, self._keys, self._phase = tx, tx.keys, phase
 
-    def phase(self, done_before: int) -> str:
-        inside = False
-        for w in self.watches:
-            inside |= w.entered > w.done
-            w.entered = w.done
-        if sum(w.done for w in self.watches) > done_before:
-            return AFTER_OPTIMIZER
-        return OPTIMIZING if inside else TRAINING
+    def __enter__(self) -> None:
+        keys = self._keys  # CtrlC.start, inlined: a quiet step opens two units
+        keys.holding = False  # an optimizer step that raised never released it
+        if keys.pending:  # a Ctrl-C held back until this unit: it stops here
+            keys.pending = False
+            error = KeyboardInterrupt()
+            self._tx.stop(self._phase, error)
+            raise error
+        keys.open = True
 
+    def __exit__(self, kind, error, traceback) -> bool:
+        self._keys.open = False
+        if error is not None:
+            self._tx.stop(self._phase, error)
+        return False

@@ -1,0 +1,262 @@
+"""Walking a run's lifecycle, one training step at a time: the engine inside ``Loop``.
+
+The ``Walker`` takes the events in the pure core's order
+(``pimm_fn.core.schedule.next_event``), has the driver train each step
+(``pimm_fn.runtime.driver``), and hands each event to the hooks with the
+interpreter as executor (``pimm_fn.core.fold.start``). Every unit of that
+work runs in the step's transaction (``pimm_fn.runtime.transaction``), so
+after an exception the next step first finishes what the interrupted one
+left. Steps no hook is called for are trained and counted, not folded
+(``pimm_fn.runtime.quiet``).
+"""
+
+import attrs
+
+from pimm_fn.core import events as ev
+from pimm_fn.core.fold import start
+from pimm_fn.core.schedule import advance, next_event
+from pimm_fn.runtime.driver import Driver
+from pimm_fn.runtime.quiet import QuietSteps
+from pimm_fn.runtime.rng import set_torch_rng, torch_rng
+from pimm_fn.runtime.step import runner, train_step
+from pimm_fn.runtime.transaction import LOADING, Transaction, effect_phase, fold_phase, step_of
+
+__all__ = ["Walker"]
+
+_CLOSING = (ev.AfterEpoch, ev.AfterTrain)  # the events a step() runs after its AfterStep
+_TRAINED = (ev.AfterStep, *_CLOSING)  # an interrupted step whose work ended in one of these has trained
+
+
+class Walker:
+    """The lifecycle of one run, walked a step at a time; ``Loop`` is its public face.
+
+    Args:
+        ctx: the run's parts (``pimm_fn.runtime.context.Context``), ``ctx.implied`` its hooks.
+        state: the ``State`` to walk on from.
+        step_fn: the train step, as ``loop(step_fn=)`` gave it.
+        interpreter: the executor of the hooks' effects.
+
+    Attributes:
+        tx: the step's ``Transaction``: its units, and what an interrupted step left.
+        processed: the event classes the hooks must see (some hook wants them, or the guard compares them).
+    """
+
+    def __init__(self, ctx, state, step_fn, interpreter):
+        self.ctx, self._state, self._step_fn, self._interpreter = ctx, state, step_fn, interpreter
+        self.tx = tx = Transaction(ctx, interpreter, last_step=lambda: self.state.progress.global_step)
+        # The walker's units of work (the driver has its own): made once, entered on every event.
+        self._opening = tx.unit(LOADING)  # an epoch opened, or its loader drained
+        self._folding = tx.unit(lambda step, error: fold_phase(error, tx.event))
+        self._reading = tx.unit(lambda step, error: f"reading the step outputs before {type(tx.event).__name__}")
+        self._reading_waiting = tx.unit("reading the step outputs")
+        self._working = tx.unit(self._stopped_in_work)
+        self._quiet = QuietSteps()  # steps trained and counted, not folded; outputs unread on their device
+        self.use(ctx.implied)
+
+    def use(self, implied) -> None:
+        """Walk on with the hooks of ``implied`` (``pimm_fn.runtime.implied``): at build, and after ``replace``."""
+        self.hooks, self.processed = implied.hooks, dict(implied.processed)
+        self._driver = Driver(
+            self.ctx, self.tx, runner(self._step_fn, implied.processed[ev.AfterStep], self.ctx.nonfinite),
+            scheduler_in_step=not implied.steps_scheduler,  # else the hooks step it
+            default_step=self._step_fn is train_step, trained=self._trained,
+        )
+        self._peeked = (None, None)  # (state, next_event(state)): the step's tail computes the next head
+
+    @property
+    def state(self):
+        """The current ``State``; the quiet steps trained since the last event a hook saw are in it."""
+        if self._quiet.last is not None:
+            self._state = self._quiet.taken(self._state)
+        return self._state
+
+    @state.setter
+    def state(self, state) -> None:
+        if self._quiet.last is not None:
+            raise RuntimeError("Loop.state was replaced while quiet steps were not yet in it: read it first")
+        self._state, self._quiet.until = state, 0  # the next step is walked, and opens the next quiet stretch
+
+    @property
+    def finished(self) -> bool:
+        return self._state.finished and self.tx.interrupted is None  # quiet steps never finish a run
+
+    def run(self, steps: int | None):
+        """Train ``steps`` more steps, or to the end (``Loop.run``); returns the state."""
+        p = self.state.progress
+        done = 0
+        if self.tx.interrupted is not None:
+            if steps == 0:
+                return self.state
+            self.step()
+            done = 1
+        elif self.finished or not p.steps_left:
+            # A checkpoint of the last step may predate AfterTrain (its save was the deferred
+            # epoch-end one): then only the closing events remain, and no step to train.
+            self.ctx.say(f"training already finished at step {p.global_step}: nothing to do")
+            if self.finished:
+                return self.state
+        # ``finished``, read cheaply: a step that returned left nothing interrupted, and quiet steps never finish.
+        while not self._state.finished and (steps is None or done < steps):
+            self.step()
+            done += 1
+        self.read_waiting()  # the state run() returns holds every output (a NaN among them is said here)
+        self.ctx.wait_for_save()  # what run() returns is on disk, as a notebook expects
+        return self.state
+
+    def step(self) -> None:
+        """One step (``Loop.step``), then a Ctrl-C held back until its end raised, where nothing is in flight."""
+        tx = self.tx
+        self._continue() if tx.interrupted is not None else self._step()
+        if tx.keys.pending:  # every unit closed behind it: only a held Ctrl-C makes this a safe point to act at
+            try:
+                tx.keys.safe_point()
+            except KeyboardInterrupt:
+                tx.stopped_after(self.state.progress.global_step)
+                raise
+
+    def read_waiting(self) -> None:
+        """Read the outputs waiting on their device (``pimm_fn.runtime.quiet``), if any."""
+        if self._quiet.unread:
+            self._read()
+
+    def _step(self) -> None:
+        quiet = self._quiet
+        step = self._state.progress.global_step + 1 if quiet.last is None else quiet.last + 1
+        if step <= quiet.until:  # a quiet step: nothing but its training
+            return self._driver.train(step)
+        while True:
+            event = self._advance()
+            if event is None or event.__class__ is ev.AfterStep:
+                break
+        while self._next_event().__class__ in _CLOSING:
+            self._advance()
+        if quiet.last is None and not self.processed[ev.BeforeStep] and self._next_event().__class__ is ev.BeforeStep:
+            quiet.open(self.hooks, self._state.progress)  # up to the next step a hook is called for
+
+    def _next_event(self) -> ev.Event | None:
+        """``next_event(self.state)``, computed once per state."""
+        state, event = self._peeked
+        if state is not self.state:
+            event = next_event(self.state)
+            self._peeked = (self.state, event)
+        return event
+
+    def _advance(self) -> ev.Event | None:
+        """Run the next lifecycle event; returns it, or None when training is over."""
+        event = self._next_event()
+        cls = event.__class__  # next_event builds exact lifecycle classes
+        if cls is ev.AfterStep:
+            self._driver.train(event.step)  # handed back to _trained: a quiet step's AfterStep is only counted
+            return event
+        if cls is ev.BeforeEpoch or cls is ev.AfterEpoch:
+            feed, self.tx.step = self.ctx.feed, None
+            with self._opening:
+                # A retry opens the epoch from the same RNG; a stateful loader is drained at its end, a fetch.
+                feed.start_epoch(event.epoch) if cls is ev.BeforeEpoch else feed.end_epoch()
+        elif event is None:
+            return None
+        self.dispatch(event)
+        if cls is ev.AfterTrain:
+            self._close()
+        return event
+
+    def _trained(self, step: int, scalars: dict, size: int) -> None:
+        """Hand the trained ``step`` on: counted when it is quiet, else its ``AfterStep`` folded."""
+        if step <= self._quiet.until:  # no hook is called for it: the state takes it when next read
+            return self._quiet.count(step, size, scalars)
+        if scalars and not (self.processed[ev.AfterStep] and self.hooks.reads(step)):
+            self._quiet.unread.add(step, scalars)  # no hook reads them at this AfterStep: they wait, unread
+            scalars = {}
+        self.dispatch(ev.AfterStep(step, scalars, size))
+
+    def dispatch(self, event) -> None:
+        """Hand ``event`` to the hooks and execute their effects; outputs waiting on the device are read first."""
+        cls, tx = event.__class__, self.tx
+        # Its driver work is done: after a failure it is handed on again. Its step: step_of(event), inlined.
+        tx.step, tx.event = event.step if cls is ev.AfterStep or cls is ev.BeforeStep else None, event
+        if cls is ev.AfterEpoch and self._quiet.unread or cls is ev.AfterStep and event.outputs:
+            event = self._read(event)  # the outputs waiting on the device, and these, read at once
+        if self.processed.get(cls, True):
+            with self._folding:  # the fold is pure: when it raises nothing changed, and the event folds again
+                state, work = start(self.hooks, self.state, event, self._interpreter)
+            tx.event, self.state = None, state
+            if work is not None:
+                self._finish(work)
+        else:  # no hook wants it and no guard compares it: process() would only advance
+            tx.event, self.state = None, advance(self.state, event)
+
+    def _read(self, event=None):
+        """``event`` after reading every unread output in one transfer: the NaN check, then the accumulating hooks.
+
+        The fold then gets the event with float outputs. Nothing is kept until
+        all succeeded: a NaN under ``"raise"`` raises again on a retry.
+        Without an event (the end of ``run()``, a hook swap) it reads what waits.
+        """
+        if event is None:
+            self.tx.step = None
+        with self._reading_waiting if event is None else self._reading:  # an event's: the one dispatch hands on
+            pending, current = self._quiet.read(event, self.ctx.nonfinite)
+        state = self._quiet.accumulated(self.state, self.hooks, pending)
+        if state is not self._state:
+            self.state = state
+        return event if current is None else attrs.evolve(event, outputs=current)
+
+    def _finish(self, work) -> None:
+        """Execute ``work`` (a ``Pending``) to the end, keeping it where an effect or a follow-up's fold raises."""
+        tx = self.tx
+        while work.frames:
+            # Kept for a retry: the work, and the RNG its effect starts from (a retry draws the same numbers).
+            tx.work, tx.rng = work, torch_rng() if work.next_effect is not None else None
+            tx.step = step_of(work.frames[0].event)
+            with self._working:
+                work = work.advance(self.hooks, self._interpreter)
+        tx.work = tx.rng = None
+        self.state = work.state
+
+    def _stopped_in_work(self, step: int, error: BaseException) -> str:
+        """Where the kept work stopped (its effect, or the hook folding a follow-up); the run takes its state."""
+        work = self.tx.work
+        self.state = work.state
+        entry = work.next_effect
+        return effect_phase(entry.effect) if entry is not None else fold_phase(error, work.next_followup)
+
+    def _close(self) -> None:
+        """Training ended: every rank learns of a divergence in the last events, every save and record is
+        written (the loggers and the bar closed), and ``save_dir``'s lock released (``pimm_fn.runtime.lock``)."""
+        self._interpreter.settle()
+        self.ctx.wait_for_save()
+        self._interpreter.close()
+        if self.ctx.lock is not None:
+            self.ctx.lock.release()
+
+    def _continue(self) -> None:
+        """``step()`` after an interruption: finish what the step left, then the rest of it."""
+        if not self.tx.interrupted.continues:
+            raise RuntimeError(f"cannot continue this run: {self.tx.interrupted}")
+        if self._recover():
+            while self._next_event().__class__ in _CLOSING:
+                self._advance()
+        else:
+            self._step()
+        self.tx.interrupted = None
+
+    def _recover(self) -> bool:
+        """Do the work an interrupted step left undone; True when that step had trained."""
+        tx = self.tx
+        if tx.trained is not None:
+            self._driver.schedule(*tx.trained)  # and the step handed on
+            return True
+        event, work = tx.event, tx.work
+        if event is not None:
+            self.dispatch(event)
+        elif work is not None:
+            if tx.rng is not None:
+                set_torch_rng(tx.rng)
+            event = work.frames[0].event
+            # The loop's state is the one to continue from: Loop.replace may have changed a slot.
+            self._finish(attrs.evolve(work, state=self.state))
+        else:
+            return False  # interrupted before its training: the step runs as usual, with any batch it drew
+        if event.__class__ is ev.AfterTrain:
+            self._close()
+        return event.__class__ in _TRAINED
