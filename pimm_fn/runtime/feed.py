@@ -126,6 +126,10 @@ def _steps(data, group: int) -> int:
     return length // group
 
 
+# Data whose iteration is pure (these exact types: a subclass may draw): fetching never draws from torch's RNG.
+_DRAW_NOTHING = (list, tuple, range, torch.Tensor)
+
+
 class Feed:
     """Batches for the loop, epoch by epoch, with a checkpointable cursor.
 
@@ -164,8 +168,10 @@ class Feed:
         # batches it gave since: the cursor a failed fetch goes back to.
         self._source = None
         self._drawn = 0
-        # Only a loader fetching in this process can draw from its RNG (augmentations) while fetching.
-        self._in_process = not getattr(data, "num_workers", 0)
+        # Only a loader fetching in this process can draw from its RNG (augmentations): the RNG a failed fetch
+        # puts back is taken before each fetch, unless the data draws nothing (then it is taken at the failure).
+        self._pure = type(data) in _DRAW_NOTHING
+        self._rng_before_fetch = not getattr(data, "num_workers", 0) and not self._pure
 
     def _rng(self) -> dict:
         return {
@@ -223,7 +229,7 @@ class Feed:
         docstring): calling again returns the batch this call would have.
         Grouped, it is the next ``group`` batches as one ``MicroBatches``.
         """
-        rng = torch_rng() if self._in_process else None
+        rng = torch_rng() if self._rng_before_fetch else None
         if self.group == 1:
             return self._fetch(rng, None)
         start = (self._source, self._drawn)  # where a failure anywhere in the group puts the cursor back
@@ -241,6 +247,8 @@ class Feed:
             # Back to the cursor before this fetch, lazily: the next fetch rebuilds the iterator first.
             # A one-shot iterator has nothing to rebuild from: the batch it was giving may be lost.
             if self._iterator.__class__ is not _Reopen and not self.one_shot and self._source is not None:
+                if self._pure:  # nothing was drawn since the fetch began: the RNG to put back is the current one
+                    rng = torch_rng()
                 if start is not None:
                     self._source, self._drawn = start
                 self._iterator = _Reopen(self, rng)
