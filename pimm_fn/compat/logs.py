@@ -25,7 +25,7 @@ import attrs
 
 from pimm_fn.compat.effects import CountParameters, LogGradientNorm, TimeStep
 from pimm_fn.core import events as ev
-from pimm_fn.core.codec import register
+from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook import hook_factory
@@ -53,7 +53,7 @@ def _scalars(outputs: Mapping) -> dict:
     return kept
 
 
-@register
+@register_slot_type
 @attrs.frozen
 class WriterState:
     """This epoch's sums and counts of each logged output (rank-local: each rank's own losses)."""
@@ -223,7 +223,7 @@ def wandb_namer(keys=(), sep: str = "-", format_numbers: bool = True, extra=None
     """pimm's ``WandbNamer``: name the run from config values, into ``State.config["wandb_run_name"]``.
 
     At ``ModifyConfig`` (a fresh run, before anything is logged) it joins the
-    values of the dotted ``keys`` of ``State.config`` (``loop(config=cfg)``;
+    values of the dotted ``keys`` of ``State.config`` (``loop(training=Training(config=cfg))``;
     missing ones skipped, numbers as ``1.5K``/``2M``/``1B``) and ``extra``
     with ``sep``. A name given on the command line (``wandb_run_name`` among
     ``config["_cli_options"]``, as ``apply_options`` records them) is kept.

@@ -25,7 +25,7 @@ import attrs
 
 from pimm_fn.compat.effects import LogResources, PushToHub, StartProfiler, StopProfiler
 from pimm_fn.core import events as ev
-from pimm_fn.core.codec import register
+from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Stop
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, one_of, optional
@@ -90,7 +90,7 @@ def resource_utilization_logger(log_frequency: int = 10, prefix: str = "resource
 
 
 # -- RuntimeProfiler -------------------------------------------------------------------------------------------------
-@register
+@register_slot_type
 @attrs.frozen
 class ProfilerState:
     """The global step after which the profiler stops (0: not profiling)."""

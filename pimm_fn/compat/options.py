@@ -35,7 +35,7 @@ import copy
 import difflib
 from collections.abc import Iterable, Mapping
 
-from pimm_fn.compat.builtins import BUILTINS
+from pimm_fn.compat.type_factories import BUILTINS
 
 __all__ = ["parse_value", "parse_options", "apply_options", "override_hooks", "split_options"]
 

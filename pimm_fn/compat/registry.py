@@ -51,7 +51,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from pimm_fn.compat.builtins import BUILTINS, CONTEXT, REFUSED
+from pimm_fn.compat.type_factories import BUILTINS, CONTEXT, REFUSED
 from pimm_fn.compat.evaluators import _FinalEvaluator, _PimmEvaluator
 from pimm_fn.compat.hookbase import adapt, is_pimm_hook
 from pimm_fn.compat.options import override_hooks

@@ -36,7 +36,7 @@ import attrs
 
 from pimm_fn.compat.effects import LoadPimmWeights
 from pimm_fn.core import events as ev
-from pimm_fn.core.codec import register
+from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook import hook_factory
@@ -66,7 +66,7 @@ def format_of(value) -> str:
 
 
 def checkpoint_format(cfg) -> str:
-    """The ``loop(checkpoint_format=)`` of a pimm config, pimm's way (``PIMM.md`` 3.1).
+    """The ``loop(saving=Saving(checkpoint_format=))`` of a pimm config, pimm's way (``PIMM.md`` 3.1).
 
     ``cfg["checkpoint_format"]`` when set, else the ``backend`` of its
     ``CheckpointSaverIteration``, else ``"standard"``; ``dcp`` and ``torch``
@@ -85,7 +85,7 @@ def checkpoint_format(cfg) -> str:
     return format_of(chosen)
 
 
-@register
+@register_slot_type
 @attrs.frozen
 class PimmSaveState:
     """``last_saved``: the step of the last save requested; ``deferred``: a save waiting for the epoch's end
@@ -228,7 +228,7 @@ def checkpoint_saver_iteration(save_freq: int | None = None, save_iter_checkpoin
         save_freq: save every this many global steps; ``None`` (pimm's default): only the final save.
         save_iter_checkpoints: keep an ``iter_<step>`` snapshot of each of them.
         backend: pimm's checkpoint backend (``"dcp"``/``"standard"``, ``"torch"``/``"legacy"``),
-            checked here; the format a run writes is ``loop(checkpoint_format=)``, which
+            checked here; the format a run writes is ``loop(saving=Saving(checkpoint_format=))``, which
             ``pimm_fn.compat.checkpoint_format(cfg)`` resolves pimm's way.
         metric, mode: as ``checkpoint_saver``.
 

@@ -1,7 +1,7 @@
 """The pure core: values, the fold, the lifecycle and dry runs. Imports no torch."""
 
 from pimm_fn.core import effects, events
-from pimm_fn.core.codec import register
+from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.fold import Chain, TraceEntry, chain, process
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.plan import plan
@@ -11,7 +11,7 @@ from pimm_fn.core.state import Progress, State
 __all__ = [
     "effects",
     "events",
-    "register",
+    "register_slot_type",
     "Chain",
     "TraceEntry",
     "chain",

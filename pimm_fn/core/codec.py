@@ -1,7 +1,7 @@
 """State to JSON-ready data and back, with no pickle and no code execution.
 
 Checkpoints store ``State`` (hook slots included) as JSON. Only plain values
-and attrs classes registered with ``register`` can be decoded, so loading a
+and attrs classes registered with ``register_slot_type`` can be decoded, so loading a
 checkpoint never runs arbitrary code. Floats keep NaN and infinities.
 """
 
@@ -13,7 +13,7 @@ import attrs
 
 from pimm_fn.core.frozen import FrozenMap
 
-__all__ = ["register", "encode", "decode", "dumps", "loads"]
+__all__ = ["register_slot_type", "encode", "decode", "dumps", "loads"]
 
 _REGISTRY: dict[str, type] = {}
 
@@ -22,14 +22,15 @@ def _name(cls) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def register(cls):
-    """Allow an attrs class (a hook's slot state, an event, an effect) in checkpoints.
+def register_slot_type(cls):
+    """Allow an attrs class or Enum that a hook keeps in its slot (or an event, an effect) in checkpoints.
 
     Use as a class decorator on the frozen attrs class a custom hook keeps in
-    its slot. Returns the class unchanged.
+    its slot: the checkpoint codec decodes only registered types, so loading
+    never runs code. Returns the class unchanged.
     """
     if not (attrs.has(cls) or issubclass(cls, enum.Enum)):
-        raise TypeError(f"register() takes an attrs class or an Enum (got {cls!r})")
+        raise TypeError(f"register_slot_type: register() takes an attrs class or an Enum (got {cls!r})")
     _REGISTRY[_name(cls)] = cls
     return cls
 
@@ -55,7 +56,7 @@ def encode(value):
         return {"__attrs__": _name(type(value)), "fields": fields}
     raise TypeError(
         f"cannot store {type(value).__name__} value {value!r:.100} in a checkpoint: use plain values "
-        f"(numbers, strings, tuples, lists, dicts) or an attrs class decorated with pimm_fn.register"
+        f"(numbers, strings, tuples, lists, dicts) or an attrs class decorated with pimm_fn.register_slot_type"
     )
 
 
@@ -79,7 +80,7 @@ def decode(data):
     if cls is None:
         raise ValueError(
             f"checkpoint holds a value of type {name!r}, which is not registered: import the module that "
-            f"defines it (and decorate the class with pimm_fn.register) before loading"
+            f"defines it (and decorate the class with pimm_fn.register_slot_type) before loading"
         )
     if kind == "__enum__":
         return cls[data["name"]]

@@ -10,12 +10,14 @@ from collections.abc import Callable, Mapping
 import attrs
 
 from pimm_fn.core import events as ev
+from pimm_fn.core import summary
 from pimm_fn.core.budget import check_budget, epochs_reaching, fresh_progress
 from pimm_fn.core.effects import Evaluate, Stop
 from pimm_fn.core.frozen import freeze
 from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots, process
 from pimm_fn.core.schedule import advance, last_quiet_step, next_event, skip_to, state_at_step
 from pimm_fn.core.state import Progress, State
+from pimm_fn.core.trace import Trace
 
 __all__ = ["plan", "RecordingExecutor", "initial_state", "run_schedule"]
 
@@ -156,7 +158,7 @@ def _placeholders(outputs):
 def plan(
     hooks, *, iters_per_epoch: int, max_epochs: int | None = None, max_steps: int | None = None,
     start_step: int = 0, start: Progress | None = None, metrics=None, outputs=("loss",),
-) -> tuple:
+) -> Trace:
     """The effects ``hooks`` would execute, in order, as ``TraceEntry`` values.
 
     Args:
@@ -184,7 +186,10 @@ def plan(
             runs in ``plan`` as in a real run; ``()`` sends empty outputs.
 
     Returns:
-        A tuple of entries with ``.step``, ``.event`` and ``.effect``.
+        A ``Trace`` of ``TraceEntry`` (``.step``, ``.event``, ``.effect``,
+        ``.hook``), the type of a real run's ``run.trace``: it shows as a
+        table with the hooks by identity and equals a list or tuple of the
+        same entries.
 
     >>> from pimm_fn.hooks import save_every
     >>> [e.step for e in plan([save_every(4)], iters_per_epoch=10, max_epochs=3)]
@@ -203,4 +208,4 @@ def plan(
         # As a resumed run: BeforeTrain(resumed=True), then on from the checkpoint.
         state = process(hooks, state_at_step(state, start_step), ev.BeforeTrain(resumed=True), executor)
     run_schedule(hooks, state, executor, placeholders)
-    return tuple(executor.trace)
+    return Trace(executor.trace, map(summary.hook_label, hooks.hooks))

@@ -180,7 +180,7 @@ def _mismatch(path: tuple, found: str, expected: str, undecodable: str = "") -> 
         what = f"the checkpoint holds a slot of type {found}, but this hook's slot is {_a(expected)}"
     return SlotMismatch(
         f"hook {key!r}: {what}. The hook changed since the checkpoint was written: resume with the hook (and the "
-        f"slot classes, registered with pimm_fn.register) that wrote it, or give the new hook another identity "
+        f"slot classes, registered with pimm_fn.register_slot_type) that wrote it, or give the new hook another identity "
         f"(pimm_fn.chain(hook, name='...')) so that it starts from a fresh slot",
         key=key, found=found, expected=expected,
     )

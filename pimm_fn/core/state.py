@@ -11,8 +11,9 @@ from typing import Any
 
 import attrs
 
-from pimm_fn.core import display
-from pimm_fn.core.codec import register
+from pimm_fn import notebook
+from pimm_fn.core import summary
+from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.frozen import FrozenMap, freeze
 
 __all__ = ["Progress", "State"]
@@ -63,7 +64,7 @@ def _optional_str(instance, attribute, value):
         raise TypeError(f"'{attribute.name}' must be None or a str (got {value!r:.80})")
 
 
-@register
+@register_slot_type
 @attrs.frozen
 class Progress:
     """Where training stands; identical on every rank.
@@ -92,15 +93,15 @@ class Progress:
     samples_seen: int = attrs.field(default=0, validator=_non_negative)
     step_limit: int | None = attrs.field(default=None, validator=_optional_positive)
 
-    # repr stays every field (attrs'); these are for reading (pimm_fn.core.display).
+    # repr stays every field (attrs'); these are for reading (pimm_fn.core.summary).
     def __str__(self) -> str:
-        return display.progress_line(self)
+        return summary.progress_line(self)
 
     def _repr_pretty_(self, printer, cycle) -> None:
-        display.pretty(printer, str(self), cycle)
+        notebook.pretty(printer, str(self), cycle)
 
     def _repr_html_(self) -> str:
-        return display.render_html("Progress", [("progress", str(self))], self)
+        return notebook.render_html("Progress", [("progress", str(self))], self)
 
     def advanced(self, steps: int, samples: int) -> "Progress":
         """This progress ``steps`` steps on in its epoch, ``samples`` more samples seen.
@@ -156,7 +157,7 @@ class Progress:
         return self.epoch + (1 if self.at_epoch_end else 0)
 
 
-@register
+@register_slot_type
 @attrs.frozen
 class State:
     """Everything the hooks know, threaded through the fold as a value.
@@ -189,15 +190,15 @@ class State:
     stop: str | None = attrs.field(default=None, validator=_optional_str)
 
     # repr stays every field (attrs), exact for debugging and for comparing runs; ``str`` and
-    # the notebook displays summarise (pimm_fn.core.display): a cell ending in run.run() shows this.
+    # the notebook displays summarise (pimm_fn.core.summary): a cell ending in run.run() shows this.
     def __str__(self) -> str:
-        return display.render_text("State", display.state_rows(self))
+        return summary.render_text("State", summary.state_rows(self))
 
     def _repr_pretty_(self, printer, cycle) -> None:
-        display.pretty(printer, str(self), cycle)
+        notebook.pretty(printer, str(self), cycle)
 
     def _repr_html_(self) -> str:
-        return display.render_html("State", display.state_rows(self), self.progress)
+        return notebook.render_html("State", summary.state_rows(self), self.progress)
 
     @property
     def finished(self) -> bool:

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from pimm_fn.core import display
+from pimm_fn import notebook
+from pimm_fn.core import summary
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import Event
 
@@ -35,7 +36,7 @@ class TraceEntry:
     hook: int = -1
 
     def __repr__(self):
-        event = display.event_label(self.event)
+        event = summary.event_label(self.event)
         return f"TraceEntry(step={self.step}, event={event}, effect={self.effect!r}, hook={self.hook})"
 
 
@@ -91,10 +92,10 @@ class Trace(Sequence):
         return f"Trace({list(self.entries)!r})"
 
     def __str__(self):
-        return display.table_text(display.trace_title(self.entries), *display.trace_table(self.entries, self.hooks))
+        return summary.table_text(summary.trace_title(self.entries), *summary.trace_table(self.entries, self.hooks))
 
     def _repr_pretty_(self, printer, cycle) -> None:
-        display.pretty(printer, str(self), cycle)
+        notebook.pretty(printer, str(self), cycle)
 
     def _repr_html_(self) -> str:
-        return display.table_html(display.trace_title(self.entries), *display.trace_table(self.entries, self.hooks))
+        return notebook.table_html(summary.trace_title(self.entries), *summary.trace_table(self.entries, self.hooks))

@@ -12,7 +12,7 @@ from typing import ClassVar
 import attrs
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.codec import register
+from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, one_of
@@ -20,7 +20,7 @@ from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, 
 __all__ = ["save_every", "SaveEveryState", "best_on", "BestState", "load_weights"]
 
 
-@register
+@register_slot_type
 @attrs.frozen
 class SaveEveryState:
     """``last_saved``: the step of the last save requested; ``deferred``: a save
@@ -112,7 +112,7 @@ def save_every(n: int, *, snapshots: bool = False, async_save: bool = False):
     return _SaveEvery(n, snapshots, async_save)
 
 
-@register
+@register_slot_type
 @attrs.frozen
 class BestState:
     """The best value seen so far (``None`` before any) and its step."""

@@ -14,7 +14,7 @@ from typing import ClassVar
 import attrs
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.codec import register
+from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log, StepScheduler, Stop
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import finite, int_at_least, non_empty_str, number, one_of
@@ -34,7 +34,7 @@ def _require_consistent(caller: str, metric: str, event) -> None:
         )
 
 
-@register
+@register_slot_type
 @attrs.frozen
 class EarlyStopState:
     """``best``: the best value so far (``None`` before any); ``without_improvement``:

@@ -5,7 +5,7 @@ from typing import ClassVar
 import attrs
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.codec import register
+from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook import hook_factory
@@ -19,7 +19,7 @@ _EMPTY = FrozenMap()
 _OUTPUT = "log_every: the train step returned output"  # whose values a record refuses (pimm_fn.core.records)
 
 
-@register
+@register_slot_type
 @attrs.frozen
 class LogState:
     """Running sums of this epoch's step outputs; rank-local (each rank's losses).

@@ -1,6 +1,6 @@
 """The hook behind the progress bar: it moves the bar every ``n`` steps and reads no tensor for it.
 
-``loop(progress=...)`` adds it, last, when the bar is shown (rank 0's
+``loop(watching=Watching(progress=...))`` adds it, last, when the bar is shown (rank 0's
 terminal or notebook decides, for every rank); its ``ShowProgress``
 effects go to the bar (``pimm_fn.runtime.progress_bar``) on the main rank.
 It never makes the loop read a step's outputs off the device
@@ -80,7 +80,7 @@ def bar_cadence(iters_per_epoch: int, updates: int = 200) -> int:
 def progress_bar(n: int = 1):
     """Move a progress bar every ``n`` steps and at each epoch's end, showing what others read.
 
-    ``loop`` adds it when the bar is shown (``loop(progress=...)``), with
+    ``loop`` adds it when the bar is shown (``loop(watching=Watching(progress=...))``), with
     ``n = bar_cadence(iters_per_epoch)`` so a long epoch's quiet steps stay
     quiet; a hook list rarely names it. It reads no tensor: the loss beside
     the bar is the one ``log_every`` read on a step the bar also moved on,

@@ -2,7 +2,8 @@
 
 ``simulate`` runs every rank through the pure core; ``assert_collective_agreement``
 and ``assert_resume_continuity`` check rules 3 and 4 of the design (agreement,
-resume continuity); ``pimm_fn.testing.strategies`` generates schedules, metric
+resume continuity); ``pimm_fn.testing.plan_check.matches_plan`` compares a run's
+trace with its plan; ``pimm_fn.testing.strategies`` generates schedules, metric
 streams, rank-local inputs and hook stacks for hypothesis. Imports no torch.
 
     >>> from pimm_fn.hooks import save_every

@@ -1,6 +1,6 @@
 """The default training step, the conversion of its outputs to numbers, and a NaN loss.
 
-What the loop does with a non-finite loss is ``loop(on_nonfinite=...)``'s
+What the loop does with a non-finite loss is ``loop(training=Training(on_nonfinite=...))``'s
 policy, carried by a ``NonFinite`` value:
 
 * ``"raise"`` (the default): ``NonFiniteLossError`` naming the global step
@@ -45,11 +45,11 @@ NONFINITE_POLICIES = ("raise", "skip", "warn")
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The training loss is NaN or infinite, under ``loop(on_nonfinite="raise")`` (the default)."""
+    """The training loss is NaN or infinite, under ``loop(training=Training(on_nonfinite="raise"))`` (the default)."""
 
 
 class NonFiniteLossWarning(RuntimeWarning):
-    """A NaN or infinite training loss, under ``loop(on_nonfinite="skip")`` or ``"warn"``."""
+    """A NaN or infinite training loss, under ``loop(training=Training(on_nonfinite="skip"))`` or ``"warn"``."""
 
 
 class NonFinite:
@@ -127,8 +127,8 @@ class NonFinite:
         which = f"is {value}" if not math.isfinite(value) else f"is not finite on another rank (here {value})"
         if self.policy == "raise":
             raise NonFiniteLossError(
-                f"the training loss {which} at {place}. Pass loop(on_nonfinite='skip') to leave such batches "
-                f"out of the update, or on_nonfinite='warn' to warn and go on"
+                f"the training loss {which} at {place}. Pass loop(training=pimm_fn.Training(on_nonfinite='skip')) to leave "
+                f"such batches out of the update, or on_nonfinite='warn' to warn and go on"
             )
         if self.policy == "skip" and not ran:
             action = "its optimizer step was skipped (the step still counts)"

@@ -19,7 +19,7 @@ steps (default ``len(data) // k``); the last ``len(data) % k`` batches of
 an epoch are left out, as ``drop_last`` does.
 
 Precision and the scaler: ``"fp16"`` scales the loss with a ``GradScaler``
-the loop makes (``new_scaler``) and checkpoints like ``loop(scaler=)``; a
+the loop makes (``new_scaler``) and checkpoints like ``loop(training=Training(scaler=))``; a
 scaler passed to ``loop`` is used instead. ``"32"`` and ``"bf16"`` need
 no scaler, and one passed to ``loop`` is refused: it would say fp16 while
 the step computes in another precision.
@@ -189,7 +189,7 @@ class TrainStep:
         if scaler is not None and self.precision != "fp16" and getattr(scaler, "is_enabled", lambda: True)():
             raise ValueError(
                 f"{self!r} got a GradScaler, which is for fp16: use TrainStep(precision='fp16') "
-                f"(it makes its own scaler) or leave loop(scaler=None)"
+                f"(it makes its own scaler) or leave loop(training=pimm_fn.Training(scaler=None))"
             )
 
     def __call__(self, model, optimizer, batch, *, scheduler=None, scaler=None) -> dict:

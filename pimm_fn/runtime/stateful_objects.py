@@ -2,7 +2,7 @@
 
 ``loop(optimizers={"g": opt_g, "d": opt_d})`` hands the dict to a custom
 ``step_fn`` as its ``optimizer`` argument and checkpoints each optimizer's
-state under its name. ``loop(extra_state={"name": obj})`` checkpoints any
+state under its name. ``loop(training=Training(extra_state={"name": obj}))`` checkpoints any
 object with ``state_dict()``/``load_state_dict()`` in the replicated part
 (rank 0's is written, so it must be the same on every rank: keep rank-local
 things in the data cursor or a hook's slot). The ``ema()`` hooks' averages
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.runtime.ema import EmaWeights
-from pimm_fn.runtime.step import train_step
+from pimm_fn.runtime.default_step import train_step
 
 __all__ = ["check_optimizers", "extra_state"]
 
@@ -25,7 +25,7 @@ def _steps_one_optimizer(step_fn) -> bool:
     if step_fn is None or step_fn is train_step:
         return True
     try:
-        from pimm_fn.runtime.train_step import TrainStep
+        from pimm_fn.runtime.configurable_step import TrainStep
     except ImportError:
         return False
     return isinstance(step_fn, TrainStep)

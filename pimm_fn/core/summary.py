@@ -1,15 +1,14 @@
-"""Compact displays of a run's values, for a notebook cell and ``print``.
+"""Compact summaries of a run's values, as text: what ``str`` of a ``State``, ``Progress`` or ``Trace`` shows.
 
 ``repr`` stays exact (every field, every digit), for a debugger and for
 comparing two runs. What this module builds is for reading: a summary as
-``(label, value)`` rows, rendered as text (``str``, IPython's pretty printer)
-or as an HTML table (Jupyter), so both show the same facts. Floats appear as
+``(label, value)`` rows, rendered here as text; ``pimm_fn.notebook`` renders
+the same rows as HTML for Jupyter, so both show the same facts. Floats appear as
 the log lines show them (5 significant digits), fields at their default are
 left out, and a long value is cut with ``...``. Hooks appear by their
 identity (``pimm_fn.core.hook.key``), slots beside the hook that keeps them.
 """
 
-import html
 from collections.abc import Mapping
 
 import attrs
@@ -21,7 +20,7 @@ from pimm_fn.core.effects import Log, SaveCheckpoint
 __all__ = [
     "number", "pairs", "compact", "event_label", "hook_label", "progress_line",  # one value, in short
     "state_rows", "run_rows", "trace_title", "trace_table",  # what a summary shows
-    "render_text", "render_html", "table_text", "table_html", "pretty",  # how it shows
+    "render_text", "table_text",  # how it shows as text
 ]
 
 WIDTH = 100  # the most characters a displayed value takes before it is cut
@@ -110,7 +109,7 @@ def hook_label(hook) -> str:
     >>> from pimm_fn.hooks import save_every
     >>> def history(state, event): return state, ()
     >>> hook_label(history), hook_label(chain(save_every(2), history))
-    ('pimm_fn.core.display.history', 'chain(save_every(2), pimm_fn.core.display.history)')
+    ('pimm_fn.core.summary.history', 'chain(save_every(2), pimm_fn.core.summary.history)')
     """
     name = protocol.key(hook)
     inner = protocol.children(hook)
@@ -185,28 +184,6 @@ def render_text(title: str, rows) -> str:
     return "\n".join(lines)
 
 
-def render_html(title: str, rows, progress=None) -> str:
-    """``rows`` as a small HTML table under ``title``, with a progress bar of ``progress``'s steps."""
-    bar = ""
-    if progress is not None:
-        total = progress.global_step + progress.steps_left
-        bar = f' <progress value="{progress.global_step}" max="{max(total, 1)}"></progress>'
-    cells = "".join(
-        f'<tr><th style="text-align:left;vertical-align:top">{html.escape(label)}</th>'
-        f'<td style="text-align:left"><code>{html.escape(str(value)).replace(chr(10), "<br>")}</code></td></tr>'
-        for label, value in rows
-    )
-    return f"<div><b>{html.escape(title)}</b>{bar}<table>{cells}</table></div>"
-
-
-def pretty(printer, text: str, cycle: bool = False) -> None:
-    """Write ``text`` through IPython's pretty ``printer`` line by line, so nested values keep their indent."""
-    for i, line in enumerate(("..." if cycle else text).split("\n")):
-        if i:
-            printer.break_()
-        printer.text(line)
-
-
 def trace_table(entries, hooks=None) -> tuple:
     """``(header, rows)`` of a trace: step, hook (identity, or ``#index``), event, effect; a long one cut in the middle.
 
@@ -238,16 +215,6 @@ def table_text(title: str, header, rows) -> str:
     for r in [header, *rows] if rows else []:
         lines.append(("  " + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1]).rstrip())
     return "\n".join(lines)
-
-
-def table_html(title: str, header, rows) -> str:
-    """``rows`` under ``header`` as an HTML table, under ``title``."""
-    head = "<tr>" + "".join(f'<th style="text-align:left">{html.escape(h)}</th>' for h in header) + "</tr>"
-    body = "".join(
-        "<tr>" + "".join(f'<td style="text-align:left"><code>{html.escape(c)}</code></td>' for c in r) + "</tr>"
-        for r in rows
-    )
-    return f"<div><b>{html.escape(title)}</b><table>{head if rows else ''}{body}</table></div>"
 
 
 def trace_title(entries) -> str:

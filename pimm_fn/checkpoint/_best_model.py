@@ -1,4 +1,4 @@
-"""Model weights on their own: the best-model file, and warm-start weights read from any file (keys: ``.remap``)."""
+"""The best model's files: ``model_best.pth`` and its ``.json``, written atomically by the main rank."""
 
 from __future__ import annotations
 
@@ -6,15 +6,12 @@ import json
 import math
 import os
 import pathlib
-from collections.abc import Mapping
 
 import torch
 
 from pimm_fn import dist
 
 from . import _layout as L
-from . import _legacy, sharded
-from ._discovery import find_checkpoint
 from .errors import storage_errors, tensor_bytes
 
 
@@ -78,43 +75,3 @@ def _stage_all(root: pathlib.Path, files: dict) -> list[pathlib.Path]:
             tmp.unlink(missing_ok=True)
         raise
     return staged
-
-
-def load_weights_file(path: str | os.PathLike) -> dict:
-    """Load model weights from any file or checkpoint pimm_fn understands.
-
-    Args:
-        path: a state_dict file; a file holding ``{"state_dict": ...}`` or
-            ``{"model": ...}`` (pimm, other trainers); a legacy checkpoint; a
-            standard checkpoint directory; or a model_dir / save_dir (newest).
-
-    Returns:
-        The state_dict, on CPU.
-
-    Raises:
-        FileNotFoundError: nothing at ``path``.
-        ValueError: the file is not loadable with ``weights_only=True`` or
-            holds no recognizable state_dict.
-    """
-    p, owner = pathlib.Path(path), None
-    if p.is_dir():
-        info = find_checkpoint(p)
-        if info.format == "standard" and (info.path / L.WEIGHTS_SKIPPED).is_file():
-            return sharded.read_full_weights(info.path)  # a sharded model saved without a weights file
-        p, owner = (info.path / L.WEIGHTS if info.format == "standard" else info.path), info.path
-    elif not p.exists():
-        raise FileNotFoundError(f"load_weights_file: {str(p)!r} does not exist")
-    content = _legacy._load(p, mmap=False, checkpoint=owner)  # a checkpoint's damaged file is a CheckpointError
-    if isinstance(content, Mapping) and isinstance(content.get("marker"), Mapping) and "weights" in content:
-        return content["weights"]
-    if isinstance(content, Mapping):
-        for key in ("state_dict", "model"):
-            if isinstance(content.get(key), Mapping):
-                return content[key]
-        if content and all(isinstance(v, torch.Tensor) for v in content.values()):
-            return content
-    keys = list(content)[:8] if isinstance(content, Mapping) else type(content).__name__
-    raise ValueError(
-        f"load_weights_file: {str(p)!r} holds no state_dict (got {keys}); expected a dict of tensors or a dict "
-        "with a 'state_dict' or 'model' entry"
-    )
