@@ -91,7 +91,7 @@ def one_run(mb: float, async_save: bool) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="pimm-async-bench-") as tmp:
         run = pf.loop(model, opt, batches, hooks=[pf.save_every(SAVE_AT, async_save=async_save)], max_epochs=1,
-                      save_dir=tmp, console=False, handlers={SaveCheckpoint: timed_save})
+                      save_dir=tmp, watching=pf.Watching(console=False), handlers={SaveCheckpoint: timed_save})
         while run.state.progress.global_step < SAVE_AT + AFTER:
             run.step()
         pending = seen.get("pending")

@@ -1,7 +1,7 @@
 """What the run-time agreement guard costs per training step.
 
 Two gloo ranks train a tiny DDP workload (a 2-layer MLP, batch 32 per rank)
-through ``pf.loop`` with ``check_agreement=True`` and ``False``, in paired
+through ``pf.loop`` with ``Parallel(check_agreement=True)`` and ``False``, in paired
 rounds (the order alternates each round), after a warm-up, with three hook
 lists whose built-in cadences never fire, so no effect runs and what is
 measured is the guard alone against the cheapest DDP step there is:
@@ -96,7 +96,7 @@ class _Timed:
 def _time_steps(model, optimizer, batches, save_dir, hooks: str, guarded: bool, steps: int) -> tuple[float, float]:
     """(seconds per step, seconds per step inside the guard), the slower rank's."""
     run = pf.loop(model, optimizer, batches, hooks=_hooks(hooks), save_dir=save_dir,
-                  max_epochs=10**6, check_agreement=guarded, console=False)
+                  max_epochs=10**6, watching=pf.Watching(console=False), parallel=pf.Parallel(check_agreement=guarded))
     run.run(steps=5)  # warm the loop's caches
     timed = run._interpreter.guard = _Timed(run._interpreter.guard) if guarded else None
     td.barrier()

@@ -129,7 +129,8 @@ def _pimm(steps, hooks, save_dir=None, handlers=None):
     import pimm_fn as pf
 
     model, data = _model(), _batches(steps)
-    pf.loop(model, _sgd(model), data, hooks=hooks, max_epochs=1, save_dir=save_dir, console=False, handlers=handlers)()
+    pf.loop(model, _sgd(model), data, hooks=hooks, max_epochs=1, save_dir=save_dir,
+            watching=pf.Watching(console=False), handlers=handlers)()
     return model.stamps
 
 
@@ -357,7 +358,7 @@ def driver(steps: int = 20000, repeats: int = 3) -> dict:
         for _ in range(repeats):
             with tempfile.TemporaryDirectory() as tmp:
                 run = pf.loop(model, _sgd(model), [0] * (steps + 10), hooks=hooks(), max_epochs=1, save_dir=tmp,
-                              console=False, step_fn=step_fn)
+                              watching=pf.Watching(console=False), step_fn=step_fn)
                 run.run(steps=10)  # past the first epoch's opening
                 t0 = time.process_time()
                 run.run(steps=steps)

@@ -2,7 +2,7 @@
 
 A real ``pf.loop`` trains a tiny model (one linear layer, SGD with
 momentum, batches in memory, one torch thread) for 200 000 quiet steps with
-``save_every(100, snapshots=True)``, ``keep_snapshots=3`` and an
+``save_every(100, snapshots=True)``, ``Saving(keep=keep_last(3))`` and an
 evaluation with ``best_on`` every 1 000 steps, so 2 000 checkpoints are
 published and pruned and 200 evaluations run. Quiet steps: between saves
 and evaluations no hook runs (the loop's overhead, not the model, is what a
@@ -120,7 +120,7 @@ def measure(steps: int = STEPS, warmup: int = WARMUP, samples: int = 10, evaluat
         hooks = [pf.evaluate_every(evaluate_every, score, name="score"), pf.save_every(SAVE_EVERY, snapshots=True),
                  pf.best_on("score")]
         run = pf.loop(model, optimizer, batches, hooks=hooks, max_steps=steps, save_dir=save_dir,
-                      keep_snapshots=KEEP, console=False)
+                      saving=pf.Saving(keep=pf.keep_last(KEEP)), watching=pf.Watching(console=False))
         started = time.perf_counter()
         run.run(steps=warmup)
         taken = [sample(run, save_dir, started)]

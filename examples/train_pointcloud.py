@@ -105,7 +105,7 @@ def train(args, rank: int = 0, world_size: int = 1):
                pf.log_every(10)],
         max_epochs=args.epochs, save_dir=args.save_dir, scheduler=scheduler,
         resume="auto" if args.resume else None,
-        ddp=True)  # DistributedDataParallel when there is a process group; a no-op in one process
+        parallel=pf.Parallel(ddp=True))  # DistributedDataParallel when there is a process group; a no-op in one process
     state = run()
     if rank == 0:
         best = state.best.get("mIoU") if state.best else None

@@ -17,12 +17,13 @@ import importlib
 __version__ = "0.1.0"
 
 from pimm_fn.core import effects, events
-from pimm_fn.core.codec import register
+from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Scope
 from pimm_fn.core.fold import Chain, TraceEntry, chain
 from pimm_fn.core.hook import DuplicateHookError, hook_factory
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.plan import plan
+from pimm_fn.core.retention import any_of, keep_best, keep_every, keep_last
 from pimm_fn.core.state import Progress, State
 from pimm_fn.hooks import (
     BestState,
@@ -43,9 +44,9 @@ from pimm_fn.hooks import (
 _RUNTIME = {
     "loop": "pimm_fn.runtime.loop",
     "Loop": "pimm_fn.runtime.loop",
-    "train_step": "pimm_fn.runtime.step",
+    "train_step": "pimm_fn.runtime.default_step",
     "EmaWeights": "pimm_fn.runtime.ema",
-    "TrainStep": "pimm_fn.runtime.train_step",
+    "TrainStep": "pimm_fn.runtime.configurable_step",
     "CollectiveDivergenceError": "pimm_fn.runtime.guard",
     "ResumeError": "pimm_fn.runtime.resume",
     "CheckpointError": "pimm_fn.checkpoint.errors",
@@ -54,21 +55,26 @@ _RUNTIME = {
     "MissingHandlerError": "pimm_fn.runtime.interpreter",
     "ConfigurationWarning": "pimm_fn.runtime.advice",
     "PeerFailureError": "pimm_fn.runtime.peers",
-    "NonFiniteLossError": "pimm_fn.runtime.step",
-    "NonFiniteLossWarning": "pimm_fn.runtime.step",
+    "NonFiniteLossError": "pimm_fn.runtime.default_step",
+    "NonFiniteLossWarning": "pimm_fn.runtime.default_step",
     "History": "pimm_fn.runtime.history",
     "JsonlLogger": "pimm_fn.runtime.loggers",
     "CSVLogger": "pimm_fn.runtime.loggers",
     "TensorBoardLogger": "pimm_fn.runtime.trackers",
     "WandbLogger": "pimm_fn.runtime.trackers",
     "MLFlowLogger": "pimm_fn.runtime.trackers",
+    "Saving": "pimm_fn.checkpoint.saving",
+    "Resuming": "pimm_fn.runtime.options",
+    "Watching": "pimm_fn.runtime.options",
+    "Parallel": "pimm_fn.runtime.options",
+    "Training": "pimm_fn.runtime.options",
 }
 
 __all__ = [
     "compat",
     "effects",
     "events",
-    "register",
+    "register_slot_type",
     "Scope",
     "Chain",
     "TraceEntry",
@@ -77,6 +83,10 @@ __all__ = [
     "hook_factory",
     "FrozenMap",
     "plan",
+    "keep_last",
+    "keep_every",
+    "keep_best",
+    "any_of",
     "Progress",
     "State",
     "save_every",

@@ -27,7 +27,8 @@ from ._discovery import find_checkpoint, latest_checkpoint
 from ._layout import CheckpointInfo
 from .errors import CheckpointError, CheckpointStorageError, DiskFullError
 from .validation import validate
-from ._weights import load_weights_file, write_best
+from ._best_model import write_best
+from ._weights_file import load_weights_file
 from .remap import KeyRule, WeightsReport, remap_state_dict
 from .contents import PerRank, Replicated, SavedState, TrainerContents, from_parts, saved_state, to_parts
 

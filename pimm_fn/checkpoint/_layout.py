@@ -44,7 +44,7 @@ WEIGHTS = "model.pth"
 # Stands in for the weights file of a sharded model saved without it: says where the weights are.
 WEIGHTS_SKIPPED = "model.pth.skipped"
 _SKIPPED_NOTE = (
-    b"This checkpoint has no model.pth: it was saved from a sharded model with loop(weights_file=False).\n"
+    b"This checkpoint has no model.pth: it was saved from a sharded model with loop(saving=Saving(weights_file=False)).\n"
     b"The weights are the sharded/model/ entries of trainer/ (a DCP directory);\n"
     b"pimm_fn.checkpoint.load_weights_file('<this directory>') assembles them into a full state dict.\n"
 )

@@ -24,7 +24,7 @@ is looked for again a few times, about a second in all
 An explicit path is resolved on rank 0 and read on every rank the same way:
 a damaged checkpoint raises the same :class:`CheckpointError` on every rank.
 Either way, before any rank reads a checkpoint, rank 0 checks the SHA-256
-digests its marker records (``loop(digests=True)``): a file whose bytes
+digests its marker records (``loop(saving=Saving(digests=True))``): a file whose bytes
 changed at the same size rejects the checkpoint like any other damage.
 
 What was read comes back inside a :class:`Chosen`, a ``CheckpointInfo``

@@ -6,7 +6,7 @@ module describes. The trainer state has three parts, by who holds them:
 * **replicated**, identical on every rank and written once: the optimizer,
   scheduler and scaler state dicts (a run of several named optimizers keeps
   each one's under its name, in ``optimizers``), the extra state
-  (``loop(extra_state=)``, the ``ema`` averages: each object's
+  (``loop(training=Training(extra_state=))``, the ``ema`` averages: each object's
   ``state_dict()`` by name, rank 0's written, every rank's must agree in
   structure), the *agreed* ``State`` (the main rank's), which a resume
   on another world size starts from, and the class of each optimizer and

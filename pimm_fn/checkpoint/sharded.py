@@ -18,7 +18,7 @@ no shards (:func:`check_claim`).
 
 The weights file ``model.pth`` holds :func:`full_weights`: the full state
 dict, gathered collectively to rank 0, loadable by anyone with
-``torch.load(weights_only=True)``. A run may skip it (``loop(weights_file=False)``)
+``torch.load(weights_only=True)``. A run may skip it (``loop(saving=Saving(weights_file=False))``)
 for a model too large to gather; :func:`read_full_weights` then assembles
 the full weights from the shards, in one process.
 """

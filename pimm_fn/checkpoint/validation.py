@@ -12,7 +12,7 @@ shards and ``model.pth.skipped`` are all in it::
               "trainer/__0_0.distcp": {"size": 8910}, ...}
 
 Sizes cost a ``stat`` each; digests are recorded when a save asks for them
-(``loop(digests=True)``, ``save_checkpoint(..., digests=True)``) and checked
+(``loop(saving=Saving(digests=True))``, ``save_checkpoint(..., digests=True)``) and checked
 when a validation asks (``validate(..., digests=True)``): ``resume="auto"``,
 ``resume=<path>`` and the checkpoint CLI's ``verify`` ask whenever the marker
 records them, so bytes changed at the same size are caught before they are

@@ -5,8 +5,8 @@ from pimm_fn.runtime.guard import CollectiveDivergenceError
 from pimm_fn.runtime.interpreter import Interpreter, MissingHandlerError
 from pimm_fn.runtime.loop import Loop, loop
 from pimm_fn.runtime.resume import ResumeError
-from pimm_fn.runtime.step import train_step
-from pimm_fn.runtime.train_step import TrainStep
+from pimm_fn.runtime.default_step import train_step
+from pimm_fn.runtime.configurable_step import TrainStep
 
 __all__ = [
     "Loop",

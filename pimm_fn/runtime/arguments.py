@@ -26,9 +26,9 @@ __all__ = [
     "check_sharding",
 ]
 
-_BOOL = v.is_bool.with_hint("pass True or False")
 
-# loop()'s plain arguments and what each must be; the others are checked by the functions below.
+# loop()'s plain arguments and what each must be, and the fields of its options that share a check
+# (pimm_fn.runtime.options); the others are checked by the functions below.
 ARGUMENTS = {
     "step_fn": v.optional(v.is_callable.with_hint(
         "pass step_fn(model, optimizer, batch, *, scheduler, scaler) -> outputs, or pimm_fn.TrainStep(...)")),
@@ -39,13 +39,7 @@ ARGUMENTS = {
         "scale", "step", "update", "state_dict", "load_state_dict", expected="a GradScaler",
     ).with_hint("pass torch.amp.GradScaler(...), or TrainStep(precision='fp16') to have one made")),
     "iters_per_epoch": v.optional(v.int_at_least(1).with_hint("leave it None for len(train_data)")),
-    "checkpoint_format": v.one_of("standard", "legacy"),
     "check_agreement": v.optional(v.is_bool.with_hint("pass None (on with a process group), True or False")),
-    "strict_resume": _BOOL,
-    "console": _BOOL,
-    "ddp": _BOOL,
-    "weights_file": _BOOL,
-    "digests": _BOOL,
     "handlers": v.optional(v.mapping_of(
         v.subclass_of(Effect), v.is_callable, expected="a dict of effect types to handlers",
     ).with_hint("e.g. {SaveCheckpoint: handler(effect, state, ctx)}")),
@@ -60,9 +54,9 @@ def check_arguments(**arguments) -> None:
     >>> check_arguments(iters_per_epoch=0)
     Traceback (most recent call last):
     ValueError: loop: 'iters_per_epoch' must be None or an int >= 1 (got 0); leave it None for len(train_data)
-    >>> check_arguments(console="no")
+    >>> check_arguments(step_fn="train_step")
     Traceback (most recent call last):
-    TypeError: loop: 'console' must be a bool (got 'no'); pass True or False
+    TypeError: loop: 'step_fn' must be None or callable (got 'train_step'); pass step_fn(model, optimizer, batch, *, scheduler, scaler) -> outputs, or pimm_fn.TrainStep(...)
     """
     for name, value in arguments.items():
         validator = ARGUMENTS.get(name)
@@ -82,7 +76,7 @@ def check_model(model) -> None:
 def check_optimizer(optimizer) -> None:
     """``optimizer``, when given alone, is an optimizer: a ``torch.optim.Optimizer`` or one that steps and checkpoints alike.
 
-    A dict is left to ``optimizers=`` (``pimm_fn.runtime.extras`` says so).
+    A dict is left to ``optimizers=`` (``pimm_fn.runtime.stateful_objects`` says so).
     """
     if optimizer is None or isinstance(optimizer, (torch.optim.Optimizer, Mapping)):
         return
@@ -232,7 +226,7 @@ def check_on_nonfinite(on_nonfinite, *, custom_step: bool) -> None:
         raise ValueError(
             "loop: on_nonfinite='skip' needs the default step: a custom step_fn has already applied its "
             "optimizer step when the loop sees its 'loss'. Skip inside your step_fn (check the loss before "
-            "optimizer.step()), or pass on_nonfinite='raise' or 'warn'"
+            "optimizer.step()), or pass Training(on_nonfinite='raise') or 'warn'"
         )
 
 
@@ -258,11 +252,12 @@ def check_sharding(shards: bool, *, ddp: bool, checkpoint_format: str, weights_f
         return
     if ddp:
         raise ValueError(
-            "loop: the model is sharded (its parameters are DTensors, as fully_shard makes them) and ddp=True asks to "
+            "loop: the model is sharded (its parameters are DTensors, as fully_shard makes them) and Parallel(ddp=True) asks to "
             "wrap it in DistributedDataParallel as well: drop ddp=True, FSDP2 already synchronizes the gradients"
         )
     if checkpoint_format != "standard":
         raise ValueError(
             "loop: a sharded model is checkpointed shard by shard through DCP, in the standard format; "
-            f"checkpoint_format={checkpoint_format!r} writes one gathered file: use checkpoint_format='standard'"
+            f"Saving(checkpoint_format={checkpoint_format!r}) writes one gathered file: use checkpoint_format='standard' "
+            f"(Saving's default)"
         )

@@ -191,7 +191,7 @@ def refusal(changed, path) -> str:
     return (
         f"cannot resume from {path}: {'; '.join(map(_differs, changed))}. Loading a state into another class fails "
         f"at a later step or trains with the wrong fields. Build the run with the checkpoint's class, or pass "
-        f"resume_hyperparameters='new' to start the {which} fresh (state not loaded; the model and the rest resumed)"
+        f"resuming=pimm_fn.Resuming(...) with resume_hyperparameters='new' to start the {which} fresh (state not loaded; the model and the rest resumed)"
     )
 
 

@@ -42,22 +42,21 @@ class Context:
     scheduler: Any = None
     scaler: Any = None
     checkpoint_format: str = "standard"
-    keep_snapshots: int | None = None
-    digests: bool = False  # record each checkpoint file's SHA-256 in its marker (loop(digests=))
+    digests: bool = False  # record each checkpoint file's SHA-256 in its marker (loop(saving=Saving(digests=)))
     keep: Any = None  # the retention policy of iter_<step> snapshots (pimm_fn.core.retention); None: keep all
     rank: int = 0
     world_size: int = 1
     console: bool = True
     implied: Implied | None = None  # what the run's hooks imply; None: a context built by hand, without hooks
     advice: Advice | None = None  # the run's Advice, told of every evaluation
-    nonfinite: Any = None  # the step's NonFinite policy for a NaN/inf loss (loop(on_nonfinite=)); None: no check
+    nonfinite: Any = None  # the step's NonFinite policy for a NaN/inf loss (loop(training=Training(on_nonfinite=))); None: no check
     saver: BackgroundSaver = attrs.Factory(BackgroundSaver)  # background saves: in flight, prewarm, optimizer hooks
     sharded: bool = False  # the model keeps DTensor parameters (FSDP2): its state goes through DCP's state_dict API
     weights_file: bool = True  # a sharded model's checkpoints gather its full weights into model.pth
     everywhere: tuple = ()  # main-rank effect types every rank executes (a sharded model's WriteBest gathers)
     optimizers: dict | None = None  # loop(optimizers=): name -> optimizer; then ``optimizer`` is this dict too
-    extra_state: dict = attrs.Factory(dict)  # loop(extra_state=) and the ema() averages: name -> object with state_dict()
-    logs: Any = None  # the run's Logs: its loggers, history and clock (pimm_fn.runtime.logs); the Log handler's
+    extra_state: dict = attrs.Factory(dict)  # loop(training=Training(extra_state=)) and the ema() averages: name -> object with state_dict()
+    logs: Any = None  # the run's Logs: its loggers, history and clock (pimm_fn.runtime.log_feed); the Log handler's
     bar: Any = None  # the run's ProgressBar on the main rank when one is shown (pimm_fn.runtime.progress_bar)
     lock: Any = None  # the save_dir lock (pimm_fn.runtime.lock): released when training ends
 

@@ -12,7 +12,7 @@ step done and its outputs kept, and the retry only steps the scheduler.
 
 from pimm_fn.runtime.feed import batch_size
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
-from pimm_fn.runtime.step import scalar_outputs
+from pimm_fn.runtime.default_step import scalar_outputs
 from pimm_fn.runtime.optimizer_watch import StepWatch
 from pimm_fn.runtime.transaction import LOADING, SCHEDULING, TRAINING
 
@@ -25,7 +25,7 @@ class Driver:
     Args:
         ctx: the run's parts (feed, model, optimizer, scheduler, scaler, non-finite policy).
         tx: the step's ``Transaction``.
-        run_step: the step function as the loop calls it (``pimm_fn.runtime.step.runner``).
+        run_step: the step function as the loop calls it (``pimm_fn.runtime.default_step.runner``).
         scheduler_in_step: the step function steps the scheduler (no hook emits ``StepScheduler``).
         default_step: the step function is the default ``train_step``: the driver steps the scheduler after it.
         trained: called with each trained step: the loop counts it or folds its ``AfterStep``.

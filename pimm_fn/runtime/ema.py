@@ -1,6 +1,6 @@
 """The moving average of a model's weights that ``pimm_fn.ema`` keeps, and the handler that updates it.
 
-``EmaWeights`` is extra state (``loop(extra_state=)``) like any other: the
+``EmaWeights`` is extra state (``loop(training=Training(extra_state=))``) like any other: the
 checkpoint keeps its ``state_dict()`` in the replicated part, identical on
 every rank because every rank averages the same weights, and a resume loads
 it back bit for bit. Its tensors live on the parameters' device; an update

@@ -63,7 +63,7 @@ import torch.distributed as td
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Scope
 from pimm_fn.runtime.implied import Implied
-from pimm_fn.runtime.setup import Setup, describe_setup, schedule_of
+from pimm_fn.runtime.guard_setup import Setup, describe_setup, schedule_of
 
 __all__ = [
     "CollectiveDivergenceError",

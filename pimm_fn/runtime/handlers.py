@@ -19,7 +19,7 @@ from pimm_fn.runtime.class_change import recorded
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.ema import EMA_HANDLERS, EmaWeights
 from pimm_fn.runtime.loggers import run_loggers
-from pimm_fn.runtime.logs import Logs
+from pimm_fn.runtime.log_feed import Logs
 from pimm_fn.runtime.evaluation import evaluating
 from pimm_fn.runtime.interpreter import MissingHandlerError
 from pimm_fn.runtime.rng import capture_rng
@@ -198,7 +198,6 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
             trainer=replicated,
             local=local,
             snapshot=effect.snapshot,
-            keep_snapshots=ctx.keep_snapshots,
             sharded=contents.sharded,
             keep=ctx.keep,
             metrics=state.metrics,  # recorded in the marker: what keep_best ranks snapshots by
@@ -214,7 +213,6 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
         local=local,
         format=ctx.checkpoint_format,
         snapshot=effect.snapshot,
-        keep_snapshots=ctx.keep_snapshots,
         sharded=contents.sharded,
         keep=ctx.keep,
         metrics=state.metrics,
@@ -317,7 +315,7 @@ def _format(value) -> str:
 def log(effect: Log, state, ctx) -> tuple:
     """Rank 0 hands the record to the run's loggers and history, then says it with the time and pace.
 
-    Under ``loop(log_reduce="mean")`` every rank runs it (``ctx.everywhere``)
+    Under ``loop(watching=Watching(log_reduce="mean"))`` every rank runs it (``ctx.everywhere``)
     and averages a training record over the ranks first (``Logs.over_ranks``).
     """
     logs = ctx.logs

@@ -4,7 +4,7 @@ Loading a checkpoint's optimizer state replaces every hyper-parameter of
 every param group (``lr``, ``weight_decay``, ``momentum``, ``betas``...)
 with the checkpoint's, so a run resumed with ``lr=0.01`` whose checkpoint
 says ``lr=0.1`` would go on at 0.1 without a word. ``restore`` compares the
-two, says each difference, and lets ``loop(resume_hyperparameters=)``
+two, says each difference, and lets ``loop(resuming=Resuming(resume_hyperparameters=))``
 choose which wins:
 
 * ``"checkpoint"`` (the default): the checkpoint's values, as saved;
@@ -118,7 +118,7 @@ def describe(found: list[tuple], winner: str, name: str | None = None) -> str:
     if winner == "new":
         outcome = "using this run's values (resume_hyperparameters='new'); the scheduler's state is the checkpoint's"
     else:
-        outcome = "keeping the checkpoint's values; pass resume_hyperparameters='new' to use this run's"
+        outcome = "keeping the checkpoint's values; pass resuming=pimm_fn.Resuming(resume_hyperparameters='new') to use this run's"
     which = "the optimizer's" if name is None else f"optimizer {name!r}'s"
     return f"{which} hyper-parameters differ from the checkpoint's: {items}; {outcome}"
 

@@ -27,7 +27,7 @@ from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import WriteBest
 from pimm_fn.core.fold import Chain
 from pimm_fn.runtime.control import hooks_step_scheduler
-from pimm_fn.runtime.setup import hook_setups
+from pimm_fn.runtime.guard_setup import hook_setups
 
 __all__ = ["Implied", "best_metrics"]
 
@@ -94,7 +94,7 @@ class Implied:
             event (not ``rank_consistent``).
         watched_cadences: their distinct ``AfterStep`` cadences, smallest first.
         setups: each top-level hook as the guard compares it across ranks
-            before the first step (``pimm_fn.runtime.setup.HookSetup``).
+            before the first step (``pimm_fn.runtime.guard_setup.HookSetup``).
         processed: ``{lifecycle event class: whether the loop processes it}``:
             some hook is called for it, or the guard compares it.
     """

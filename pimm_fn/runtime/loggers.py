@@ -17,7 +17,7 @@ A logger is any object with three methods, called on the main rank only:
 (``save_dir/log.jsonl``, the source ``run.history`` is rebuilt from on
 resume) is always among them when there is a ``save_dir``. Each is opened
 once when the run is built, and kept open: a record is one write and a
-flush, not a file opened per record. ``pimm_fn.runtime.logs`` feeds them;
+flush, not a file opened per record. ``pimm_fn.runtime.log_feed`` feeds them;
 TensorBoard, W&B and MLflow loggers live in ``pimm_fn.runtime.trackers``.
 """
 

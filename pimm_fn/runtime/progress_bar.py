@@ -12,7 +12,7 @@ else text on stderr. While it is shown the run's console lines are written
 above it (``tqdm.write``), so they never break it.
 
 It is on by default where someone watches: a terminal (stderr is a TTY) or
-a notebook kernel, with ``console`` on; ``loop(progress=False)`` turns it
+a notebook kernel, with ``console`` on; ``loop(watching=Watching(progress=False))`` turns it
 off and ``progress=True`` on. Rank 0 decides for every rank, since the
 bar's hook must be in every rank's hook list alike.
 """

@@ -21,7 +21,7 @@ An optimizer or scheduler of another class than the checkpoint's
 anything is loaded; under ``"new"`` that object starts fresh instead (its
 state not loaded, said on the console), and the rest resumes.
 
-Extra state (``loop(extra_state=)``, the ``ema`` averages) comes back by
+Extra state (``loop(training=Training(extra_state=))``, the ``ema`` averages) comes back by
 name, like hook slots: a name the checkpoint lacks keeps the object as this
 run built it, a saved name this run lacks is dropped; each with a console line.
 
@@ -126,7 +126,7 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
     if not same_world and strict and positioning.mid_epoch(saved) and offset is None:
         raise ResumeError(
             positioning.world_message(info, ctx) + f"; {why}, so epoch {saved.progress.epoch} would restart from its first "
-            f"batch: resume with the same world size, or pass strict_resume=False"
+            f"batch: resume with the same world size, or pass resuming=pimm_fn.Resuming(strict_resume=False)"
         )
     replicated = held.replicated
     _check_optimizers(replicated, ctx, info)

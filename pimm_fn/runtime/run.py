@@ -9,11 +9,12 @@ handed to the hooks with the interpreter as executor, each step a
 transaction) is its ``Walker`` (``pimm_fn.runtime.walker``).
 """
 
-from pimm_fn.core import display
+from pimm_fn import notebook
+from pimm_fn.core import summary
 from pimm_fn.core.trace import Trace
 from pimm_fn.runtime import swap
 from pimm_fn.runtime.context import Context
-from pimm_fn.runtime.logs import clock
+from pimm_fn.runtime.log_feed import clock
 from pimm_fn.runtime.transaction import Interruption
 from pimm_fn.runtime.walker import Walker
 
@@ -48,7 +49,7 @@ class Loop:
     In a notebook a cell ending in ``run``, ``run.state`` or ``run.trace``
     shows a short summary (``print`` shows the same): step of total, epoch,
     metrics, best values, the last save and train log, each hook by its
-    identity beside its slot (``pimm_fn.core.display``).
+    identity beside its slot (``pimm_fn.core.summary``).
 
     Attributes:
         state: the current ``State`` (progress, metrics, best values, slots).
@@ -95,7 +96,7 @@ class Loop:
     @property
     def trace(self) -> Trace:
         """The effects executed so far, as a ``Trace``: equal to a list (or ``plan``'s tuple) of the same entries."""
-        return Trace(self._interpreter.trace, map(display.hook_label, self.hooks.hooks))
+        return Trace(self._interpreter.trace, map(summary.hook_label, self.hooks.hooks))
 
     @property
     def finished(self) -> bool:
@@ -142,22 +143,22 @@ class Loop:
 
     def __repr__(self):
         p = self.state.progress
-        hooks = ", ".join(map(display.hook_label, self.hooks.hooks))  # by identity: no function addresses
+        hooks = ", ".join(map(summary.hook_label, self.hooks.hooks))  # by identity: no function addresses
         return f"<Loop step {p.global_step}/{p.global_step + p.steps_left}, epoch {p.epoch}, hooks=[{hooks}]>"
 
     def _rows(self) -> list:
-        """The summary a notebook shows: ``pimm_fn.core.display.run_rows``, and where an interruption stopped."""
-        rows = display.run_rows(self.state, self.hooks.hooks, self._interpreter.trace)
+        """The summary a notebook shows: ``pimm_fn.core.summary.run_rows``, and where an interruption stopped."""
+        rows = summary.run_rows(self.state, self.hooks.hooks, self._interpreter.trace)
         return rows + [("interrupted", str(self.interrupted))] if self.interrupted is not None else rows
 
     def __str__(self) -> str:
-        return display.render_text("Loop", self._rows())
+        return summary.render_text("Loop", self._rows())
 
     def _repr_pretty_(self, printer, cycle) -> None:
-        display.pretty(printer, str(self), cycle)
+        notebook.pretty(printer, str(self), cycle)
 
     def _repr_html_(self) -> str:
-        return display.render_html("Loop", self._rows(), self.state.progress)
+        return notebook.render_html("Loop", self._rows(), self.state.progress)
 
     def replace(self, old, new, *, fresh: bool = False) -> "Loop":
         """Swap hook ``old`` (a hook, its identity or its path in chains) for ``new`` in this live run.

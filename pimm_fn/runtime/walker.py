@@ -18,7 +18,7 @@ from pimm_fn.core.schedule import advance, next_event
 from pimm_fn.runtime.driver import Driver
 from pimm_fn.runtime.quiet import QuietSteps
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
-from pimm_fn.runtime.step import runner, train_step
+from pimm_fn.runtime.default_step import runner, train_step
 from pimm_fn.runtime.transaction import LOADING, Transaction, effect_phase, fold_phase, step_of
 
 __all__ = ["Walker"]
@@ -199,7 +199,7 @@ class Walker:
         state = self._quiet.accumulated(self.state, self.hooks, pending)
         if state is not self._state:
             self.state = state
-        return event if current is None else attrs.evolve(event, outputs=current)
+        return event if current is None else ev.AfterStep(event.step, current, event.batch_size)
 
     def _finish(self, work) -> None:
         """Execute ``work`` (a ``Pending``) to the end, keeping it where an effect or a follow-up's fold raises."""

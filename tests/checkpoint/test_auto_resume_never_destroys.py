@@ -35,7 +35,8 @@ def saved(tmp_path_factory):
 
 
 def resumed(run_dir, fmt="standard"):
-    return tw.build(run_dir, hooks=hooks(), max_epochs=3, resume="auto", fmt=fmt, console=True, progress=False)
+    return tw.build(run_dir, hooks=hooks(), max_epochs=3, resume="auto", fmt=fmt, console=True,
+                    watching=pf.Watching(progress=False))
 
 
 def only_last(saved, tmp_path) -> pathlib.Path:

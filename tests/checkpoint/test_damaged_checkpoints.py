@@ -44,7 +44,8 @@ def saved(tmp_path_factory):
 
 def resumed(run_dir, resume):
     """The run rebuilt from ``resume``, with a budget left, its console on: skipped checkpoints are said there."""
-    return tw.build(run_dir, hooks=hooks(), max_epochs=3, resume=resume, console=True, progress=False)
+    return tw.build(run_dir, hooks=hooks(), max_epochs=3, resume=resume, console=True,
+                    watching=pf.Watching(progress=False))
 
 
 def copied(saved, tmp_path) -> pathlib.Path:
@@ -186,7 +187,8 @@ def test_a_sharded_save_records_its_shards_and_a_damaged_one_is_skipped(one_rank
         fully_shard(net)
         data = torch.utils.data.DataLoader(tw.dataset(16), batch_size=8)
         return pf.loop(Regression(net), torch.optim.Adam(net.parameters(), lr=0.01), data, hooks=hooks(), max_epochs=epochs,
-                       save_dir=tmp_path, resume=resume, console=console, progress=False, weights_file=False)
+                       save_dir=tmp_path, resume=resume,
+                       saving=pf.Saving(weights_file=False), watching=pf.Watching(console=console, progress=False))
 
     build().run()  # 8 steps: last/ and iter_4, iter_8 (hard links of last/)
     last = tmp_path / "model" / "last"

@@ -1,4 +1,4 @@
-"""SHA-256 digests in the marker (``loop(digests=True)``), checked on resume and by ``verify``; marker paths confined.
+"""SHA-256 digests in the marker (``Saving(digests=True)``), checked on resume and by ``verify``; marker paths confined.
 
 A checkpoint is untrusted input: bytes changed at the same size are refused
 wherever the marker records digests, and a marker naming anything but a
@@ -35,7 +35,8 @@ def _loop(save_dir, *, resume=None, async_save=False, digests=True, max_epochs=1
     model = _Net()
     return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), [torch.ones(2, 128)] * 4,
                    hooks=[pf.save_every(2, snapshots=True, async_save=async_save)], max_epochs=max_epochs,
-                   save_dir=save_dir, resume=resume, digests=digests, console=console, progress=False)
+                   save_dir=save_dir, resume=resume,
+                   saving=pf.Saving(digests=digests), watching=pf.Watching(console=console, progress=False))
 
 
 def _flip(path, count=16):

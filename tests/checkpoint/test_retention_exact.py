@@ -93,12 +93,12 @@ class _Net(torch.nn.Module):
 
 
 def test_loop_keep_snapshots_3_keeps_three_after_every_save(tmp_path):
-    """loop(keep_snapshots=3) with a snapshot every step: after each step the newest min(step, 3) snapshots exist."""
+    """Saving(keep=keep_last(3)) with a snapshot every step: after each step the newest min(step, 3) snapshots exist."""
     torch.manual_seed(0)
     model = _Net()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(1, 2)] * 6,
-                  hooks=[pf.save_every(1, snapshots=True)], max_epochs=1, save_dir=tmp_path, keep_snapshots=3,
-                  console=False, progress=False)
+                  hooks=[pf.save_every(1, snapshots=True)], max_epochs=1, save_dir=tmp_path,
+                  saving=pf.Saving(keep=pf.keep_last(3)), watching=pf.Watching(console=False, progress=False))
     for step in range(1, 7):
         run.step()
         assert _on_disk(tmp_path / "model") == set(range(max(1, step - 2), step + 1)), f"after step {step}"

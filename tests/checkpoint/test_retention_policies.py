@@ -177,7 +177,7 @@ class _Net(torch.nn.Module):
 
 
 def test_loop_keep_applies_the_policy_and_keeps_each_metrics_best_file(tmp_path):
-    """loop(keep=...) keeps the newest snapshot and the best by a metric, also for background saves (the
+    """Saving(keep=...) keeps the newest snapshot and the best by a metric, also for background saves (the
     synchronous path is exercised by the CLI tests' run); every model_best_<metric> file stays."""
     scores = iter([0.2, 0.9, 0.1, 0.3, 0.4, 0.5])
 
@@ -188,11 +188,12 @@ def test_loop_keep_applies_the_policy_and_keeps_each_metrics_best_file(tmp_path)
     model = _Net()
     hooks = [pf.evaluate_every(2, val), pf.best_on("acc"), pf.best_on("loss", mode="min"),
              pf.save_every(2, snapshots=True, async_save=True)]
-    with pytest.raises(ValueError, match="give 'keep' or 'keep_snapshots', not both"):
+    with pytest.raises(TypeError, match=r"no longer takes keep_snapshots=: pass saving=pimm_fn\.Saving\(keep="):
         pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(1, 2)] * 4, hooks=hooks,
-                max_epochs=1, save_dir=tmp_path, keep=keep_last(1), keep_snapshots=1)
+                max_epochs=1, save_dir=tmp_path, saving=pf.Saving(keep=keep_last(1)), keep_snapshots=1)
     pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(1, 2)] * 4, hooks=hooks, max_epochs=3,
-            save_dir=tmp_path, keep=keep_last(1) | keep_best(1, "acc"), console=False)()
+            save_dir=tmp_path,
+            saving=pf.Saving(keep=keep_last(1) | keep_best(1, "acc")), watching=pf.Watching(console=False))()
     model_dir = tmp_path / "model"
     names = sorted(p.name for p in model_dir.iterdir())
     assert names == ["iter_12", "iter_4", "last", "model_best_acc.json", "model_best_acc.pth", "model_best_loss.json",

@@ -67,17 +67,19 @@ def test_sharded_checkpoint_without_a_weights_file_resumes_exactly_and_its_weigh
     hooks = [pf.save_every(4)]
     reference_net = _sharded_net()
     reference = pf.loop(reference_net, torch.optim.Adam(reference_net.parameters(), lr=0.01), _data(), hooks=hooks,
-                        max_epochs=3, save_dir=tmp_path / "ref", console=False, weights_file=False)
+                        max_epochs=3, save_dir=tmp_path / "ref",
+                        saving=pf.Saving(weights_file=False), watching=pf.Watching(console=False))
     reference()
     net = _sharded_net()
     run = pf.loop(net, torch.optim.Adam(net.parameters(), lr=0.01), _data(), hooks=hooks, max_epochs=3,
-                  save_dir=tmp_path / "run", console=False, weights_file=False)
+                  save_dir=tmp_path / "run", saving=pf.Saving(weights_file=False), watching=pf.Watching(console=False))
     run.run(steps=6)  # saved at 4
     last = tmp_path / "run" / "model" / "last"
     assert not (last / "model.pth").exists() and "weights_file=False" in (last / "model.pth.skipped").read_text()
     net = _sharded_net()
     resumed = pf.loop(net, torch.optim.Adam(net.parameters(), lr=0.01), _data(), hooks=hooks, max_epochs=3,
-                      save_dir=tmp_path / "run", resume="auto", console=False, weights_file=False)
+                      save_dir=tmp_path / "run", resume="auto",
+                      saving=pf.Saving(weights_file=False), watching=pf.Watching(console=False))
     assert resumed.state.progress.global_step == 4
     resumed()
     final = _full(net)
@@ -88,7 +90,7 @@ def test_sharded_checkpoint_without_a_weights_file_resumes_exactly_and_its_weigh
 def test_sharded_best_model_is_the_gathered_full_state_dict(one_rank_group, tmp_path):
     net = _sharded_net()
     run = pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.01), _data(), max_epochs=1, save_dir=tmp_path,
-                  hooks=[pf.evaluate_every(2, score), pf.best_on("score")], console=False)
+                  hooks=[pf.evaluate_every(2, score), pf.best_on("score")], watching=pf.Watching(console=False))
     run()
     best = torch.load(tmp_path / "model" / "model_best.pth", weights_only=True)
     assert {k: type(v) for k, v in best.items()} == dict.fromkeys(best, torch.Tensor)
@@ -98,21 +100,22 @@ def test_sharded_best_model_is_the_gathered_full_state_dict(one_rank_group, tmp_
 def test_a_sharded_model_wrapped_in_ddp_as_well_is_refused_with_the_fix(one_rank_group):
     net = _sharded_net()
     with pytest.raises(ValueError, match="drop ddp=True"):
-        pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.1), _data(), max_epochs=1, ddp=True)
+        pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.1), _data(), max_epochs=1, parallel=pf.Parallel(ddp=True))
 
 
 def test_a_sharded_model_in_the_legacy_format_is_refused_with_the_fix(one_rank_group, tmp_path):
     net = _sharded_net()
     with pytest.raises(ValueError, match="checkpoint_format='standard'"):
         pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.1), _data(), max_epochs=1, save_dir=tmp_path,
-                hooks=[pf.save_every(2)], checkpoint_format="legacy")
+                hooks=[pf.save_every(2)], saving=pf.Saving(checkpoint_format="legacy"))
 
 
 def test_best_on_a_rank_local_metric_of_a_sharded_model_says_to_broadcast(one_rank_group, tmp_path):
     """A sharded best write gathers on every rank, so every rank must decide alike: broadcast=False is refused."""
     net = _sharded_net()
     run = pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.1), _data(), max_epochs=1, save_dir=tmp_path,
-                  hooks=[pf.evaluate_every(2, score, broadcast=False), pf.best_on("score")], console=False)
+                  hooks=[pf.evaluate_every(2, score, broadcast=False), pf.best_on("score")],
+                  watching=pf.Watching(console=False))
     with pytest.raises(ValueError, match="broadcast=True"):
         run()
 
@@ -121,12 +124,12 @@ def test_a_sharded_model_refuses_a_replicated_checkpoint_before_touching_anythin
     torch.manual_seed(0)
     plain = Net()
     pf.loop(plain, torch.optim.SGD(plain.parameters(), lr=0.1), _data(), max_epochs=1, save_dir=tmp_path,
-            hooks=[pf.save_every(2)], console=False).run(steps=2)
+            hooks=[pf.save_every(2)], watching=pf.Watching(console=False)).run(steps=2)
     net = _sharded_net()
     before = _full(net)
     with pytest.raises(pf.ResumeError, match="replicated"):
         pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.1), _data(), max_epochs=1, save_dir=tmp_path,
-                hooks=[pf.save_every(2)], resume="auto", console=False)
+                hooks=[pf.save_every(2)], resume="auto", watching=pf.Watching(console=False))
     assert all(torch.equal(v, before[k]) for k, v in _full(net).items())
 
 
@@ -135,7 +138,7 @@ def test_a_sharded_checkpoint_resumes_into_an_unsharded_model(one_rank_group, tm
     net = _sharded_net()
     optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
     pf.loop(net, optimizer, _data(), max_epochs=1, save_dir=tmp_path, hooks=[pf.save_every(2)],
-            console=False).run(steps=2)
+            watching=pf.Watching(console=False)).run(steps=2)
     saved = _full(net)
     torch.manual_seed(1)
     plain = Net()
@@ -143,7 +146,7 @@ def test_a_sharded_checkpoint_resumes_into_an_unsharded_model(one_rank_group, tm
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pf.loop(plain, plain_optimizer, _data(), max_epochs=1, save_dir=tmp_path, hooks=[pf.save_every(2)],
-                resume="auto", console=False)
+                resume="auto", watching=pf.Watching(console=False))
     assert all(torch.equal(plain.state_dict()[k], v) for k, v in saved.items())
     assert plain_optimizer.state_dict()["state"][0]["exp_avg"].shape == (8, 4)
 
@@ -153,15 +156,15 @@ def test_a_background_save_of_a_sharded_model_resumes_exactly(one_rank_group, tm
     hooks = [pf.save_every(3, async_save=True)]
     reference_net = _sharded_net()
     pf.loop(reference_net, torch.optim.Adam(reference_net.parameters(), lr=0.01), _data(), hooks=hooks,
-            max_epochs=2, save_dir=tmp_path / "ref", console=False)()
+            max_epochs=2, save_dir=tmp_path / "ref", watching=pf.Watching(console=False))()
     net = _sharded_net()
     run = pf.loop(net, torch.optim.Adam(net.parameters(), lr=0.01), _data(), hooks=hooks, max_epochs=2,
-                  save_dir=tmp_path / "run", console=False)
+                  save_dir=tmp_path / "run", watching=pf.Watching(console=False))
     run.run(steps=5)  # saved at 3 in the background, then two more steps
     run.ctx.wait_for_save()
     net = _sharded_net()
     resumed = pf.loop(net, torch.optim.Adam(net.parameters(), lr=0.01), _data(), hooks=hooks, max_epochs=2,
-                      save_dir=tmp_path / "run", resume="auto", console=False)
+                      save_dir=tmp_path / "run", resume="auto", watching=pf.Watching(console=False))
     assert resumed.state.progress.global_step == 3
     resumed()
     final = _full(net)
@@ -175,6 +178,6 @@ def test_a_sharded_run_warm_starts_from_a_plain_weights_file(one_rank_group, tmp
     torch.save(plain.state_dict(), tmp_path / "pretrained.pth")
     net = _sharded_net()
     run = pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.0), _data(), max_epochs=1,
-                  hooks=[pf.load_weights(tmp_path / "pretrained.pth")], console=False)
+                  hooks=[pf.load_weights(tmp_path / "pretrained.pth")], watching=pf.Watching(console=False))
     run.step()  # BeforeTrain loads; a step at lr 0 leaves the weights as loaded
     assert all(torch.equal(v, plain.state_dict()[k]) for k, v in _full(net).items())

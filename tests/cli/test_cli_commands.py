@@ -49,8 +49,8 @@ def runs(tmp_path_factory):
     hooks = [pf.evaluate_every(2, val), pf.best_on("acc"), pf.best_on("loss", mode="min"),
              pf.save_every(2, snapshots=True)]
     pf.loop(model, optimizer, [torch.ones(1, 3)] * 4, hooks=hooks, max_epochs=3, save_dir=root / "run",
-            scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 4), keep=keep_last(2) | keep_best(1, "acc"),
-            console=False)()
+            scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 4),
+            saving=pf.Saving(keep=keep_last(2) | keep_best(1, "acc")), watching=pf.Watching(console=False))()
     broken = root / "broken" / "model"
     shutil.copytree(root / "run" / "model", broken)
     (broken / "iter_10" / "COMPLETE").unlink()  # never finished, as far as anyone can tell

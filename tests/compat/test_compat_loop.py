@@ -101,7 +101,8 @@ def test_a_pimm_config_runs_with_the_catalogue_handlers(tmp_path):
 
     hooks = build_hooks(CONFIG, evaluate=score, tester=tester)
     run = pf.loop(model, optimizer, DataLoader(data(), batch_size=4), hooks=[*hooks, EpochNote()], max_epochs=2,
-                  save_dir=tmp_path, handlers=HANDLERS, config={"model": "Net", "seed": 1500}, console=False)
+                  save_dir=tmp_path, handlers=HANDLERS,
+                  watching=pf.Watching(console=False), training=pf.Training(config={"model": "Net", "seed": 1500}))
     state = run()
     assert gc.isenabled()
     assert state.config["wandb_run_name"] == "Net-1.5K"
@@ -125,7 +126,7 @@ def test_weight_decay_exclusion_refuses_an_optimizer_that_was_not_split():
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters())
     run = pf.loop(model, optimizer, DataLoader(data(), batch_size=4), hooks=build_hooks([CONFIG[1]]), max_epochs=1,
-                  handlers=HANDLERS, console=False)
+                  handlers=HANDLERS, watching=pf.Watching(console=False))
     with pytest.raises(ValueError, match=r"param group 0 is not split .*split_weight_decay\(model, optimizer"):
         run.step()
 
@@ -134,6 +135,6 @@ def test_pf_loop_takes_a_class_based_hook_directly():
     """A HookBase object in loop(hooks=...) is adapted; its methods see the trainer view and return effects."""
     model = Net()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(data(), batch_size=6),
-                  hooks=[EpochNote()], max_epochs=2, console=False)
+                  hooks=[EpochNote()], max_epochs=2, watching=pf.Watching(console=False))
     run()
     assert [(e.step, e.effect.values["epoch"]) for e in run.trace] == [(2, 0), (4, 1)]

@@ -58,7 +58,8 @@ def test_a_run_that_never_saw_pimm_never_imports_compat(tmp_path):
             model = Net(2, 1)
             data = DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
             run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), data, hooks=[pf.save_every(2)],
-                          max_epochs=2, save_dir={str(tmp_path)!r}, resume=resume, console=False)
+                          max_epochs=2, save_dir={str(tmp_path)!r}, resume=resume,
+                          watching=pf.Watching(console=False))
             run()
         run(None); run("auto"); run({str(tmp_path / "model" / "last")!r})
         assert "pimm_fn.compat" not in sys.modules, sorted(m for m in sys.modules if "compat" in m)
@@ -103,7 +104,7 @@ class Net(torch.nn.Module):
 def _loop(model, hooks, handlers=None, max_epochs=1, **kwargs):
     data = DataLoader(TensorDataset(torch.randn(4, 3)), batch_size=2)
     return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), data, hooks=hooks, max_epochs=max_epochs,
-                   handlers=handlers, console=False, **kwargs)
+                   handlers=handlers, watching=pf.Watching(console=False), **kwargs)
 
 
 def test_each_dialect_goes_to_its_handler(tmp_path):

@@ -52,7 +52,7 @@ def build(save_dir, *, layout=None, resume=None, random=True, epochs=3, config=C
     handlers = {**HANDLERS, **({SaveCheckpoint: pimm_saver(layout, best=0.25)} if layout else {})}
     loader = DataLoader(data(), batch_size=4, shuffle=random)
     run = pf.loop(model, optimizer, loader, hooks=build_hooks(config), max_epochs=epochs, save_dir=save_dir,
-                  scheduler=scheduler, resume=resume, handlers=handlers, console=False)
+                  scheduler=scheduler, resume=resume, handlers=handlers, watching=pf.Watching(console=False))
     return model, run
 
 
@@ -159,7 +159,7 @@ def test_checkpoint_loader_warm_starts_from_a_pimm_split_checkpoint_with_pimms_r
     model = Net()
     init_bias = model.head.bias.clone()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), DataLoader(data(), batch_size=10),
-                  hooks=hooks, max_epochs=1, handlers=HANDLERS, console=False)
+                  hooks=hooks, max_epochs=1, handlers=HANDLERS, watching=pf.Watching(console=False))
     run.step()
     assert torch.equal(model.encoder.weight, source.encoder.weight) and torch.equal(model.norm.bias, source.norm.bias)
     assert torch.equal(model.head.bias, init_bias)
@@ -168,7 +168,7 @@ def test_checkpoint_loader_warm_starts_from_a_pimm_split_checkpoint_with_pimms_r
     other = Net()
     other.encoder, other.norm, other.head = torch.nn.Linear(3, 4), torch.nn.Identity(), torch.nn.Linear(4, 2)
     run = pf.loop(other, torch.optim.SGD(other.parameters(), lr=0.0), DataLoader(data(), batch_size=10),
-                  hooks=nothing, max_epochs=1, handlers=HANDLERS, console=False)
+                  hooks=nothing, max_epochs=1, handlers=HANDLERS, watching=pf.Watching(console=False))
     with pytest.raises(RuntimeError, match=r"^Checkpoint load matched 0 of 4 model parameters"):
         run.step()
 

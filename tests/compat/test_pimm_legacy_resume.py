@@ -39,7 +39,7 @@ def _build(save_dir, *, pimm=False, resume=None, config=(dict(type="CheckpointSa
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     handlers = {**HANDLERS, **({SaveCheckpoint: pimm_saver("pointcept")} if pimm else {})}
     run = pf.loop(model, optimizer, _loader(), hooks=build_hooks(list(config)), max_epochs=3, save_dir=save_dir,
-                  resume=resume, handlers=handlers, console=True)
+                  resume=resume, handlers=handlers, watching=pf.Watching(console=True))
     return model, run
 
 

@@ -73,8 +73,8 @@ def _run(tmp_path, configs):
     x = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))
     return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01),
                    DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4),
-                   hooks=build_hooks(configs), max_epochs=2, save_dir=tmp_path, handlers=HANDLERS, console=False,
-                   progress=False)
+                   hooks=build_hooks(configs), max_epochs=2, save_dir=tmp_path, handlers=HANDLERS,
+                   watching=pf.Watching(console=False, progress=False))
 
 
 def test_a_run_logs_its_resources_and_writes_the_profile(tmp_path):

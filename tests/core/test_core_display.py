@@ -5,7 +5,7 @@ import pickle
 from IPython.lib.pretty import pretty
 
 import pimm_fn as pf
-from pimm_fn.core import display
+from pimm_fn.core import summary as display
 from pimm_fn.core.effects import Evaluate, Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.events import AfterStep, MetricsPublished
 from pimm_fn.core.fold import TraceEntry

@@ -14,13 +14,13 @@ from pimm_fn.core.hook import DuplicateHookError
 from pimm_fn.hooks import BestState, LogState, SaveEveryState, best_on, log_every, save_every
 
 
-@codec.register
+@codec.register_slot_type
 @attrs.frozen
 class Count:
     n: int = 0
 
 
-@codec.register
+@codec.register_slot_type
 @attrs.frozen
 class Renamed:
     m: int = 0

@@ -180,7 +180,7 @@ def test_codec_refuses_unregistered_type_on_encode():
     class Mine:
         x: int = 1
 
-    with pytest.raises(TypeError, match=r"cannot store Mine value .* pimm_fn.register"):
+    with pytest.raises(TypeError, match=r"cannot store Mine value .* pimm_fn.register_slot_type"):
         codec.dumps(State(Progress(2, 1), slots=(Mine(),)))
     with pytest.raises(TypeError, match="cannot store set value"):
         codec.encode({1, 2})
@@ -196,7 +196,7 @@ def test_codec_refuses_unregistered_name_on_decode():
 def test_codec_round_trips_registered_custom_slot():
     """A class decorated with register round-trips; register refuses non-attrs classes."""
 
-    @codec.register
+    @codec.register_slot_type
     @attrs.frozen
     class Counter:
         n: int = 0
@@ -205,7 +205,7 @@ def test_codec_round_trips_registered_custom_slot():
     s = State(Progress(2, 1), slots=(Counter(3, (1.5, "a")),))
     assert codec.loads(codec.dumps(s)) == s
     with pytest.raises(TypeError, match=r"register\(\) takes an attrs class"):
-        codec.register(dict)
+        codec.register_slot_type(dict)
 
 
 def test_codec_uses_no_pickle():

@@ -43,7 +43,7 @@ def _ddp():
     """A replicated model the loop wraps in DistributedDataParallel."""
     torch.manual_seed(0)
     model = Net()
-    return model, torch.optim.AdamW(model.parameters(), lr=0.01), {"ddp": True}
+    return model, torch.optim.AdamW(model.parameters(), lr=0.01), {"parallel": pf.Parallel(ddp=True)}
 
 
 def _fsdp():
@@ -74,7 +74,7 @@ def train(rank, world, out, *, kind, save_dir, tag, kill_after=None, kill_rank=1
     """Train the tiny run with ``resume="auto"``; rank ``kill_rank`` SIGKILLs itself after ``kill_after`` steps, once."""
     model, optimizer, extra = KINDS[kind]()
     run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for("standard"), max_epochs=MAX_EPOCHS,
-                  save_dir=save_dir, resume="auto", console=False, **extra)
+                  save_dir=save_dir, resume="auto", watching=pf.Watching(console=False), **extra)
     result = {"rank": rank, "world": world, "restored": _state(run, kind),
               "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
     if kill_after is not None and rank == kill_rank and not pathlib.Path(marker).exists():
@@ -117,7 +117,7 @@ def node_local(rank, world, out, *, nodes, tag):
                                                              local=local).wait())
     model, optimizer, extra = _ddp()
     run = pf.loop(model, optimizer, loader(rank, world), hooks=[pf.save_every(4)], max_epochs=1, save_dir="loop",
-                  console=False, **extra)
+                  watching=pf.Watching(console=False), **extra)
     result["loop"] = _outcome(run.run)
     result["loop_step"] = run.state.progress.global_step
     result["latest"] = [getattr(latest_checkpoint(d), "step", None) for d in ("run/model", "loop/model")]

@@ -37,7 +37,8 @@ def _build(rank, world, save_dir, *, resume=None, async_save=False):
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     run = pf.loop(model, optimizer, loader(rank, world), hooks=[pf.save_every(4, snapshots=True, async_save=async_save)],
-                  max_epochs=2, save_dir=save_dir, resume=resume, console=False, ddp=True)
+                  max_epochs=2, save_dir=save_dir, resume=resume,
+                  watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
     return model, run
 
 

@@ -24,7 +24,8 @@ def _loop(rank, world, save_dir, *, resume=None, handlers=None, max_epochs=2):
     torch.manual_seed(0)
     model = Net()
     return pf.loop(model, torch.optim.AdamW(model.parameters(), lr=0.01), loader(rank, world), hooks=[pf.save_every(4)],
-                   max_epochs=max_epochs, save_dir=save_dir, resume=resume, handlers=handlers, console=False, ddp=True)
+                   max_epochs=max_epochs, save_dir=save_dir, resume=resume, handlers=handlers,
+                   watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
 
 
 def foreign(rank, world, out, *, save_dir, tag):

@@ -75,7 +75,9 @@ def train(rank, world, out, *, save_dir, tag, kind="fsdp", optim="adam", resume=
     hooks = [pf.evaluate_every(4, val_loss, name="val"), pf.save_every(save_every, async_save=async_save),
              pf.best_on("val_loss", mode="min")]
     run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=MAX_EPOCHS, save_dir=save_dir,
-                  resume=resume, console=False, ddp=kind == "ddp", weights_file=weights_file)
+                  resume=resume,
+                  saving=pf.Saving(weights_file=weights_file),
+                  watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=kind == "ddp"))
     # Gathering a fresh optimizer's state would create it (a zero step): only a resumed one is read.
     restored = full_state(model, optimizer) if resume is not None else None
     result = {"rank": rank, "world": world, "restored": restored, "restored_progress": run.state.progress}

@@ -61,7 +61,8 @@ def _resume(path: pathlib.Path, into: str, save_dir: pathlib.Path, rank: int, wo
     model = build_model(into)
     try:
         run = pf.loop(model, build_optimizer(model, "adam"), loader(rank, world), hooks=[pf.save_every(100)],
-                      max_epochs=2, save_dir=save_dir, resume=str(path), console=False, ddp=into == "ddp")
+                      max_epochs=2, save_dir=save_dir, resume=str(path),
+                      watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=into == "ddp"))
         run.run(steps=1)
     except (pf.CheckpointError, pf.ResumeError) as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -76,7 +77,7 @@ def mutated(rank, world, out, *, root):
         model = build_model(kind)
         optimizer = build_optimizer(model, "adam")
         pf.loop(model, optimizer, loader(rank, world), hooks=[pf.save_every(100)], max_epochs=1,
-                save_dir=root / kind, console=False, ddp=kind == "ddp")()
+                save_dir=root / kind, watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=kind == "ddp"))()
         genuine = root / kind / "model" / "last"
         shards = sharded.state(model, optimizer)[0] if kind == "fsdp" else {}
         for name, mutation in MUTATIONS.items():

@@ -37,7 +37,7 @@ def accumulate(rank, world, out, *, k, tag):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     stepped = []
     optimizer.register_step_post_hook(lambda *args: stepped.append(1))
-    run = pf.loop(model, optimizer, loader(rank, world), max_epochs=MAX_EPOCHS, console=False,
+    run = pf.loop(model, optimizer, loader(rank, world), max_epochs=MAX_EPOCHS, watching=pf.Watching(console=False),
                   step_fn=pf.TrainStep(accumulate=k))
     run()
     _dump(out, tag, rank, {

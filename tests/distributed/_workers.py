@@ -211,7 +211,8 @@ def train(rank, world, out, *, save_dir, tag, hooks="standard", scores=None, res
         before = {k: v.clone() for k, v in model.state_dict().items()}
         try:
             pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for(hooks, scores, rank), max_epochs=max_epochs,
-                    save_dir=save_dir, resume=resume, strict_resume=True, console=False)
+                    save_dir=save_dir, resume=resume,
+                    resuming=pf.Resuming(strict_resume=True), watching=pf.Watching(console=False))
             result["strict"] = None
         except pf.ResumeError as exc:
             result["strict"] = str(exc)
@@ -221,8 +222,10 @@ def train(rank, world, out, *, save_dir, tag, hooks="standard", scores=None, res
         warnings.simplefilter("always")
         try:
             run = pf.loop(model, optimizer, data, hooks=hooks_for(hooks, scores, rank), max_epochs=max_epochs,
-                          save_dir=save_dir, resume=resume, strict_resume=strict, check_agreement=check_agreement,
-                          console=False, ddp=True, **extra)
+                          save_dir=save_dir, resume=resume,
+                          resuming=pf.Resuming(strict_resume=strict),
+                          watching=pf.Watching(console=False),
+                          parallel=pf.Parallel(check_agreement=check_agreement, ddp=True), **extra)
         except pf.ResumeError as exc:
             result["error"] = ("ResumeError", str(exc))
             return _dump(out, tag, rank, result)
@@ -250,12 +253,12 @@ def resume_differently(rank, world, out, *, save_dir, tag, steps=4):
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for("rank_chain", rank=0), max_epochs=MAX_EPOCHS,
-                  save_dir=save_dir, console=False, ddp=True)
+                  save_dir=save_dir, watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
     run.run(steps=steps)
     result = {"rank": rank, "error": None}
     try:
         pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for("rank_chain", rank=rank), max_epochs=MAX_EPOCHS,
-                save_dir=save_dir, resume="auto", console=False, ddp=True)
+                save_dir=save_dir, resume="auto", watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
     except pf.CollectiveDivergenceError as exc:
         result["error"] = ("CollectiveDivergenceError", str(exc))
     return _dump(out, tag, rank, result)
@@ -353,7 +356,8 @@ def _interrupt_run(rank, world, save_dir, raise_at=(0, ()), fail_eval=(0, ()), f
     hooks = [pf.evaluate_every(4, _FlakyValLoss(*fail_eval), name="val"), pf.save_every(4),
              pf.best_on("val_loss", mode="min"), pf.log_every(5), _RaiseAt(*raise_at)]
     return pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=2, save_dir=save_dir,
-                   console=False, ddp=True, handlers={SaveCheckpoint: _flaky_save(*fail_save)})
+                   watching=pf.Watching(console=False),
+                   parallel=pf.Parallel(ddp=True), handlers={SaveCheckpoint: _flaky_save(*fail_save)})
 
 
 def _failure(exc) -> dict:

@@ -58,7 +58,9 @@ def _build(rank, world, save_dir, resume, strict, data):
     model = Tracking()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     run = pf.loop(model, optimizer, loader(rank, world, **data), hooks=hooks(), max_epochs=MAX_EPOCHS,
-                  save_dir=save_dir, resume=resume, strict_resume=strict, console=False, ddp=True)
+                  save_dir=save_dir, resume=resume,
+                  resuming=pf.Resuming(strict_resume=strict),
+                  watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
     return run, model
 
 

@@ -32,7 +32,7 @@ def test_built_components_train_one_epoch_through_the_loop():
     assert len(loader) == 4 and sched.get_last_lr()[0] <= args.lr  # never above the peak
     import pimm_fn as pf
 
-    state = pf.loop(model, opt, loader, max_epochs=1, scheduler=sched, console=False)()
+    state = pf.loop(model, opt, loader, max_epochs=1, scheduler=sched, watching=pf.Watching(console=False))()
     assert state.progress.global_step == 4 and sched.last_epoch == 4
     result = evaluate(model)
     assert set(result) == {"mIoU", "val_loss"} and 0.0 <= result["mIoU"] <= 1.0

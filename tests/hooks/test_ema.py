@@ -79,7 +79,7 @@ def _run(save_dir, hooks, *, max_epochs=1):
     torch.manual_seed(0)
     model = TinyNet()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), hooks=hooks, max_epochs=max_epochs,
-                  save_dir=save_dir, console=False)
+                  save_dir=save_dir, watching=pf.Watching(console=False))
     return model, run
 
 
@@ -142,7 +142,7 @@ def test_the_average_resumes_exactly(tmp_path):
     torch.manual_seed(0)
     model = TinyNet()
     resumed = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), hooks=hooks, max_epochs=1,
-                      save_dir=tmp_path, resume="auto", console=False)
+                      save_dir=tmp_path, resume="auto", watching=pf.Watching(console=False))
     back = resumed.ctx.extra_state["ema"].state_dict()
     assert back["updates"] == saved["updates"] == 3
     assert all(torch.equal(back["params"][k], saved["params"][k]) for k in saved["params"])

@@ -27,7 +27,8 @@ def build(save_dir, *, kind, accumulate, precision, clip, resume):
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.9)
     step = pf.TrainStep(device="cpu", precision=precision, accumulate=accumulate, clip_grad_norm=clip)
     run = pf.loop(model, optimizer, loader(kind, batch_size=4), hooks=standard_hooks(save_every=2, evaluate_every=3),
-                  max_epochs=3, save_dir=save_dir, scheduler=scheduler, resume=resume, console=False,
+                  max_epochs=3, save_dir=save_dir, scheduler=scheduler, resume=resume,
+                  watching=pf.Watching(console=False),
                   step_fn=step)
     return model, run
 

@@ -4,6 +4,7 @@ Importable by spawned subprocesses (the kill-and-resume tests), so it keeps
 everything at module level.
 """
 
+import attrs
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -52,7 +53,8 @@ def standard_hooks(save_every=3, evaluate_every=4):
     return [pf.evaluate_every(evaluate_every, negative_mse, name="val"), pf.save_every(save_every), pf.best_on("score"), pf.log_every(5)]
 
 
-def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt="standard", console=False, **kwargs):
+def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt="standard", console=False,
+          watching=None, **kwargs):
     """A fresh model, optimizer, scheduler and loop, seeded identically every time (quiet unless ``console``)."""
     torch.manual_seed(0)
     model = TinyNet()
@@ -61,7 +63,8 @@ def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt=
     run = pf.loop(
         model, optimizer, loader(kind), hooks=standard_hooks() if hooks is None else hooks,
         max_epochs=max_epochs, save_dir=save_dir, scheduler=scheduler, resume=resume,
-        checkpoint_format=fmt, console=console, **kwargs,
+        saving=pf.Saving(checkpoint_format=fmt), watching=attrs.evolve(watching or pf.Watching(), console=console),
+        **kwargs,
     )
     return model, run
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import pimm_fn as pf
 from pimm_fn.core.effects import SaveCheckpoint
+from pimm_fn.runtime.options import MOVED
 from _tiny_workload import TinyNet, build, loader, standard_hooks
 
 
@@ -84,7 +85,11 @@ ARGUMENTS = sorted(_bad_values(torch.nn.Linear(1, 1), None, None))
 def _loop(parts, where, resume_from, **bad):
     """``loop`` on ``parts`` with the standard hooks into ``where``, resuming ``resume_from``; ``bad`` overrides."""
     model, optimizer, data = parts
-    kwargs = dict(hooks=standard_hooks(), max_epochs=1, save_dir=where, resume=resume_from, console=False)
+    kwargs = dict(hooks=standard_hooks(), max_epochs=1, save_dir=where, resume=resume_from,
+                  watching=pf.Watching(console=False))
+    for name in [name for name in bad if name in MOVED]:  # an option's field is given in its value, made here
+        keyword, value = MOVED[name]
+        kwargs[keyword] = getattr(pf, value)(**{name: bad.pop(name)})
     kwargs.update(bad)
     if "max_steps" in bad:
         kwargs["max_epochs"] = None
@@ -141,7 +146,7 @@ def test_each_listed_bad_value_is_refused_by_name(saved, parts, tmp_path):
     ("resume", 1, TypeError, "loop: 'resume' must be None (a fresh run), 'auto'"),
     ("console", "no", TypeError, "loop: 'console' must be a bool (got 'no'); pass True or False"),
     ("ddp", "true", TypeError, "loop: 'ddp' must be a bool (got 'true'); pass True or False"),
-    ("keep_snapshots", -1, ValueError, "loop: 'keep_snapshots' must be an int >= 0 (got -1)"),
+    ("keep_snapshots", -1, TypeError, "loop() no longer takes keep_snapshots=: pass saving=pimm_fn.Saving(keep="),
     ("iters_per_epoch", 0, ValueError, "loop: 'iters_per_epoch' must be None or an int >= 1 (got 0); leave it None"),
     ("scheduler", "optimizer", TypeError, "that is an optimizer: build a scheduler on it"),
 ])

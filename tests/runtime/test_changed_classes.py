@@ -36,7 +36,8 @@ def _run(save_dir, *, optimizer="adam", scheduler=None, resume=None, model=None,
     model = model or TinyNet()
     opt = _optimizer(optimizer, model.parameters())
     return model, pf.loop(model, opt, loader(), hooks=[pf.save_every(3)], max_epochs=2, save_dir=save_dir,
-                          scheduler=_scheduler(scheduler, opt), resume=resume, console=True, **kwargs)
+                          scheduler=_scheduler(scheduler, opt), resume=resume,
+                          watching=pf.Watching(console=True), **kwargs)
 
 
 def _saved_at_3(save_dir, **kwargs):
@@ -74,7 +75,8 @@ def test_under_new_a_changed_optimizer_starts_fresh_and_trains(tmp_path, capsys)
     """resume_hyperparameters='new': the SGD starts empty with its own groups, the model is step 3's, steps run."""
     at_3 = _saved_at_3(tmp_path, scheduler="step")
     capsys.readouterr()
-    model, run = _run(tmp_path, optimizer="sgd", scheduler="step", resume="auto", resume_hyperparameters="new")
+    model, run = _run(tmp_path, optimizer="sgd", scheduler="step", resume="auto",
+                      resuming=pf.Resuming(resume_hyperparameters="new"))
     out = capsys.readouterr().out
     assert f"the optimizer in {tmp_path / 'model' / 'last'} is a {ADAM}, this run's is a {SGD}: the optimizer " \
            f"starts fresh (resume_hyperparameters='new')" in out
@@ -92,7 +94,7 @@ def test_under_new_a_changed_scheduler_starts_fresh_and_the_optimizer_resumes(tm
     first.run(steps=3)
     moments = [s["exp_avg"].clone() for s in first.ctx.optimizer.state.values()]
     capsys.readouterr()
-    _, run = _run(tmp_path, scheduler="cosine", resume="auto", resume_hyperparameters="new")
+    _, run = _run(tmp_path, scheduler="cosine", resume="auto", resuming=pf.Resuming(resume_hyperparameters="new"))
     assert "the scheduler in" in capsys.readouterr().out
     assert run.ctx.scheduler.last_epoch == 0 and run.ctx.optimizer.param_groups[0]["lr"] == 0.01
     loaded = [s["exp_avg"] for s in run.ctx.optimizer.state.values()]
@@ -132,7 +134,8 @@ def _gan(save_dir, d="adam", **kwargs):
     model = TinyGan()
     optimizers = {"g": torch.optim.Adam(model.g.parameters(), lr=0.01), "d": _optimizer(d, model.d.parameters())}
     run = pf.loop(model, optimizers=optimizers, train_data=loader(), step_fn=GanStep(RunningMean()),
-                  hooks=[pf.save_every(3)], max_epochs=1, save_dir=save_dir, console=True, **kwargs)
+                  hooks=[pf.save_every(3)], max_epochs=1, save_dir=save_dir,
+                  watching=pf.Watching(console=True), **kwargs)
     return run
 
 
@@ -144,7 +147,7 @@ def test_each_named_optimizer_is_checked_and_only_the_changed_one_starts_fresh(t
     with pytest.raises(pf.ResumeError, match=rf"its optimizer 'd' is a {ADAM}, this run's is a {SGD}"):
         _gan(tmp_path, d="sgd", resume="auto")
     capsys.readouterr()
-    run = _gan(tmp_path, d="sgd", resume="auto", resume_hyperparameters="new")
+    run = _gan(tmp_path, d="sgd", resume="auto", resuming=pf.Resuming(resume_hyperparameters="new"))
     assert "the optimizer 'd' in" in capsys.readouterr().out
     g, d = run.ctx.optimizers["g"], run.ctx.optimizers["d"]
     assert not d.state and all(torch.equal(s["exp_avg"], m) for s, m in zip(g.state.values(), g_moments))
@@ -168,7 +171,7 @@ def _sharded(save_dir, optimizer="adam", **kwargs):
     fully_shard(net.body[0])
     fully_shard(net)
     return net, pf.loop(net, _optimizer(optimizer, net.parameters()), loader(), hooks=[pf.save_every(3)],
-                        max_epochs=1, save_dir=save_dir, console=False, **kwargs)
+                        max_epochs=1, save_dir=save_dir, watching=pf.Watching(console=False), **kwargs)
 
 
 def test_a_sharded_models_optimizer_is_checked_before_its_shards_load(one_rank_group, tmp_path):
@@ -178,7 +181,7 @@ def test_a_sharded_models_optimizer_is_checked_before_its_shards_load(one_rank_g
     at_3 = {k: v.clone() for k, v in checkpoint.sharded.full_weights(net).items()}
     with pytest.raises(pf.ResumeError, match=rf"its optimizer is a {ADAM}, this run's is a {SGD}"):
         _sharded(tmp_path, optimizer="sgd", resume="auto")
-    net, run = _sharded(tmp_path, optimizer="sgd", resume="auto", resume_hyperparameters="new")
+    net, run = _sharded(tmp_path, optimizer="sgd", resume="auto", resuming=pf.Resuming(resume_hyperparameters="new"))
     resumed = checkpoint.sharded.full_weights(net)
     assert all(torch.equal(resumed[k], v) for k, v in at_3.items()) and not run.ctx.optimizer.state
     run()

@@ -36,7 +36,7 @@ def make(save_dir, hooks, *, scheduler=None, max_epochs=4, resume=None, step_fn=
     run = pf.loop(
         model, optimizer, loader(), hooks=hooks, max_epochs=max_epochs, save_dir=save_dir,
         scheduler=scheduler(optimizer) if scheduler else None, resume=resume, step_fn=step_fn,
-        checkpoint_format="legacy", console=False,
+        saving=pf.Saving(checkpoint_format="legacy"), watching=pf.Watching(console=False),
     )
     return model, run
 

@@ -8,7 +8,7 @@ import pimm_fn as pf
 from pimm_fn.core import events as ev
 from pimm_fn.core.plan import initial_state
 from pimm_fn.runtime.guard import AgreementGuard
-from pimm_fn.runtime.setup import describe_setup, setup_of
+from pimm_fn.runtime.guard_setup import describe_setup, setup_of
 from _tiny_workload import TinyNet, loader, negative_mse
 from _process_group import one_rank_group  # noqa: F401 - a fixture
 
@@ -110,7 +110,8 @@ def guarded_run(hooks, max_epochs=4):
     torch.manual_seed(0)
     model = TinyNet()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=hooks,
-                  max_epochs=max_epochs, check_agreement=True, console=False)
+                  max_epochs=max_epochs,
+                  watching=pf.Watching(console=False), parallel=pf.Parallel(check_agreement=True))
     run()
     return run._interpreter.guard
 
@@ -141,7 +142,8 @@ def test_a_guarded_run_of_built_ins_processes_only_what_hooks_or_the_setup_need(
     torch.manual_seed(0)
     model = TinyNet()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), save_dir=tmp_path,
-                  hooks=[pf.evaluate_every(0, negative_mse), pf.save_every(2)], max_epochs=1, console=False)
+                  hooks=[pf.evaluate_every(0, negative_mse), pf.save_every(2)], max_epochs=1,
+                  watching=pf.Watching(console=False))
     assert run._interpreter.guard is not None
     assert run._processed[ev.ModifyConfig] and run._processed[ev.BeforeTrain]
     assert not run._processed[ev.BeforeStep]

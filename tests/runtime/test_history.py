@@ -125,7 +125,7 @@ def test_a_fresh_run_sets_an_earlier_log_aside(tmp_path, capsys):
     first()
     model = TinyNet()
     second = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=[pf.log_every(5)],
-                     max_epochs=1, save_dir=tmp_path, progress=False)
+                     max_epochs=1, save_dir=tmp_path, watching=pf.Watching(progress=False))
     second()
     assert [r["step"] for r in _records(tmp_path / "log.1.jsonl")] == [2, 4, 5]
     assert [(r["step"], r["kind"]) for r in _records(tmp_path / "log.jsonl")] == [(5, "train"), (5, "epoch")]

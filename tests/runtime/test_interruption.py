@@ -138,7 +138,8 @@ def build(save_dir, kind, before, optimizer_cls=torch.optim.Adam):
     ]
     run = pf.loop(
         model, optimizer, FlakyLoader(loader(kind)), hooks=hooks, max_epochs=2, save_dir=save_dir,
-        scheduler=scheduler, console=False, handlers=HANDLERS, checkpoint_format="legacy",
+        scheduler=scheduler,
+        saving=pf.Saving(checkpoint_format="legacy"), watching=pf.Watching(console=False), handlers=HANDLERS,
     )
     # Registered after the loop's own step hooks: the loop still tells it ran before optimizer.step's body.
     optimizer.register_step_pre_hook(lambda opt, args, kwargs: inject("optimizer"))

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pimm_fn as pf
 from pimm_fn.core.state import Progress
-from pimm_fn.runtime.logs import Logs
+from pimm_fn.runtime.log_feed import Logs
 
 
 def _ms_per_step(line: str) -> float:
@@ -39,7 +39,7 @@ def test_a_run_continued_after_a_pause_reports_its_steps_pace_not_the_pause(caps
         return {"loss": loss}
 
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), data, hooks=[pf.log_every(2)], max_epochs=1,
-                  step_fn=step_fn, progress=False)
+                  step_fn=step_fn, watching=pf.Watching(progress=False))
     run.run(steps=2)
     time.sleep(0.6)
     run.run(steps=2)

@@ -160,7 +160,7 @@ def test_log_lines_say_the_elapsed_time_and_the_pace(tmp_path, capsys):
     """A train line ends with elapsed time, ms/step and samples/s; an evaluation line with the elapsed time."""
     model = TinyNet()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=_hooks(),
-                  max_epochs=1, save_dir=tmp_path, progress=False)
+                  max_epochs=1, save_dir=tmp_path, watching=pf.Watching(progress=False))
     run()
     out = capsys.readouterr().out
     assert re.search(r"step 2 train: epoch=0 iter=2 of=5 loss=\S+ lr=\S+ \(\d+\.\ds, \S+ ms/step, \S+ samples/s\)", out)
@@ -169,7 +169,7 @@ def test_log_lines_say_the_elapsed_time_and_the_pace(tmp_path, capsys):
 
 def test_one_process_logs_its_own_outputs_with_no_rank_field(tmp_path):
     """With one rank, log_reduce='mean' changes nothing and no record names its ranks."""
-    _, run = build(tmp_path, hooks=[pf.log_every(2)], max_epochs=1, log_reduce="mean")
+    _, run = build(tmp_path, hooks=[pf.log_every(2)], max_epochs=1, watching=pf.Watching(log_reduce="mean"))
     run()
     assert all("over" not in r for r in run.history.records())
 
@@ -184,8 +184,11 @@ def test_one_process_logs_its_own_outputs_with_no_rank_field(tmp_path):
 ])
 def test_malformed_logging_arguments_are_refused_before_anything_is_written(tmp_path, kwargs, error, match):
     """Each names the argument and what it takes; save_dir stays empty."""
+    kwargs = dict(kwargs)
+    watched = {name: kwargs.pop(name) for name in ("log_reduce", "progress") if name in kwargs}  # Watching's fields
     with pytest.raises(error, match=match):
-        build(tmp_path, hooks=[pf.log_every(2)], max_epochs=1, **kwargs)
+        build(tmp_path, hooks=[pf.log_every(2)], max_epochs=1, **kwargs,
+              **({"watching": pf.Watching(**watched)} if watched else {}))
     assert not any(tmp_path.iterdir())
 
 
@@ -194,4 +197,4 @@ def test_a_logger_needing_a_directory_says_so_without_save_dir():
     model = TinyNet()
     with pytest.raises(ValueError, match="pass save_dir= to loop\\(\\), or a path to the logger"):
         pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=[pf.log_every(2)],
-                max_epochs=1, loggers=[CSVLogger()], console=False)
+                max_epochs=1, loggers=[CSVLogger()], watching=pf.Watching(console=False))

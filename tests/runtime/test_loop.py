@@ -150,7 +150,8 @@ def test_default_step_explains_a_model_without_loss(tmp_path):
             return self.out(self.hidden(batch[0]))
 
     model = NoLoss()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), max_epochs=1, console=False)
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), max_epochs=1,
+                  watching=pf.Watching(console=False))
     with pytest.raises(TypeError, match="mapping with a 'loss' entry"):
         run.step()
 
@@ -160,7 +161,7 @@ def test_saving_without_save_dir_is_a_clear_error():
     model = TinyNet()
     with pytest.raises(ValueError, match=r"save_every\(1\) write checkpoints.*pass save_dir="):
         pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), hooks=[pf.save_every(1)],
-                max_epochs=1, console=False)
+                max_epochs=1, watching=pf.Watching(console=False))
 
 
 def test_bad_loop_arguments_are_refused(tmp_path):
@@ -168,7 +169,7 @@ def test_bad_loop_arguments_are_refused(tmp_path):
     model = TinyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="checkpoint_format"):
-        pf.loop(model, optimizer, loader(), max_epochs=1, checkpoint_format="zip")
+        pf.loop(model, optimizer, loader(), max_epochs=1, saving=pf.Saving(checkpoint_format="zip"))
     with pytest.raises(ValueError, match="two evaluators are named 'val'"):
         pf.loop(model, optimizer, loader(), max_epochs=1,
                 hooks=[pf.evaluate_every(1, negative_mse, name="val"), pf.evaluate_every(2, lambda m: 1.0, name="val")])
@@ -192,7 +193,7 @@ def test_model_hook_lets_the_model_take_part(tmp_path):
 
     model = Aware()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), hooks=[pf.model_hook()],
-                  max_epochs=2, save_dir=tmp_path, console=False)
+                  max_epochs=2, save_dir=tmp_path, watching=pf.Watching(console=False))
     run()
     assert model.epochs_seen == [0, 1]
     assert [e.effect.values["epoch"] for e in run.trace] == [0, 1]
@@ -217,7 +218,7 @@ def test_load_weights_rule_that_matches_nothing_fails_loudly(tmp_path):
     model = TinyNet()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(),
                   hooks=[pf.load_weights(tmp_path / "pre.pth", replacements={"encoder.": "hidden."})],
-                  max_epochs=1, console=False)
+                  max_epochs=1, watching=pf.Watching(console=False))
     with pytest.raises(ValueError, match="encoder"):
         run.step()
 
@@ -228,7 +229,7 @@ def test_load_weights_that_match_no_parameter_fail_loudly(tmp_path):
     model = TinyNet()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(),
-                  hooks=[pf.load_weights(tmp_path / "pre.pth")], max_epochs=1, console=False)
+                  hooks=[pf.load_weights(tmp_path / "pre.pth")], max_epochs=1, watching=pf.Watching(console=False))
     with pytest.raises(ValueError, match=r"no key of the file matches the model .*replacements="):
         run.step()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -243,7 +244,8 @@ def test_grad_scaler_state_is_checkpointed(tmp_path):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
         return scaler, pf.loop(model, optimizer, loader(), hooks=[pf.save_every(2)], max_epochs=1,
-                               save_dir=tmp_path, scaler=scaler, resume=resume, console=False)
+                               save_dir=tmp_path,
+                               watching=pf.Watching(console=False), training=pf.Training(scaler=scaler), resume=resume)
 
     scaler, run = make(None)
     run.run(steps=2)

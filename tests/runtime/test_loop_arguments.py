@@ -12,7 +12,7 @@ from _tiny_workload import TinyNet, build, loader
 
 def _loop(**kwargs):
     model = TinyNet()
-    arguments = dict(hooks=[], max_epochs=1, console=False)
+    arguments = dict(hooks=[], max_epochs=1, watching=pf.Watching(console=False))
     arguments.update(kwargs)
     return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), **arguments)
 

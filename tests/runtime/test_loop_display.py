@@ -6,6 +6,7 @@ import torch
 
 import pimm_fn as pf
 from pimm_fn.core.trace import Trace
+from pimm_fn.testing.plan_check import published_metrics
 from _tiny_workload import TinyNet, build, loader, negative_mse
 
 
@@ -56,7 +57,7 @@ def test_run_trace_is_a_trace_equal_to_the_plan(tmp_path):
     hooks = [pf.evaluate_every(4, negative_mse, name="val"), pf.save_every(3), pf.best_on("score")]
     _, run = build(tmp_path, hooks=hooks, max_epochs=2)
     run()
-    metrics = {e.event.step: dict(e.event.values) for e in run.trace if isinstance(e.event, pf.events.MetricsPublished)}
+    metrics = published_metrics(run.trace)
     planned = pf.plan(hooks, iters_per_epoch=5, max_epochs=2, metrics=metrics)
     trace = run.trace
     assert isinstance(trace, Trace) and [(e.step, e.effect) for e in trace] == [(e.step, e.effect) for e in planned]

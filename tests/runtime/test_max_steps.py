@@ -9,7 +9,8 @@ import torch
 
 import pimm_fn as pf
 from pimm_fn.checkpoint import latest_checkpoint
-from pimm_fn.core.effects import Evaluate, Log, SaveCheckpoint
+from pimm_fn.core.effects import Evaluate, SaveCheckpoint
+from pimm_fn.testing.plan_check import moments, published_metrics
 from _tiny_workload import TinyNet, build, loader, same_weights, standard_hooks, weights
 from _subprocess import run_workload
 
@@ -28,12 +29,6 @@ def _loud(save_dir, *, batch_size=8, resume="auto", **budget):
     return model, run
 
 
-def _without_outputs(entries):
-    """Entries with log records cut to (step, kind): a dry run has no losses to log."""
-    shown = lambda effect: (effect.step, effect.kind) if isinstance(effect, Log) else effect
-    return [(e.step, type(e.event), shown(e.effect), e.hook) for e in entries]
-
-
 def test_a_run_with_max_steps_ends_at_that_step_with_its_final_checkpoint(tmp_path):
     """Training stops after global step 12, mid-epoch; the cut epoch closes and the last checkpoint is step 12."""
     _, run = build(tmp_path, max_epochs=None, max_steps=BUDGET)
@@ -50,10 +45,10 @@ def test_a_real_max_steps_run_executes_what_plan_predicts(tmp_path):
     """plan(max_steps=N) with the metrics the run published is the real run's trace."""
     _, run = build(tmp_path, max_epochs=None, max_steps=BUDGET)
     run()
-    metrics = {e.event.step: dict(e.event.values) for e in run.trace if isinstance(e.event, pf.events.MetricsPublished)}
+    metrics = published_metrics(run.trace)
     assert set(metrics) == {e.effect.step for e in run.trace if isinstance(e.effect, Evaluate)} == {4, 8, 12}
     planned = pf.plan(standard_hooks(), iters_per_epoch=5, max_steps=BUDGET, metrics=metrics)
-    assert _without_outputs(run.trace) == _without_outputs(planned)
+    assert moments(run.trace) == moments(planned)  # a Log by its step and kind: a dry run has no losses
 
 
 @pytest.mark.parametrize("stop", [4, 7, 11])

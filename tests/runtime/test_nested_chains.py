@@ -75,7 +75,7 @@ def _real_trace(tmp_path, hooks) -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pf.ConfigurationWarning)  # the drawn order may put a saver first
         run = pf.loop(model, optimizer, tw.loader(), hooks=hooks, max_epochs=EPOCHS, save_dir=tmp_path,
-                      scheduler=scheduler, console=False)
+                      scheduler=scheduler, watching=pf.Watching(console=False))
         run()
     return run.trace
 

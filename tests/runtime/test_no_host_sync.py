@@ -21,13 +21,14 @@ def _standard_run(tmp_path, extra=(), first=(), **kwargs):
     hooks = [*first, pf.evaluate_every(7, negative_mse, name="val"), pf.save_every(25), pf.best_on("score"),
              pf.log_every(10), *extra]
     data = DataLoader(dataset(), batch_size=8)  # unshuffled: a sampler's own reads are not the loop's
-    return pf.loop(model, optimizer, data, hooks=hooks, max_epochs=8, save_dir=tmp_path, console=False, **kwargs)
+    return pf.loop(model, optimizer, data, hooks=hooks, max_epochs=8, save_dir=tmp_path,
+                   watching=pf.Watching(console=False), **kwargs)
 
 
 @pytest.mark.parametrize("on_nonfinite", ["raise", "warn"])
 def test_the_standard_stack_reads_no_tensor_on_quiet_steps(tmp_path, on_nonfinite):
     """Zero reads on the quiet steps; the steps where log_every or an evaluation fires do read (the count can fail)."""
-    reads = reads_per_step(_standard_run(tmp_path, on_nonfinite=on_nonfinite))
+    reads = reads_per_step(_standard_run(tmp_path, training=pf.Training(on_nonfinite=on_nonfinite)))
     quiet = quiet_steps(40, CADENCES, IPE)
     assert quiet and {k: reads[k] for k in quiet} == dict.fromkeys(quiet, [])
     assert reads[10] and reads[20]
@@ -35,7 +36,7 @@ def test_the_standard_stack_reads_no_tensor_on_quiet_steps(tmp_path, on_nonfinit
 
 def test_skip_reads_the_loss_on_every_step_before_its_backward(tmp_path):
     """'skip' decides before the backward: the one policy that reads each loss (documented)."""
-    reads = reads_per_step(_standard_run(tmp_path, on_nonfinite="skip"))
+    reads = reads_per_step(_standard_run(tmp_path, training=pf.Training(on_nonfinite="skip")))
     assert all(reads[k] == ["item"] for k in quiet_steps(40, CADENCES, IPE))
 
 

@@ -18,7 +18,9 @@ def _gan(save_dir, *, optimizers=None, hooks=None, resume=None, extra=True, cons
     stats = RunningMean()
     run = pf.loop(model, optimizers=optimizers, train_data=loader(), step_fn=GanStep(stats),
                   hooks=[pf.save_every(3)] if hooks is None else hooks, max_epochs=2, save_dir=save_dir,
-                  resume=resume, extra_state={"stats": stats} if extra else None, console=console)
+                  resume=resume,
+                  watching=pf.Watching(console=console),
+                  training=pf.Training(extra_state={"stats": stats} if extra else None))
     return model, run
 
 
@@ -45,7 +47,8 @@ def test_the_step_receives_the_dict_of_optimizers(tmp_path):
 
     model = TinyNet()
     opts = {"a": torch.optim.SGD(model.hidden.parameters(), lr=0.1), "b": torch.optim.SGD(model.out.parameters(), lr=0.1)}
-    pf.loop(model, optimizers=opts, train_data=loader(), step_fn=step, max_epochs=1, console=False).run(steps=2)
+    pf.loop(model, optimizers=opts, train_data=loader(), step_fn=step, max_epochs=1,
+            watching=pf.Watching(console=False)).run(steps=2)
     assert seen == [["a", "b"], ["a", "b"]]
 
 
@@ -62,14 +65,14 @@ def test_one_optimizer_against_several_is_a_resume_error(tmp_path):
     torch.manual_seed(0)
     model = TinyNet()
     pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), hooks=[pf.save_every(2)], max_epochs=1,
-            save_dir=tmp_path, console=False).run(steps=2)
+            save_dir=tmp_path, watching=pf.Watching(console=False)).run(steps=2)
 
     def step(model, optimizer, batch, *, scheduler=None, scaler=None):
         return {}
 
     with pytest.raises(pf.ResumeError, match="one optimizer"):
         pf.loop(model, optimizers={"a": torch.optim.SGD(model.parameters(), lr=0.1)}, train_data=loader(),
-                step_fn=step, max_epochs=1, save_dir=tmp_path, resume="auto", console=False)
+                step_fn=step, max_epochs=1, save_dir=tmp_path, resume="auto", watching=pf.Watching(console=False))
 
 
 def test_hyperparameter_differences_are_said_per_optimizer(tmp_path):
@@ -114,7 +117,8 @@ def test_extra_state_without_state_dict_is_refused():
     """An extra_state object must have state_dict() and load_state_dict()."""
     model = TinyNet()
     with pytest.raises(TypeError, match=r"extra_state\['bad'\] is a int"):
-        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), max_epochs=1, extra_state={"bad": 3})
+        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), max_epochs=1,
+                training=pf.Training(extra_state={"bad": 3}))
 
 
 def test_extra_state_name_taken_by_an_ema_is_refused():
@@ -122,7 +126,7 @@ def test_extra_state_name_taken_by_an_ema_is_refused():
     model = TinyNet()
     with pytest.raises(ValueError, match="rename one"):
         pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), max_epochs=1, hooks=[pf.ema(0.9)],
-                extra_state={"ema": RunningMean()})
+                training=pf.Training(extra_state={"ema": RunningMean()}))
 
 
 def test_extra_state_names_on_one_side_only_are_said(tmp_path, capsys):
@@ -146,7 +150,8 @@ def test_an_error_after_the_first_optimizer_stepped_is_not_exact():
 
     model = TinyGan()
     optimizers = {"g": torch.optim.SGD(model.g.parameters(), lr=0.1), "d": torch.optim.SGD(model.d.parameters(), lr=0.1)}
-    run = pf.loop(model, optimizers=optimizers, train_data=loader(), step_fn=step, max_epochs=1, console=False)
+    run = pf.loop(model, optimizers=optimizers, train_data=loader(), step_fn=step, max_epochs=1,
+                  watching=pf.Watching(console=False))
     with pytest.warns(pf.ResumeNotExactWarning, match="after optimizer.step"), pytest.raises(RuntimeError, match="boom"):
         run.step()
     assert run.interrupted.phase == "the train step, after the optimizer step"

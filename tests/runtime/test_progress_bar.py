@@ -18,7 +18,7 @@ def _hooks():
 
 def test_the_bar_shows_epoch_steps_rate_loss_and_metrics(tmp_path, capsys):
     """progress=True: tqdm's bar on stderr with the epoch, step/total, it/s, the logged loss and the metric."""
-    _, run = build(tmp_path, hooks=_hooks(), max_epochs=2, progress=True)
+    _, run = build(tmp_path, hooks=_hooks(), max_epochs=2, watching=pf.Watching(progress=True))
     assert repr(run.hooks.hooks[-1]) == "progress_bar()"
     run()
     err = capsys.readouterr().err
@@ -28,7 +28,7 @@ def test_the_bar_shows_epoch_steps_rate_loss_and_metrics(tmp_path, capsys):
 
 def test_the_trace_and_the_weights_are_those_of_a_run_without_bar(tmp_path):
     """The bar's effects are executed but not traced: the trace equals the bar-less run's, and so its plan."""
-    model, shown = build(tmp_path / "bar", hooks=_hooks(), max_epochs=2, progress=True)
+    model, shown = build(tmp_path / "bar", hooks=_hooks(), max_epochs=2, watching=pf.Watching(progress=True))
     shown()
     plain_model, plain = build(tmp_path / "plain", hooks=_hooks(), max_epochs=2)
     plain()
@@ -43,7 +43,7 @@ def test_a_shown_bar_reads_no_tensor_on_quiet_steps(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # Adam reads its step count
     run = pf.loop(model, optimizer, DataLoader(dataset(), batch_size=8),
                   hooks=[pf.evaluate_every(7, negative_mse, name="val"), pf.log_every(10)], max_epochs=8,
-                  save_dir=tmp_path, console=False, progress=True)
+                  save_dir=tmp_path, watching=pf.Watching(console=False, progress=True))
     reads = reads_per_step(run)
     quiet = quiet_steps(40, (7, 10), 5)
     assert quiet and {k: reads[k] for k in quiet} == dict.fromkeys(quiet, []) and reads[10]
@@ -53,7 +53,7 @@ def test_console_lines_are_written_above_the_bar_whole(tmp_path, capsys):
     """With the bar on, each console line reaches stdout whole (tqdm.write), none is cut by the bar."""
     model = TinyNet()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(dataset(), batch_size=8),
-                  hooks=_hooks(), max_epochs=1, save_dir=tmp_path, progress=True)
+                  hooks=_hooks(), max_epochs=1, save_dir=tmp_path, watching=pf.Watching(progress=True))
     run()
     out = capsys.readouterr().out.splitlines()
     assert out and all(line.startswith("[pimm_fn] ") for line in out)
@@ -67,7 +67,7 @@ def test_the_bar_is_off_where_nobody_watches_and_follows_the_argument(tmp_path, 
     assert progress_bar.wanted(True, console=False) and not progress_bar.wanted(False, console=True)
     model = TinyNet()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(dataset(), batch_size=8),
-                  hooks=[pf.log_every(2)], max_epochs=1, console=True)
+                  hooks=[pf.log_every(2)], max_epochs=1, watching=pf.Watching(console=True))
     assert run.ctx.bar is None and "progress_bar" not in repr(run.hooks)
 
 
@@ -82,7 +82,7 @@ def test_an_error_closes_the_bar_and_the_continued_run_opens_it_again(tmp_path, 
         return negative_mse(model)
 
     _, run = build(tmp_path, hooks=[pf.evaluate_every(4, evaluator, name="val"), pf.log_every(2)], max_epochs=1,
-                   progress=True)
+                   watching=pf.Watching(progress=True))
     with pytest.raises(RuntimeError, match="flaky evaluator"):
         run()
     assert not run.ctx.bar.showing
@@ -93,8 +93,9 @@ def test_an_error_closes_the_bar_and_the_continued_run_opens_it_again(tmp_path, 
 
 def test_a_resume_without_the_bar_says_nothing_of_its_slot(tmp_path, capsys):
     """A checkpoint written with the bar resumes without it, and no 'dropped slot' line is said."""
-    _, run = build(tmp_path, hooks=[pf.save_every(3)], max_epochs=1, progress=True)
+    _, run = build(tmp_path, hooks=[pf.save_every(3)], max_epochs=1, watching=pf.Watching(progress=True))
     run.run(steps=3)
     run.ctx.close()
-    _, resumed = build(tmp_path, hooks=[pf.save_every(3)], max_epochs=1, resume="auto", progress=False, console=True)
+    _, resumed = build(tmp_path, hooks=[pf.save_every(3)], max_epochs=1, resume="auto",
+                       watching=pf.Watching(progress=False), console=True)
     assert "dropped" not in capsys.readouterr().out and resumed.state.progress.global_step == 3

@@ -69,7 +69,7 @@ def test_after_an_evaluator_raised_the_replacement_is_the_one_called(tmp_path):
     assert [e.step for e in run.trace if isinstance(e.effect, Evaluate)] == [4, 8]
 
 
-@pf.register
+@pf.register_slot_type
 @attrs.frozen
 class CountState:
     steps: int = 0
@@ -155,7 +155,7 @@ def test_a_model_hook_swapped_in_is_bound_to_the_run_model(tmp_path):
     torch.manual_seed(0)
     model = Attending()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), tw.loader(), hooks=[idle],
-                  max_epochs=1, console=False)
+                  max_epochs=1, watching=pf.Watching(console=False))
     run.run(steps=1)
     run.replace(idle, pf.model_hook()).run()
     assert run.state.slots == (4,)
@@ -218,7 +218,7 @@ def test_a_swap_with_a_process_group_is_refused(one_rank_group):
     torch.manual_seed(0)
     model = tw.TinyNet()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), tw.loader(), hooks=[pf.log_every(5)],
-                  max_epochs=1, console=False)
+                  max_epochs=1, watching=pf.Watching(console=False))
     with pytest.raises(RuntimeError, match=r"cannot swap 'log_every\(5\)' for 'log_every\(2\)' in a run with a "
                                            r"process group.*resume='auto'"):
         run.replace("log_every(5)", pf.log_every(2))

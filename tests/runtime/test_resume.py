@@ -151,7 +151,7 @@ def test_a_one_shot_iterator_warns_that_resume_is_not_exact(tmp_path):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         data = iter(list(DataLoader(dataset(), batch_size=8)) * 3)
         return pf.loop(model, optimizer, data, hooks=[pf.save_every(2)], max_epochs=3, iters_per_epoch=5,
-                       save_dir=tmp_path, resume=resume, console=False)
+                       save_dir=tmp_path, resume=resume, watching=pf.Watching(console=False))
 
     make(None).run(steps=3)
     with pytest.warns(pf.ResumeNotExactWarning, match="cannot restore the data position"):

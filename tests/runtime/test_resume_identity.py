@@ -93,7 +93,7 @@ def test_a_removed_hook_is_noted_in_one_console_line_and_no_warning(tmp_path, ca
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pf.loop(model, torch.optim.Adam(model.parameters(), lr=0.01), tw.loader(), hooks=tw.standard_hooks()[:3],
-                max_epochs=EPOCHS, save_dir=tmp_path, resume="auto", console=True)
+                max_epochs=EPOCHS, save_dir=tmp_path, resume="auto", watching=pf.Watching(console=True))
     noted = [line for line in capsys.readouterr().out.splitlines() if "log_every(5)" in line]
     assert len(noted) == 1 and "dropped the checkpointed slot(s) of 'log_every(5)'" in noted[0]
     assert not [w for w in caught if "log_every" in str(w.message) or "slot" in str(w.message)]
@@ -111,13 +111,13 @@ def test_a_replaced_hook_starts_fresh_where_positions_handed_it_another_hooks_sl
 
 
 # -- a hook whose slot no longer fits ------------------------------------------------------------
-@pf.register
+@pf.register_slot_type
 @attrs.frozen
 class Tally:
     steps: int = 0
 
 
-@pf.register
+@pf.register_slot_type
 @attrs.frozen
 class TallyV2:
     count: int = 0
@@ -153,7 +153,7 @@ def _refused(save_dir, hooks):
     before, rng = tw.weights(model), torch.get_rng_state()
     with pytest.raises(pf.ResumeError) as caught:
         pf.loop(model, optimizer, tw.loader(), hooks=hooks, max_epochs=EPOCHS, save_dir=save_dir, resume="auto",
-                console=False)
+                watching=pf.Watching(console=False))
     untouched = tw.same_weights(tw.weights(model), before) and not optimizer.state_dict()["state"]
     return str(caught.value), untouched and torch.equal(torch.get_rng_state(), rng)
 

@@ -39,7 +39,7 @@ def _run(save_dir, *, epochs, resume=None, horizon=None, hooks=None):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=horizon or 5 * epochs)
     run = pf.loop(model, optimizer, _data(), hooks=hooks or [pf.save_every(5)], max_epochs=epochs, save_dir=save_dir,
-                  scheduler=scheduler, resume=resume, console=False)
+                  scheduler=scheduler, resume=resume, watching=pf.Watching(console=False))
     return model, run
 
 

@@ -42,7 +42,8 @@ def snapshot(root: pathlib.Path) -> dict:
 
 
 def second_run(save_dir, resume="auto", console=False):
-    return tw.build(save_dir, hooks=[pf.save_every(2)], max_epochs=3, resume=resume, console=console, progress=False)
+    return tw.build(save_dir, hooks=[pf.save_every(2)], max_epochs=3, resume=resume, console=console,
+                    watching=pf.Watching(progress=False))
 
 
 @pytest.fixture

@@ -31,7 +31,7 @@ def _run(save_dir, *, kind="plain", batch_size=8, rows=None, resume=None, hooks=
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     return pf.loop(
         model, optimizer, loader(kind, batch_size), hooks=[pf.save_every(3)] if hooks is None else hooks,
-        max_epochs=2, save_dir=save_dir, resume=resume, console=False,
+        max_epochs=2, save_dir=save_dir, resume=resume, watching=pf.Watching(console=False),
         step_fn=_recording(rows) if rows is not None else None, **kwargs,
     )
 
@@ -97,7 +97,7 @@ def _sgd_run(save_dir, resume=None, scheduler=False, **hyper):
     optimizer = torch.optim.SGD(model.parameters(), **settings)
     sched = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5) if scheduler else None
     return pf.loop(model, optimizer, loader("plain", 8), hooks=[pf.save_every(3)], max_epochs=1, save_dir=save_dir,
-                   resume=resume, scheduler=sched, console=True, **mode)
+                   resume=resume, scheduler=sched, watching=pf.Watching(console=True), resuming=pf.Resuming(**mode))
 
 
 def test_a_changed_lr_is_said_and_the_checkpoints_value_wins_by_default(tmp_path, capsys):
@@ -140,11 +140,11 @@ def test_a_scheduled_lr_is_no_change_but_a_new_initial_lr_is(tmp_path):
 def test_bad_resume_hyperparameters_and_on_nonfinite_are_refused_at_construction(tmp_path):
     """An unknown value, or 'skip' with a custom step, is a ValueError naming the argument."""
     with pytest.raises(ValueError, match="'resume_hyperparameters' must be 'checkpoint'"):
-        _run(tmp_path, resume_hyperparameters="user")
+        _run(tmp_path, resuming=pf.Resuming(resume_hyperparameters="user"))
     with pytest.raises(ValueError, match="'on_nonfinite' must be 'raise', 'skip' or 'warn' \\(got 'ignore'\\)"):
-        _run(tmp_path, on_nonfinite="ignore")
+        _run(tmp_path, training=pf.Training(on_nonfinite="ignore"))
     with pytest.raises(ValueError, match="on_nonfinite='skip' needs the default step"):
-        _run(tmp_path, rows=[], on_nonfinite="skip")
+        _run(tmp_path, rows=[], training=pf.Training(on_nonfinite="skip"))
 
 
 # -- a non-finite loss ----------------------------------------------------------------------------
@@ -168,7 +168,7 @@ def _nan_run(at, hooks=(), step_fn=None, **kwargs):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     run = pf.loop(model, optimizer, loader("plain", 8), hooks=list(hooks), max_epochs=2, scheduler=scheduler,
-                  step_fn=step_fn, console=False, **kwargs)
+                  step_fn=step_fn, watching=pf.Watching(console=False), **kwargs)
     return model, run
 
 
@@ -203,7 +203,7 @@ def test_a_nan_loss_is_raised_before_a_later_checkpoint_is_written(tmp_path):
 @pytest.mark.parametrize("hooks", [(), (pf.log_every(1),)], ids=["quiet", "outputs read"])
 def test_skip_leaves_the_weights_unchanged_for_that_batch_and_goes_on(hooks):
     """Under 'skip' the NaN step updates nothing (weights, optimizer, scheduler) but counts; training continues."""
-    model, run = _nan_run(3, hooks, on_nonfinite="skip")
+    model, run = _nan_run(3, hooks, training=pf.Training(on_nonfinite="skip"))
     run.run(steps=2)
     before, adam_steps = weights(model), [s["step"].item() for s in run.ctx.optimizer.state.values()]
     with pytest.warns(pf.NonFiniteLossWarning, match="global step 3 .*skipped.*1 non-finite loss"):
@@ -220,7 +220,7 @@ def test_skip_leaves_the_weights_unchanged_for_that_batch_and_goes_on(hooks):
 
 def test_warn_warns_and_goes_on():
     """Under 'warn' the NaN step runs as usual and training continues."""
-    model, run = _nan_run(3, on_nonfinite="warn")
+    model, run = _nan_run(3, training=pf.Training(on_nonfinite="warn"))
     with pytest.warns(pf.NonFiniteLossWarning) as said:  # NaN weights from then on: every later loss warns too
         run()
     assert "global step 3 " in _said(said, pf.NonFiniteLossWarning)
@@ -236,7 +236,7 @@ def test_a_custom_steps_nan_loss_is_checked_after_it_ran():
     _, run = _nan_run(2, (pf.log_every(1),), step_fn=step)
     with pytest.raises(pf.NonFiniteLossError, match="global step 2 "):
         run()
-    _, run = _nan_run(2, (pf.log_every(1),), step_fn=step, on_nonfinite="warn")
+    _, run = _nan_run(2, (pf.log_every(1),), step_fn=step, training=pf.Training(on_nonfinite="warn"))
     with pytest.warns(pf.NonFiniteLossWarning, match="global step 2 .*the step ran"):
         run()
 
@@ -254,7 +254,7 @@ def test_best_on_never_writes_model_best_from_an_infinite_or_nan_evaluation(tmp_
     model = TinyNet()
     hooks = [pf.evaluate_every(2, evaluator, name="val"), pf.best_on("score"), pf.best_on("score", mode="min")]
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader("plain", 8), hooks=hooks,
-                  max_epochs=2, save_dir=tmp_path, console=False)
+                  max_epochs=2, save_dir=tmp_path, watching=pf.Watching(console=False))
     run.run(steps=4)
     assert not list((tmp_path / "model").glob("model_best*")) and dict(run.state.best) == {}
     run.run(steps=2)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pimm_fn.runtime.feed import batch_size as _batch_size
-from pimm_fn.runtime.step import scalar_outputs, train_step, train_step_scalars
+from pimm_fn.runtime.default_step import scalar_outputs, train_step, train_step_scalars
 
 
 class Net(torch.nn.Module):

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pimm_fn as pf
 from pimm_fn.runtime.feed import Feed, MicroBatches, batch_size
-from pimm_fn.runtime.train_step import to_device
+from pimm_fn.runtime.configurable_step import to_device
 from _tiny_workload import same, weights
 
 Pair = collections.namedtuple("Pair", "x y")
@@ -67,7 +67,8 @@ def test_step_on_a_device_trains_on_batches_moved_there():
     """TrainStep(device='cpu') takes (x, y) batches through the non-blocking transfer and trains."""
     model = Linear()
     before = weights(model)
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), max_epochs=2, console=False,
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), max_epochs=2,
+                  watching=pf.Watching(console=False),
                   step_fn=pf.TrainStep(device="cpu"))
     run()
     assert run.state.progress.global_step == 12
@@ -89,12 +90,12 @@ def test_bf16_autocast_on_cpu_runs_the_forward_in_bf16_and_trains():
 
 
 def test_fp16_makes_a_grad_scaler_that_the_loop_checkpoints_and_restores(tmp_path):
-    """precision='fp16' with loop(scaler=None): the loop uses the step's GradScaler, saves and resumes its state."""
+    """precision='fp16' with Training(scaler=None): the loop uses the step's GradScaler, saves and resumes its state."""
 
     def build(resume=None, max_epochs=1):
         model = Linear()
         return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), max_epochs=max_epochs,
-                       console=False, step_fn=pf.TrainStep(precision="fp16"), hooks=[pf.save_every(6)],
+                       watching=pf.Watching(console=False), step_fn=pf.TrainStep(precision="fp16"), hooks=[pf.save_every(6)],
                        save_dir=tmp_path, resume=resume), model
 
     run, model = build()
@@ -109,11 +110,12 @@ def test_fp16_makes_a_grad_scaler_that_the_loop_checkpoints_and_restores(tmp_pat
 
 
 def test_a_scaler_with_bf16_is_refused_before_training():
-    """loop(scaler=GradScaler()) with TrainStep(precision='bf16') is a ValueError naming the fix."""
+    """Training(scaler=GradScaler()) with TrainStep(precision='bf16') is a ValueError naming the fix."""
     model = Linear()
     with pytest.raises(ValueError, match="precision='fp16'"):
-        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), max_epochs=1, console=False,
-                step_fn=pf.TrainStep(precision="bf16"), scaler=torch.amp.GradScaler("cpu"))
+        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), max_epochs=1,
+                watching=pf.Watching(console=False), training=pf.Training(scaler=torch.amp.GradScaler("cpu")),
+                step_fn=pf.TrainStep(precision="bf16"))
 
 
 def _after_one_step(step, batch, seed=0):
@@ -140,7 +142,7 @@ def test_accumulating_loop_counts_optimizer_steps_and_drops_the_remainder():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     stepped = []
     optimizer.register_step_post_hook(lambda *args: stepped.append(1))
-    run = pf.loop(model, optimizer, loader(40, 4), max_epochs=2, console=False,
+    run = pf.loop(model, optimizer, loader(40, 4), max_epochs=2, watching=pf.Watching(console=False),
                   step_fn=pf.TrainStep(accumulate=3))
     assert run.ctx.feed.iters_per_epoch == 3
     run()
@@ -204,7 +206,8 @@ def test_the_nonfinite_policy_applies_to_the_steps_loss():
     x, y = data(24)
     x[0, 0] = float("nan")
     data_ = DataLoader(TensorDataset(x, y), batch_size=24)
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), data_, max_epochs=1, console=False,
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), data_, max_epochs=1,
+                  watching=pf.Watching(console=False),
                   hooks=[pf.log_every(1)], step_fn=pf.TrainStep(clip_grad_norm=1.0))
     with pytest.raises(pf.NonFiniteLossError):
         run()
@@ -260,7 +263,7 @@ def test_an_exception_inside_an_accumulation_then_run_again_ends_as_the_uninterr
         torch.manual_seed(0)
         model = FailsOnce(at)
         return model, pf.loop(model, torch.optim.Adam(model.parameters(), lr=0.01), loader(40, 4), max_epochs=2,
-                              console=False, hooks=[pf.log_every(1)], step_fn=pf.TrainStep(accumulate=3))
+                              watching=pf.Watching(console=False), hooks=[pf.log_every(1)], step_fn=pf.TrainStep(accumulate=3))
 
     reference, run = build(at=0)
     run()

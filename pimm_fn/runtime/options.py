@@ -1,0 +1,201 @@
+"""``loop()``'s options beyond the daily arguments, as frozen values: how to resume, watch, spread and train.
+
+``loop()`` takes what a user writes every day (model, optimizer, data,
+hooks, budget, ``save_dir``, ``resume``, loggers) as keywords, and the rest
+as a few values, each read by the part of the runtime it configures:
+``Resuming`` by ``resume.restore``, ``Watching`` by the console, progress bar,
+logs and the interpreter's trace, ``Parallel`` by the DDP wrapper and the
+agreement guard, ``Training`` by the step and the checkpoint's contents. How
+to save is ``pimm_fn.checkpoint.saving.Saving``. Each field keeps the name the
+keyword had when ``loop()`` took it, and is checked at construction with the
+same message; the repr is the factory call.
+
+>>> Watching(console=False)
+Watching(console=False, progress=None, log_reduce=None, keep_trace=10000)
+>>> Resuming(resume_hyperparameters="user")
+Traceback (most recent call last):
+ValueError: loop: 'resume_hyperparameters' must be 'checkpoint' (the checkpoint's optimizer hyper-parameters win) or 'new' (this run's optimizer's win) (got 'user')
+"""
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+import attrs
+
+from pimm_fn.checkpoint.saving import Saving
+from pimm_fn.core import validate as v
+from pimm_fn.runtime.arguments import ARGUMENTS, check_on_nonfinite, check_resume_hyperparameters
+from pimm_fn.runtime.interpreter import KEEP_TRACE
+from pimm_fn.runtime.loggers import check_loggers
+
+__all__ = ["Saving", "Resuming", "Watching", "Parallel", "Training", "MOVED", "refuse_moved", "check_options"]
+
+_BOOL = v.is_bool.with_hint("pass True or False")
+
+
+def _hyperparameters(instance, attribute, value) -> None:
+    check_resume_hyperparameters(value)
+
+
+def _log_reduce(instance, attribute, value) -> None:
+    check_loggers((), value)
+
+
+def _on_nonfinite(instance, attribute, value) -> None:
+    check_on_nonfinite(value, custom_step=False)  # 'skip' with a custom step_fn is loop()'s to refuse
+
+
+@attrs.frozen
+class Resuming:
+    """How a resume treats what changed since the checkpoint.
+
+    Args:
+        strict_resume: refuse a resume that cannot restore the data position.
+            Steps per epoch that changed since the checkpoint (another batch
+            size) continue the interrupted epoch by samples consumed where
+            that is exact, else restart it; ``global_step`` is kept and a
+            ``ResumeNotExactWarning`` says which (``pimm_fn.runtime.positioning``).
+        resume_hyperparameters: whose optimizer hyper-parameters win where this
+            run's optimizer (``lr``, ``weight_decay``, ``momentum``, ``betas``...)
+            differs from the checkpoint's: ``"checkpoint"`` (default) or
+            ``"new"`` (applied after loading the optimizer state). Each
+            difference is said either way. A scheduler's state still comes from
+            the checkpoint (``pimm_fn.runtime.hyperparameters``). An optimizer
+            or scheduler of another class is a ``ResumeError`` under
+            ``"checkpoint"``; under ``"new"`` it starts fresh, said on the
+            console (``pimm_fn.runtime.class_change``).
+    """
+
+    factory_name: ClassVar[str] = "loop"  # its errors read as loop()'s did: these were loop()'s keywords
+
+    strict_resume: bool = attrs.field(default=False, validator=_BOOL)
+    resume_hyperparameters: str = attrs.field(default="checkpoint", validator=_hyperparameters)
+
+
+@attrs.frozen
+class Watching:
+    """What a person (or a test) sees of a run: console lines, the progress bar, logged outputs, the trace.
+
+    Args:
+        console: print progress lines on the main rank.
+        progress: a progress bar on the main rank (step/total, it/s, time left,
+            the latest loss ``log_every`` read and metrics): ``None`` (default)
+            shows it where someone watches (rank 0's stderr is a terminal, or a
+            notebook) with ``console`` on; ``True``/``False`` force it. It adds
+            no host sync (``pimm_fn.runtime.progress_bar``); its hook joins
+            ``run.hooks``, last, but not ``run.trace``.
+        log_reduce: ``"mean"`` logs the training outputs (``train`` and
+            ``epoch`` records) averaged over the ranks, with one all-reduce per
+            such record, on the steps that log only; ``None`` (default) logs
+            rank 0's. With several ranks each record says which in its ``over``
+            field (``"rank 0"`` or ``"mean of 4 ranks"``).
+        keep_trace: how many executed effects ``run.trace`` keeps, the newest
+            (default 10 000, so a long run's memory stays flat); ``None`` keeps
+            every one.
+    """
+
+    factory_name: ClassVar[str] = "loop"
+
+    console: bool = attrs.field(default=True, validator=_BOOL)
+    progress: bool | None = attrs.field(default=None, validator=v.optional(v.is_bool.with_hint(
+        "pass None (a bar where someone watches), True or False")))
+    log_reduce: str | None = attrs.field(default=None, validator=_log_reduce)
+    keep_trace: int | None = attrs.field(default=KEEP_TRACE, validator=ARGUMENTS["keep_trace"])
+
+
+@attrs.frozen
+class Parallel:
+    """How the run spreads over the ranks of a process group.
+
+    Args:
+        ddp: wrap ``model`` in ``DistributedDataParallel`` when a process group
+            is initialized (a no-op without one, or when it is already wrapped);
+            the wrapper is ``run.ctx.model``. A sharded model (FSDP2,
+            ``fully_shard``) is passed as it is, without ``ddp``
+            (``pimm_fn.checkpoint.sharded``).
+        check_agreement: compare collective effects across ranks before running
+            them, raising ``CollectiveDivergenceError`` on every rank instead of
+            hanging (default ``None``: on whenever a process group is
+            initialized; ``False`` turns it off). Before the first step it
+            compares each hook's identity and arguments and the schedule; then
+            only the collective effects of hooks not declared
+            ``rank_consistent`` (the built-ins are), with one small asynchronous
+            all-reduce where such a hook is called (``benchmarks/guard.py``).
+    """
+
+    factory_name: ClassVar[str] = "loop"
+
+    ddp: bool = attrs.field(default=False, validator=_BOOL)
+    check_agreement: bool | None = attrs.field(default=None, validator=ARGUMENTS["check_agreement"])
+
+
+@attrs.frozen
+class Training:
+    """What trains beside the model and optimizer, and what a non-finite loss does.
+
+    Args:
+        on_nonfinite: ``"raise"`` (default; ``NonFiniteLossError`` naming the
+            global step), ``"skip"`` (the default step leaves the batch out of
+            the update; each occurrence warns; refused with a custom
+            ``step_fn``) or ``"warn"`` (``pimm_fn.runtime.default_step``).
+        scaler: a ``GradScaler`` stepped by the default step and checkpointed.
+            With ``None``, a ``TrainStep(precision="fp16")`` makes its own.
+        extra_state: ``{name: obj}`` of objects with ``state_dict()`` and
+            ``load_state_dict()`` checkpointed with the run and restored exactly
+            (rank 0's is written). The ``ema()`` hooks' averages join it.
+        config: the initial ``State.config`` (a pimm config, for ``compat``).
+    """
+
+    factory_name: ClassVar[str] = "loop"
+
+    on_nonfinite: str = attrs.field(default="raise", validator=_on_nonfinite)
+    scaler: object = attrs.field(default=None, validator=ARGUMENTS["scaler"])
+    extra_state: Mapping | None = attrs.field(default=None, validator=v.optional(v.instance_of(
+        Mapping, expected="a dict of {name: object with state_dict() and load_state_dict()}")))
+    config: Mapping | None = attrs.field(default=None, validator=ARGUMENTS["config"])
+
+
+# The keywords loop() took before its options became values: where each went (keep_snapshots went away).
+MOVED = {
+    **{name: ("saving", "Saving") for name in ("checkpoint_format", "keep", "weights_file", "digests")},
+    **{name: ("resuming", "Resuming") for name in ("strict_resume", "resume_hyperparameters")},
+    **{name: ("watching", "Watching") for name in ("console", "progress", "log_reduce", "keep_trace")},
+    **{name: ("parallel", "Parallel") for name in ("ddp", "check_agreement")},
+    **{name: ("training", "Training") for name in ("on_nonfinite", "scaler", "extra_state", "config")},
+}
+
+
+def refuse_moved(given: Mapping) -> None:
+    """Raise the ``TypeError`` for the first keyword ``loop()`` does not take, saying where a moved one went.
+
+    >>> refuse_moved({"checkpoint_format": "legacy"})
+    Traceback (most recent call last):
+    TypeError: loop() no longer takes checkpoint_format=: pass saving=pimm_fn.Saving(checkpoint_format=...)
+    >>> refuse_moved({"keep_snapshots": 3})
+    Traceback (most recent call last):
+    TypeError: loop() no longer takes keep_snapshots=: pass saving=pimm_fn.Saving(keep=pimm_fn.keep_last(n)), the same policy
+    """
+    for name in given:
+        if name == "keep_snapshots":
+            raise TypeError("loop() no longer takes keep_snapshots=: "
+                            "pass saving=pimm_fn.Saving(keep=pimm_fn.keep_last(n)), the same policy")
+        if name in MOVED:
+            keyword, value = MOVED[name]
+            raise TypeError(f"loop() no longer takes {name}=: pass {keyword}=pimm_fn.{value}({name}=...)")
+        raise TypeError(f"loop() got an unexpected keyword argument {name!r}")
+
+
+def check_options(**values) -> None:
+    """Each of loop()'s option values is of its type (``saving=`` a ``Saving``...), refused with the fix otherwise.
+
+    >>> check_options(watching={"console": False})
+    Traceback (most recent call last):
+    TypeError: loop: 'watching' must be a pimm_fn.Watching (got {'console': False}); pass watching=pimm_fn.Watching(...)
+    """
+    for name, value in values.items():
+        kind = _KINDS[name]
+        v.instance_of(kind, expected=f"a pimm_fn.{kind.__name__}").with_hint(
+            f"pass {name}=pimm_fn.{kind.__name__}(...)").check(value, name, owner="loop")
+
+
+_KINDS = {"saving": Saving, "resuming": Resuming, "watching": Watching, "parallel": Parallel, "training": Training}
