@@ -302,7 +302,8 @@ def measure(rounds: int, steps: int, warmup: int, names=None) -> dict:
 def dispatch(repeats: int = 20000) -> dict:
     """µs per event: pimm_fn's process() of 10 trivial hooks vs a list of 10 callbacks."""
     from pimm_fn.core import events as ev
-    from pimm_fn.core.fold import chain, process
+    from pimm_fn.core.fold import chain
+    from pimm_fn.core.processing import process
     from pimm_fn.core.plan import initial_state
 
     hooks = chain(*TEN_TRIVIAL)

@@ -2,9 +2,10 @@
 
 from pimm_fn.core import effects, events
 from pimm_fn.core.codec import register_slot_type
-from pimm_fn.core.fold import Chain, TraceEntry, chain, process
+from pimm_fn.core.fold import Chain, TraceEntry, chain
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.plan import plan
+from pimm_fn.core.processing import process
 from pimm_fn.core.schedule import next_event
 from pimm_fn.core.state import Progress, State
 

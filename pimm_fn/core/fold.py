@@ -1,4 +1,4 @@
-"""Folding hooks over an event, and processing an event's effects in order.
+"""Folding hooks over an event: ``chain`` and the core's ``fold``.
 
 ``chain`` composes hooks into one hook whose slot is the tuple of the
 children's slots (as optax's ``chain`` keeps its children's states).
@@ -11,29 +11,17 @@ on calls no hook at all. A nested ``chain`` declares the union of its
 children's subscriptions and enforces theirs inside, so nesting changes
 nothing.
 
-``process`` is the one deterministic pass the design rests on: fold every
-hook for the event, then hand the collected effects, in (hook position,
-emission order), to an executor, dispatching any follow-up events the
-executor returns depth-first before the next effect. Effects that say they
-``runs_last`` (a deferred epoch-end save, the final save, a best-model
-write) keep that order among themselves but come after the event's other
-effects: the logs of an epoch's end or of an evaluation come first. The
-order depends on the effects' values alone, so it is the same on every rank.
-
-The pass is resumable: ``start`` folds the event and returns the work left
-as a ``Pending`` value (an explicit stack of events with the effects and
-follow-ups still to run); ``Pending.advance`` does one unit of it. An
-exception in an effect leaves the last ``Pending`` valid, and advancing it
-again continues exactly where the pass stopped: no effect runs twice, none
-is skipped. ``process`` is ``start`` then ``finish``, for ``plan``, the
-simulator and a driver alike.
+``fold`` applies the core's bookkeeping for an event and folds the hooks
+over it, returning the new state and the effects in the order they run:
+(hook position, emission order), with effects that say they ``runs_last``
+after the others. Executing those effects, resumably, is
+``pimm_fn.core.processing``'s.
 """
 
-from typing import Any, Callable, Protocol
+from typing import Callable
 
 import attrs
 
-from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import AfterStep, Event
@@ -43,9 +31,7 @@ from pimm_fn.core.trace import TraceEntry  # defined beside Trace; importable fr
 
 _NEVER = 2**63  # the step no cadence reaches
 
-__all__ = [
-    "chain", "Chain", "TraceEntry", "Executor", "fold", "process", "init_slots", "Frame", "Pending", "start", "finish",
-]
+__all__ = ["chain", "Chain", "TraceEntry", "fold", "init_slots"]
 
 
 def init_slots(hooks) -> tuple:
@@ -273,14 +259,6 @@ def chain(*hooks, name: str | None = None) -> Chain:
     return Chain(protocol.check_hooks(hooks, "chain"), name)
 
 
-class Executor(Protocol):
-    """What ``process`` hands effects to: the interpreter, or a pure planner."""
-
-    def check(self, state: State, event: Event, emitted: list) -> None: ...
-
-    def execute(self, state: State, entry: TraceEntry) -> tuple[Event, ...]: ...
-
-
 def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
     """Apply the core's bookkeeping for ``event``, then fold ``hooks`` over it."""
     if event.__class__ is AfterStep:  # advance's bookkeeping joined to the fold's first State copy
@@ -303,111 +281,6 @@ def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
     elif state.slot is not None:
         state = state.with_slot(None)
     return state, emitted
-
-
-@attrs.frozen
-class Frame:
-    """An event in processing: its effects not yet executed, and the follow-ups
-    the last executed one returned that are not yet processed (next first)."""
-
-    event: Event
-    effects: tuple  # ((hook index, effect), ...)
-    followups: tuple = ()
-
-
-@attrs.frozen
-class Pending:
-    """What is left of processing an event, as a value: ``process`` stopped anywhere.
-
-    ``frames`` is the work stack, innermost last: the event's frame, above it
-    the frame of a follow-up being processed, and so on. ``state`` is what
-    the next effect runs against (follow-ups fold into it). ``advance`` does
-    one unit of work (execute the next effect, or fold the next follow-up)
-    and returns what is left; when it raises, this value is unchanged, so
-    advancing it again retries exactly that unit. Executing an effect is the
-    only impure part, and it is the executor's.
-
-    >>> from pimm_fn.core.effects import Log
-    >>> from pimm_fn.core.state import Progress
-    >>> work = Pending(State(Progress(4, 1)), (Frame(ev.BeforeTrain(), ((0, Log(0, "train", {})),)),))
-    >>> work.next_effect.effect.kind, work.done
-    ('train', False)
-    """
-
-    state: State
-    frames: tuple
-
-    @property
-    def done(self) -> bool:
-        return not self.frames
-
-    @property
-    def next_effect(self) -> TraceEntry | None:
-        """The effect the next ``advance`` executes, or ``None`` when it folds a follow-up."""
-        top = self.frames[-1]
-        if top.followups:
-            return None
-        index, effect = top.effects[0]
-        return TraceEntry(self.state.progress.global_step, top.event, effect, index)
-
-    @property
-    def next_followup(self) -> Event | None:
-        """The follow-up event the next ``advance`` folds, or ``None`` when it executes an effect."""
-        top = self.frames[-1]
-        return top.followups[0] if top.followups else None
-
-    def advance(self, hooks: Chain, executor: "Executor") -> "Pending":
-        """Do the next unit of work; see the class docstring."""
-        state, frames = self.state, self.frames
-        top = frames[-1]
-        below = frames[:-1]
-        if top.followups:
-            follow = top.followups[0]
-            state, emitted = fold(hooks, state, follow)
-            executor.check(state, follow, emitted)
-            frames = below + (Frame(top.event, top.effects, top.followups[1:]),)
-            if emitted:
-                frames += (Frame(follow, tuple(emitted)),)
-        else:
-            (index, effect), rest = top.effects[0], top.effects[1:]
-            followups = executor.execute(state, TraceEntry(state.progress.global_step, top.event, effect, index))
-            frames = below + (Frame(top.event, rest, tuple(followups)),)
-        while frames and not frames[-1].effects and not frames[-1].followups:
-            frames = frames[:-1]
-        return Pending(state, frames)
-
-
-def start(hooks: Chain, state: State, event: Event, executor: "Executor") -> tuple[State, Pending | None]:
-    """Fold ``event`` and hand its effects to ``executor.check``; returns (state, work left or ``None``).
-
-    Raises what a hook raises, with nothing changed: the fold is pure.
-    """
-    state, emitted = fold(hooks, state, event)
-    # Called on every event, even one this rank emitted nothing for: another
-    # rank may have, and the run-time guard must compare them all.
-    executor.check(state, event, emitted)
-    return state, (Pending(state, (Frame(event, tuple(emitted)),)) if emitted else None)
-
-
-def finish(hooks: Chain, work: Pending, executor: "Executor") -> State:
-    """Advance ``work`` until nothing is left; returns the state it leaves."""
-    while work.frames:
-        work = work.advance(hooks, executor)
-    return work.state
-
-
-def process(hooks: Chain, state: State, event: Event, executor: Executor) -> State:
-    """Fold ``event`` through ``hooks`` and execute its effects, follow-ups included.
-
-    Effects run after *all* hooks have seen the event. A follow-up event an
-    effect produces (``MetricsPublished`` after ``Evaluate``) is processed in
-    full before the next effect, so a save after an evaluation records the
-    hooks' reaction to it. The work is ``start`` then ``finish``: a driver
-    that must survive an exception anywhere calls them itself, keeping the
-    ``Pending`` value to continue from.
-    """
-    state, work = start(hooks, state, event, executor)
-    return state if work is None else finish(hooks, work, executor)
 
 
 Hook = Callable[[State, Event], tuple[State, tuple[Effect, ...]]]

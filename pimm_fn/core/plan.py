@@ -14,7 +14,8 @@ from pimm_fn.core import summary
 from pimm_fn.core.budget import check_budget, epochs_reaching, fresh_progress
 from pimm_fn.core.effects import Evaluate, Stop
 from pimm_fn.core.frozen import freeze
-from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots, process
+from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots
+from pimm_fn.core.processing import process
 from pimm_fn.core.schedule import advance, last_quiet_step, next_event, skip_to, state_at_step
 from pimm_fn.core.state import Progress, State
 from pimm_fn.core.trace import Trace

@@ -4,7 +4,7 @@ An exception or KeyboardInterrupt anywhere in a step (the fetch, forward,
 backward, optimizer or scheduler step, a hook, an effect handler) leaves the
 loop at a point ``run()`` continues from to the same weights and trace as an
 uninterrupted run. This module holds what the loop needs for that beyond
-the core's resumable ``process`` (``pimm_fn.core.fold.Pending``):
+the core's resumable ``process`` (``pimm_fn.core.processing.Pending``):
 
 * ``Interruption``, the public value ``Loop.interrupted`` shows and the line
   the loop prints;

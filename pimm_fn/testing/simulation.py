@@ -24,8 +24,9 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.budget import check_budget
 from pimm_fn.core.effects import Effect, SaveCheckpoint, Scope
 from pimm_fn.core.events import Event
-from pimm_fn.core.fold import Chain, TraceEntry, chain, process
+from pimm_fn.core.fold import Chain, TraceEntry, chain
 from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
+from pimm_fn.core.processing import process
 from pimm_fn.core.state import State
 from pimm_fn.core.validate import int_at_least, is_bool
 

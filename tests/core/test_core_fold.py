@@ -7,10 +7,11 @@ from hypothesis import strategies as st
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Effect, Evaluate, Log, SaveCheckpoint, WriteBest
-from pimm_fn.core.fold import Chain, TraceEntry, chain, fold, process
+from pimm_fn.core.fold import Chain, TraceEntry, chain, fold
 from pimm_fn.core.hook import init_slot
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.plan import RecordingExecutor, initial_state
+from pimm_fn.core.processing import process
 from pimm_fn.core.state import Progress, State
 
 

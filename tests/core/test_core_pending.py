@@ -6,8 +6,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.fold import Frame, Pending, chain, finish, process, start
+from pimm_fn.core.fold import chain
 from pimm_fn.core.plan import initial_state
+from pimm_fn.core.processing import Frame, Pending, finish, process, start
 from test_core_fold import React, Scripted, Tag
 
 ANSWERS = {"a.1": (ev.MetricsPublished({"m": 1.0}, "m1"),), "r.m1": (ev.MetricsPublished({"n": 2.0}, "m2"),)}

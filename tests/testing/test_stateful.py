@@ -6,8 +6,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint, Scope, WriteBest
-from pimm_fn.core.fold import chain, process
+from pimm_fn.core.fold import chain
 from pimm_fn.core.plan import RecordingExecutor, initial_state
+from pimm_fn.core.processing import process
 from pimm_fn.core.schedule import next_event
 from pimm_fn.testing import simulate
 from pimm_fn.testing.strategies import hook_stacks, metric_streams, rank_local_inputs, schedules

@@ -1,0 +1,145 @@
+"""Processing an event's effects in order, resumably: ``process``, ``start``, ``finish``.
+
+``process`` is the one deterministic pass the design rests on: fold every
+hook for the event (``pimm_fn.core.fold``), then hand the collected effects,
+in (hook position, emission order), to an executor, dispatching any
+follow-up events the executor returns depth-first before the next effect.
+Effects that say they ``runs_last`` (a deferred epoch-end save, the final
+save, a best-model write) keep that order among themselves but come after
+the event's other effects: the logs of an epoch's end or of an evaluation
+come first. The order depends on the effects' values alone, so it is the
+same on every rank.
+
+The pass is resumable: ``start`` folds the event and returns the work left
+as a ``Pending`` value (an explicit stack of events with the effects and
+follow-ups still to run); ``Pending.advance`` does one unit of it. An
+exception in an effect leaves the last ``Pending`` valid, and advancing it
+again continues exactly where the pass stopped: no effect runs twice, none
+is skipped. ``process`` is ``start`` then ``finish``, for ``plan``, the
+simulator and a driver alike.
+"""
+
+from typing import Protocol
+
+import attrs
+
+from pimm_fn.core import events as ev
+from pimm_fn.core.events import Event
+from pimm_fn.core.fold import Chain, fold
+from pimm_fn.core.state import State
+from pimm_fn.core.trace import TraceEntry
+
+__all__ = ["Executor", "Frame", "Pending", "start", "finish", "process"]
+
+
+class Executor(Protocol):
+    """What ``process`` hands effects to: the interpreter, or a pure planner."""
+
+    def check(self, state: State, event: Event, emitted: list) -> None: ...
+
+    def execute(self, state: State, entry: TraceEntry) -> tuple[Event, ...]: ...
+
+
+@attrs.frozen
+class Frame:
+    """An event in processing: its effects not yet executed, and the follow-ups
+    the last executed one returned that are not yet processed (next first)."""
+
+    event: Event
+    effects: tuple  # ((hook index, effect), ...)
+    followups: tuple = ()
+
+
+@attrs.frozen
+class Pending:
+    """What is left of processing an event, as a value: ``process`` stopped anywhere.
+
+    ``frames`` is the work stack, innermost last: the event's frame, above it
+    the frame of a follow-up being processed, and so on. ``state`` is what
+    the next effect runs against (follow-ups fold into it). ``advance`` does
+    one unit of work (execute the next effect, or fold the next follow-up)
+    and returns what is left; when it raises, this value is unchanged, so
+    advancing it again retries exactly that unit. Executing an effect is the
+    only impure part, and it is the executor's.
+
+    >>> from pimm_fn.core.effects import Log
+    >>> from pimm_fn.core.state import Progress
+    >>> work = Pending(State(Progress(4, 1)), (Frame(ev.BeforeTrain(), ((0, Log(0, "train", {})),)),))
+    >>> work.next_effect.effect.kind, work.done
+    ('train', False)
+    """
+
+    state: State
+    frames: tuple
+
+    @property
+    def done(self) -> bool:
+        return not self.frames
+
+    @property
+    def next_effect(self) -> TraceEntry | None:
+        """The effect the next ``advance`` executes, or ``None`` when it folds a follow-up."""
+        top = self.frames[-1]
+        if top.followups:
+            return None
+        index, effect = top.effects[0]
+        return TraceEntry(self.state.progress.global_step, top.event, effect, index)
+
+    @property
+    def next_followup(self) -> Event | None:
+        """The follow-up event the next ``advance`` folds, or ``None`` when it executes an effect."""
+        top = self.frames[-1]
+        return top.followups[0] if top.followups else None
+
+    def advance(self, hooks: Chain, executor: "Executor") -> "Pending":
+        """Do the next unit of work; see the class docstring."""
+        state, frames = self.state, self.frames
+        top = frames[-1]
+        below = frames[:-1]
+        if top.followups:
+            follow = top.followups[0]
+            state, emitted = fold(hooks, state, follow)
+            executor.check(state, follow, emitted)
+            frames = below + (Frame(top.event, top.effects, top.followups[1:]),)
+            if emitted:
+                frames += (Frame(follow, tuple(emitted)),)
+        else:
+            (index, effect), rest = top.effects[0], top.effects[1:]
+            followups = executor.execute(state, TraceEntry(state.progress.global_step, top.event, effect, index))
+            frames = below + (Frame(top.event, rest, tuple(followups)),)
+        while frames and not frames[-1].effects and not frames[-1].followups:
+            frames = frames[:-1]
+        return Pending(state, frames)
+
+
+def start(hooks: Chain, state: State, event: Event, executor: "Executor") -> tuple[State, Pending | None]:
+    """Fold ``event`` and hand its effects to ``executor.check``; returns (state, work left or ``None``).
+
+    Raises what a hook raises, with nothing changed: the fold is pure.
+    """
+    state, emitted = fold(hooks, state, event)
+    # Called on every event, even one this rank emitted nothing for: another
+    # rank may have, and the run-time guard must compare them all.
+    executor.check(state, event, emitted)
+    return state, (Pending(state, (Frame(event, tuple(emitted)),)) if emitted else None)
+
+
+def finish(hooks: Chain, work: Pending, executor: "Executor") -> State:
+    """Advance ``work`` until nothing is left; returns the state it leaves."""
+    while work.frames:
+        work = work.advance(hooks, executor)
+    return work.state
+
+
+def process(hooks: Chain, state: State, event: Event, executor: Executor) -> State:
+    """Fold ``event`` through ``hooks`` and execute its effects, follow-ups included.
+
+    Effects run after *all* hooks have seen the event. A follow-up event an
+    effect produces (``MetricsPublished`` after ``Evaluate``) is processed in
+    full before the next effect, so a save after an evaluation records the
+    hooks' reaction to it. The work is ``start`` then ``finish``: a driver
+    that must survive an exception anywhere calls them itself, keeping the
+    ``Pending`` value to continue from.
+    """
+    state, work = start(hooks, state, event, executor)
+    return state if work is None else finish(hooks, work, executor)
