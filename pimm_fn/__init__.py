@@ -51,7 +51,7 @@ _RUNTIME = {
     "ResumeError": "pimm_fn.runtime.resume",
     "CheckpointError": "pimm_fn.checkpoint.errors",
     "SaveDirLockError": "pimm_fn.runtime.lock",
-    "ResumeNotExactWarning": "pimm_fn.runtime.feed",
+    "ResumeNotExactWarning": "pimm_fn.runtime.resume_warning",
     "MissingHandlerError": "pimm_fn.runtime.interpreter",
     "ConfigurationWarning": "pimm_fn.runtime.advice",
     "PeerFailureError": "pimm_fn.runtime.peers",

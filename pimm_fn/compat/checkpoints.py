@@ -56,7 +56,7 @@ from pimm_fn.core.slots import Keyed
 from pimm_fn.core.state import Progress, State
 from pimm_fn.runtime import handlers as runtime_handlers
 from pimm_fn.runtime.context import unwrap
-from pimm_fn.runtime.feed import ResumeNotExactWarning
+from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
 from pimm_fn.runtime.rng import capture_rng
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The impure edge: the driver, the interpreter and its handlers."""
 
-from pimm_fn.runtime.feed import ResumeNotExactWarning
+from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
 from pimm_fn.runtime.guard import CollectiveDivergenceError
 from pimm_fn.runtime.interpreter import Interpreter, MissingHandlerError
 from pimm_fn.runtime.loop import Loop, loop

@@ -34,7 +34,7 @@ import attrs
 import torch
 
 from pimm_fn.core.validate import int_at_least, is_bool, number, one_of, optional
-from pimm_fn.runtime.feed import MicroBatches
+from pimm_fn.runtime.batches import MicroBatches
 
 __all__ = ["TrainStep", "to_device", "loop_scaler", "PRECISIONS"]
 

@@ -34,7 +34,7 @@ OWN_FILES = frozenset(
     str(path)
     for path in [*(_HERE.parent / "core").glob("*.py"), *(_HERE / name for name in (
         "run.py", "walker.py", "transaction.py", "driver.py", "optimizer_watch.py", "quiet.py", "feed.py", "rng.py",
-        "peers.py", "interpreter.py", "ctrl_c.py",
+        "peers.py", "interpreter.py", "ctrl_c.py", "batches.py", "training_data.py", "failed_fetch.py",
     ))]
 )
 

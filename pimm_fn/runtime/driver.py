@@ -10,7 +10,7 @@ scheduler itself, after the step, so an exception there finds the optimizer
 step done and its outputs kept, and the retry only steps the scheduler.
 """
 
-from pimm_fn.runtime.feed import batch_size
+from pimm_fn.runtime.batches import batch_size
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.default_step import scalar_outputs
 from pimm_fn.runtime.optimizer_watch import StepWatch

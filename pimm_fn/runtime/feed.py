@@ -48,82 +48,13 @@ import torch
 
 from pimm_fn.core.validate import int_at_least
 from pimm_fn.runtime import remainder
-from pimm_fn.runtime.rng import capture_rng, restore_rng, set_torch_rng, torch_rng
+from pimm_fn.runtime.batches import MicroBatches
+from pimm_fn.runtime.failed_fetch import ReopenAtCursor
+from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
+from pimm_fn.runtime.rng import capture_rng, restore_rng, torch_rng
+from pimm_fn.runtime.training_data import changes, describe, epoch_sampler, sampler_generators, steps_per_epoch
 
-__all__ = ["Feed", "MicroBatches", "ResumeNotExactWarning", "batch_size", "describe", "changes"]
-
-_Tensor = torch.Tensor
-
-
-class MicroBatches(tuple):
-    """The ``k`` batches of one optimizer step, as a grouped feed gives them (``Feed(group=k)``)."""
-
-    __slots__ = ()
-
-    def __repr__(self):
-        return f"MicroBatches({list(self)!r})"
-
-
-class ResumeNotExactWarning(UserWarning):
-    """A resumed run will not see exactly the batches the original would have."""
-
-
-def _sampler(data):
-    for candidate in (getattr(data, "sampler", None), getattr(getattr(data, "batch_sampler", None), "sampler", None)):
-        if hasattr(candidate, "set_epoch"):
-            return candidate
-    return None
-
-
-def _sampler_generators(data, own) -> tuple:
-    """Generators the loader's samplers keep across epochs (torchdata's RandomSampler), besides ``own``."""
-    found = []
-    for holder in (getattr(data, "sampler", None), getattr(data, "batch_sampler", None),
-                   getattr(getattr(data, "batch_sampler", None), "sampler", None)):
-        generator = getattr(holder, "generator", None)
-        if isinstance(generator, torch.Generator) and generator is not own and all(generator is not g for g in found):
-            found.append(generator)
-    return tuple(found)
-
-
-def describe(data) -> dict:
-    """What of ``data`` a loader's saved state depends on: batch size, ``num_workers``, dataset length."""
-    try:
-        samples = len(data.dataset)
-    except (AttributeError, TypeError):
-        samples = None
-    return {"batch_size": getattr(data, "batch_size", None), "num_workers": getattr(data, "num_workers", 0),
-            "samples": samples}
-
-
-def changes(saved: dict | None, now: dict) -> str:
-    """The differences between two ``describe`` records, as ``"num_workers 0 -> 2"``; ``""`` when none (or unknown)."""
-    if not saved:
-        return ""
-    names = {"batch_size": "batch size", "num_workers": "num_workers", "samples": "dataset length"}
-    return ", ".join(f"{label} {saved.get(key)} -> {now.get(key)}" for key, label in names.items()
-                     if saved.get(key) != now.get(key))
-
-
-def _length(data) -> int:
-    try:
-        length = len(data)
-    except TypeError:
-        raise TypeError(f"the training data ({type(data).__name__}) has no len(): pass iters_per_epoch=N to loop()") from None
-    if length < 1:
-        raise ValueError(f"the training data is empty (len {length}): give the loop at least one batch")
-    return length
-
-
-def _steps(data, group: int) -> int:
-    """Steps per epoch of ``group`` batches each: ``len(data) // group``."""
-    length = _length(data)
-    if length < group:
-        raise ValueError(
-            f"the training data has {length} batches, fewer than the {group} micro-batches of one step "
-            f"(accumulate={group}): use more data, smaller batches or a smaller accumulate"
-        )
-    return length // group
+__all__ = ["Feed"]
 
 
 # Data whose iteration is pure (these exact types: a subclass may draw): fetching never draws from torch's RNG.
@@ -146,7 +77,7 @@ class Feed:
         self.group = group
         self.one_shot = isinstance(data, Iterator)
         # 0 is refused, never replaced by len(data): None alone means "the data's length".
-        self.iters_per_epoch = _steps(data, group) if iters_per_epoch is None else int_at_least(1).with_hint(
+        self.iters_per_epoch = steps_per_epoch(data, group) if iters_per_epoch is None else int_at_least(1).with_hint(
             "leave it None for len(train_data)").check(iters_per_epoch, "iters_per_epoch", owner="loop")
         self.generator = getattr(data, "generator", None)
         self.stateful = (
@@ -155,7 +86,7 @@ class Feed:
             and self.generator is None  # its restore leaves an own generator off by a draw
         )
         # Drawn from when an epoch opens: part of the RNG an opening that failed, or a replay, puts back.
-        self._sampler_generators = _sampler_generators(data, self.generator)
+        self._sampler_generators = sampler_generators(data, self.generator)
         self._drains = self.stateful and hasattr(data, "__len__") and len(data) // group == self.iters_per_epoch
         self._iterator = None
         self._epoch_start = None
@@ -192,7 +123,7 @@ class Feed:
     def start_epoch(self, epoch: int) -> None:
         """Begin ``epoch``: tell the sampler, remember the RNG, open the iterator."""
         self._end_rest()
-        sampler = _sampler(self.data)
+        sampler = epoch_sampler(self.data)
         if sampler is not None:
             sampler.set_epoch(epoch)
         if self._opening == epoch:  # a retry after opening it failed: from the same RNG as the first try
@@ -246,12 +177,12 @@ class Feed:
         except BaseException:
             # Back to the cursor before this fetch, lazily: the next fetch rebuilds the iterator first.
             # A one-shot iterator has nothing to rebuild from: the batch it was giving may be lost.
-            if self._iterator.__class__ is not _Reopen and not self.one_shot and self._source is not None:
+            if self._iterator.__class__ is not ReopenAtCursor and not self.one_shot and self._source is not None:
                 if self._pure:  # nothing was drawn since the fetch began: the RNG to put back is the current one
                     rng = torch_rng()
                 if start is not None:
                     self._source, self._drawn = start
-                self._iterator = _Reopen(self, rng)
+                self._iterator = ReopenAtCursor(self, rng)
             raise
         self._drawn += 1
         return batch
@@ -260,13 +191,13 @@ class Feed:
         """Close the epoch; a stateful loader is drained so its state says so."""
         if self._drains and self._iterator is not None:
             iterator = self._iterator
-            if iterator.__class__ is _Reopen:
+            if iterator.__class__ is ReopenAtCursor:
                 iterator = iterator.reopen()
             try:
                 for _ in iterator:  # empty, or the fewer than ``group`` batches a grouped epoch leaves out
                     pass
             except BaseException:
-                self._iterator = _Reopen(self, None)  # drained again from the cursor next time
+                self._iterator = ReopenAtCursor(self, None)  # drained again from the cursor next time
                 raise
             self._epoch_done = True
         self._iterator = None
@@ -283,7 +214,7 @@ class Feed:
         Returns:
             The step of the epoch it continues at: its steps per epoch less the batches of the rest.
         """
-        sampler = _sampler(self.data)
+        sampler = epoch_sampler(self.data)
         sampler.set_epoch(epoch)
         remainder.lend(self.data, epoch, offset)
         first = max(self.iters_per_epoch - len(self.data) // self.group, 0)
@@ -325,7 +256,7 @@ class Feed:
                     stacklevel=3,
                 )
             return
-        sampler = _sampler(self.data)
+        sampler = epoch_sampler(self.data)
         if sampler is not None:
             sampler.set_epoch(epoch)
         cursor, skip = fresh, iter_in_epoch * self.group  # batches, not steps
@@ -395,61 +326,3 @@ class Feed:
         self._epoch_start = epoch_start
         self._open(("rng", epoch_start), skip)
         restore_rng(resumed)
-
-
-class _Reopen:
-    """The iterator of a feed whose last fetch raised: the next fetch first rebuilds it at the cursor.
-
-    It rebuilds the way the failed iterator was opened (``Feed._source``),
-    skips the batches given before, and puts back ``rng``, the torch RNG
-    from before the failed fetch (``None`` when the loader fetches in worker
-    processes, which draw nothing here). If that raises too, it stays in
-    place for the fetch after.
-    """
-
-    def __init__(self, feed: Feed, rng):
-        self.feed = feed
-        self.rng = rng
-
-    def reopen(self):
-        feed = self.feed
-        try:
-            feed._open(feed._source, feed._drawn)
-        except BaseException:
-            feed._iterator = self
-            raise
-        if self.rng is not None:
-            set_torch_rng(self.rng)
-        return feed._iterator
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        iterator = self.reopen()
-        try:
-            return next(iterator)
-        except BaseException:
-            self.feed._iterator = self  # the retry starts from this fetch's cursor and RNG again
-            raise
-
-
-def batch_size(batch) -> int:
-    """The samples in ``batch``: the first dimension of its first tensor (0 when it has none)."""
-    cls = batch.__class__
-    if cls is MicroBatches:  # a step's micro-batches: all their samples
-        return sum(batch_size(part) for part in batch)
-    if (cls is tuple or cls is list) and batch:  # the common (inputs, targets) batch, without a getattr miss
-        first = batch[0]
-        if first.__class__ is _Tensor:  # a plain tensor: its shape, without a call
-            shape = first.shape
-            return shape[0] if shape else 0
-        return batch_size(first)
-    shape = getattr(batch, "shape", None)
-    if shape:
-        return int(shape[0])
-    if isinstance(batch, dict):
-        return max((batch_size(v) for v in batch.values()), default=0)
-    if isinstance(batch, (list, tuple)) and batch:
-        return batch_size(batch[0])
-    return 0

@@ -14,7 +14,7 @@ import weakref
 from collections.abc import Mapping
 
 from pimm_fn.runtime.ctrl_c import CTRL_C
-from pimm_fn.runtime.feed import ResumeNotExactWarning
+from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
 from pimm_fn.runtime.transaction import TRAINING
 
 __all__ = ["StepWatch", "warn_if_not_exact", "OPTIMIZING", "AFTER_OPTIMIZER"]

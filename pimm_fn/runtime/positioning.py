@@ -42,7 +42,8 @@ import attrs
 from pimm_fn import dist
 from pimm_fn.core.state import State
 from pimm_fn.runtime import remainder
-from pimm_fn.runtime.feed import ResumeNotExactWarning, changes, describe
+from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
+from pimm_fn.runtime.training_data import changes, describe
 
 __all__ = ["mid_epoch", "world_message", "main_cursor", "world_offset", "new_world", "new_epoch_length"]
 

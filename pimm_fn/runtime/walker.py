@@ -3,7 +3,7 @@
 The ``Walker`` takes the events in the pure core's order
 (``pimm_fn.core.schedule.next_event``), has the driver train each step
 (``pimm_fn.runtime.driver``), and hands each event to the hooks with the
-interpreter as executor (``pimm_fn.core.fold.start``). Every unit of that
+interpreter as executor (``pimm_fn.core.processing.start``). Every unit of that
 work runs in the step's transaction (``pimm_fn.runtime.transaction``), so
 after an exception the next step first finishes what the interrupted one
 left. Steps no hook is called for are trained and counted, not folded
@@ -13,7 +13,7 @@ left. Steps no hook is called for are trained and counted, not folded
 import attrs
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.fold import start
+from pimm_fn.core.processing import start
 from pimm_fn.core.schedule import advance, next_event
 from pimm_fn.runtime.driver import Driver
 from pimm_fn.runtime.quiet import QuietSteps

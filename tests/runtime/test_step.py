@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from pimm_fn.runtime.feed import batch_size as _batch_size
+from pimm_fn.runtime.batches import batch_size as _batch_size
 from pimm_fn.runtime.default_step import scalar_outputs, train_step, train_step_scalars
 
 
