@@ -86,7 +86,7 @@ def one_run(mb: float, async_save: bool) -> dict:
         seen["request"] = time.perf_counter()
         out = handlers.save_checkpoint(effect, state, ctx)
         seen["returned"] = time.perf_counter()
-        seen["pending"] = ctx.pending_save
+        seen["pending"] = ctx.saver.pending
         return out
 
     with tempfile.TemporaryDirectory(prefix="pimm-async-bench-") as tmp:

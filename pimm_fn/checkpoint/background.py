@@ -93,14 +93,18 @@ class BackgroundSaver:
         pending, self.pending = self.pending, None
         return pending.wait() if pending is not None else None
 
+    def wait_staged(self) -> None:
+        """Block until the save in flight (if any) has copied what it saves: its sources may change after."""
+        if self.pending is not None and not self.pending.staged:
+            self.pending.wait_staged()
+
     def close(self) -> None:
         """The run ended or stopped: remove the optimizer hooks and stop a running prewarm (its memory is kept).
 
         A save in flight goes on; its copy is finished first, as no hook is
         left to hold the next optimizer step back (:meth:`wait` says how it ended).
         """
-        if self.pending is not None and not self.pending.staged:
-            self.pending.wait_staged()
+        self.wait_staged()
         for hooks in (self.arming, self.gate):
             if hooks is not None:
                 hooks.remove()

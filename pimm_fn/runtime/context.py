@@ -84,26 +84,6 @@ class Context:
         self.saver.wait()
 
     @property
-    def pending_save(self):
-        """The background save in flight (an ``AsyncSave``), if any."""
-        return self.saver.pending
-
-    @property
-    def prewarm(self):
-        """The staging prewarm of background saves, once started (``False``: the state could not be packed)."""
-        return self.saver.prewarm
-
-    @property
-    def prewarm_hook(self):
-        """The optimizer post-step hooks that start the prewarm, until the first background save removes them."""
-        return self.saver.arming
-
-    @property
-    def save_gate(self):
-        """The optimizer pre-step hooks that wait for a background save's copy."""
-        return self.saver.gate
-
-    @property
     def model_dir(self) -> Path:
         if self.save_dir is None:
             raise ValueError("this run has no save_dir, but a hook asked to write a checkpoint: pass save_dir= to loop()")

@@ -119,9 +119,7 @@ def _like(saved, live):
 
 def update_ema(effect: UpdateEma, state, ctx) -> tuple:
     """Update the average ``effect.name`` from the model, after a background save has copied the old one."""
-    pending = ctx.pending_save
-    if pending is not None and not pending.staged:
-        pending.wait_staged()  # the save stages the average by reference: it must not change before the copy
+    ctx.saver.wait_staged()  # the save stages the average by reference: it must not change before the copy
     average = ctx.extra_state.get(effect.name)
     if not isinstance(average, EmaWeights):
         raise LookupError(f"{effect!r}: this run keeps no ema(name={effect.name!r}); build the run with that hook")

@@ -152,7 +152,7 @@ def prewarm_staging(ctx, hooks=None, *, pause_s: float = 0.0) -> None:
     if ctx.checkpoint_format != "standard" or ctx.sharded or not background:
         return  # a sharded model's shards are copied apart from the staging area: nothing to ready
     optimizers = list(ctx.named_optimizers().values())
-    if not all(hasattr(o, "register_step_post_hook") for o in optimizers) or ctx.prewarm is not None:
+    if not all(hasattr(o, "register_step_post_hook") for o in optimizers) or ctx.saver.prewarm is not None:
         return
     saver = ctx.saver.open()
     if saver.arming is not None:

@@ -76,7 +76,7 @@ def test_the_loop_never_has_two_saves_in_flight(tmp_path, monkeypatch):
     run()
     assert peak[0] == 1
     assert checkpoint.latest_checkpoint(tmp_path / "model").step == run.state.progress.global_step
-    assert run.ctx.pending_save is None
+    assert run.ctx.saver.pending is None
 
 
 def _train_recording(save_dir, hooks, monkeypatch=None, **kwargs):

@@ -23,9 +23,9 @@ def test_a_run_closes_its_saver_at_the_end_and_leaves_no_hook_on_the_optimizer(t
     """After training, the run's saver is closed, nothing is in flight, and its optimizer carries no hook of the run."""
     _, run = tw.build(tmp_path, hooks=[pf.save_every(2, async_save=True)], max_epochs=1)
     optimizer = run.ctx.optimizer
-    arming = run.ctx.prewarm_hook.handles
+    arming = run.ctx.saver.arming.handles
     run.run(steps=2)
-    gate = run.ctx.save_gate.handles
+    gate = run.ctx.saver.gate.handles
     assert run.ctx.saver.is_open and _registered(optimizer, gate) == list(gate)  # while saves may still come
     run()
     assert not run.ctx.saver.is_open and run.ctx.saver.pending is None
@@ -41,7 +41,7 @@ def test_two_runs_own_two_savers(tmp_path):
     a.step()
     b.step()
     b.ctx.wait_for_save()
-    assert a.ctx.pending_save is not None and a.ctx.pending_save.step == 1
+    assert a.ctx.saver.pending is not None and a.ctx.saver.pending.step == 1
     a.ctx.wait_for_save()
     assert latest_checkpoint(tmp_path / "a" / "model").step == 1
 

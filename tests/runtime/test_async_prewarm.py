@@ -27,18 +27,18 @@ def _train(run, *, wait_for_prewarm=False) -> dict:
     while not run.finished:
         run.step()
         seen[run.state.progress.global_step] = tw.weights(run.ctx.model)
-        if wait_for_prewarm and run.ctx.prewarm:
-            run.ctx.prewarm.wait()
+        if wait_for_prewarm and run.ctx.saver.prewarm:
+            run.ctx.saver.prewarm.wait()
     return seen
 
 
 def test_the_staging_area_is_ready_before_the_first_save(tmp_path):
     """Right after the first step, before any save, a prewarm readies memory for the weights and optimizer state."""
     model, run = tw.build(tmp_path, hooks=[pf.save_every(4, async_save=True)], max_epochs=1)
-    assert run.ctx.prewarm is None  # nothing before the optimizer state exists
+    assert run.ctx.saver.prewarm is None  # nothing before the optimizer state exists
     run.step()
-    warming = run.ctx.prewarm.wait()
-    assert warming.finished is True and run.ctx.pending_save is None
+    warming = run.ctx.saver.prewarm.wait()
+    assert warming.finished is True and run.ctx.saver.pending is None
     entries = warming.area.tensors()
     weights = {(1, k, v.dtype, tuple(v.shape)) for k, v in model.state_dict().items()}
     assert weights <= set(entries)
@@ -50,11 +50,11 @@ def test_the_first_async_save_copies_into_the_prewarmed_memory(tmp_path):
     """The first background save takes the prewarmed area and allocates none of the tensors it readied."""
     _, run = tw.build(tmp_path, hooks=[pf.save_every(4, async_save=True)], max_epochs=1)
     run.step()
-    warming = run.ctx.prewarm.wait()
+    warming = run.ctx.saver.prewarm.wait()
     ready = {entry: t.data_ptr() for entry, t in warming.area.tensors().items()}
     while run.state.progress.global_step < 4:
         run.step()
-    assert run.ctx.pending_save is not None and run.ctx.pending_save.step == 4
+    assert run.ctx.saver.pending is not None and run.ctx.saver.pending.step == 4
     run.ctx.wait_for_save()
     area = _staging.acquire()
     try:
@@ -85,12 +85,12 @@ def test_a_run_with_prewarm_is_bit_identical_to_one_without(tmp_path):
     hooks = [pf.save_every(4, async_save=True, snapshots=True)]
     _, warm = tw.build(tmp_path / "warm", hooks=hooks)
     warm_seen = _train(warm, wait_for_prewarm=True)
-    assert warm.ctx.prewarm.finished is True
+    assert warm.ctx.saver.prewarm.finished is True
     _staging.drop_idle()
     _, cold = tw.build(tmp_path / "cold", hooks=hooks)
-    cold.ctx.prewarm_hook.remove()  # this run's first save copies into fresh memory
+    cold.ctx.saver.arming.remove()  # this run's first save copies into fresh memory
     cold_seen = _train(cold)
-    assert cold.ctx.prewarm is None
+    assert cold.ctx.saver.prewarm is None
     assert warm_seen.keys() == cold_seen.keys()
     assert all(tw.same_weights(warm_seen[s], cold_seen[s]) for s in warm_seen)
     for step in (4, 8, 12):
@@ -108,9 +108,9 @@ def test_a_run_with_prewarm_is_bit_identical_to_one_without(tmp_path):
 def test_no_prewarm_without_a_background_saver(tmp_path, hooks, fmt):
     """Without a hook that saves in the background, no hook is registered and no staging memory is allocated."""
     _, run = tw.build(tmp_path, hooks=hooks, fmt=fmt, max_epochs=1)
-    assert run.ctx.prewarm_hook is None
+    assert run.ctx.saver.arming is None
     run()
-    assert run.ctx.prewarm is None
+    assert run.ctx.saver.prewarm is None
     area = _staging.acquire()
     assert area.nbytes == 0  # a new, empty one: no idle area was left by anything
     _staging.release(area)
@@ -123,7 +123,7 @@ def test_a_save_arriving_while_the_prewarm_runs_takes_it_over(tmp_path, monkeypa
     _, run = tw.build(tmp_path, hooks=hooks, max_epochs=1)
     handlers.prewarm_staging(run.ctx, run.hooks.hooks, pause_s=0.05)  # replaces the loop's own arming
     seen = _train(run)
-    warming = run.ctx.prewarm
+    warming = run.ctx.saver.prewarm
     assert warming.wait().finished is False and warming.error is None  # the first save took over
     area = _staging.acquire()
     try:

@@ -87,7 +87,7 @@ def test_async_saves_gate_every_optimizer(tmp_path):
     """save_every(async_save=True) with two optimizers saves and resumes (the gate is on each optimizer)."""
     model, run = _gan(tmp_path, hooks=[pf.save_every(2, async_save=True)])
     run.run(steps=4)
-    assert len(run.ctx.save_gate.handles) == 2
+    assert len(run.ctx.saver.gate.handles) == 2
     run.ctx.wait_for_save()
     _gan(tmp_path, resume="auto")
 
