@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.runtime.ema import EmaWeights
+from pimm_fn.runtime.configurable_step import TrainStep
 from pimm_fn.runtime.default_step import train_step
 
 __all__ = ["check_optimizers", "extra_state"]
@@ -22,13 +23,7 @@ __all__ = ["check_optimizers", "extra_state"]
 
 def _steps_one_optimizer(step_fn) -> bool:
     """Whether ``step_fn`` is a built-in step, which trains with one optimizer."""
-    if step_fn is None or step_fn is train_step:
-        return True
-    try:
-        from pimm_fn.runtime.configurable_step import TrainStep
-    except ImportError:
-        return False
-    return isinstance(step_fn, TrainStep)
+    return step_fn is None or step_fn is train_step or isinstance(step_fn, TrainStep)
 
 
 def _names(value, argument: str) -> None:
