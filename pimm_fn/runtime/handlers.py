@@ -121,9 +121,7 @@ def _gate(ctx) -> None:
     saver = ctx.saver
     if saver.gate is None:
         def wait_for_staging(optimizer, args, kwargs):
-            pending = saver.pending
-            if pending is not None and not pending.staged:
-                pending.wait_staged()
+            saver.wait_staged()
 
         saver.gate = _Handles(o.register_step_pre_hook(wait_for_staging) for o in ctx.named_optimizers().values())
 
