@@ -37,6 +37,7 @@ import warnings
 
 import attrs
 
+from pimm_fn.core import events as ev
 from benchmarks._common import fmt_spread, percentile, print_table, spread, write_result
 
 BATCH, WIDTH, HIDDEN = 32, 64, 128
@@ -119,6 +120,28 @@ class _Trivial:
 
 
 TEN_TRIVIAL = [_Trivial(i) for i in range(10)]
+
+
+@attrs.frozen
+class _Slotted:
+    """A hook with a slot of its own that changes nothing, called as ``hook(state, event)`` on every step."""
+
+    i: int
+    events = (ev.AfterStep,)
+
+    def init(self):
+        return (self.i,)  # its own object: no two hooks share a slot
+
+    def __call__(self, state, event):
+        return state, ()
+
+
+@attrs.frozen
+class _SlottedUpdate(_Slotted):
+    """The same, declaring ``update(slot, state, event)``: its slot handed apart, no ``State`` built."""
+
+    def update(self, slot, state, event):
+        return slot, state, ()
 
 
 def _evaluator(model):
@@ -340,19 +363,32 @@ def _ready_loss_step(loss):
     return step_fn
 
 
-def driver(steps: int = 20000, repeats: int = 3) -> dict:
-    """µs of CPU per step of the driver alone (best of ``repeats``): no hooks, and the standard stack."""
+_NEVER = 10**9  # no cadence fires inside the timed steps
+
+
+def _standard_stack():
+    import pimm_fn as pf
+
+    return [pf.evaluate_every(_NEVER, _evaluator, name="val"), pf.save_every(_NEVER), pf.best_on("acc"),
+            pf.log_every(_NEVER)]
+
+
+DRIVER_STACKS = {"no hooks": lambda: [], "standard stack": _standard_stack}
+
+TEN_HOOK_STACKS = {
+    "ten no-op hooks (every event)": lambda: list(TEN_TRIVIAL),
+    "ten slotted hooks, hook(state, event)": lambda: [_Slotted(i) for i in range(10)],
+    "ten slotted hooks, update(slot, state, event)": lambda: [_SlottedUpdate(i) for i in range(10)],
+}
+
+
+def driver(steps: int = 20000, repeats: int = 3, stacks: dict = DRIVER_STACKS) -> dict:
+    """µs of CPU per step of the driver alone (best of ``repeats``), for each of ``stacks`` (by name)."""
     import pimm_fn as pf
 
     torch = _torch()
     model = torch.nn.Linear(2, 1)
     step_fn = _ready_loss_step(torch.tensor(0.5))
-    never = 10**9
-    stacks = {
-        "no hooks": lambda: [],
-        "standard stack": lambda: [pf.evaluate_every(never, _evaluator, name="val"), pf.save_every(never),
-                                   pf.best_on("acc"), pf.log_every(never)],
-    }
     out = {}
     for name, hooks in stacks.items():
         best = float("inf")
@@ -403,6 +439,7 @@ def run(quick: bool = False, processes: int = 3, rounds: int = 5, steps: int = 6
         per_process = [measure(rounds=1, steps=30, warmup=5)]
         disp = dispatch(repeats=200)
         alone = driver(steps=200, repeats=1)
+        ten = driver(steps=200, repeats=1, stacks=TEN_HOOK_STACKS)
     else:
         per_process = []
         for _ in range(processes):
@@ -412,6 +449,7 @@ def run(quick: bool = False, processes: int = 3, rounds: int = 5, steps: int = 6
             per_process.append(json.loads(done.stdout.strip().splitlines()[-1]))
         disp = dispatch()
         alone = driver()
+        ten = driver(steps=5000, stacks=TEN_HOOK_STACKS)
     rows = summarize(per_process)
     fired, quiet = rows.get("pimm_fn, save cadence fires every step (no-op save)"), rows.get("pimm_fn, save cadence never fires")
     cadence_us = fired["step_us_p10"] - quiet["step_us_p10"] if fired and quiet else None
@@ -424,6 +462,7 @@ def run(quick: bool = False, processes: int = 3, rounds: int = 5, steps: int = 6
         "variants": rows,
         "dispatch_us_per_event": disp,
         "driver_alone_us_per_step": alone,
+        "driver_alone_ten_hooks_us_per_step": ten,
         "cadence_fire_extra_us": cadence_us,
         "target": {
             "standard_overhead_us": std,
@@ -446,7 +485,7 @@ def table(result: dict, file=sys.stdout) -> None:
     d = result["dispatch_us_per_event"]
     print_table("Hook dispatch per event (no training step)", ["dispatch", "µs med [min..max]"],
                 [[k, fmt_spread(v, digits=2)] for k, v in d.items()], file=file)
-    alone = result.get("driver_alone_us_per_step")
+    alone = {**result.get("driver_alone_us_per_step", {}), **result.get("driver_alone_ten_hooks_us_per_step", {})}
     if alone:
         print_table("Driver alone (CPU µs per step, step function returns a ready loss)", ["hooks", "µs"],
                     [[k, f"{v:.2f}"] for k, v in alone.items()], file=file)

@@ -34,3 +34,15 @@ def test_the_documented_counting_hook_counts_steps():
     hooks = pf.chain(count_steps)
     final = run_schedule(hooks, initial_state(hooks.hooks, iters_per_epoch=4, max_epochs=2), RecordingExecutor(lambda s, r: None))
     assert final.slots == (8,)
+
+
+def test_the_documented_update_hook_counts_steps_with_its_slot_handed_apart():
+    """CountSteps from docs/hooks.md counts steps through update, and called plainly keeps its slot in state.slot."""
+    CountSteps = _blocks()["CountSteps"]
+    from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
+
+    hooks = pf.chain(CountSteps())
+    final = run_schedule(hooks, initial_state(hooks.hooks, iters_per_epoch=4, max_epochs=2), RecordingExecutor(lambda s, r: None))
+    assert final.slots == (8,) and declared(CountSteps()).update is not None
+    state, effects = CountSteps()(final.with_slot(8), pf.events.AfterStep(9))
+    assert state.slot == 9 and effects == ()

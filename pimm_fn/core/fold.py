@@ -11,6 +11,12 @@ on calls no hook at all. A nested ``chain`` declares the union of its
 children's subscriptions and enforces theirs inside, so nesting changes
 nothing.
 
+A hook declaring ``update(slot, state, event)`` is handed its slot apart
+from the shared state, as optax hands each transformation its own state:
+one that returns its slot and state unchanged builds nothing, and a new slot
+lands in the slots without a ``State`` copy. A plain ``hook(state, event)``
+finds its slot in ``state.slot``, put there by a copy when another is there.
+
 ``fold`` applies the core's bookkeeping for an event and folds the hooks
 over it, returning the new state and the effects in the order they run:
 (hook position, emission order), with effects that say they ``runs_last``
@@ -31,7 +37,7 @@ from pimm_fn.core.trace import TraceEntry  # defined beside Trace; importable fr
 
 _NEVER = 2**63  # the step no cadence reaches
 
-__all__ = ["chain", "Chain", "TraceEntry", "fold", "init_slots"]
+__all__ = ["chain", "Chain", "TraceEntry", "fold", "init_slots", "called_plainly"]
 
 
 def init_slots(hooks) -> tuple:
@@ -49,8 +55,44 @@ def _check_result(hook, result):
     return result
 
 
+def called_plainly(hook, state: State, event: Event) -> tuple:
+    """``hook(state, event)`` of a hook that declares ``update``: its slot read from and returned in ``state.slot``.
+
+    What such a hook's ``__call__`` is, so calling it directly (a test, a
+    wrapper) gives what the fold gives.
+
+    >>> from pimm_fn.core.events import BeforeTrain
+    >>> from pimm_fn.core.state import Progress
+    >>> class Count:
+    ...     def update(self, slot, state, event): return slot + 1, state, ()
+    ...     def __call__(self, state, event): return called_plainly(self, state, event)
+    >>> Count()(State(Progress(2, 1), slot=0), BeforeTrain())[0].slot
+    1
+    """
+    slot, state_out, effects = _check_update(hook, hook.update(state.slot, state, event))
+    return (state_out if state_out.slot is slot else state_out.with_slot(slot)), effects
+
+
+def _check_update(hook, result):
+    """``result`` of ``hook.update``, checked: ``(slot, State, tuple_of_effects)``."""
+    if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], State)):
+        raise TypeError(
+            f"hook {hook!r}: update(slot, state, event) must return (slot, State, tuple_of_effects) "
+            f"(got {type(result).__name__}: {result!r:.200})"
+        )
+    effects = result[2]
+    if not isinstance(effects, tuple) or not all(isinstance(e, Effect) for e in effects):
+        raise TypeError(f"hook {hook!r}: update must return a tuple of Effect values as effects (got {effects!r:.200})")
+    return result
+
+
 def _declare(chain) -> tuple:
     return tuple(protocol.declared(h) for h in chain.hooks)
+
+
+def _updates_of(chain) -> tuple:
+    """Each child's ``update`` (its slot handed apart), or ``None`` for a child called as ``hook(state, event)``."""
+    return tuple(d.update for d in chain._declared)
 
 
 def _step_subscribers(chain) -> tuple:
@@ -88,6 +130,7 @@ class Chain:
     name: str | None = None
     _active: dict = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_active")
     _declared: tuple = _cached(_declare)
+    _updates: tuple = _cached(_updates_of)
     _step: tuple = _cached(_step_subscribers)
     _cadences: tuple = _cached(_cadences_of)
     _accumulators: tuple = _cached(_accumulators_of)
@@ -119,6 +162,10 @@ class Chain:
     @property
     def accumulate(self):
         return self._accumulate if self._accumulators else None
+
+    @property
+    def accumulate_all(self):
+        return self._accumulate_all if self._accumulators else None
 
     @property
     def rank_consistent(self) -> bool:
@@ -165,6 +212,18 @@ class Chain:
     def reads_outputs(self) -> bool:
         return bool(self._reading)
 
+    def _accumulate_all(self, slots: tuple, steps) -> tuple:
+        """``_accumulate`` over ``steps`` (non-empty outputs, in step order), one call per child declaring a batch."""
+        slots = list(slots)
+        for i, accumulate in self._accumulators:
+            many = self._declared[i].accumulate_all
+            if many is not None:
+                slots[i] = many(slots[i], steps)
+            else:
+                for outputs in steps:
+                    slots[i] = accumulate(slots[i], outputs)
+        return tuple(slots)
+
     def _accumulate(self, slots: tuple, outputs) -> tuple:
         """``slots`` with every accumulating child's ``accumulate`` applied to ``outputs``."""
         slots = list(slots)
@@ -178,7 +237,12 @@ class Chain:
         return (state if state.slot is None else state.with_slot(None)), slots, emitted
 
     def _fold(self, state: State, event: Event, slots: tuple, progress=None) -> tuple[State, tuple, list]:
-        """``fold`` leaving the last hook's slot in ``state.slot`` (the caller clears it).
+        """``fold`` leaving a hook's slot in ``state.slot`` (the caller clears it).
+
+        A child declaring ``update`` is handed its slot apart and the state as
+        it is; a plain one finds its slot in ``state.slot``, put there (one
+        copy) when another is there. Either way a child that returns its
+        slot and state unchanged builds nothing.
 
         With ``progress``, ``state`` is the state before an ``AfterStep`` and
         ``progress`` its progress after: the first hook called sees them
@@ -187,7 +251,7 @@ class Chain:
         """
         emitted = []
         new_slots = None
-        hooks = self.hooks
+        hooks, updates = self.hooks, self._updates
         cls = event.__class__
         if cls is AfterStep:
             step, outputs = event.step, event.outputs
@@ -204,29 +268,42 @@ class Chain:
                 called = self.active(cls)
         for i in called:
             slot = (new_slots or slots)[i]
-            hook = hooks[i]
+            hook = hooks[i]  # named ``hook``: ``runtime.transaction.failing_hook`` reads it off a traceback
+            update = updates[i]
             if progress is not None:
-                state = state.moved(progress, "AfterStep", state.slots, slot)
+                state = state.moved(progress, "AfterStep", state.slots, slot if update is None else state.slot)
                 progress = None
-            elif state.slot is not slot:
-                state = state.with_slot(slot)
-            result = hook(state, event)
-            # Checked inline for the common (state, ()) answer; anything else in full.
-            if result.__class__ is tuple and len(result) == 2 and result[1] == () and result[0].__class__ is State:
-                state, effects = result
+            if update is not None:
+                result = update(slot, state, event)
+                # Checked inline for the common answer, its state unchanged and no effects; anything else in full.
+                if result.__class__ is tuple and len(result) == 3 and result[1] is state and result[2] == ():
+                    new, effects = result[0], ()
+                else:
+                    new, state, effects = _check_update(hook, result)
             else:
-                state, effects = _check_result(hook, result)
-            if state.slot is not slot:
+                if state.slot is not slot:
+                    state = state.with_slot(slot)
+                result = hook(state, event)
+                # Checked inline for the common (state, ()) answer; anything else in full.
+                if result.__class__ is tuple and len(result) == 2 and result[1] == () and result[0].__class__ is State:
+                    state, effects = result
+                else:
+                    state, effects = _check_result(hook, result)
+                new = state.slot
+            if new is not slot:
                 new_slots = new_slots or list(slots)
-                new_slots[i] = state.slot
+                new_slots[i] = new
             if effects:
                 emitted.extend((i, e) for e in effects)
         return state, tuple(new_slots) if new_slots else slots, emitted
 
+    def update(self, slot, state: State, event: Event) -> tuple:
+        """The hook protocol's ``update``: the children's slots as one tuple, handed apart from ``state``."""
+        state, slots, emitted = self._fold(state, event, slot if slot is not None else self.init())
+        return slots, state, tuple(e for _, e in emitted)
+
     def __call__(self, state: State, event: Event):
-        outer = state.slot
-        state, slots, emitted = self.fold(state, event, outer if outer is not None else self.init())
-        return attrs.evolve(state, slot=slots), tuple(e for _, e in emitted)
+        return called_plainly(self, state, event)
 
     def __repr__(self):
         named = f", name={self.name!r}" if self.name is not None else ""

@@ -6,7 +6,12 @@ and the agreement guard need to know about it. Every one is optional:
 
 ==================  =========================================================
 ``init()``          its initial slot (default: ``None``).
-``events``          the event types it is called for (default: every event).
+``update``          ``update(slot, state, event) -> (slot, state, effects)``,
+                    called instead of ``hook(state, event)``: the slot passed
+                    apart (as optax's states), so no ``State`` is built for
+                    it; ``state.slot`` is then not its slot.
+``events``          the event types it is called for (default: every event
+                    but the opt-in ones, ``Elapsed``, which go only to hooks naming them).
 ``every``           its ``AfterStep`` cadence: called for ``AfterStep(step)``
                     only when ``step % every == 0`` (default 1). The fold
                     enforces it, as Ignite's ``every=`` filter does, so the
@@ -14,6 +19,8 @@ and the agreement guard need to know about it. Every one is optional:
 ``accumulate``      ``accumulate(slot, outputs) -> slot``: folds the outputs
                     of an ``AfterStep`` its cadence skips into its slot
                     (a running loss sum); called only for non-empty outputs.
+``accumulate_all``  ``(slot, outputs_seq) -> slot``: ``accumulate`` over each
+                    in order, in one call (quiet steps' outputs, read at once).
 ``reads_outputs``   False when, called for ``AfterStep``, it reads neither the
                     step's outputs nor its slot's sums of them, and saves
                     nothing (a weight average): the loop then need not read
@@ -31,6 +38,8 @@ and the agreement guard need to know about it. Every one is optional:
 ``weights``         the average an evaluator hook evaluates (``"ema"``), or ``None``.
 ``bind(model)``     the hook to use in a real run of ``model``.
 ``hook_key``        its stable identity, overriding the default below.
+``duplicate_fix``   how to tell two of it apart, said when two share an
+                    identity (``evaluate_every``: "give each its own name...").
 ``children``        the hooks of a composite (``chain``), walked by every
                     lookup here, at any depth; ``with_children(hooks)``
                     rebuilds the composite around new children.
@@ -158,9 +167,13 @@ class Declared:
     emits: tuple | None
     reads_metrics: tuple
     reads_outputs: bool = True
+    update: object = None  # ``update(slot, state, event)``, or ``None``: the hook is called as ``hook(state, event)``
+    accumulate_all: object = None  # ``accumulate_all(slot, outputs_seq)``, or ``None``: ``accumulate`` on each
 
     def wants(self, event_type) -> bool:
-        return self.events is None or any(issubclass(event_type, t) for t in self.events)
+        if self.events is None:
+            return not getattr(event_type, "opt_in", False)
+        return any(issubclass(event_type, t) for t in self.events)
 
     def may_emit(self, effect_type) -> bool:
         """Whether ``emits`` declares ``effect_type`` (or a subclass; a tuple of types: any). Undeclared: no."""
@@ -205,16 +218,21 @@ def declared(hook) -> Declared:
             f"hook {hook!r:.80}: it declares reads_outputs=False but accumulates the step's outputs "
             f"('accumulate'): a hook that sums the outputs reads them; drop one of the two"
         )
+    update, many = getattr(hook, "update", None), getattr(hook, "accumulate_all", None) if accumulate else None
+    for name, fn, shape in (("update", update, "(slot, state, event)"), ("accumulate_all", many, "(slot, outputs_seq)")):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"hook {hook!r:.80}: '{name}' must be callable as {name}{shape} (got {fn!r:.80})")
     return Declared(
         key(hook), _types(hook, "events"), _every(hook), accumulate, rank_consistent, _types(hook, "emits"), reads,
-        reads_outputs,
+        reads_outputs, update, many,
     )
 
 
 def union_events(parts) -> tuple | None:
-    """The events a composite of ``parts`` (``Declared`` values) is called for."""
+    """The events a composite of ``parts`` (``Declared`` values) is called for; ``(object,)``: every one, opt-in too."""
     if any(d.events is None for d in parts):
-        return None
+        named_opt_in = any(getattr(t, "opt_in", False) for d in parts for t in d.events or ())
+        return (object,) if named_opt_in else None
     return tuple(dict.fromkeys(t for d in parts for t in d.events))
 
 
@@ -245,7 +263,8 @@ def evaluators(hooks) -> dict:
         for name, fn in (provide() if callable(provide) else {}).items():
             if name in found and found[name] is not fn:
                 raise ValueError(
-                    f"two evaluators are named {name!r}: give each evaluate_every(..., name=...) its own"
+                    f"two evaluators are named {name!r}, so their metrics and effects could not be told apart: "
+                    f"give each its own name, evaluate_every(n, fn, name='...')"
                 )
             found[name] = fn
     return found
@@ -368,9 +387,10 @@ def _refuse_duplicates(hooks, where) -> None:
     for position, hook in enumerate(hooks):
         name = key(hook)
         if name in seen:
+            fix = getattr(hook, "duplicate_fix", None)
             raise DuplicateHookError(
                 f"'{where}' holds two hooks with the identity {name!r} (positions {seen[name]} and {position}): "
-                f"checkpoints keep hook slots by identity, so each needs its own. Drop the repeat, or name one: "
-                f"pimm_fn.chain(hook, name='...')"
+                f"checkpoints keep hook slots by identity, so each needs its own. Drop the repeat, or "
+                + (fix if isinstance(fix, str) else "name one: pimm_fn.chain(hook, name='...')")
             )
         seen[name] = position

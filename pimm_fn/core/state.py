@@ -19,14 +19,18 @@ from pimm_fn.core.frozen import FrozenMap, freeze
 __all__ = ["Progress", "State"]
 
 
+# The validators run on every copy the fold makes: an exact ``int`` (the common case) passes in one
+# test; anything else (a bool, another subclass) takes the full check.
 def _non_negative(instance, attribute, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"'{attribute.name}' must be an int >= 0 (got {value!r})")
+    if value.__class__ is not int or value < 0:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"'{attribute.name}' must be an int >= 0 (got {value!r})")
 
 
 def _positive(instance, attribute, value):
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"'{attribute.name}' must be an int >= 1 (got {value!r})")
+    if value.__class__ is not int or value < 1:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"'{attribute.name}' must be an int >= 1 (got {value!r})")
 
 
 def _optional_positive(instance, attribute, value):
@@ -46,16 +50,17 @@ def _rank(instance, attribute, value):
 
 
 def _tuple(instance, attribute, value):
-    if not isinstance(value, tuple):
+    if value.__class__ is not tuple and not isinstance(value, tuple):
         raise TypeError(f"'{attribute.name}' must be a tuple (got {value!r:.80})")
 
 
 # The lifecycle event names (see ``events.LIFECYCLE``) a position may hold.
 _POSITIONS = ("ModifyConfig", "BeforeTrain", "BeforeEpoch", "BeforeStep", "AfterStep", "AfterEpoch", "AfterTrain")
+_POSITION_SET = frozenset(_POSITIONS)
 
 
 def _position(instance, attribute, value):
-    if value is not None and value not in _POSITIONS:
+    if value is not None and not (value.__class__ is str and value in _POSITION_SET) and value not in _POSITIONS:
         raise ValueError(f"'{attribute.name}' must be None or one of {list(_POSITIONS)} (got {value!r})")
 
 
@@ -189,8 +194,12 @@ class State:
     position: str | None = attrs.field(default=None, validator=_position)
     stop: str | None = attrs.field(default=None, validator=_optional_str)
 
-    # repr stays every field (attrs), exact for debugging and for comparing runs; ``str`` and
-    # the notebook displays summarise (pimm_fn.core.summary): a cell ending in run.run() shows this.
+    # repr stays every field, exact for debugging and for comparing runs, one field a line (the slots
+    # one a line); ``str`` and the notebook displays summarise (pimm_fn.core.summary): a cell ending
+    # in run.run() shows this.
+    def __repr__(self) -> str:
+        return summary.fields_repr(self)
+
     def __str__(self) -> str:
         return summary.render_text("State", summary.state_rows(self))
 

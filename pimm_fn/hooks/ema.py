@@ -6,6 +6,7 @@ import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import UpdateEma
+from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import int_at_least, non_empty_str, number
 
@@ -28,11 +29,15 @@ class _Ema:
         """The average the runtime keeps for this hook (``pimm_fn.runtime.ema.EmaWeights``), by name."""
         return {self.name: self.decay}
 
-    def __call__(self, state, event):
+    def update(self, slot, state, event):
+        """The hook protocol's ``update`` (no slot): called so, it builds no ``State`` after a hook with one."""
         match event:
             case ev.AfterStep(step=step):  # the fold calls it only on the cadence
-                return state, (UpdateEma(self.name, step, self.decay),)
-        return state, ()
+                return slot, state, (UpdateEma(self.name, step, self.decay),)
+        return slot, state, ()
+
+    def __call__(self, state, event):
+        return called_plainly(self, state, event)
 
     def __repr__(self):
         extra = ("" if self.every == 1 else f", every={self.every}") + ("" if self.name == "ema" else f", name={self.name!r}")

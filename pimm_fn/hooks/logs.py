@@ -7,6 +7,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log
+from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.records import named
@@ -58,6 +59,27 @@ def _accumulate(slot: LogState, outputs: FrozenMap) -> LogState:
     return LogState(FrozenMap(sums), count, FrozenMap(partial) if partial else _EMPTY)
 
 
+def _accumulate_all(slot: LogState, steps) -> LogState:
+    """``_accumulate`` over each of ``steps`` in order, one ``LogState`` at the end: the same floats, added alike.
+
+    >>> _accumulate_all(LogState(), [{"loss": 1.0}, {"loss": 0.5}, {}]) == _accumulate(_accumulate(LogState(),
+    ...     {"loss": 1.0}), {"loss": 0.5})
+    True
+    """
+    sums, count = dict(slot.sums), slot.count
+    for outputs in steps:
+        if not outputs:
+            continue
+        if slot.counts or outputs.keys() != sums.keys():  # outputs that come and go: one step at a time
+            slot = _accumulate(LogState(FrozenMap(sums), count, slot.counts), outputs)
+            sums, count = dict(slot.sums), slot.count
+            continue
+        for k, v in outputs.items():
+            sums[k] = sums[k] + v  # as FrozenMap.plus adds (IEEE addition commutes exactly)
+        count += 1
+    return slot if count == slot.count else LogState(FrozenMap(sums), count, slot.counts)
+
+
 @attrs.frozen(repr=False)
 class _LogEvery:
     factory_name: ClassVar[str] = "log_every"
@@ -77,22 +99,26 @@ class _LogEvery:
     # The slot after a step the cadence skips: its outputs added to the sums. A plain
     # function, so the fold's call on every such step makes no bound method.
     accumulate = staticmethod(_accumulate)
+    accumulate_all = staticmethod(_accumulate_all)  # the quiet steps' outputs, read at once
 
-    def __call__(self, state, event):
+    def update(self, slot: LogState, state, event):
+        """The hook protocol's ``update``: its ``LogState`` comes and goes apart from ``state``."""
         p = state.progress
         match event:
             case ev.AfterStep(step=step, outputs=outputs):
-                state = state.with_slot(_accumulate(state.slot, outputs))
                 where = {"epoch": p.epoch, "iter": p.iter_in_epoch, "of": p.iters_per_epoch}
-                return state, (Log(step, "train", FrozenMap({**where, **named(outputs, _OUTPUT, "train")})),)
+                record = Log(step, "train", FrozenMap({**where, **named(outputs, _OUTPUT, "train")}))
+                return _accumulate(slot, outputs), state, (record,)
             case ev.AfterEpoch(epoch=epoch):
-                slot = state.slot
                 means = {k: v / slot.counts.get(k, slot.count) for k, v in slot.sums.items()} if slot.count else {}
                 means = named(means, _OUTPUT, "train")
-                return state.with_slot(LogState()), (Log(p.global_step, "epoch", FrozenMap({"epoch": epoch, **means})),)
+                return LogState(), state, (Log(p.global_step, "epoch", FrozenMap({"epoch": epoch, **means})),)
             case ev.MetricsPublished(values=values, source=source) if values:
-                return state, (Log(p.global_step, f"eval/{source}" if source else "eval", values),)
-        return state, ()
+                return slot, state, (Log(p.global_step, f"eval/{source}" if source else "eval", values),)
+        return slot, state, ()
+
+    def __call__(self, state, event):
+        return called_plainly(self, state, event)
 
     def __repr__(self):
         return f"log_every({self.n})"

@@ -14,6 +14,7 @@ import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Effect, Scope
+from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.frozen import FrozenMap, freeze
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import int_at_least
@@ -53,15 +54,19 @@ class _ProgressBar:
         """Called for ``AfterStep(step)`` only when ``step % n == 0``: the steps between are quiet."""
         return self.n
 
-    def __call__(self, state, event):
+    def update(self, slot, state, event):
+        """The hook protocol's ``update`` (no slot): called so, it builds no ``State`` after a hook with one."""
         match event:
             case ev.AfterStep(step=step, outputs=outputs):  # outputs: empty unless a reading hook fired here
-                return state, (ShowProgress(step, outputs),)
+                return slot, state, (ShowProgress(step, outputs),)
             case ev.AfterEpoch():  # the bar reaches the epoch's last step, whatever n
-                return state, (ShowProgress(state.progress.global_step),)
+                return slot, state, (ShowProgress(state.progress.global_step),)
             case ev.MetricsPublished(values=values) if values:
-                return state, (ShowProgress(state.progress.global_step, values),)
-        return state, ()
+                return slot, state, (ShowProgress(state.progress.global_step, values),)
+        return slot, state, ()
+
+    def __call__(self, state, event):
+        return called_plainly(self, state, event)
 
     def __repr__(self):
         return "progress_bar()" if self.n == 1 else f"progress_bar({self.n})"

@@ -59,6 +59,8 @@ __all__ = ["Feed"]
 
 # Data whose iteration is pure (these exact types: a subclass may draw): fetching never draws from torch's RNG.
 _DRAW_NOTHING = (list, tuple, range, torch.Tensor)
+# Iterators whose next() runs no user code, whatever container handed them out (an in-memory batch list's).
+_PURE_ITERATORS = frozenset({type(iter([])), type(iter(())), type(iter(range(0)))})
 
 
 class Feed:
@@ -100,7 +102,8 @@ class Feed:
         self._source = None
         self._drawn = 0
         # Only a loader fetching in this process can draw from its RNG (augmentations): the RNG a failed fetch
-        # puts back is taken before each fetch, unless the data draws nothing (then it is taken at the failure).
+        # puts back is taken before each fetch, unless the data, or the iterator it handed out (a list's), draws
+        # nothing (then it is taken at the failure, or before the data is reopened within a fetch).
         self._pure = type(data) in _DRAW_NOTHING
         self._rng_before_fetch = not getattr(data, "num_workers", 0) and not self._pure
 
@@ -160,9 +163,10 @@ class Feed:
         docstring): calling again returns the batch this call would have.
         Grouped, it is the next ``group`` batches as one ``MicroBatches``.
         """
+        if self.group == 1:  # a list's iterator draws nothing: its RNG is taken only if the fetch fails
+            pure = self._iterator.__class__ in _PURE_ITERATORS
+            return self._fetch(torch_rng() if self._rng_before_fetch and not pure else None, None)
         rng = torch_rng() if self._rng_before_fetch else None
-        if self.group == 1:
-            return self._fetch(rng, None)
         start = (self._source, self._drawn)  # where a failure anywhere in the group puts the cursor back
         return MicroBatches([self._fetch(rng, start) for _ in range(self.group)])
 
@@ -172,14 +176,16 @@ class Feed:
             try:
                 batch = next(self._iterator)
             except StopIteration:
+                if rng is None and self._rng_before_fetch and start is None:
+                    rng = torch_rng()  # nothing drawn yet; the data's own iter() may draw
                 self._open(("rng", self._rng()))
                 batch = next(self._iterator)
         except BaseException:
             # Back to the cursor before this fetch, lazily: the next fetch rebuilds the iterator first.
             # A one-shot iterator has nothing to rebuild from: the batch it was giving may be lost.
             if self._iterator.__class__ is not ReopenAtCursor and not self.one_shot and self._source is not None:
-                if self._pure:  # nothing was drawn since the fetch began: the RNG to put back is the current one
-                    rng = torch_rng()
+                if rng is None and (self._pure or self._rng_before_fetch and start is None):
+                    rng = torch_rng()  # nothing was drawn since the fetch began: the RNG to put back is the current one
                 if start is not None:
                     self._source, self._drawn = start
                 self._iterator = ReopenAtCursor(self, rng)

@@ -80,7 +80,8 @@ class QuietSteps:
         """``state`` after the accumulating hooks took the ``pending`` outputs, in step order; nothing waits then."""
         slots = state.slots
         if hooks._accumulators:
-            for _, outputs in pending:
-                slots = hooks._accumulate(slots, outputs)
+            steps = [outputs for _, outputs in pending if outputs]
+            if steps:  # each accumulating hook takes them all in one call (``accumulate_all``), where it can
+                slots = hooks._accumulate_all(slots, steps)
         self.unread.clear()
         return state if slots is state.slots else attrs.evolve(state, slots=slots)
