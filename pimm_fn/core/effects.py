@@ -54,7 +54,7 @@ class Effect:
         return False
 
 
-@attrs.frozen
+@attrs.frozen(repr=False)
 class SaveCheckpoint(Effect):
     """Save the full training state as of ``step``; collective.
 
@@ -63,7 +63,9 @@ class SaveCheckpoint(Effect):
     interpreter still waits for the in-memory copy before parameters change).
     A ``deferred`` save (one that fell on an epoch's last step) and the final
     save run after every other effect of their event, so the epoch's
-    evaluation and logs come first.
+    evaluation and logs come first. ``saved_for`` says why a save no hook
+    asked for was made (``"SIGTERM"``, ``"max_time"``: the runtime's
+    preemption save, ``pimm_fn.runtime.preemption``); its marker records it.
     """
 
     scope: ClassVar[Scope] = Scope.COLLECTIVE
@@ -72,6 +74,9 @@ class SaveCheckpoint(Effect):
     final: bool = False
     async_save: bool = False
     deferred: bool = False
+    saved_for: str | None = None
+
+    __repr__ = repr_unless_none("saved_for")
 
     @property
     def runs_last(self) -> bool:

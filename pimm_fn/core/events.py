@@ -5,8 +5,12 @@ The lifecycle, in order: ``ModifyConfig`` once (fresh runs only), then
 ``AfterStep``, then ``AfterEpoch``, and ``AfterTrain`` once. Follow-up events
 such as ``MetricsPublished`` are delivered when an effect (an evaluation)
 finishes; ``StopRequested`` when a ``Stop`` effect ran, after which only the
-closing events (``AfterEpoch``, ``AfterTrain``) follow.
+closing events (``AfterEpoch``, ``AfterTrain``) follow. ``Elapsed`` carries the
+run's clock (rank 0's, the same on every rank) at a step boundary, to the hooks
+that listen to it: the core itself reads no clock.
 """
+
+from typing import ClassVar
 
 import attrs
 
@@ -23,6 +27,7 @@ __all__ = [
     "AfterTrain",
     "MetricsPublished",
     "StopRequested",
+    "Elapsed",
     "LIFECYCLE",
 ]
 
@@ -109,6 +114,25 @@ class StopRequested(Event):
 
     step: int
     reason: str = "stop requested"
+
+
+@attrs.frozen
+class Elapsed(Event):
+    """The run's clock at the boundary of global step ``step``: ``seconds`` since training began in this process.
+
+    Rank 0's clock, sent to every rank, so a hook may base a collective
+    decision on it (``save_every(minutes=...)``); the pure core reads no
+    clock, the runtime delivers this event instead (``pimm_fn.runtime.preemption``),
+    and ``plan``/``pimm_fn.testing.simulate`` deliver it from the ``clock`` they
+    are given. Only hooks that name it in ``events`` get it (it is opt-in), after a step's
+    events (and the closing events of the epoch it ends). ``seconds`` restarts
+    at 0 in a resumed process.
+    """
+
+    opt_in: ClassVar[bool] = True  # only hooks that name it in ``events`` get it: the others never pay for it
+
+    step: int
+    seconds: float
 
 
 # The events that move training forward, by name; ``State.position`` holds one.

@@ -15,12 +15,13 @@ from pimm_fn.core.budget import check_budget, epochs_reaching, fresh_progress
 from pimm_fn.core.effects import Evaluate, Stop
 from pimm_fn.core.frozen import freeze
 from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots
+from pimm_fn.core.preemption import time_is_up
 from pimm_fn.core.processing import process
 from pimm_fn.core.schedule import advance, last_quiet_step, next_event, skip_to, state_at_step
 from pimm_fn.core.state import Progress, State
 from pimm_fn.core.trace import Trace
 
-__all__ = ["plan", "RecordingExecutor", "initial_state", "run_schedule"]
+__all__ = ["plan", "RecordingExecutor", "initial_state", "run_schedule", "at_boundary"]
 
 MetricSource = Callable[[int, int], Mapping | None]
 
@@ -61,8 +62,19 @@ class RecordingExecutor:
         return (ev.MetricsPublished(values, effect.evaluator, effect.step, consistent=effect.broadcast, weights=effect.weights),)
 
 
+def at_boundary(event, following) -> bool:
+    """Whether the walk stands at a step boundary: a step's events (and its epoch's end) done, the next step ahead.
+
+    Where the runtime delivers ``Elapsed`` and may stop for preemption or
+    time (``pimm_fn.runtime.preemption``); the end of training is none.
+    """
+    cls, after = event.__class__, following.__class__
+    return (cls is ev.AfterStep and after is ev.BeforeStep) or (cls is ev.AfterEpoch and after is ev.BeforeEpoch)
+
+
 def run_schedule(
-    hooks: Chain, state: State, executor, outputs=None, *, stop=None, visit=None, skip_quiet=True
+    hooks: Chain, state: State, executor, outputs=None, *, stop=None, visit=None, skip_quiet=True, clock=None,
+    boundary=None,
 ) -> State:
     """Walk the lifecycle from ``state`` to the end (or until ``stop(state)``, checked after each event).
 
@@ -84,9 +96,15 @@ def run_schedule(
     A ``stop`` that could turn true on a quiet step needs ``visit``: the one
     step it waits for there (``stop`` is still asked after each jump). With
     ``stop`` and no ``visit``, no step is jumped over.
+
+    At each step boundary (``at_boundary``), ``clock(step)`` (seconds) is
+    delivered as ``Elapsed`` when a hook listens to it, then
+    ``boundary(state)`` is asked whether the run stops there (a preemption);
+    with either, every step is walked.
     """
     before_step_quiet = skip_quiet and not hooks.active(ev.BeforeStep)
-    jumps = before_step_quiet and (stop is None or visit is not None)
+    ticks = clock is not None and bool(hooks.active(ev.Elapsed))
+    jumps = before_step_quiet and (stop is None or visit is not None) and not ticks and boundary is None
     event = next_event(state)
     while event is not None:
         if before_step_quiet and isinstance(event, ev.BeforeStep):
@@ -104,8 +122,28 @@ def run_schedule(
         state = process(hooks, state, event, executor)
         if stop is not None and stop(state):
             return state
-        event = next_event(state)
+        following = next_event(state)
+        if (ticks or boundary is not None) and at_boundary(event, following):
+            if ticks:
+                step = state.progress.global_step
+                state = process(hooks, state, ev.Elapsed(step, clock(step)), executor)
+            if boundary is not None and boundary(state):
+                return state
+            following = next_event(state)
+        event = following
     return state
+
+
+def _time_budget(clock, max_time, margin):
+    """``boundary(state)`` for one process under ``max_time``: true at the last boundary leaving ``margin``."""
+    last = [0.0]
+
+    def up(state) -> bool:
+        now = clock(state.progress.global_step)
+        interval, last[0] = now - last[0], now
+        return time_is_up(now, interval, max_time, margin, lagged=False)
+
+    return up
 
 
 def _jump(hooks: Chain, state: State, last: int, outputs) -> State:
@@ -158,7 +196,8 @@ def _placeholders(outputs):
 
 def plan(
     hooks, *, iters_per_epoch: int, max_epochs: int | None = None, max_steps: int | None = None,
-    start_step: int = 0, start: Progress | None = None, metrics=None, outputs=("loss",),
+    start_step: int = 0, start: Progress | None = None, metrics=None, outputs=("loss",), clock=None,
+    max_time: float | None = None, margin: float = 0.0,
 ) -> Trace:
     """The effects ``hooks`` would execute, in order, as ``TraceEntry`` values.
 
@@ -185,6 +224,13 @@ def plan(
             ``loss``). Each ``AfterStep`` of the dry run carries them with the
             placeholder value ``0.0``, so a hook reading ``outputs["loss"]``
             runs in ``plan`` as in a real run; ``()`` sends empty outputs.
+        clock: ``clock(step)``, the seconds since training began at the end
+            of global step ``step``: the run's clock as a value, delivered as
+            ``Elapsed`` to the hooks that listen (``save_every(minutes=...)``).
+        max_time, margin: seconds (with ``clock``): the plan ends at the last
+            step boundary whose next step would pass ``max_time - margin``,
+            where ``loop(max_time=...)`` saves and stops (that save is the
+            runtime's, not a hook's effect, so it is not in the trace).
 
     Returns:
         A ``Trace`` of ``TraceEntry`` (``.step``, ``.event``, ``.effect``,
@@ -208,5 +254,8 @@ def plan(
     elif start_step:
         # As a resumed run: BeforeTrain(resumed=True), then on from the checkpoint.
         state = process(hooks, state_at_step(state, start_step), ev.BeforeTrain(resumed=True), executor)
-    run_schedule(hooks, state, executor, placeholders)
+    if max_time is not None and clock is None:
+        raise TypeError("plan: 'max_time' needs a 'clock' (clock(step) -> seconds since training began)")
+    boundary = _time_budget(clock, max_time, margin) if max_time is not None else None
+    run_schedule(hooks, state, executor, placeholders, clock=clock, boundary=boundary)
     return Trace(executor.trace, map(summary.hook_label, hooks.hooks))

@@ -7,6 +7,7 @@ collective saves.
 """
 
 import difflib
+import re
 from typing import ClassVar
 
 import attrs
@@ -14,42 +15,63 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import LoadWeights, Log, SaveCheckpoint, WriteBest
+from pimm_fn.core.frozen import repr_unless_none
 from pimm_fn.core.hook import hook_factory
-from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, one_of
+from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, number, one_of, optional
 
 __all__ = ["save_every", "SaveEveryState", "best_on", "BestState", "load_weights"]
 
 
 @register_slot_type
-@attrs.frozen
+@attrs.frozen(repr=False)
 class SaveEveryState:
     """``last_saved``: the step of the last save requested; ``deferred``: a save
-    waiting for the end of the epoch's hooks."""
+    waiting for the end of the epoch's hooks; ``saved_at``: with ``minutes``,
+    the run's clock (``Elapsed.seconds``) at the last save in this process."""
 
     last_saved: int = -1
     deferred: int | None = None
+    saved_at: float | None = None
+
+    __repr__ = repr_unless_none("saved_at")
+
+
+def _steps(instance, attribute, value) -> None:
+    if value is not None:  # None: a time cadence only (minutes)
+        int_at_least(1)(instance, attribute, value)
+
+
+def _one_cadence(instance, attribute, value) -> None:
+    if instance.n is None and instance.minutes is None:
+        raise ValueError("save_every: pass a step cadence 'n', 'minutes', or both (got neither)")
 
 
 @attrs.frozen(repr=False)
 class _SaveEvery:
     factory_name: ClassVar[str] = "save_every"
-    events: ClassVar[tuple] = (ev.AfterStep, ev.AfterEpoch, ev.AfterTrain)
     emits: ClassVar[tuple] = (SaveCheckpoint,)
-    rank_consistent: ClassVar[bool] = True  # decides from the global step alone
-    n: int = attrs.field(validator=int_at_least(1))
+    rank_consistent: ClassVar[bool] = True  # decides from the global step and rank 0's clock, alike everywhere
+    n: int | None = attrs.field(validator=_steps)
     snapshots: bool = attrs.field(default=False, validator=is_bool)
     async_save: bool = attrs.field(default=False, validator=is_bool)
+    minutes: float | None = attrs.field(default=None, validator=[optional(number(above=0)), _one_cadence])
 
     def init(self) -> SaveEveryState:
         return SaveEveryState()
 
     @property
+    def events(self) -> tuple:
+        steps = (ev.AfterStep,) if self.n is not None else ()
+        clock = (ev.BeforeTrain, ev.Elapsed) if self.minutes is not None else ()
+        return (*steps, ev.AfterEpoch, ev.AfterTrain, *clock)
+
+    @property
     def every(self) -> int:
         """Called for ``AfterStep(step)`` only when ``step % n == 0`` (the fold enforces it)."""
-        return self.n
+        return self.n or 1
 
-    def _save(self, state, step, *, final=False, deferred=False):
-        slot = SaveEveryState(last_saved=step)
+    def _save(self, state, step, *, final=False, deferred=False, at=None):
+        slot = SaveEveryState(last_saved=step, saved_at=at if at is not None else state.slot.saved_at)
         # The final save is synchronous: training ends only once it is published.
         effect = SaveCheckpoint(
             step, snapshot=self.snapshots, final=final, async_save=self.async_save and not final, deferred=deferred
@@ -68,15 +90,24 @@ class _SaveEvery:
                 step = state.progress.global_step
                 if step > 0 and state.slot.last_saved != step:
                     return self._save(state, step, final=True)
+            case ev.BeforeTrain():  # the clock starts again in every process: so does the time cadence
+                return state.with_slot(attrs.evolve(state.slot, saved_at=0.0)), ()
+            case ev.Elapsed(step=step, seconds=seconds):
+                since = seconds - (state.slot.saved_at or 0.0)
+                if since >= self.minutes * 60 and state.slot.last_saved != step:
+                    return self._save(state, step, at=seconds)
         return state, ()
 
     def __repr__(self):
         extra = (", snapshots=True" if self.snapshots else "") + (", async_save=True" if self.async_save else "")
-        return f"save_every({self.n}{extra})"
+        minutes = f"minutes={self.minutes!r}"
+        cadence = repr(self.n) if self.minutes is None else (f"{self.n}, {minutes}" if self.n else minutes)
+        return f"save_every({cadence}{extra})"
 
 
 @hook_factory
-def save_every(n: int, *, snapshots: bool = False, async_save: bool = False):
+def save_every(n: int | None = None, *, minutes: float | None = None, snapshots: bool = False,
+               async_save: bool = False):
     """Save a checkpoint every ``n`` global steps, and once after training.
 
     The cadence is ``global_step % n == 0``, so it continues from resumed
@@ -86,8 +117,16 @@ def save_every(n: int, *, snapshots: bool = False, async_save: bool = False):
     step. Put evaluators *before* savers in the hook list: a save executes
     after the effects of earlier hooks for the same event.
 
+    With ``minutes`` (instead of ``n``, or beside it) it also saves at the
+    first step boundary at least that long after the last save (or the start
+    of this process), on rank 0's clock, which every rank receives
+    (``Elapsed``): every rank saves the same step. The clock is the run's,
+    delivered only by the runtime (or ``plan``/``simulate``'s ``clock``); the
+    hook reads none. A time cadence is not replayed step for step on resume.
+
     Args:
-        n: steps between saves (>= 1).
+        n: steps between saves (>= 1), or ``None`` with ``minutes``.
+        minutes: wall-clock minutes between saves (> 0), or ``None``.
         snapshots: also keep an ``iter_<step>`` copy of every save.
         async_save: write checkpoints in the background (standard format):
             the state is copied to CPU memory while the next step's forward
@@ -101,15 +140,15 @@ def save_every(n: int, *, snapshots: bool = False, async_save: bool = False):
         the final save is never asynchronous.
 
     State:
-        ``SaveEveryState(last_saved, deferred)``.
+        ``SaveEveryState(last_saved, deferred, saved_at)``.
 
-    >>> save_every(1000)
-    save_every(1000)
+    >>> save_every(1000), save_every(minutes=30)
+    (save_every(1000), save_every(minutes=30))
     >>> save_every(0)
     Traceback (most recent call last):
     ValueError: save_every: 'n' must be an int >= 1 (got 0)
     """
-    return _SaveEvery(n, snapshots, async_save)
+    return _SaveEvery(n, snapshots, async_save, minutes)
 
 
 @register_slot_type
@@ -129,8 +168,47 @@ def _improves(value, best, mode) -> bool:
     return value > best if mode == "max" else value < best
 
 
+# Words that name a quantity where lower is better: best_on of one with no mode would keep the worst model.
+_LOWER_IS_BETTER = frozenset({
+    "loss", "losses", "error", "errors", "err", "mse", "rmse", "mae", "mape", "nll", "perplexity", "ppl",
+    "wer", "cer", "ter", "bce", "ce", "kl", "kld", "huber", "distance", "epe", "regret", "cost",
+})
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether ``metric`` names a loss-like quantity (a word of it, or its end, is ``loss``, ``error``, ``mse``...).
+
+    A negated one (``neg_mse``, ``negative_loss``) is not.
+
+    >>> [lower_is_better(m) for m in ("val_loss", "val/mIoU", "valLoss", "top1_err", "ValMSE", "accuracy", "neg_mse")]
+    [True, False, True, True, True, False, False]
+    """
+    words = re.findall(r"[a-z0-9]+", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", metric).lower())
+    if any(w in ("neg", "negative", "minus") for w in words):
+        return False
+    return any(w in _LOWER_IS_BETTER for w in words) or metric.lower().endswith(("loss", "error"))
+
+
+def _mode(instance, attribute, mode) -> None:
+    """``mode`` is ``"max"`` or ``"min"``; ``None`` (not given) is refused for a loss-like metric."""
+    if mode is None:
+        if lower_is_better(instance.metric):
+            raise ValueError(
+                f"best_on({instance.metric!r}) would keep the model with the highest {instance.metric!r} "
+                f"(mode='max' by default), the worst one for a loss or an error: pass "
+                f"best_on({instance.metric!r}, mode='min'), or mode='max' if higher is better"
+            )
+        return
+    one_of("max", "min")(instance, attribute, mode)
+
+
 def check_spelling(caller: str, metric: str, event, step: int) -> tuple:
     """Refuse a near-miss of ``metric`` among the published names: a typo the hook ``caller`` would never see.
+
+    Only for a hook that reads what one evaluator publishes (its own
+    ``source``): a hook reading every evaluator's metrics cannot tell a typo
+    from another evaluator's name in one event; the run's ``Advice`` checks
+    those once every evaluator has published (``pimm_fn.runtime.advice``).
 
     Raised when every rank holds the same values (so every rank raises
     alike); with rank-local values only some ranks could see the typo, so
@@ -160,7 +238,12 @@ class _BestOn:
     emits: ClassVar[tuple] = (WriteBest, Log)
     rank_consistent: ClassVar[bool] = True  # emits nothing collective
     metric: str = attrs.field(validator=non_empty_str)
-    mode: str = attrs.field(default="max", validator=one_of("max", "min"))
+    mode: str | None = attrs.field(default=None, validator=_mode)  # as given: None is "max", unsaid
+
+    @property
+    def direction(self) -> str:
+        """``"max"`` or ``"min"``: the mode given, ``"max"`` when none was (never for a loss-like metric)."""
+        return self.mode or "max"
 
     def init(self) -> BestState:
         return BestState()
@@ -172,26 +255,29 @@ class _BestOn:
     def __call__(self, state, event):
         values = event.values
         if self.metric not in values:
-            return state, self._check_spelling(event, state.progress.global_step)
+            return state, ()  # another evaluator's publication; a misspelt metric is the run's Advice to refuse
         value = values[self.metric]
-        if not _improves(value, state.slot.value, self.mode):
+        if not _improves(value, state.slot.value, self.direction):
             return state, ()
         step = state.progress.global_step
         state = attrs.evolve(state, best=state.best.set(self.metric, value), slot=BestState(value, step))
         return state, (WriteBest(self.metric, value, step, event.weights),)
 
-    def _check_spelling(self, event, step) -> tuple:
-        """A near-miss name is a typo that would otherwise never save a best model."""
-        return check_spelling(f"best_on({self.metric!r})", self.metric, event, step)
-
     def __repr__(self):
-        mode = "" if self.mode == "max" else f", mode={self.mode!r}"
+        mode = "" if self.mode is None else f", mode={self.mode!r}"
         return f"best_on({self.metric!r}{mode})"
 
 
 @hook_factory
-def best_on(metric: str, *, mode: str = "max"):
+def best_on(metric: str, *, mode: str | None = None):
     """Track the best value of ``metric`` and write ``model_best`` when it improves.
+
+    A loss-like metric (a word of its name is ``loss``, ``error``, ``err``,
+    ``mse``, ``mae``, ``nll``, ``perplexity``...) needs an explicit ``mode``:
+    the default ``"max"`` would keep its worst model, so
+    ``best_on("val_loss")`` is refused with the fix, ``mode="min"``. One
+    metric has one best tracker per run: ``loop()`` refuses two hooks
+    writing the best weights of the same metric (``pimm_fn.runtime.arguments``).
 
     Reacts to each ``MetricsPublished`` once: improvement is strict, NaN and
     +/-inf never improve (so ``model_best`` never holds a diverged model, and
@@ -203,8 +289,10 @@ def best_on(metric: str, *, mode: str = "max"):
     ``WriteBest``, a main-rank effect, never a collective one.
 
     Args:
-        metric: the published metric name.
-        mode: ``"max"`` or ``"min"``.
+        metric: the published metric name (a ``loader_evaluator``'s are
+            namespaced: ``"val/acc"``).
+        mode: ``"max"`` or ``"min"``; default ``"max"``, refused unsaid for a
+            loss-like metric.
 
     Emits:
         ``WriteBest(metric, value, step, weights)`` (main rank) on strict
@@ -212,12 +300,19 @@ def best_on(metric: str, *, mode: str = "max"):
         (``evaluate_every(..., weights="ema")``), so ``model_best`` holds it.
 
     Raises:
-        ValueError: when broadcast metrics hold a near-miss of ``metric``
-            (rank-local ones get a warning ``Log`` instead, so no rank raises alone).
+        ValueError: a loss-like ``metric`` without ``mode``; a bad ``mode``.
+            A misspelt ``metric`` is refused by the run once every evaluator
+            has published (``pimm_fn.runtime.advice``), at once with
+            ``Watching(sanity_check=...)``.
 
     >>> best_on("mIoU"), best_on("loss", mode="min")
     (best_on('mIoU'), best_on('loss', mode='min'))
+    >>> best_on("val_loss")
+    Traceback (most recent call last):
+    ValueError: best_on('val_loss') would keep the model with the highest 'val_loss' (mode='max' by default), the worst one for a loss or an error: pass best_on('val_loss', mode='min'), or mode='max' if higher is better
     """
+    if mode == "max" and isinstance(metric, str) and not lower_is_better(metric):
+        mode = None  # the default said aloud: the same hook (identity, equality, repr) as best_on(metric)
     return _BestOn(metric, mode)
 
 

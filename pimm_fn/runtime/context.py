@@ -59,6 +59,7 @@ class Context:
     logs: Any = None  # the run's Logs: its loggers, history and clock (pimm_fn.runtime.log_feed); the Log handler's
     bar: Any = None  # the run's ProgressBar on the main rank when one is shown (pimm_fn.runtime.progress_bar)
     lock: Any = None  # the save_dir lock (pimm_fn.runtime.lock): released when training ends
+    stopping: Any = None  # preemption and max_time (pimm_fn.runtime.preemption.Stopping); None: never asked
 
     @property
     def hooks(self) -> tuple | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import foreign, sharded
+from pimm_fn.checkpoint import foreign, sharded, storage
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Log, WriteBest
@@ -33,7 +33,7 @@ from pimm_fn.runtime.control import check_scheduler_hooks
 from pimm_fn.runtime.device import use_local_cuda_device
 from pimm_fn.runtime.feed import Feed
 from pimm_fn.runtime.guard import AgreementGuard
-from pimm_fn.runtime.handlers import DEFAULT_HANDLERS, prewarm_staging
+from pimm_fn.runtime.handlers import prewarm_staging, run_handlers
 from pimm_fn.runtime.implied import Implied
 from pimm_fn.hooks.progress import bar_cadence, progress_bar as progress_hook
 from pimm_fn.runtime import progress_bar
@@ -41,11 +41,13 @@ from pimm_fn.runtime.interpreter import Interpreter
 from pimm_fn.runtime.loggers import check_loggers, run_loggers
 from pimm_fn.runtime.log_feed import Logs
 from pimm_fn.runtime.locate import locate
-from pimm_fn.runtime.options import Parallel, Resuming, Saving, Training, Watching
+from pimm_fn.runtime.options import Parallel, Preemption, Resuming, Saving, Training, Watching
+from pimm_fn.runtime.preemption import Stopping
 from pimm_fn.runtime.resume import restore
 from pimm_fn.runtime.default_step import NonFinite, train_step
 from pimm_fn.runtime.configurable_step import loop_scaler
 from pimm_fn.runtime.run import Loop
+from pimm_fn.runtime.sanity import sanity_check
 
 __all__ = ["Loop", "loop"]
 
@@ -68,6 +70,7 @@ def loop(
     hooks=(),
     max_epochs: int | None = None,
     max_steps: int | None = None,
+    max_time=None,
     iters_per_epoch: int | None = None,
     save_dir=None,
     step_fn=None,
@@ -80,6 +83,7 @@ def loop(
     watching: Watching = Watching(),
     parallel: Parallel = Parallel(),
     training: Training = Training(),
+    preemption: Preemption = Preemption(),
     **moved,
 ) -> Loop:
     """A training loop over ``train_data`` driven by ``hooks``.
@@ -107,10 +111,21 @@ def loop(
             ``max_steps``, a larger one to extend a finished run (from the
             next epoch), or a smaller one already reached to end at once.
             ``plan`` and ``pimm_fn.testing.simulate`` take it too.
+        max_time: besides the budget, the wall-clock time this process may
+            train (seconds or a ``datetime.timedelta``, counted from
+            ``loop()`` on rank 0's clock): the run stops at the last step
+            boundary that leaves ``preemption.margin`` before it, saves that
+            step and raises ``pimm_fn.Preempted`` (exit code
+            ``preemption.exit_code``), as on a preemption signal; a resumed
+            run gets its own ``max_time``.
         save_dir: where checkpoints (``model/``) and ``log.jsonl`` go. One run
             at a time: a run that will write takes ``save_dir/pimm_fn.lock``
             first (``pimm_fn.runtime.lock``); a finished run opened to be
             read takes none and writes nothing (read-only storage works).
+            A URL (``"s3://bucket/exp1"``, ``"gs://..."``, ``"memory://..."``)
+            puts the checkpoints on that fsspec store
+            (``pimm_fn.checkpoint.storage``; ``pip install 'pimm_fn[s3]'``);
+            the logs then stay local: no ``log.jsonl`` is written there.
         step_fn: ``step_fn(model, optimizer, batch, *, scheduler, scaler)``
             returning a mapping of outputs; default ``train_step``. A
             ``TrainStep`` configures device, precision, accumulation and
@@ -127,7 +142,10 @@ def loop(
             ``len(train_data) // k`` for a step accumulating ``k`` batches).
         handlers: ``{EffectType: handler}`` overriding or adding handlers. A
             handler that reads another checkpoint layout (``pimm_fn.checkpoint.foreign``,
-            ``pimm_fn.compat.HANDLERS``) lets ``resume`` continue from it.
+            ``pimm_fn.compat.HANDLERS``) lets ``resume`` continue from it. A
+            ``Log`` handler replaces the console line only: ``run.history``,
+            ``log.jsonl`` and ``loggers`` still get each record
+            (``pimm_fn.runtime.handlers.RecordedLog``).
         loggers: more destinations of the ``Log`` records, each opened once
             and closed at the end of training and on an error:
             ``pimm_fn.CSVLogger()``, ``TensorBoardLogger()``, ``WandbLogger()``,
@@ -142,12 +160,17 @@ def loop(
         resuming: how a resume treats what changed (``pimm_fn.Resuming``:
             ``strict_resume``, ``resume_hyperparameters``).
         watching: what is shown and kept of the run (``pimm_fn.Watching``:
-            ``console``, ``progress``, ``log_reduce``, ``keep_trace``).
+            ``console``, ``progress``, ``log_reduce``, ``keep_trace``,
+            ``sanity_check``: every evaluator once before the first step).
         parallel: how the run spreads over ranks (``pimm_fn.Parallel``:
             ``ddp``, ``check_agreement``).
         training: what trains beside the model and optimizer
             (``pimm_fn.Training``: ``on_nonfinite``, ``scaler``,
             ``extra_state``, ``config``).
+        preemption: how the run stops when its cluster asks
+            (``pimm_fn.Preemption``: ``signals``, ``exit_code``,
+            ``save_on_interrupt``, ``margin``, ``check_every``;
+            ``pimm_fn.runtime.preemption``).
         **moved: refused: each keyword ``loop()`` took before its options
             were values raises a ``TypeError`` naming the value it moved to.
 
@@ -188,6 +211,12 @@ def loop(
             ``TypeError`` names where; ``keep_snapshots=`` is
             ``saving=Saving(keep=keep_last(n))``). The values refuse a bad
             field when they are made (``Watching(console="no")``).
+        ValueError: two hooks writing the best weights of one metric (two
+            ``best_on`` of it, or pimm's ``CheckpointSaver`` beside one); an
+            optimizer holding none of the model's parameters; with
+            ``Watching(sanity_check=n)``, a misspelt metric (and whatever an
+            evaluator raises) before the first step; while training, such a
+            metric once every evaluator has published (``pimm_fn.runtime.advice``).
         NotADirectoryError: ``save_dir`` is a file.
         NonFiniteLossError: (while training) a NaN or infinite loss under
             ``on_nonfinite="raise"``.
@@ -201,15 +230,21 @@ def loop(
     # Every argument is checked here, before anything is built, loaded or written (pimm_fn.runtime.arguments).
     if moved:
         options.refuse_moved(moved)  # a keyword loop() took before its options were values: where it went
-    options.check_options(saving=saving, resuming=resuming, watching=watching, parallel=parallel, training=training)
+    options.check_options(saving=saving, resuming=resuming, watching=watching, parallel=parallel, training=training,
+                          preemption=preemption)
+    max_time = options.seconds(max_time, "max_time") if max_time is not None else None
     arguments.check_model(model)
     arguments.check_optimizer(optimizer)
     arguments.check_train_data(train_data)
     hooks = protocol.check_hooks(hooks)
+    arguments.check_best_trackers(hooks)  # one best tracker per metric
     arguments.check_resume(resume)
     arguments.check_arguments(step_fn=step_fn, scheduler=scheduler, iters_per_epoch=iters_per_epoch, handlers=handlers)
     arguments.check_budget(max_epochs, max_steps, fresh=resume is None)
     arguments.check_save_dir(hooks, save_dir)
+    if storage.is_url(save_dir) and saving.checkpoint_format == "legacy":  # it publishes by a rename, which a store lacks
+        raise ValueError(f"loop: Saving(checkpoint_format='legacy') publishes by a rename, which save_dir {save_dir!r} "
+                         f"(an fsspec store) does not have; use checkpoint_format='standard' there")
     arguments.check_on_nonfinite(training.on_nonfinite, custom_step=step_fn not in (None, train_step))
     check_scheduler_hooks(hooks, scheduler)
     show_bar = progress_bar.wanted(watching.progress, watching.console)  # this process's wish; rank 0's decides, below
@@ -218,6 +253,7 @@ def loop(
     arguments.check_sharding(shards, ddp=parallel.ddp, checkpoint_format=saving.checkpoint_format,
                              weights_file=saving.weights_file)
     optimizer, optimizers = stateful_objects.check_optimizers(optimizer, optimizers, step_fn, sharded=shards)
+    arguments.check_trains_model(model, optimizers or {"optimizer": optimizer})  # not another model's parameters
     extra_state = stateful_objects.extra_state(training.extra_state, hooks, sharded=shards)
     arguments.check_fresh_save_dir(resume, save_dir)  # the arguments are right; is save_dir free for a fresh run?
     use_local_cuda_device(model)  # LOCAL_RANK's GPU, before DDP, the guard or DCP allocate on the current one
@@ -227,7 +263,7 @@ def loop(
     # Rank 0 decides, so every hook list is alike; about 200 moves an epoch keep a long epoch's steps quiet.
     shown = (progress_hook(bar_cadence(feed.iters_per_epoch)),) if dist.broadcast_object(show_bar) else ()
     hooks = chain(*protocol.bind(hooks, unwrap(model)), *shown)
-    save_dir = Path(save_dir) if save_dir is not None else None
+    save_dir = storage.location(save_dir) if save_dir is not None else None  # a StorePath for a URL
     scaler = loop_scaler(step_fn, training.scaler, model)  # a TrainStep(precision="fp16")'s own, checkpointed as scaler=
     guarded = dist.is_initialized() and parallel.check_agreement is not False
     implied = Implied.of(hooks, guarded=guarded)  # what the hooks imply, derived once (pimm_fn.runtime.implied)
@@ -241,10 +277,14 @@ def loop(
         everywhere=((WriteBest,) if shards else ()) + ((Log,) if averaged else ()),
         optimizers=optimizers, extra_state=extra_state,
     )
-    ctx.logs = Logs(run_loggers(save_dir, loggers), save_dir=save_dir, say=ctx.say, rank=ctx.rank,
+    log_dir = None if storage.is_store(save_dir) else save_dir  # logs stay local: no log.jsonl on a store
+    ctx.logs = Logs(run_loggers(log_dir, loggers), save_dir=log_dir, say=ctx.say, rank=ctx.rank,
                     world_size=ctx.world_size, reduce=watching.log_reduce)
     ctx.bar = progress_bar.ProgressBar() if shown and ctx.rank == 0 else None
-    interpreter = Interpreter(ctx, {**DEFAULT_HANDLERS, **(handlers or {})},
+    ctx.stopping = Stopping(preemption, max_time=max_time, world_size=ctx.world_size,
+                            ticks=bool(hooks.active(ev.Elapsed)),
+                            tell=ctx.console and ctx.rank == 0)  # its clock: what max_time counts from
+    interpreter = Interpreter(ctx, run_handlers(handlers),
                               AgreementGuard(implied) if guarded else None, keep_trace=watching.keep_trace)
     epochs = max_epochs if max_steps is None else -(-max_steps // feed.iters_per_epoch)
     for message in configuration_messages(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
@@ -277,6 +317,8 @@ def loop(
         prewarm_staging(ctx)  # when a hook saves in the background: its memory, after the first step
         run = Loop(ctx, state, step_fn or train_step, interpreter)
         ctx.nonfinite.where = lambda: run.state.progress  # a NaN loss is reported at the step being trained
+        if watching.sanity_check and not run.finished:  # every evaluator once, its names checked; nothing published
+            sanity_check(ctx, watching.sanity_check)
         if info is not None and not run.finished:  # a finished run resumed with its own budget runs no hook at all
             run._dispatch(ev.BeforeTrain(resumed=True))
     weakref.finalize(run, ctx.lock.release)  # and at the end of training (Loop), or at exit

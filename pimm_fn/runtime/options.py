@@ -11,12 +11,14 @@ keyword had when ``loop()`` took it, and is checked at construction with the
 same message; the repr is the factory call.
 
 >>> Watching(console=False)
-Watching(console=False, progress=None, log_reduce=None, keep_trace=10000)
+Watching(console=False, progress=None, log_reduce=None, keep_trace=10000, sanity_check=0)
 >>> Resuming(resume_hyperparameters="user")
 Traceback (most recent call last):
 ValueError: loop: 'resume_hyperparameters' must be 'checkpoint' (the checkpoint's optimizer hyper-parameters win) or 'new' (this run's optimizer's win) (got 'user')
 """
 
+import datetime
+import signal
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -28,7 +30,8 @@ from pimm_fn.runtime.arguments import ARGUMENTS, check_on_nonfinite, check_resum
 from pimm_fn.runtime.interpreter import KEEP_TRACE
 from pimm_fn.runtime.loggers import check_loggers
 
-__all__ = ["Saving", "Resuming", "Watching", "Parallel", "Training", "MOVED", "refuse_moved", "check_options"]
+__all__ = ["Saving", "Resuming", "Watching", "Parallel", "Training", "Preemption", "MOVED", "refuse_moved",
+           "check_options", "seconds"]
 
 _BOOL = v.is_bool.with_hint("pass True or False")
 
@@ -85,13 +88,23 @@ class Watching:
             no host sync (``pimm_fn.runtime.progress_bar``); its hook joins
             ``run.hooks``, last, but not ``run.trace``.
         log_reduce: ``"mean"`` logs the training outputs (``train`` and
-            ``epoch`` records) averaged over the ranks, with one all-reduce per
-            such record, on the steps that log only; ``None`` (default) logs
+            ``epoch`` records) averaged over the ranks, with two small all-reduces
+            per such record, on the steps that log only (the first checks that
+            every rank logged the same step and names: else a
+            ``CollectiveDivergenceError`` on every rank); ``None`` (default) logs
             rank 0's. With several ranks each record says which in its ``over``
             field (``"rank 0"`` or ``"mean of 4 ranks"``).
         keep_trace: how many executed effects ``run.trace`` keeps, the newest
             (default 10 000, so a long run's memory stays flat); ``None`` keeps
             every one.
+        sanity_check: ``n`` > 0 runs every evaluator once when ``loop()``
+            builds the run, before the first step (as Lightning's sanity
+            check): a ``loader_evaluator`` on its first ``n`` batches per rank,
+            an ``fn(model)`` evaluator as it is. What they return is checked
+            (a misspelt metric some hook reads is a ``ValueError`` in seconds,
+            not at the first evaluation) and then dropped: no best, no log,
+            and the training's RNG streams are as they were. ``0`` (default): off
+            (``pimm_fn.runtime.sanity``).
     """
 
     factory_name: ClassVar[str] = "loop"
@@ -101,6 +114,8 @@ class Watching:
         "pass None (a bar where someone watches), True or False")))
     log_reduce: str | None = attrs.field(default=None, validator=_log_reduce)
     keep_trace: int | None = attrs.field(default=KEEP_TRACE, validator=ARGUMENTS["keep_trace"])
+    sanity_check: int = attrs.field(default=0, validator=v.int_at_least(0).with_hint(
+        "pass the number of batches each loader_evaluator runs before the first step, or 0 (off)"))
 
 
 @attrs.frozen
@@ -155,6 +170,87 @@ class Training:
     config: Mapping | None = attrs.field(default=None, validator=ARGUMENTS["config"])
 
 
+def seconds(value, name: str, *, owner: str = "loop") -> float:
+    """``value`` (seconds, or a ``datetime.timedelta``) as float seconds >= 0, refused with the fix otherwise.
+
+    >>> seconds(datetime.timedelta(minutes=2), "max_time")
+    120.0
+    >>> seconds(-1, "max_time")
+    Traceback (most recent call last):
+    ValueError: loop: 'max_time' must be seconds >= 0 or a datetime.timedelta (got -1)
+    """
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise ValueError(f"{owner}: '{name}' must be seconds >= 0 or a datetime.timedelta (got {value!r:.80})")
+    return float(value)
+
+
+def _signals(value) -> tuple:
+    """Signal numbers or names (``signal.SIGUSR1``, ``"SIGUSR1"``), as a tuple of names; SIGINT has its own option."""
+    values = (value,) if isinstance(value, (str, int)) else tuple(value)
+    found = []
+    for one in values:
+        try:
+            sig = signal.Signals[one] if isinstance(one, str) else signal.Signals(one)
+        except (KeyError, ValueError):
+            raise ValueError(f"loop: Preemption 'signals' holds {one!r}, not a signal: pass e.g. signal.SIGTERM or "
+                             f"'SIGUSR1'") from None
+        if sig == signal.SIGINT:
+            raise ValueError("loop: Preemption 'signals' holds SIGINT: Ctrl-C keeps its own handling; pass "
+                             "save_on_interrupt=True to save before a script exits on it")
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError(f"loop: Preemption 'signals' holds {sig.name}, which no process can catch")
+        found.append(sig.name)
+    return tuple(dict.fromkeys(found))
+
+
+def _margin(value) -> float:
+    return seconds(value, "margin")
+
+
+@attrs.frozen
+class Preemption:
+    """How a run stops when its cluster asks it to, or its time is up (``pimm_fn.runtime.preemption``).
+
+    A signal in ``signals`` (or ``loop(max_time=...)`` running out) is held
+    to the next step boundary; there every rank agrees on one step, saves a
+    normal, resumable checkpoint of it (its marker says ``saved_for``), says
+    one line and raises ``pimm_fn.Preempted``, a ``SystemExit`` with
+    ``exit_code``: a script ends with that code and no traceback.
+
+    Args:
+        signals: the signals that ask for a save and a stop (default
+            ``SIGTERM``, what Kubernetes, torchrun's agent and Slurm send
+            first; add ``"SIGUSR1"`` for Slurm's ``--signal=USR1@90``).
+            ``()`` leaves every signal alone.
+        exit_code: the process's exit code after such a save (default 75,
+            ``EX_TEMPFAIL``: "try again"; a batch script requeues on it, a
+            Kubernetes ``podFailurePolicy`` can ignore it).
+        save_on_interrupt: in a script (not a notebook or the REPL), a
+            Ctrl-C saves the same way before the script exits (a second
+            Ctrl-C stops at once); by default a script's Ctrl-C exits with
+            where the last checkpoint is and how to continue.
+        margin: for ``max_time``: the time (seconds or a ``timedelta``) left
+            before the limit for the last save; the run stops at the last
+            step boundary that leaves it.
+        check_every: with several ranks, how many steps apart the ranks
+            compare their requests and rank 0's clock (one small
+            asynchronous all-reduce on a gloo group, read at the next
+            comparison; a request is honoured within two comparisons).
+            ``None`` (default): rank 0 picks the cadence from its step time,
+            about one comparison a second, and sends it with each one.
+    """
+
+    factory_name: ClassVar[str] = "loop"
+
+    signals: tuple = attrs.field(default=("SIGTERM",), converter=_signals)
+    exit_code: int = attrs.field(default=75, validator=v.int_at_least(0))
+    save_on_interrupt: bool = attrs.field(default=False, validator=_BOOL)
+    margin: float = attrs.field(default=0.0, converter=_margin)
+    check_every: int | None = attrs.field(default=None, validator=v.optional(v.int_at_least(1)))
+
+
 # The keywords loop() took before its options became values: where each went (keep_snapshots went away).
 MOVED = {
     **{name: ("saving", "Saving") for name in ("checkpoint_format", "keep", "weights_file", "digests")},
@@ -198,4 +294,5 @@ def check_options(**values) -> None:
             f"pass {name}=pimm_fn.{kind.__name__}(...)").check(value, name, owner="loop")
 
 
-_KINDS = {"saving": Saving, "resuming": Resuming, "watching": Watching, "parallel": Parallel, "training": Training}
+_KINDS = {"saving": Saving, "resuming": Resuming, "watching": Watching, "parallel": Parallel, "training": Training,
+          "preemption": Preemption}

@@ -9,12 +9,15 @@ handed to the hooks with the interpreter as executor, each step a
 transaction) is its ``Walker`` (``pimm_fn.runtime.walker``).
 """
 
+import contextlib
+
 from pimm_fn import notebook
 from pimm_fn.core import summary
 from pimm_fn.core.trace import Trace
-from pimm_fn.runtime import swap
+from pimm_fn.runtime import after_training, swap
 from pimm_fn.runtime.context import Context
 from pimm_fn.runtime.log_feed import clock
+from pimm_fn.runtime.preemption import advise
 from pimm_fn.runtime.transaction import Interruption
 from pimm_fn.runtime.walker import Walker
 
@@ -68,6 +71,20 @@ class Loop:
         self._interpreter = interpreter
         self._walker = Walker(ctx, state, step_fn, interpreter)  # the walk itself; it reads ctx.implied's hooks
         self.hooks = ctx.implied.hooks
+        # The preemption signals' handlers while it trains (pimm_fn.runtime.preemption); none on a bare Context.
+        self._requests = ctx.stopping.requests if ctx.stopping is not None else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _advising(self):
+        """A Ctrl-C leaving ``run()`` in a script carries the advice its exit prints (``preemption.advise``)."""
+        try:
+            yield
+        except KeyboardInterrupt as error:
+            last = self._walker.last_saved()
+            model_dir = self.ctx.model_dir if self.ctx.save_dir is not None else None
+            saved = (last, model_dir / "last") if last is not None and model_dir is not None else None
+            advise(error, self.state.progress.global_step, saved, model_dir)
+            raise
 
     def _use(self, implied) -> None:
         """Run on with the hooks of ``implied`` (``pimm_fn.runtime.implied``), as ``replace`` derived it anew."""
@@ -111,8 +128,8 @@ class Loop:
         """Hand ``event`` to the hooks now: ``loop()`` says so a resumed run begins (``BeforeTrain(resumed=True)``)."""
         self._walker.dispatch(event)
 
-    def step(self) -> "Loop":
-        """Train one step, with the events around it (epoch end, training end).
+    def step(self):
+        """Train one step, with the events around it (epoch end, training end); returns the state, as ``run()`` does.
 
         After a stop was requested (``State.stop``) the epoch closes and
         training ends within this call; a call on a stopped run that had not
@@ -122,9 +139,9 @@ class Loop:
         A Ctrl-C the loop held back (``pimm_fn.runtime.ctrl_c``) is raised
         at the end, where nothing is in flight.
         """
-        with self._walker.tx.keys, clock(self.ctx.logs):
+        with self._walker.tx.keys, self._requests, clock(self.ctx.logs), self._advising():
             self._walker.step()
-        return self
+        return self.state
 
     def run(self, steps: int | None = None):
         """Train ``steps`` more steps, or to the end; returns the state.
@@ -134,7 +151,7 @@ class Loop:
         ``run.run(...)`` shows its summary (progress, metrics, best values,
         slots), as ``print`` does; ``repr`` gives every field.
         """
-        with self._walker.tx.keys, clock(self.ctx.logs):
+        with self._walker.tx.keys, self._requests, clock(self.ctx.logs), self._advising():
             return self._walker.run(steps)
 
     def __call__(self):
@@ -170,6 +187,14 @@ class Loop:
         self._walker.read_waiting()  # the old hook's sums take what waits, before the new one takes its slot
         swap.replace(self, old, new, fresh=fresh)
         return self
+
+    def test(self, evaluator, *, weights: str = "final", metric: str | None = None) -> dict:
+        """``evaluator``'s metrics on the ``"final"`` or ``"best"`` weights (``pimm_fn.runtime.after_training``)."""
+        return after_training.test(self, evaluator, weights=weights, metric=metric)
+
+    def predict(self, loader, *, forward=None, weights: str = "final", metric: str | None = None) -> list:
+        """The model's outputs for each batch of ``loader``, on the CPU (``pimm_fn.runtime.after_training``)."""
+        return after_training.predict(self, loader, forward=forward, weights=weights, metric=metric)
 
     def replace_evaluator(self, name: str, fn) -> "Loop":
         """Swap the function of the ``evaluate_every`` hook whose evaluator is ``name``; see ``replace``."""

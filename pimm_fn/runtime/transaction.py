@@ -32,6 +32,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.runtime.ctrl_c import CTRL_C
+from pimm_fn.runtime.default_step import NonFiniteLossError
 from pimm_fn.runtime.peers import across_ranks
 
 __all__ = ["Interruption", "Transaction", "Unit", "failing_hook", "effect_phase", "fold_phase"]
@@ -56,11 +57,14 @@ class Interruption:
     step: int
     phase: str
     continues: bool = True
+    # Said instead of "run() continues exactly from here" where that would fail again (a NaN loss); its text
+    # is in the line (str), not the repr, which stays the one a notebook shows.
+    advice: str | None = attrs.field(default=None, repr=False)
 
     def __str__(self) -> str:
         where = f"interrupted at step {self.step} during {self.phase}"
         if self.continues:
-            return f"{where}; run() continues exactly from here"
+            return f"{where}; {self.advice or 'run() continues exactly from here'}"
         return (
             f"{where}; the ranks did not fail alike, so the process group was shut down: rebuild the run on every "
             f'rank in a fresh process group with resume="auto"'
@@ -157,7 +161,8 @@ class Transaction:
         self.keys.open = False
         phase = phase if phase.__class__ is str else phase(self.step, error)
         step = self.step if self.step is not None else self._last_step()
-        self.interrupted = Interruption(step, phase)  # first: an interrupt while the ranks agree keeps it
+        advice = error.advice if isinstance(error, NonFiniteLossError) else None  # continuing would raise it again
+        self.interrupted = Interruption(step, phase, advice=advice)  # first: an interrupt while the ranks agree keeps it
         self.interrupted, instead = across_ranks(self.interrupted, error)
         self._interpreter.close(on_error=True)
         self._ctx.say(str(self.interrupted))

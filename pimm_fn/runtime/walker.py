@@ -13,9 +13,11 @@ left. Steps no hook is called for are trained and counted, not folded
 import attrs
 
 from pimm_fn.core import events as ev
+from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.processing import start
 from pimm_fn.core.schedule import advance, next_event
 from pimm_fn.runtime.driver import Driver
+from pimm_fn.runtime.preemption import Preempted, preemption_save
 from pimm_fn.runtime.quiet import QuietSteps
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.default_step import runner, train_step
@@ -51,6 +53,7 @@ class Walker:
         self._reading_waiting = tx.unit("reading the step outputs")
         self._working = tx.unit(self._stopped_in_work)
         self._quiet = QuietSteps()  # steps trained and counted, not folded; outputs unread on their device
+        self._stopping = ctx.stopping  # preemption and max_time, asked at each step's end (None: a bare Context)
         self.use(ctx.implied)
 
     def use(self, implied) -> None:
@@ -104,7 +107,11 @@ class Walker:
         return self.state
 
     def step(self) -> None:
-        """One step (``Loop.step``), then a Ctrl-C held back until its end raised, where nothing is in flight."""
+        """One step (``Loop.step``), then a Ctrl-C held back until its end raised, where nothing is in flight.
+
+        Then the step's boundary: a preemption request or the time budget
+        agreed on by every rank saves and stops (``pimm_fn.runtime.preemption``).
+        """
         tx = self.tx
         self._continue() if tx.interrupted is not None else self._step()
         if tx.keys.pending:  # every unit closed behind it: only a held Ctrl-C makes this a safe point to act at
@@ -113,6 +120,55 @@ class Walker:
             except KeyboardInterrupt:
                 tx.stopped_after(self.state.progress.global_step)
                 raise
+        stopping = self._stopping
+        if stopping is not None and (stopping.busy or stopping.requests.reason is not None):
+            self._at_boundary(stopping)
+
+    def _at_boundary(self, stopping) -> None:
+        """At a step's end: the agreed clock (``Elapsed``) to the hooks that want it, then a stop if one is asked."""
+        if self._state.finished:
+            return stopping.settle()  # the run ended on its own: its final save holds everything
+        quiet = self._quiet
+        step = quiet.last if quiet.last is not None else self._state.progress.global_step
+        reason, tick = stopping.at_boundary(step)
+        if tick is not None:
+            self.dispatch(tick)
+        if reason is not None:
+            self._preempt(stopping, reason)
+
+    def _preempt(self, stopping, reason: str) -> None:
+        """Save this step on every rank (unless its own save holds it), say one line, and raise ``Preempted``."""
+        ctx, interpreter = self.ctx, self._interpreter
+        self.read_waiting()
+        state = self.state
+        step = state.progress.global_step
+        ctx.wait_for_save()
+        path = None
+        if ctx.save_dir is not None:
+            path = ctx.model_dir / ("last" if ctx.checkpoint_format == "standard" else "last.pth")
+            if self.last_saved() != step:
+                effect = preemption_save(step, reason)
+                console, ctx.console = ctx.console, False  # one line says it all, below
+                try:
+                    interpreter.handler_for(effect)(effect, state, ctx)
+                finally:
+                    ctx.console = console
+        stopping.settle()
+        interpreter.settle()
+        interpreter.close()
+        if ctx.lock is not None:
+            ctx.lock.release()
+        code = stopping.option.exit_code
+        saved = f"saved step {step} to {path}" if path is not None else f"stopped at step {step} (no save_dir)"
+        ctx.say(f"{reason}: {saved}; exiting with code {code}; continue with loop(..., resume=\"auto\")")
+        raise Preempted(code, step, reason, path)
+
+    def last_saved(self) -> int | None:
+        """The step of the last checkpoint the hooks saved (every rank's trace holds the same collective saves)."""
+        for entry in reversed(self._interpreter.trace):
+            if entry.effect.__class__ is SaveCheckpoint:
+                return entry.effect.step
+        return None
 
     def read_waiting(self) -> None:
         """Read the outputs waiting on their device (``pimm_fn.runtime.quiet``), if any."""
@@ -224,6 +280,8 @@ class Walker:
         """Training ended: every rank learns of a divergence in the last events, every save and record is
         written (the loggers and the bar closed), and ``save_dir``'s lock released (``pimm_fn.runtime.lock``)."""
         self._interpreter.settle()
+        if self._stopping is not None:
+            self._stopping.settle()
         self.ctx.wait_for_save()
         self._interpreter.close()
         if self.ctx.lock is not None:

@@ -26,6 +26,7 @@ from pimm_fn.core.effects import Effect, SaveCheckpoint, Scope
 from pimm_fn.core.events import Event
 from pimm_fn.core.fold import Chain, TraceEntry, chain
 from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
+from pimm_fn.core.preemption import Boundaries
 from pimm_fn.core.processing import process
 from pimm_fn.core.state import State
 from pimm_fn.core.validate import int_at_least, is_bool
@@ -74,6 +75,9 @@ class SimulationResult:
         resume_at: the steps at which the run was killed and resumed.
         resume_index: per rank, the trace length at each resume: entries
             before it come from the run that was killed.
+        preempted: per rank, the ``(step, reason)`` of each preemption or
+            time-budget stop (``preempt``, ``max_time``), where that rank
+            saved, stopped and was resumed.
     """
 
     hooks: Chain
@@ -81,6 +85,7 @@ class SimulationResult:
     states: tuple
     resume_at: tuple = ()
     resume_index: tuple = ()
+    preempted: tuple = ()
 
     @property
     def world_size(self) -> int:
@@ -210,6 +215,24 @@ def _run_rank(hooks: Chain, state: State, executor: _SimExecutor, outputs, point
     return run_schedule(hooks, state, executor, outputs, skip_quiet=skip_quiet)
 
 
+def _run_preempted(hooks, state, executor, outputs, skip_quiet, stops, clock, index: list) -> State:
+    """Run to the end, stopping where ``stops()`` (a fresh ``Boundaries`` per process) says; each stop resumes."""
+    stopped = []
+    start = 0.0
+    while True:
+        decider = stops(first=not stopped)
+        shifted = (lambda s, c=start: clock(s) - c) if clock is not None else None
+        decider.clock = shifted
+        state = run_schedule(hooks, state, executor, outputs, skip_quiet=skip_quiet, clock=shifted, boundary=decider)
+        if decider.stopped is None:
+            return state, tuple(stopped)
+        stopped.append(decider.stopped)
+        index.append(len(executor.entries))
+        start = clock(decider.stopped[0]) if clock is not None else 0.0
+        # The preemption save holds this state; the requeued process resumes from it.
+        state = process(hooks, state, _RESUMED, executor)
+
+
 def simulate(
     hooks,
     *,
@@ -221,6 +244,11 @@ def simulate(
     local=None,
     resume_at=None,
     skip_quiet: bool = True,
+    preempt=None,
+    clock=None,
+    max_time: float | None = None,
+    margin: float = 0.0,
+    check_every: int | None = 1,
 ) -> SimulationResult:
     """Run ``hooks`` on every rank of a simulated job and return each rank's trace.
 
@@ -252,6 +280,23 @@ def simulate(
             jump (see ``pimm_fn.core.plan.run_schedule``); the traces and
             states are the same either way, ``False`` walks every event
             (and calls ``local`` for every step).
+        preempt: ``{rank: step}``: a preemption signal reaches ``rank``
+            during ``step`` (any subset of ranks, any steps). Every rank
+            stops at the boundary ``loop(preemption=...)`` agrees on
+            (``pimm_fn.core.preemption``), its state is what the save there
+            holds, and the run resumes from it, as a requeued job with
+            ``resume="auto"``; ``preempted`` says where.
+        clock: ``clock(step)``, rank 0's seconds since training began at the
+            end of ``step``: delivered as ``Elapsed`` to the hooks that listen
+            (``save_every(minutes=...)``), and read by ``max_time``. A resumed
+            process's clock starts again at its first step.
+        max_time, margin: with ``clock``: stop (save, resume) at the last
+            boundary whose next step would pass ``max_time - margin``, as
+            ``loop(max_time=..., preemption=Preemption(margin=...))``.
+        check_every: ``Preemption(check_every=...)``: with several ranks,
+            the steps between the ranks' comparisons, or ``None`` (the
+            runtime's default; needs ``clock``): rank 0 picks them, about
+            one a second (``pimm_fn.core.preemption.next_cadence``).
 
     Returns:
         A ``SimulationResult`` with ``traces`` and ``states``, one per rank.
@@ -273,7 +318,8 @@ def simulate(
     is_bool.check(skip_quiet, "skip_quiet", owner="simulate")
     source = _metric_source(metrics)
     points = resume_points(resume_at, max_steps or iters_per_epoch * max_epochs)
-    traces, states, indices = [], [], []
+    stops = _stops(preempt, world_size, check_every, clock, max_time, margin, points)
+    traces, states, indices, preempted = [], [], [], []
     for rank in range(world_size):
         state = initial_state(
             hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps, rank=rank,
@@ -281,10 +327,41 @@ def simulate(
         )
         executor = _SimExecutor(source, rank=rank)
         index: list = []
-        states.append(_run_rank(hooks, state, executor, _outputs(local, rank), points, index, skip_quiet))
+        if stops is None:
+            states.append(_run_rank(hooks, state, executor, _outputs(local, rank), points, index, skip_quiet))
+        else:
+            final, stopped = _run_preempted(hooks, state, executor, _outputs(local, rank), skip_quiet, stops, clock,
+                                            index)
+            states.append(final)
+            preempted.append(stopped)
         traces.append(tuple(executor.entries))
         indices.append(tuple(index))
-    return SimulationResult(hooks, tuple(traces), tuple(states), points, tuple(indices))
+    return SimulationResult(hooks, tuple(traces), tuple(states), points, tuple(indices), tuple(preempted))
+
+
+def _stops(preempt, world_size, every, clock, max_time, margin, points):
+    """A maker of each process's ``Boundaries`` (the first process gets the signals), or ``None`` without any."""
+    if every is not None:
+        _int_at_least("check_every", every, 1)
+    elif clock is None:
+        raise TypeError("simulate: check_every=None (rank 0 picks the cadence from its clock) needs a 'clock'")
+    if max_time is not None and clock is None:
+        raise TypeError("simulate: 'max_time' needs a 'clock' (clock(step) -> rank 0's seconds since training began)")
+    requests = dict(preempt or {})
+    for rank, step in requests.items():
+        if not (isinstance(rank, int) and 0 <= rank < world_size and isinstance(step, int) and step >= 1):
+            raise ValueError(f"simulate: 'preempt' must map ranks in [0, {world_size}) to steps >= 1 "
+                             f"(got {rank!r}: {step!r})")
+    if not requests and max_time is None and clock is None:
+        return None
+    if points:
+        raise ValueError("simulate: pass either 'resume_at' or 'preempt'/'clock'/'max_time', not both")
+    def stops(first: bool) -> Boundaries:
+        """The first process of a rank gets the signals; a resumed one only its clock and budget."""
+        return Boundaries(requests if first else {}, world_size=world_size, every=every, max_time=max_time,
+                          margin=margin)
+
+    return stops
 
 
 def _hook_list(hooks) -> list:

@@ -144,17 +144,29 @@ def test_real_sigints_at_any_moment_then_run_again_end_bit_identical(tmp_path, k
     expected, trace = tw.weights(model), [repr(e) for e in run.trace]
     model, run = build(tmp_path / "interrupted")
     interrupts = 0
-    outside = signal.signal(signal.SIGINT, lambda signum, frame: None)  # a late signal outside run() is dropped
+    def dropped(signum, frame):  # a late signal outside run() is dropped
+        pass
+
+    def interrupt(delay, done):
+        """SIGINT ``delay`` s after run() holds the signal: under load run() may start late, and runs slower."""
+        while signal.getsignal(signal.SIGINT) is dropped:
+            if done.wait(0.001):
+                return
+        if not done.wait(delay):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    outside = signal.signal(signal.SIGINT, dropped)
     try:
         for delay in (0.01, 0.023, 0.037, 0.05, 0.071, 0.09, 0.13):
-            timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
-            timer.start()
+            done = threading.Event()
+            sender = threading.Thread(target=interrupt, args=(delay, done))
+            sender.start()
             try:
                 run.run()
             except BaseException:  # a save interrupted inside the checkpoint writer arrives wrapped by it
                 interrupts += 1
-            timer.cancel()
-            timer.join()
+            done.set()
+            sender.join()
         run.run()
     finally:
         signal.signal(signal.SIGINT, outside)

@@ -14,7 +14,9 @@ VALUES = [pf.Saving(checkpoint_format="legacy", keep=pf.keep_last(3), weights_fi
           pf.Resuming(strict_resume=True, resume_hyperparameters="new"),
           pf.Watching(console=False, progress=True, log_reduce="mean", keep_trace=None),
           pf.Parallel(ddp=True, check_agreement=False),
-          pf.Training(on_nonfinite="skip", config={"seed": 1})]
+          pf.Training(on_nonfinite="skip", config={"seed": 1}),
+          pf.Preemption(signals=("SIGTERM", "SIGUSR1"), exit_code=0, save_on_interrupt=True, margin=60.0,
+                        check_every=10)]
 
 
 def _loop(tmp_path, **kwargs):
@@ -23,12 +25,12 @@ def _loop(tmp_path, **kwargs):
                    max_epochs=1, save_dir=tmp_path, **kwargs)
 
 
-def test_loop_takes_the_daily_arguments_and_five_option_values():
-    """The signature: the arguments written every day, then saving, resuming, watching, parallel, training."""
+def test_loop_takes_the_daily_arguments_and_six_option_values():
+    """The signature: the arguments written every day (max_time beside the budget), then the six option values."""
     names = [p.name for p in inspect.signature(pf.loop).parameters.values() if p.kind != p.VAR_KEYWORD]
     assert names == ["model", "optimizer", "train_data", "optimizers", "hooks", "max_epochs", "max_steps",
-                     "iters_per_epoch", "save_dir", "step_fn", "scheduler", "resume", "loggers", "handlers",
-                     "saving", "resuming", "watching", "parallel", "training"]
+                     "max_time", "iters_per_epoch", "save_dir", "step_fn", "scheduler", "resume", "loggers", "handlers",
+                     "saving", "resuming", "watching", "parallel", "training", "preemption"]
 
 
 @pytest.mark.parametrize("name", sorted(MOVED))
@@ -53,7 +55,7 @@ def test_an_unknown_keyword_is_refused_as_python_would(tmp_path):
         _loop(tmp_path, max_epoch=3)
 
 
-@pytest.mark.parametrize("keyword", ["saving", "resuming", "watching", "parallel", "training"])
+@pytest.mark.parametrize("keyword", ["saving", "resuming", "watching", "parallel", "training", "preemption"])
 def test_an_option_that_is_not_its_value_is_refused_with_the_fix(tmp_path, keyword):
     """saving={'checkpoint_format': 'legacy'} (a dict, not a Saving) fails at once, naming the value to build."""
     with pytest.raises(TypeError, match=rf"loop: '{keyword}' must be a pimm_fn\.{keyword.capitalize()} .*"

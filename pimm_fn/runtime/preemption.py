@@ -1,0 +1,269 @@
+"""Stopping for the cluster: a signal or the time budget becomes one agreed step, a save, and an exit code.
+
+The path of a request:
+
+1. **Signal.** While ``run()``/``step()`` trains, each signal of
+   ``Preemption.signals`` (default ``SIGTERM``) only records a request
+   (``Requests``): nothing is raised inside the step, an evaluation or a save.
+2. **Safe point.** At each step boundary (after a step's events, and the
+   closing events of an epoch it ends) the walker asks ``Stopping.at_boundary``.
+3. **Agreement.** One process decides at once. Several ranks reduce, every
+   ``check_every`` steps, one small int64 buffer (the highest signal number
+   any rank got, rank 0's "time is up" and rank 0's clock) with an
+   asynchronous all-reduce on a gloo group of their own, and read it at the
+   next check, when it has long completed: every rank reads the same answer at
+   the same step (``pimm_fn.core.preemption.stop_step``). The clock that
+   ``max_time`` and ``Elapsed`` use is rank 0's, so the ranks agree on time too.
+4. **Save.** Every rank saves that step: a normal, resumable checkpoint whose
+   marker says ``saved_for`` (the signal's name, or ``"max_time"``), unless
+   the step's own save already holds it; rank 0 says one line.
+5. **Exit.** ``Preempted`` (a ``SystemExit``) is raised on every rank with
+   ``Preemption.exit_code`` (75 by default): a script exits with it, without a
+   traceback; ``resume="auto"`` continues from the save, bit-identical.
+
+Cost on a step with no request: one process reads a flag (and the clock,
+under ``max_time``); several ranks start one asynchronous all-reduce of 24
+bytes per check and wait for the previous one, already done
+(``benchmarks/RESULTS.md``).
+
+A Ctrl-C in a script that escapes ``run()`` prints where the last checkpoint
+is and how to continue instead of the loop's traceback (``advise``); a
+notebook's or the REPL's Ctrl-C keeps its behaviour (``run()`` continues
+exactly).
+"""
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as td
+
+from pimm_fn import dist
+from pimm_fn.core import events as ev
+from pimm_fn.core.effects import SaveCheckpoint
+from pimm_fn.core.preemption import lags, next_cadence, time_is_up
+
+__all__ = ["Preempted", "Requests", "Stopping", "advise", "interactive"]
+
+MAX_TIME = "max_time"
+
+
+class Preempted(SystemExit):
+    """Every rank saved ``step`` for ``reason`` and stops: a ``SystemExit`` whose ``code`` is the exit code.
+
+    Uncaught, the script ends with that code and no traceback. ``path`` is
+    the checkpoint that holds the step (``None`` without a ``save_dir``).
+    """
+
+    def __init__(self, code: int, step: int, reason: str, path):
+        super().__init__(code)
+        self.step, self.reason, self.path = step, reason, path
+
+
+def interactive() -> bool:
+    """Whether a person drives this process: a notebook or IPython shell, or the Python REPL (``-i``)."""
+    if hasattr(sys, "ps1") or sys.flags.interactive:
+        return True
+    ipython = sys.modules.get("IPython")
+    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
+
+
+_SAVING_ON_CTRL_C = b"[pimm_fn] Ctrl-C: saving at the end of this step, then exiting (Ctrl-C again to stop at once)\n"
+
+
+class Requests:
+    """The signal handlers while a run trains: a signal only records a request (``reason``, its name).
+
+    With ``interrupt`` (``save_on_interrupt`` in a script) the first Ctrl-C
+    is a request too; a second one goes to the handler before it (the loop's
+    Ctrl-C: a ``KeyboardInterrupt``).
+    """
+
+    def __init__(self, signals: tuple, *, interrupt: bool = False, tell: bool = True):
+        self.signals = tuple(signal.Signals[name] for name in signals)
+        self.interrupt = interrupt
+        self.reason: str | None = None
+        self._tell = tell  # the first Ctrl-C says what it does (rank 0, with a console)
+        self._depth = 0
+        self._previous: dict = {}
+
+    def __enter__(self) -> "Requests":
+        if self._depth == 0 and threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            if self.interrupt:
+                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            for sig, previous in self._previous.items():
+                signal.signal(sig, previous)
+            self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.reason is None:
+            self.reason = signal.Signals(signum).name
+
+    def _interrupt(self, signum, frame) -> None:
+        if self.reason is None:
+            self.reason = "SIGINT"
+            if self._tell:  # a raw write: print() inside a signal handler may re-enter a write it interrupted
+                with contextlib.suppress(OSError, ValueError):
+                    os.write(sys.stderr.fileno(), _SAVING_ON_CTRL_C)
+            return
+        previous = self._previous.get(signal.SIGINT)
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+
+class Stopping:
+    """The run's preemption and time budget: asked at each step boundary, on every rank at the same steps.
+
+    Several ranks compare at a cadence rank 0 chooses (about once a second,
+    ``pimm_fn.core.preemption.next_cadence``) and sends with each
+    comparison, or every ``Preemption.check_every`` steps.
+
+    Args:
+        option: the ``Preemption`` value.
+        max_time: seconds this process may train (``None``: no limit).
+        world_size: the ranks that must agree.
+        ticks: whether some hook listens to ``Elapsed`` (the clock is then delivered at each check).
+        tell: whether this process says what a Ctrl-C does (rank 0, with a console).
+    """
+
+    def __init__(self, option, *, max_time: float | None, world_size: int, ticks: bool, tell: bool = True):
+        self.option = option
+        self.requests = Requests(option.signals, interrupt=option.save_on_interrupt and not interactive(), tell=tell)
+        self.limit = max_time
+        self.ticks = ticks
+        self.lagged = lags(world_size)
+        self.every = option.check_every
+        # The boundary work beyond a flag read: a reduction (several ranks) or a clock (a limit, an Elapsed hook).
+        self.busy = self.lagged or max_time is not None or ticks
+        self.checks = 0  # reductions started (several ranks), for tests and benchmarks
+        self._start = time.monotonic()
+        self._last = 0.0  # rank 0's clock at the last check (seconds since loop())
+        self._next = None  # the step of the next comparison (several ranks)
+        self._cadence = self.every or 1
+        self._issued = 0
+        self._group = None  # made at the first comparison, where every rank is (a loop never trained makes none)
+        self._buffer = torch.zeros(4, dtype=torch.int64)
+        self._view = self._buffer.numpy()  # read and written through numpy: a CPU buffer, never a device sync
+        self._work = None
+
+    def at_boundary(self, step: int) -> tuple:
+        """``(reason to stop or None, Elapsed or None)`` at the boundary of ``step``: the same on every rank."""
+        if not self.busy:
+            return self.requests.reason, None
+        if not self.lagged:
+            now, interval = self._clock()
+            reason = self.requests.reason
+            if reason is None and self.limit is not None and time_is_up(now, interval, self.limit, self.option.margin,
+                                                                         lagged=False):
+                reason = MAX_TIME
+            return reason, ev.Elapsed(step, round(now, 3)) if self.ticks else None
+        if self._next is None:  # the first boundary of this process: one step trained
+            self._next = step if self.every is None else -(-step // self.every) * self.every
+            self._issued = step - 1
+        if step < self._next:
+            return None, None
+        reason, seconds = self._read()
+        self._next = step + self._cadence
+        if reason is None:
+            self._issue(step)
+        return reason, ev.Elapsed(step, seconds) if self.ticks and seconds is not None else None
+
+    def _clock(self) -> tuple:
+        """(seconds since loop(), seconds since the last reading)."""
+        now = time.monotonic() - self._start
+        interval, self._last = now - self._last, now
+        return now, interval
+
+    def _read(self) -> tuple:
+        """The answer of the reduction started at the previous check: (reason or None, rank 0's seconds or None)."""
+        if self._work is None:
+            return None, None
+        self._work.wait()
+        self._work = None
+        signum, time_up, millis, cadence = (int(x) for x in self._view)
+        if self.every is None:
+            self._cadence = cadence  # rank 0's choice, the same on every rank
+        if signum:
+            return signal.Signals(signum).name, millis / 1000
+        return (MAX_TIME if time_up else None), millis / 1000
+
+    def _issue(self, step: int) -> None:
+        """Start this check's reduction: this rank's request; rank 0's clock, "time is up" and next cadence."""
+        reason = self.requests.reason
+        signum = int(signal.Signals[reason]) if reason is not None else 0
+        time_up = millis = cadence = 0
+        if dist.rank() == 0:
+            now, interval = self._clock()
+            millis = int(now * 1000)
+            cadence = next_cadence(interval, step - self._issued)
+            if self.limit is not None:
+                time_up = int(time_is_up(now, interval, self.limit, self.option.margin, lagged=True))
+        self._issued = step
+        self._view[:] = (signum, time_up, millis, cadence)
+        if self._group is None:
+            self._group = dist.new_gloo_group()
+        self._work = td.all_reduce(self._buffer, op=td.ReduceOp.MAX, group=self._group, async_op=True)
+        self.checks += 1
+
+    def settle(self) -> None:
+        """Wait for the reduction in flight (the run ended): no collective is left behind in the group."""
+        if self._work is not None:
+            self._work.wait()
+            self._work = None
+
+
+def preemption_save(step: int, reason: str) -> SaveCheckpoint:
+    """The save a preemption makes: a normal checkpoint of ``step``, synchronous, its marker saying ``reason``."""
+    return SaveCheckpoint(step, saved_for=reason)
+
+
+def _advice(error: KeyboardInterrupt) -> str:
+    return getattr(error, "pimm_fn_advice", None)
+
+
+def _advising(previous):
+    """``sys.excepthook`` printing a script's Ctrl-C advice instead of the loop's traceback; the rest as before."""
+    def hook(kind, error, traceback):
+        advice = _advice(error) if isinstance(error, KeyboardInterrupt) else None
+        if advice is None:
+            return previous(kind, error, traceback)
+        print(f"KeyboardInterrupt\n{advice}", file=sys.stderr, flush=True)
+    hook.pimm_fn_advising = True
+    return hook
+
+
+def advise(error: KeyboardInterrupt, step: int, last_save: tuple | None, model_dir) -> None:
+    """Attach to a Ctrl-C escaping ``run()`` in a script the line its exit prints in place of the traceback.
+
+    ``last_save``: ``(step, path)`` of the last checkpoint this run saved,
+    or ``None``. A notebook or the REPL is left alone: there ``run()``
+    continues exactly, and the traceback is the interpreter's to show.
+    """
+    if interactive():
+        return
+    if last_save is not None:
+        where = f"the last checkpoint is step {last_save[0]} in {last_save[1]}"
+    elif model_dir is not None:
+        where = f"this run saved no checkpoint yet (it resumed from the newest one in {model_dir}, if any)"
+    else:
+        where = "this run has no save_dir: nothing was saved"
+    error.pimm_fn_advice = (
+        f"[pimm_fn] stopped by Ctrl-C at step {step}; {where}. To continue from it, run the script again with "
+        f'loop(..., resume="auto"); to save on Ctrl-C first, pass preemption=pimm_fn.Preemption(save_on_interrupt=True)'
+    )
+    if not getattr(sys.excepthook, "pimm_fn_advising", False):
+        sys.excepthook = _advising(sys.excepthook)

@@ -1,0 +1,97 @@
+"""Workers for preemption on 2 gloo ranks: trained under torchrun and signalled from outside, then resumed.
+
+* under torchrun (``--nproc-per-node=2``)::
+
+      torchrun ... _preemption_workers.py <out_dir> <save_dir>
+
+  trains slowly (DDP, about 15 ms a step), writes ``ready-rank<r>`` (its
+  pid) after two steps, and, once a SIGTERM reaches it or its peer, writes
+  what it stopped at (``stopped-rank<r>.json``) and exits with the code
+  ``pimm_fn.Preempted`` carries;
+* ``run_ranks("_preemption_workers:finish", 2, ...)`` resumes each given
+  ``save_dir`` to the end and runs the same training uninterrupted beside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as td
+
+import pimm_fn as pf
+from _workers import Net, _dump, _snapshot, loader
+
+MAX_EPOCHS = 6  # 6 steps an epoch on 2 ranks: 36 steps
+
+
+def build(rank, world, save_dir, resume=None):
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    hooks = [pf.evaluate_every(5, _val, name="val"), pf.save_every(4)]
+    run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=MAX_EPOCHS, save_dir=save_dir,
+                  resume=resume, parallel=pf.Parallel(ddp=True), watching=pf.Watching(console=True, progress=False),
+                  # compared every 2 steps (by default rank 0 picks about one a second: longer than this whole run)
+                  preemption=pf.Preemption(check_every=2))
+    return model, run
+
+
+def _val(model):
+    from _workers import ValLoss
+
+    return ValLoss()(model)
+
+
+def _slow(model, ready: pathlib.Path):
+    calls = []
+
+    def pause(module, args):
+        calls.append(1)
+        if len(calls) == 2:
+            ready.write_text(str(os.getpid()))
+        time.sleep(0.015)
+
+    model.register_forward_pre_hook(pause)
+
+
+def torchrun_main(out: str, save_dir: str) -> None:
+    rank = int(os.environ["RANK"])
+    threading.Timer(90, lambda: os._exit(3)).start()  # never outlive the test (torchrun gives us our own session)
+    signal.signal(signal.SIGTERM, lambda *args: None)  # outside run(): torchrun's late SIGTERM after our exit
+    td.init_process_group("gloo")
+    model, run = build(rank, td.get_world_size(), save_dir)
+    _slow(model, pathlib.Path(out) / f"ready-rank{rank}")
+    try:
+        run()
+        code, stopped = 0, None
+    except pf.Preempted as preempted:
+        code, stopped = preempted.code, {"step": preempted.step, "reason": preempted.reason}
+    (pathlib.Path(out) / f"stopped-rank{rank}.json").write_text(json.dumps(
+        {"rank": rank, "code": code, "stopped": stopped, "checks": run.ctx.stopping.checks}))
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def finish(rank, world, out, *, save_dirs, tag):
+    """Resume each of ``save_dirs`` to its end, then train the same run uninterrupted: every snapshot."""
+    found = {}
+    for save_dir in save_dirs:
+        _, run = build(rank, world, save_dir, resume="auto")
+        resumed_at = run.state.progress.global_step
+        run()
+        found[save_dir] = {"resumed_at": resumed_at, **_snapshot(run)}
+    _, reference = build(rank, world, str(pathlib.Path(out) / f"reference-{rank}-{world}"))
+    reference()
+    found["reference"] = _snapshot(reference)
+    _dump(out, tag, rank, found)
+
+
+if __name__ == "__main__":
+    torchrun_main(sys.argv[1], sys.argv[2])
