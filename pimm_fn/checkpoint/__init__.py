@@ -9,7 +9,9 @@ What a trainer checkpoint holds is one value, ``TrainerContents``
 ``to_parts`` and read back by ``from_parts``. Tools (the command line,
 compat) list, describe and read back checkpoints through :mod:`.inspection`;
 background saves are a run's :class:`BackgroundSaver` (:mod:`.background`);
-process groups are :mod:`pimm_fn.dist`'s.
+process groups are :mod:`pimm_fn.dist`'s. A ``model_dir`` may be an fsspec
+URL (``s3://``, ``gs://``, ``memory://``): :mod:`.storage` tells it from a
+local path, and there a checkpoint is committed by its marker, not a rename.
 
 Example:
     >>> import tempfile, torch

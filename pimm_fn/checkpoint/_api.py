@@ -26,7 +26,7 @@ from pimm_fn.core import retention, validate
 from pimm_fn import dist
 
 from . import _layout as L
-from . import _legacy, _publish, _retain, _standard, validation
+from . import _legacy, _publish, _retain, _standard, storage, validation
 from ._layout import CheckpointInfo
 from .errors import SHARED
 
@@ -67,6 +67,7 @@ def save_checkpoint(
     keep=None,
     metrics: Mapping | None = None,
     digests: bool = False,
+    saved_for: str | None = None,
 ) -> CheckpointInfo:
     """Write a checkpoint and publish it atomically as ``last``.
 
@@ -98,6 +99,9 @@ def save_checkpoint(
             read once: ``benchmarks/RESULTS.md`` has the cost), checked by
             ``validation.validate(path, digests=True)``, which a resume and
             ``python -m pimm_fn verify`` use; sizes are always recorded.
+        saved_for: why a save no hook asked for was made (``"SIGTERM"``,
+            ``"max_time"``: ``pimm_fn.runtime.preemption``), recorded in the
+            marker as ``saved_for``.
 
     Returns:
         The published checkpoint (``last`` or ``last.pth``), on every rank.
@@ -118,7 +122,12 @@ def save_checkpoint(
     _check_args(step, format, keep_snapshots, weights=weights, trainer=trainer, local=local, sharded=sharded)
     policy = retention.resolve(keep, keep_snapshots, caller="save_checkpoint")
     recorded = retention.recordable(metrics) if metrics is not None else None
-    root = pathlib.Path(model_dir)
+    if saved_for is not None:  # why the runtime saved (a preemption): the marker's saved_for field
+        recorded = {**(recorded or {}), L.SAVED_FOR: saved_for}
+    root = storage.location(model_dir)
+    if format == "legacy" and storage.is_store(root):
+        raise ValueError(f"save_checkpoint: checkpoint_format='legacy' publishes by a rename, which {root} (an fsspec "
+                         "store) does not have; use checkpoint_format='standard' there")
     world = dist.world_size()
     if format == "standard":
         staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step), shared=SHARED)

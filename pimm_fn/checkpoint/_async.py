@@ -34,7 +34,7 @@ from pimm_fn import dist
 from pimm_fn.core import retention
 
 from . import _layout as L
-from . import _publish, _retain, _staging, _standard
+from . import _publish, _retain, _staging, _standard, storage
 from ._api import _check_args
 from ._layout import CheckpointInfo
 from .errors import SHARED
@@ -145,7 +145,7 @@ def start(
     _check_args(step, "standard", keep_snapshots, weights=weights, trainer=trainer, local=local, sharded=sharded)
     policy = retention.resolve(keep, keep_snapshots, caller="save_checkpoint_async")
     recorded = retention.recordable(metrics) if metrics is not None else None
-    root = pathlib.Path(model_dir)
+    root = storage.location(model_dir)
     world = dist.world_size()
     staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step), shared=SHARED)
     state = _standard.packed_state(trainer, local)  # non-tensor values are frozen into JSON now

@@ -12,6 +12,7 @@ import torch
 from pimm_fn import dist
 
 from . import _layout as L
+from . import storage
 from .errors import storage_errors, tensor_bytes
 
 
@@ -51,11 +52,15 @@ def write_best(
         raise ValueError(f"write_best: 'value' must be a finite number (got {value!r}); a NaN metric never improves")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"write_best: 'step' must be an int >= 0 (got {step!r})")
-    root = pathlib.Path(model_dir)
+    root = storage.location(model_dir)
     stem = L.best_stem(metric if per_metric else None)
     meta = json.dumps({"metric": metric, "value": float(value), "step": step}, sort_keys=True).encode()
     files = {root / f"{stem}.pth": lambda f: torch.save(weights, f), root / f"{stem}.json": lambda f: f.write(meta)}
     nbytes = lambda: tensor_bytes(weights) + len(meta)
+    if storage.is_store(root):  # one PUT per object, each atomic: the weights first, as the renames below
+        for path, write in files.items():
+            L.durable_write(path, write)
+        return root / f"{stem}.pth"
     with storage_errors(root, nbytes, f"{stem}.pth and {stem}.json", f"the previous {stem} is intact"):
         staged = _stage_all(root, files)
     for tmp, path in zip(staged, files):

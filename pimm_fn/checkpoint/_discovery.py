@@ -17,7 +17,7 @@ import pathlib
 from pimm_fn import dist
 
 from . import _layout as L
-from . import validation
+from . import storage, validation
 from ._layout import CheckpointInfo
 
 _MODEL = "model"
@@ -64,7 +64,7 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
             incomplete or damaged, or a model_dir whose checkpoints all are
             (naming the newest, its damaged file, and what to do).
     """
-    p = pathlib.Path(path)
+    p = storage.location(path)
     expected = "a checkpoint directory with a COMPLETE marker, a legacy .pth file, or a save_dir/model_dir"
     if not p.exists():
         raise FileNotFoundError(f"find_checkpoint: {str(p)!r} does not exist; expected {expected}")

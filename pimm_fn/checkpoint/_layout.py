@@ -15,6 +15,13 @@ Layout under a ``model_dir`` (``save_dir/"model"``)::
     .staging-*              being written; never read, removed at next save
     .retired-*              the previous ``last/`` during a publish
 
+On an fsspec store (``save_dir="s3://..."``, :mod:`.storage`), which has no
+atomic rename, the rolling checkpoint is written under its final name
+``last-<step>-<token>/`` and ``COMPLETE`` is written last: a directory
+without it is invisible (being written, or left by a crash) and the next
+publish deletes it; the previous ``last-*`` is deleted, marker first, once
+the new one is committed (:mod:`._store_publish`).
+
 Invariant: a directory counts as a checkpoint only when its ``COMPLETE``
 marker parses and every file it lists has the recorded size
 (:mod:`.validation`); the marker is written after every file.
@@ -34,6 +41,8 @@ from typing import Callable
 
 import attrs
 import torch
+
+from . import storage
 
 __all__ = ["CheckpointInfo"]
 
@@ -67,8 +76,10 @@ STAGING = ".staging-"
 RETIRED = ".retired-"
 FORMATS = ("standard", "legacy")
 VERSION = 1
+SAVED_FOR = "__saved_for__"  # save_checkpoint(saved_for=) travels to the marker among the metrics, then is its own field
 ITER_DIR = re.compile(r"^iter_(\d+)$")
 ITER_FILE = re.compile(r"^iter_(\d+)\.pth$")
+STORE_LAST = re.compile(r"^last-(\d+)-[0-9a-f]+$")  # the rolling checkpoint on a store, under its final name
 
 
 def _non_negative(_inst, attribute, value) -> None:
@@ -101,7 +112,7 @@ class CheckpointInfo:
         'last'
     """
 
-    path: pathlib.Path = attrs.field(converter=pathlib.Path)
+    path: pathlib.Path = attrs.field(converter=storage.location)  # a StorePath on an fsspec store
     step: int = attrs.field(validator=_non_negative)
     format: str = attrs.field(validator=_known_format)
     world_size: int = attrs.field(validator=_positive)
@@ -112,10 +123,17 @@ def marker_payload(step: int, fmt: str, world_size: int, metrics: dict | None = 
 
     ``metrics``: the run's finite metrics at the save, kept for retention
     policies (``keep_best``) and ``python -m pimm_fn ls`` to read cheaply.
+    Under ``SAVED_FOR`` they may carry why a save no hook asked for was made
+    (``"SIGTERM"``, ``"max_time"``: a preemption save), recorded as the
+    marker's own ``saved_for`` field.
     """
     payload = {"step": step, "format": fmt, "world_size": world_size, "version": VERSION}
     if metrics is not None:
-        payload["metrics"] = dict(metrics)
+        metrics = dict(metrics)
+        saved_for = metrics.pop(SAVED_FOR, None)
+        payload["metrics"] = metrics
+        if saved_for is not None:
+            payload["saved_for"] = str(saved_for)
     return payload
 
 
@@ -135,7 +153,9 @@ def info_from_marker(path: pathlib.Path, payload: object, fmt: str) -> Checkpoin
 
 
 def fsync_dir(path: pathlib.Path) -> None:
-    """Make renames inside ``path`` durable (best effort where unsupported)."""
+    """Make renames inside ``path`` durable (best effort where unsupported; nothing to do on a store)."""
+    if storage.is_store(path):
+        return
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
@@ -205,8 +225,13 @@ def durable_write(path: pathlib.Path, write: Callable[[object], None]) -> pathli
 
     Inside a ``.staging-*`` directory no temp name is needed: discovery never
     looks there, and the directory becomes visible only by a rename after
-    its entries were made durable (``fsync_dir``).
+    its entries were made durable (``fsync_dir``). On a store the object
+    exists only once it is complete (a closed upload).
     """
+    if storage.is_store(path):
+        with path.open("wb") as f:
+            write(f)
+        return path
     with open(path, "wb") as f:
         write(f)
         f.flush()
@@ -312,6 +337,10 @@ def remove(path: pathlib.Path) -> None:
     Removing the marker first means a crash half-way through leaves a
     directory that discovery already ignores.
     """
+    if storage.is_store(path):
+        (path / MARKER).unlink(missing_ok=True)
+        path.remove_tree()
+        return
     if path.is_dir() and not path.is_symlink():
         (path / MARKER).unlink(missing_ok=True)
         shutil.rmtree(path, ignore_errors=True)

@@ -14,6 +14,7 @@ format, so both formats restore exactly the same Python values.
 
 from __future__ import annotations
 
+import io
 import pathlib
 import zipfile
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from . import _layout as L
+from . import storage
 from ._pack import pack, unpack
 from .errors import CheckpointError, cause, storage_errors, tensor_bytes
 
@@ -84,6 +86,8 @@ def _load(path: pathlib.Path, *, mmap: bool, checkpoint: pathlib.Path | None = N
     With ``checkpoint`` (the checkpoint ``path`` belongs to) it is a
     :class:`CheckpointError` naming both, also for a missing file.
     """
+    if storage.is_store(path):  # read whole from the store: nothing to map
+        return _load_stored(path, checkpoint)
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except FileNotFoundError:
@@ -95,6 +99,23 @@ def _load(path: pathlib.Path, *, mmap: bool, checkpoint: pathlib.Path | None = N
             problem = "does not load with torch.load(weights_only=True): it is not a torch file (cut short or overwritten)"
         else:
             problem = f"does not load with torch.load(weights_only=True) ({cause(exc)})"
+        if checkpoint is None:
+            raise ValueError(f"{path} {problem}") from None
+        raise CheckpointError(checkpoint, _relative(path, checkpoint), problem) from None
+
+
+def _load_stored(path, checkpoint) -> Any:
+    """:func:`_load` of an object on an fsspec store: its bytes, then ``torch.load(weights_only=True)``."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        if checkpoint is None:
+            raise
+        raise CheckpointError(checkpoint, _relative(path, checkpoint), "is missing") from None
+    try:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for bad files
+        problem = f"does not load with torch.load(weights_only=True) ({cause(exc)})"
         if checkpoint is None:
             raise ValueError(f"{path} {problem}") from None
         raise CheckpointError(checkpoint, _relative(path, checkpoint), problem) from None

@@ -19,6 +19,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from . import _layout as L
+from . import storage
 from . import _legacy, safe_reading
 from ._pack import tensor_to_skeleton, unpack
 from .contents import TrainerContents, from_parts
@@ -113,6 +114,8 @@ def size_of(path: pathlib.Path) -> int:
     """Bytes on disk of a file, or of every file under a directory (hard-linked snapshots count in full)."""
     if path.is_file():
         return path.stat().st_size
+    if storage.is_store(path):
+        return sum(path.files().values())
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 

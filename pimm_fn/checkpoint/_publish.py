@@ -19,7 +19,9 @@ Publishing a standard checkpoint is two renames::
 then the retired directory is deleted. Between the renames there is no
 ``last/`` but the retired one is complete and discovery reads it, so at
 every instant some complete checkpoint at least as new as the previous one
-is discoverable. Legacy files need a single ``os.replace``.
+is discoverable. Legacy files need a single ``os.replace``. On an fsspec
+store there is no rename: :mod:`._store_publish` writes under the final name
+and the marker commits (each function here hands a store over to it).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 from pimm_fn import dist
 
 from . import _layout as L
+from . import _store_publish, storage
 from .errors import CheckpointStorageError, storage_error, storage_errors
 from .validation import manifest, validate
 
@@ -60,6 +63,8 @@ def fresh_staging(model_dir: pathlib.Path, step: int) -> pathlib.Path:
     Raises:
         DiskFullError: not even the directory could be made.
     """
+    if storage.is_store(model_dir):
+        return _store_publish.fresh(model_dir, step)
     staging = model_dir / f"{L.STAGING}{L.LAST}-{step}"
     with storage_errors(model_dir, 0, f"the staging directory {staging.name}", UNPUBLISHED):
         model_dir.mkdir(parents=True, exist_ok=True)
@@ -95,6 +100,8 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path) -> pathlib.Path:
     Returns:
         The path of the published ``last/``.
     """
+    if storage.is_store(model_dir):
+        return _store_publish.publish(model_dir, staging)
     last = model_dir / L.LAST
     if last.exists():
         try:
@@ -133,7 +140,8 @@ def publish_staged(
             weights_file.result()
         L.fsync_dir(staging / L.TRAINER)
         hashed = weights_file.sha256 if weights_file is not None else None  # while it was written: no second read
-        files = manifest(staging, digests=digests, known={weights_file.path.name: hashed} if hashed else None)
+        listing = _store_publish.manifest if storage.is_store(staging) else manifest
+        files = listing(staging, digests=digests, known={weights_file.path.name: hashed} if hashed else None)
         L.write_marker(staging, step, world_size, staged=True, metrics=metrics, files=files)
     except BaseException as exc:
         nbytes = _staged_bytes(staging, weights_file)
@@ -147,6 +155,8 @@ def publish_staged(
 
 def _staged_bytes(staging: pathlib.Path, weights_file: "L.BackgroundWrite | None") -> int:
     """The bytes of a checkpoint that did not fit: its files so far, the weights file in full."""
+    if storage.is_store(staging):
+        return sum(staging.files().values())
     files = [p for p in staging.rglob("*") if p.is_file() and (weights_file is None or p != weights_file.path)]
     return sum(p.stat().st_size for p in files) + (weights_file.nbytes if weights_file is not None else 0)
 
@@ -166,6 +176,8 @@ def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pat
     leaves a half-copied snapshot under a discoverable name. An existing
     snapshot of the same step (a re-save after resuming) is replaced.
     """
+    if storage.is_store(model_dir):
+        return _store_publish.snapshot(model_dir, published, step)
     name = f"iter_{step}" if published.is_dir() else f"iter_{step}.pth"
     staging = model_dir / f"{L.STAGING}{name}"
     size = lambda: sum(p.stat().st_size for p in [published, *published.rglob("*")] if p.is_file())
@@ -209,7 +221,7 @@ def missing_receipts(staging: pathlib.Path, world_size: int, grace_s: float = RE
     """The ranks whose receipt this process does not see in ``staging``, after waiting up to ``grace_s``."""
     receipts = staging / L.RECEIPTS
     try:
-        present = set(os.listdir(receipts))
+        present = {entry.name for entry in receipts.iterdir()}
     except OSError:
         present = set()
     missing = [r for r in range(world_size) if f"rank{r}" not in present]

@@ -12,7 +12,8 @@ Each deletion is one atomic rename out of discovery's sight (to
 never a half-deleted snapshot under a discoverable name. ``last``,
 ``last.pth``, ``model_best*`` files and snapshots that are not complete are
 never touched, and the newest complete snapshot is kept whenever it is newer
-than the checkpoint just published.
+than the checkpoint just published. On an fsspec store (no rename) a
+snapshot's ``COMPLETE`` is deleted first, which hides it as the rename does.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pathlib
 from pimm_fn.core import retention
 
 from . import _layout as L
-from . import _legacy, validation
+from . import _legacy, storage, validation
 
 REMOVING = f"{L.STAGING}removed-"
 
@@ -77,6 +78,10 @@ def retain(model_dir: pathlib.Path, policy, published_step: int) -> list[pathlib
     protect = (newest,) if newest is not None and newest > published_step else ()
     decision = retention.decide(policy, [snapshot for snapshot, _ in snaps], protect=protect)
     doomed = [paths[snapshot.step] for snapshot in decision.remove]
+    if storage.is_store(model_dir):  # no rename there: the marker goes first, which hides it at once
+        for path in doomed:
+            L.remove(path)
+        return doomed
     moved = []
     for path in doomed:
         hidden = model_dir / f"{REMOVING}{path.name}"

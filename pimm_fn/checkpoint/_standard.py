@@ -22,13 +22,14 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from pimm_fn import dist
 
 from . import _layout as L
-from . import _publish, safe_reading
+from . import _publish, safe_reading, storage
 from ._pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
 from .errors import CheckpointError, cause, no_space, storage_errors, tensor_bytes
 
@@ -63,12 +64,12 @@ def write_state(directory: pathlib.Path, state: dict[str, torch.Tensor], group=N
         directory.parent, lambda: tensor_bytes(state), "this rank's trainer state", _publish.removed(directory)
     ):
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
-        dcp.save(state, storage_writer=_Writer(directory / L.TRAINER, sync_files=True), process_group=group)
+        dcp.save(state, storage_writer=_writer(directory / L.TRAINER), process_group=group)
     _publish.check_receipts(directory, group)
 
 
-class _Writer(dcp.FileSystemWriter):
-    """A ``FileSystemWriter`` whose full-disk failures reach every rank as ENOSPC.
+class _NoSpaceReported:
+    """DCP writers whose full-disk failures reach every rank as ENOSPC.
 
     DCP pickles each rank's failure to share it, which drops the chained
     ``OSError`` behind torch.save's ``unexpected pos``; the ``OSError`` itself is sent instead.
@@ -85,6 +86,21 @@ class _Writer(dcp.FileSystemWriter):
             return super().finish(metadata, results)
         except Exception as exc:
             raise no_space(exc) or exc
+
+
+class _Writer(_NoSpaceReported, dcp.FileSystemWriter):
+    """A ``FileSystemWriter`` (a local save_dir) with :class:`_NoSpaceReported`'s errors."""
+
+
+class _StoreWriter(_NoSpaceReported, FsspecWriter):
+    """DCP's fsspec writer (a save_dir on a store: ``pimm_fn.checkpoint.storage``), with the same errors."""
+
+
+def _writer(trainer_dir) -> dcp.FileSystemWriter:
+    """The DCP writer for ``trainer_dir``: the local one, or DCP's fsspec writer on a store."""
+    if storage.is_store(trainer_dir):
+        return _StoreWriter(trainer_dir.url, sync_files=True)
+    return _Writer(trainer_dir, sync_files=True)
 
 
 def packed_state(trainer: dict, local: dict) -> dict[str, torch.Tensor]:

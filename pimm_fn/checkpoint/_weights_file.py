@@ -9,7 +9,7 @@ from collections.abc import Mapping
 import torch
 
 from . import _layout as L
-from . import _legacy, sharded
+from . import _legacy, sharded, storage
 from ._discovery import find_checkpoint
 
 
@@ -29,7 +29,7 @@ def load_weights_file(path: str | os.PathLike) -> dict:
         ValueError: the file is not loadable with ``weights_only=True`` or
             holds no recognizable state_dict.
     """
-    p, owner = pathlib.Path(path), None
+    p, owner = storage.location(path), None
     if p.is_dir():
         info = find_checkpoint(p)
         if info.format == "standard" and (info.path / L.WEIGHTS_SKIPPED).is_file():

@@ -42,7 +42,7 @@ from typing import Callable
 import attrs
 
 from pimm_fn import dist
-from . import validation
+from . import storage, validation
 from ._api import LoadedCheckpoint, load_checkpoint
 from ._discovery import find_checkpoint
 from ._layout import CheckpointInfo
@@ -140,7 +140,7 @@ def _lacks_a_file(listing) -> bool:
         if file.is_absolute() or ".." in file.parts:
             continue  # a marker naming a path outside its checkpoint: damaged, never looked for
         named = candidate.path / file if candidate.path.is_dir() else candidate.path
-        if not os.path.lexists(named):
+        if not (named.exists() if storage.is_store(named) else os.path.lexists(named)):
             return True
     return False
 

@@ -5,7 +5,9 @@ a training run (the ``python -m pimm_fn`` commands, notebooks): callers
 never need the layout's file names or the formats' private modules.
 
 - **list**: :func:`kind_of` names an entry of a model_dir by what it is
-  (``checkpoint``, ``best``, ``retired``, ``unfinished``);
+  (``checkpoint``, ``best``, ``retired``, ``unfinished``; on an fsspec store
+  a ``last-<step>-<token>`` or ``iter_<step>`` directory without its marker is
+  ``unfinished``);
   :func:`is_marked` says whether a checkpoint directory was ever finished;
   :func:`marker` reads a finished one's completion marker, validated.
 - **describe** without reading tensors: :func:`trainer_without_tensors`,
@@ -22,6 +24,7 @@ Nothing here runs code from a checkpoint: every read goes through
 
 from __future__ import annotations
 
+import io
 import pathlib
 import re
 
@@ -29,7 +32,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from . import _layout as L
-from . import _legacy, safe_reading
+from . import _legacy, safe_reading, storage
 from ._pack import tensor_to_skeleton, unpack
 from ._peek import TensorInfo, contents_of, infos_of, numpy_keys, size_of, trainer_without_tensors, weights_without_tensors
 from ._retain import REMOVING
@@ -85,8 +88,18 @@ def kind_of(path: pathlib.Path) -> tuple[str, int | None] | None:
         return "best", None
     if name in (L.LAST, L.LEGACY_LAST):
         return "checkpoint", None
+    if storage.is_store(path):
+        return _stored_kind(path)
     match = (L.ITER_DIR if path.is_dir() else L.ITER_FILE).match(name)
     return ("checkpoint", int(match.group(1))) if match else None
+
+
+def _stored_kind(path) -> tuple[str, int | None] | None:
+    """:func:`kind_of` on an fsspec store: ``last-<step>-<token>`` and ``iter_<step>``, unfinished until their marker exists."""
+    match = L.STORE_LAST.match(path.name) or L.ITER_DIR.match(path.name)
+    if match is None:
+        return None
+    return ("checkpoint" if (path / L.MARKER).exists() else "unfinished"), int(match.group(1))
 
 
 def _trailing_step(name: str) -> int | None:
@@ -184,7 +197,9 @@ def _standard(path: pathlib.Path) -> tuple[list[str], list[str]]:
     record = marker(path)
     notes = []
     if (path / L.WEIGHTS).is_file():
-        weights = torch.load(confined(path, L.WEIGHTS), map_location="cpu", weights_only=True)  # every byte; never via a link
+        found = confined(path, L.WEIGHTS)  # never via a link
+        source = io.BytesIO(found.read_bytes()) if storage.is_store(found) else found
+        weights = torch.load(source, map_location="cpu", weights_only=True)  # every byte
         read = sum(v.nbytes for v in weights.values() if isinstance(v, torch.Tensor))
         notes.append(f"{L.WEIGHTS}: {len(weights)} entries, {read:,} bytes read")
     parts, problems, summary = _trainer_parts(path, record["world_size"])

@@ -22,7 +22,10 @@ the package for any other ``dcp.load`` or ``FileSystemReader``):
   only (its skeletons are ``uint8`` tensors).
 
 The reader refuses to read data for any planner but this module's, so a
-``dcp.load`` written elsewhere fails instead of unpickling.
+``dcp.load`` written elsewhere fails instead of unpickling. A checkpoint on
+an fsspec store (:mod:`.storage`) is read the same way, through DCP's
+fsspec reader wrapped alike (:class:`_StoreReader`): the same metadata
+unpickler, the same checks, the same planner.
 """
 
 from __future__ import annotations
@@ -37,11 +40,13 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta, TensorStorageMetadata
 
 from . import _layout as L
+from . import storage
 from .errors import CheckpointError, cause
 
 __all__ = ["metadata", "load", "MetadataUnpickler", "plain_globals"]
@@ -59,10 +64,11 @@ def metadata(directory: pathlib.Path, within: str = L.TRAINER) -> Metadata:
         CheckpointError: ``.metadata`` is missing, does not unpickle with
             :class:`MetadataUnpickler`, or names a data file outside its directory.
     """
-    directory = pathlib.Path(directory)
+    directory = storage.location(directory)
     name = _name(within, _METADATA)
+    where = directory / within / _METADATA if within else directory / _METADATA
     try:
-        with open(directory / within / _METADATA, "rb") as stream:
+        with (where.open("rb") if storage.is_store(where) else open(where, "rb")) as stream:
             found = MetadataUnpickler(stream).load()
     except FileNotFoundError:
         raise CheckpointError(directory, name, "is missing") from None
@@ -96,11 +102,12 @@ def load(template: dict, directory: pathlib.Path, *, within: str = L.TRAINER, me
             plain value, refused as it is read).
         CheckpointException: DCP could not read a data file (missing, cut short).
     """
-    directory = pathlib.Path(directory)
+    directory = storage.location(directory)
     meta = meta if meta is not None else metadata(directory, within)
     where = _Where(directory, within)
     _check(where, template, meta, plain_values)
-    reader = _Reader(directory / within, meta)
+    inside = directory / within if within else directory
+    reader = _StoreReader(inside, meta) if storage.is_store(inside) else _Reader(inside, meta)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=NO_GROUP_WARNING)
@@ -170,10 +177,10 @@ def _refusal(exc: CheckpointException) -> CheckpointError | None:
     return None
 
 
-class _Reader(dcp.FileSystemReader):
-    """A ``FileSystemReader`` over metadata read by :func:`metadata`, which reads data for :class:`_Planner` only."""
+class _Guarded:
+    """A DCP reader over metadata read by :func:`metadata`, which reads data for :class:`_Planner` only."""
 
-    def __init__(self, path: pathlib.Path, meta: Metadata):
+    def __init__(self, path, meta: Metadata):
         super().__init__(path)
         self._pimm_metadata = meta
 
@@ -185,6 +192,23 @@ class _Reader(dcp.FileSystemReader):
         if not isinstance(planner, _Planner):  # DCP's default planner unpickles pickled entries
             raise TypeError("pimm_fn's DCP reader reads for pimm_fn.checkpoint.safe_reading's planner only")
         return super().read_data(plan, planner)
+
+
+class _Reader(_Guarded, dcp.FileSystemReader):
+    """DCP's ``FileSystemReader`` (a local checkpoint), guarded."""
+
+
+class _StoreReader(_Guarded, FsspecReader):
+    """DCP's fsspec reader (a checkpoint on a store: ``pimm_fn.checkpoint.storage``), guarded, reading in file order."""
+
+    def __init__(self, path: "storage.StorePath", meta: Metadata):
+        super().__init__(path.url, meta)
+
+    def read_data(self, plan, planner):
+        # In file order: DCP reads in plan order, and each seek back makes the store's read-ahead fetch again.
+        where = lambda item: (self.storage_data[item.storage_index].relative_path,
+                              self.storage_data[item.storage_index].offset)
+        return super().read_data(dataclasses.replace(plan, items=sorted(plan.items, key=where)), planner)
 
 
 class _Planner(DefaultLoadPlanner):

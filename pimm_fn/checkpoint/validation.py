@@ -48,7 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 import attrs
 
 from . import _layout as L
-from . import _legacy, safe_reading
+from . import _legacy, safe_reading, storage
 from ._layout import CheckpointInfo
 from .errors import CheckpointError, cause
 
@@ -69,6 +69,11 @@ def digest(path: str | os.PathLike) -> str:
     """
     sha, buffer = hashlib.sha256(), bytearray(_BLOCK)
     view = memoryview(buffer)
+    if storage.is_store(path):  # a store's object, streamed
+        with path.open("rb") as f:
+            while n := f.readinto(buffer):
+                sha.update(view[:n])
+        return sha.hexdigest()
     # Never through a link, never blocking on a FIFO swapped in after a check: a regular file or an OSError.
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     with open(fd, "rb", buffering=0) as f:
@@ -99,6 +104,10 @@ def confined(path: pathlib.Path, rel: object, *, listed_in: str = L.MARKER) -> p
     if not parts or rel.startswith("/") or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
         raise CheckpointError(path, listed_in, f"lists {rel!r:.200}, which is not a plain relative path inside the "
                                                "checkpoint directory: a damaged or crafted marker")
+    if storage.is_store(path):  # no links, FIFOs or devices on a store: the name's syntax was what mattered
+        if not (path / rel).is_file():
+            raise CheckpointError(path, rel, "is missing")
+        return path / rel
     here = path
     for i, part in enumerate(parts):
         here = here / part
@@ -155,7 +164,7 @@ def validate(path: str | os.PathLike, *, digests: bool = False) -> CheckpointInf
         Traceback (most recent call last):
         pimm_fn.checkpoint.errors.CheckpointError: checkpoint ...: COMPLETE is missing...
     """
-    path = pathlib.Path(path)
+    path = storage.location(path)
     if path.is_file():
         return _legacy.read_info(path)
     info, payload = _marker(path)
@@ -189,9 +198,10 @@ def candidates(model_dir: str | os.PathLike) -> list[Candidate]:
     counts as the newest. On a tie ``last`` beats a snapshot, which beats a
     retired copy, and the standard format beats the legacy one.
     ``.staging-*`` entries are never looked at, nor retired copies whose
-    marker is gone (a deletion under way).
+    marker is gone (a deletion under way), nor, on an fsspec store, any
+    directory without a marker (being written or deleted: the marker commits).
     """
-    root = pathlib.Path(model_dir)
+    root = storage.location(model_dir)
     if not root.is_dir():
         return []
     found = [c for c in map(_examine, root.iterdir()) if c is not None]
@@ -209,6 +219,8 @@ def _examine(entry: pathlib.Path) -> Candidate | None:
         except CheckpointError as exc:
             return Candidate(entry, _named_step(entry), error=exc, priority=priority)
         return Candidate(entry, info.step, info, priority=priority)
+    if storage.is_store(entry) and not (entry / L.MARKER).exists():
+        return None
     try:
         info, payload = _marker(entry)
     except CheckpointError as exc:
@@ -225,7 +237,7 @@ def _priority(entry: pathlib.Path) -> int | None:
     if name.startswith(L.STAGING):
         return None
     if entry.is_dir():
-        if name == L.LAST:
+        if name == L.LAST or (storage.is_store(entry) and L.STORE_LAST.match(name)):
             return 2
         if L.ITER_DIR.match(name):
             return 1

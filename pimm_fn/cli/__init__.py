@@ -15,6 +15,9 @@ Exit codes, which scripts may rely on:
     2  usage error: bad arguments, a hook expression or config that does not build, ``OUT`` exists
     3  not found: ``PATH`` does not exist, or holds no checkpoint
 
+``PATH`` and ``DIR`` may be fsspec URLs (``s3://bucket/exp1``, ``gs://...``),
+as ``loop(save_dir=)`` takes them; ``OUT.pth`` is a local file.
+
 Data goes to stdout (``--json``: one JSON document), messages to stderr, an
 error as one line ``pimm_fn <command>: <what is wrong and how to fix it>``.
 """
@@ -25,11 +28,13 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 
 __all__ = ["OK", "DAMAGED", "USAGE", "NOT_FOUND", "Failure", "main"]
 
 OK, DAMAGED, USAGE, NOT_FOUND = 0, 1, 2, 3
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # an fsspec URL (s3://...): pimm_fn.checkpoint.storage reads it
 
 
 class Failure(Exception):
@@ -89,9 +94,19 @@ def emit(data, text: str, as_json: bool) -> None:
 
 
 def _check_exists(path) -> None:
-    """A missing checkpoint path is said at once, before torch is imported."""
-    if path is not None and not os.path.exists(path):
+    """A missing checkpoint path is said at once, before torch is imported (a URL is looked up by its command)."""
+    if path is not None and not _URL.match(path) and not os.path.exists(path):
         raise Failure(NOT_FOUND, f"{str(path)!r} does not exist; pass a checkpoint, a save_dir or a model_dir")
+
+
+def location(value: str):
+    """A command's ``PATH``: a local ``pathlib.Path``, or a store's ``StorePath`` for a URL (a clear failure when unusable)."""
+    from pimm_fn.checkpoint import storage  # noqa: PLC0415 - imports torch
+
+    try:
+        return storage.location(value)
+    except ValueError as exc:
+        raise Failure(USAGE, str(exc)) from None
 
 
 def main(argv=None) -> int:

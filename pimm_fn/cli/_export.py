@@ -8,14 +8,16 @@ import torch
 
 from pimm_fn.checkpoint import load_weights_file
 from pimm_fn.checkpoint.inspection import write_plain_weights
-from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, USAGE, Failure
+from pimm_fn.cli import _URL, DAMAGED, NOT_FOUND, OK, USAGE, Failure, location
 
 __all__ = ["export"]
 
 
 def export(args) -> int:
     """Write the weights of ``args.path`` (a sharded checkpoint's assembled) to ``args.out``, atomically."""
-    source, out = pathlib.Path(args.path), pathlib.Path(args.out)
+    if _URL.match(args.out):  # never a local folder named after a URL
+        raise Failure(USAGE, f"OUT.pth {args.out!r} is a URL; export writes a local file (copy it to the store after)")
+    source, out = location(args.path), pathlib.Path(args.out)
     if out.exists() and not args.force:
         raise Failure(USAGE, f"{str(out)!r} exists; pass --force to overwrite it, or another OUT.pth")
     if out.is_dir():

@@ -14,7 +14,7 @@ from pimm_fn.checkpoint.inspection import (
     TensorInfo, contents_of, is_marked, is_removal, size_of, trainer_without_tensors, weights_without_tensors,
 )
 from pimm_fn.checkpoint.inspection import marker as marker_of
-from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit
+from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit, location
 from pimm_fn.cli._listing import Entry, entries, is_best_file, model_dir_of, reason
 from pimm_fn.core import slots
 import pimm_fn.compat  # noqa: F401 - the plug-in pimm_fn ships: a pimm run's slots (its savers') decode
@@ -99,7 +99,7 @@ def _dash(value) -> str:
 
 def ls(args) -> int:
     """List every checkpoint, best-model file and unfinished save under a save_dir or model_dir."""
-    model_dir = model_dir_of(pathlib.Path(args.dir), "ls")
+    model_dir = model_dir_of(location(args.dir), "ls")
     rows = [row(e) for e in entries(model_dir)]
     if not rows:
         raise Failure(NOT_FOUND, f"no checkpoint under {str(model_dir)!r}; pass a save_dir or its model/ directory")
@@ -255,7 +255,7 @@ def _text(d: dict) -> str:
 
 def inspect(args) -> int:
     """Show a checkpoint's progress, metrics, hook slots, optimizer and scheduler, without reading tensors."""
-    path = pathlib.Path(args.path)
+    path = location(args.path)
     if not path.exists():
         raise Failure(NOT_FOUND, f"{str(path)!r} does not exist; pass a checkpoint, a save_dir or a model_dir")
     data = _inspect_best(path) if is_best_file(path) else describe(path)

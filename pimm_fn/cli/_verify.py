@@ -14,7 +14,7 @@ import attrs
 from torch.distributed.checkpoint.api import CheckpointException
 
 from pimm_fn.checkpoint.inspection import is_marked, read_back
-from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit
+from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit, location
 from pimm_fn.cli._listing import Entry, entries, entry_of, is_checkpoint_dir, model_dir_of, reason
 
 __all__ = ["Finding", "check", "verify"]
@@ -88,7 +88,7 @@ def _text(findings: list[Finding]) -> str:
 
 def verify(args) -> int:
     """Verify a checkpoint, or every one under a save_dir/model_dir; exit 1 when any is damaged or incomplete."""
-    targets, named = _targets(pathlib.Path(args.path))
+    targets, named = _targets(location(args.path))
     findings = [check(e, named=named) for e in targets]
     data = [{"name": f.name, "kind": f.kind, "status": f.status, "problems": list(f.problems), "notes": list(f.notes)}
             for f in findings]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pathlib
 
 from pimm_fn import checkpoint, dist
-from pimm_fn.checkpoint import choice, foreign, inspection, validation
+from pimm_fn.checkpoint import choice, foreign, inspection, storage, validation
 
 __all__ = ["locate"]
 
@@ -48,7 +48,7 @@ def locate(resume, save_dir, *, say=None, iters_per_epoch=None, readers=()):
     """
     say = say or _say
     readers = tuple(readers)
-    model_dir = pathlib.Path(save_dir) / "model" if save_dir is not None else None
+    model_dir = storage.location(save_dir) / "model" if save_dir is not None else None  # a URL: on its store
     if resume is None or resume is False:
         _refuse_checkpoints_in(save_dir, model_dir, readers)
         return None

@@ -22,6 +22,16 @@ write (a finished run opened to read ``run.history``) needs no lock: it is
 released at once (:meth:`Lock.settle`), and on read-only storage, where no
 lock can be made, such a run opens without one; a run that would train
 there is refused, saying the storage is read-only.
+
+On an fsspec store (``save_dir="s3://..."``) the lock is an object created
+with the store's exclusive create (``open(mode="xb")``: S3's conditional
+``If-None-Match: *`` PUT through s3fs, which AWS S3 and MinIO honour),
+so of two runs one wins. Where a store has no exclusive create it is a
+best effort: the lock is written only when absent, then read back, and the
+run that finds another token there is refused (two runs starting within
+one round trip of each other may both read their own). A holder on another
+host, or an unreadable lock object, is never taken over: delete the object
+named in the error when its run is gone.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import uuid
 import attrs
 
 from pimm_fn import dist
+from pimm_fn.checkpoint import storage
 
 __all__ = ["LOCK_NAME", "Holder", "Lock", "SaveDirLockError", "take"]
 
@@ -115,6 +126,9 @@ class Lock:
                 self.path.unlink()
         except (OSError, ValueError):
             pass  # gone already, or taken over: not ours to remove
+        except Exception:  # noqa: BLE001 - a store's client raises its own (an endpoint gone): the lock stays, as after a crash
+            if not storage.is_store(self.path):
+                raise
 
 
 def take(save_dir, *, say) -> Lock:
@@ -128,7 +142,7 @@ def take(save_dir, *, say) -> Lock:
     """
     if save_dir is None:
         return Lock(None)
-    path = pathlib.Path(save_dir) / LOCK_NAME
+    path = storage.location(save_dir) / LOCK_NAME
     shared = dist.run_on_main(lambda: _attempt(path, say))  # an OS error of rank 0's raised on every rank
     if isinstance(shared, SaveDirLockError):
         if not shared.read_only:
@@ -173,11 +187,31 @@ def _attempt(path: pathlib.Path, say) -> Holder | SaveDirLockError:
 
 def _create(path: pathlib.Path, holder: Holder) -> None:
     """Write ``path`` holding ``holder``, atomically refused (``FileExistsError``) when it exists."""
+    if storage.is_store(path):
+        _create_stored(path, json.dumps(attrs.asdict(holder)).encode())
+        return
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         os.write(fd, json.dumps(attrs.asdict(holder)).encode())  # no fsync: a crash that loses it killed its holder
     finally:
         os.close(fd)
+
+
+def _create_stored(path, text: bytes) -> None:
+    """:func:`_create` on a store: its exclusive create where it has one, else written when absent and read back."""
+    try:
+        with path.open("xb") as f:
+            f.write(text)
+        return
+    except FileExistsError:
+        raise
+    except (ValueError, NotImplementedError, TypeError):
+        pass  # no exclusive create on this store: the best effort the module says
+    if path.exists():
+        raise FileExistsError(str(path))
+    path.write_bytes(text)
+    if path.read_bytes() != text:
+        raise FileExistsError(str(path))
 
 
 def _read(path: pathlib.Path) -> Holder:
@@ -193,7 +227,7 @@ def _stale(path: pathlib.Path, held: Holder | None, me: Holder) -> str | None:
     """Why the lock may be taken over ("" quietly: this very process), or ``None`` while its holder may run."""
     if held is None:
         try:
-            age = time.time() - path.stat().st_mtime
+            age = time.time() - getattr(path.stat(), "st_mtime", time.time())  # a store's object: never taken over
         except FileNotFoundError:
             return ""
         if age <= _UNREADABLE_GRACE_S:
@@ -230,6 +264,15 @@ def _running(pid: int, since: float) -> bool:
 
 def _set_aside(path: pathlib.Path, held: Holder | None) -> bool:
     """Remove the stale lock ``held`` names, unless another taker replaced it meanwhile (then ``False``)."""
+    if storage.is_store(path):  # no rename on a store: read again and remove (the best effort above)
+        try:
+            if _read(path) != held:
+                return False
+        except ValueError:
+            if held is not None:
+                return False
+        path.unlink(missing_ok=True)
+        return True
     aside = path.with_name(f"{path.name}.stale-{uuid.uuid4().hex[:12]}")
     try:
         os.rename(path, aside)  # atomic: of several takers, one moves this file

@@ -29,6 +29,7 @@ from typing import Callable
 
 import attrs
 
+from pimm_fn.checkpoint import storage
 from pimm_fn.core import records
 from pimm_fn.core.effects import Log
 from pimm_fn.runtime.jsonl import keep_upto, line_of
@@ -92,7 +93,7 @@ class JsonlLogger:
     """
 
     def __init__(self, path=None):
-        self.path = Path(path) if path is not None else None
+        self.path = local_path(self, path)
         self._file = None
 
     def open(self, opening: Opening) -> None:
@@ -117,6 +118,14 @@ class JsonlLogger:
         return f"JsonlLogger({str(self.path)!r})" if self.path is not None else "JsonlLogger()"
 
 
+def local_path(logger, path) -> Path | None:
+    """A logger's file as a local ``Path``; a URL is refused: logs stay local (object stores do not append)."""
+    if storage.is_url(path) or storage.is_store(path):
+        raise ValueError(f"{type(logger).__name__}: {str(path)!r} is a URL, and log files stay local (an object store "
+                         f"cannot append); pass a local path (checkpoints may still go to the store via save_dir)")
+    return Path(path) if path is not None else None
+
+
 def resolve_path(logger, path, save_dir, default: str) -> Path:
     """``path`` when the logger was given one, else ``save_dir/default``; a ``ValueError`` saying so without either."""
     if path is not None:
@@ -138,7 +147,7 @@ class CSVLogger:
     """
 
     def __init__(self, path=None):
-        self.path = Path(path) if path is not None else None
+        self.path = local_path(self, path)
         self._file = None
         self._columns: list = []
         self._where = None
@@ -225,7 +234,12 @@ def check_loggers(loggers, log_reduce=None) -> tuple:
 
 
 def run_loggers(save_dir, loggers) -> tuple:
-    """The loggers of a run: ``loggers``, after the run's own ``save_dir/log.jsonl`` unless they hold a JSONL one."""
+    """The loggers of a run: ``loggers``, after the run's own ``save_dir/log.jsonl`` unless they hold a JSONL one.
+
+    A ``save_dir`` on an fsspec store (a URL) gets no ``log.jsonl``: logs stay local (pass a ``JsonlLogger(path)``).
+    """
+    if storage.is_store(save_dir) or storage.is_url(save_dir):
+        save_dir = None
     own = save_dir is not None and not any(
         isinstance(logger, JsonlLogger) and logger.path in (None, Path(save_dir) / LOG_NAME) for logger in loggers
     )

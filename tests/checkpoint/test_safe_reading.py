@@ -214,7 +214,7 @@ def test_a_getattr_os_system_payload_never_runs(tmp_path):
 
 
 # -- one layer, no bypass -------------------------------------------------------------------------------
-_FORBIDDEN = {"FileSystemReader", "DefaultLoadPlanner", "load_state_dict_from_keys", "_load_state_dict"}
+_FORBIDDEN = {"FileSystemReader", "FsspecReader", "DefaultLoadPlanner", "load_state_dict_from_keys", "_load_state_dict"}
 
 
 def _dcp_reads(tree: ast.AST, dcp_names: set) -> list[str]:
