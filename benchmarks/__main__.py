@@ -3,7 +3,8 @@
 ``python -m benchmarks [--quick]``. Each part also runs alone, e.g.
 ``python -m benchmarks.loop_overhead``. The simulation, guard and FSDP2
 checkpoint benchmarks and the digests one (``benchmarks.simulation``, ``benchmarks.guard``,
-``benchmarks.fsdp_io``, which starts its own ranks, ``benchmarks.digests``) run as processes of their
+``benchmarks.fsdp_io``, which starts its own ranks, ``benchmarks.digests``, ``benchmarks.object_storage``,
+which starts its own S3 server) run as processes of their
 own when present; their figures are read back from ``results/<name>.json``.
 """
 
@@ -21,7 +22,7 @@ from benchmarks import _common
 
 HERE = pathlib.Path(__file__).resolve().parent
 OURS = ("loop_overhead", "checkpoint_io", "async_save")
-OTHERS = ("simulation", "guard", "fsdp_io", "digests")
+OTHERS = ("simulation", "guard", "fsdp_io", "digests", "object_storage", "preemption")
 
 
 def _run_other(name: str, quick: bool) -> str | None:

@@ -24,6 +24,16 @@ descriptors, threads and disk use constant after it.
 
 Run: ``python -m benchmarks.soak [--quick] [--steps N]`` (a few minutes;
 ``--quick``: 500 steps). Writes ``results/soak.json``.
+
+``--history`` measures instead what ``run.history`` holds a step when every
+step is logged (``log_every(1)``), two ways: a real ``pf.loop`` (a tiny
+model, a cheap step function, the console off, ``--loop-steps``, default
+1 000 000: some minutes) and the ``History`` object fed 1 000 000 records of the shape
+``log_every(1)`` writes (``epoch, iter, of, loss, lr`` a step, an epoch
+mean and an evaluation every 1 000 steps). Both under ``tracemalloc``: the
+bytes the history holds (the real run: traced memory with the history,
+minus after it is dropped), per step. Goal: under 50 bytes a step.
+Writes ``results/soak_history.json``.
 """
 
 from __future__ import annotations
@@ -185,12 +195,91 @@ def table(result: dict, file=sys.stdout) -> None:
     print(f"goal: {result['goal']}", file=file)
 
 
+GOAL_HISTORY_BYTES = 50
+
+
+def history_fed(records: int = 1_000_000, epoch: int = EPOCH) -> dict:
+    """Bytes per step a ``History`` holds, fed ``records`` training records as ``log_every(1)`` writes them."""
+    import tracemalloc
+
+    from pimm_fn.core.frozen import FrozenMap
+    from pimm_fn.runtime.history import History
+
+    tracemalloc.start()
+    history, before, started = History(), tracemalloc.get_traced_memory()[0], time.perf_counter()
+    for step in range(1, records + 1):
+        e, i = divmod(step - 1, epoch)
+        values = {"epoch": e, "iter": i + 1, "of": epoch, "loss": 1.0 / step, "lr": 0.1 * (1 - step / records)}
+        history.append(step, "train", FrozenMap(values))
+        if i + 1 == epoch:
+            history.append(step, "epoch", FrozenMap({"epoch": e, "loss": 0.5 / step}))
+            history.append(step, "eval/val", FrozenMap({"score": step / records}))
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return {"steps": records, "records": len(history), "bytes_per_step": round(held / records, 2),
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def history_in_a_run(steps: int = 100_000) -> dict:
+    """Bytes per step ``run.history`` holds after a real ``pf.loop`` logging every step."""
+    import tracemalloc
+
+    import torch
+
+    import pimm_fn as pf
+    from pimm_fn.runtime.history import History
+
+    model, optimizer, batches, score = _workload()
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(sgd, lambda s: 1 - s / steps)
+
+    def cheap(model, optimizer, batch, *, scheduler=None, scaler=None):
+        """No forward nor backward: the loop and its logging are what is measured."""
+        optimizer.step()  # no gradients: nothing changes, but the scheduler follows the optimizer
+        scheduler.step()
+        return {"loss": 1.0 / (scheduler.last_epoch + 1), "lr": scheduler.get_last_lr()[0]}
+
+    run = pf.loop(model, sgd, batches, hooks=[pf.evaluate_every(EPOCH, score, name="val"), pf.log_every(1)],
+                  max_steps=steps, step_fn=cheap, scheduler=scheduler, watching=pf.Watching(console=False))
+    tracemalloc.start()
+    started = time.perf_counter()
+    run()
+    seconds = time.perf_counter() - started
+    gc.collect()
+    with_history = tracemalloc.get_traced_memory()[0]
+    records = len(run.history)
+    run.ctx.logs.history = History()
+    gc.collect()
+    held = with_history - tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return {"steps": steps, "records": records, "bytes_per_step": round(held / steps, 2),
+            "seconds": round(seconds, 1)}
+
+
+def history(records: int = 1_000_000, loop_steps: int = 1_000_000) -> dict:
+    """Both history measurements; prints them and writes ``results/soak_history.json``."""
+    result = {"fed": history_fed(records), "loop": history_in_a_run(loop_steps), "goal_bytes": GOAL_HISTORY_BYTES}
+    result["ok"] = all(result[k]["bytes_per_step"] < GOAL_HISTORY_BYTES for k in ("fed", "loop"))
+    rows = [[name, str(r["steps"]), str(r["records"]), str(r["bytes_per_step"]), str(r["seconds"])]
+            for name, r in (("History fed records", result["fed"]), ("pf.loop, log_every(1)", result["loop"]))]
+    print_table("run.history: bytes held a step, log_every(1)", ["how", "steps", "records", "bytes/step", "s"], rows)
+    print(f"goal: < {GOAL_HISTORY_BYTES} bytes/step: {result['ok']}")
+    write_result("soak_history", result)
+    return result
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="500 steps: checks that everything runs")
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--history", action="store_true", help="bytes a step run.history holds with log_every(1)")
+    parser.add_argument("--records", type=int, default=1_000_000, help="--history: records fed to History")
+    parser.add_argument("--loop-steps", type=int, default=1_000_000, help="--history: steps of the real run")
     args = parser.parse_args(argv)
-    run(quick=args.quick, steps=args.steps)
+    if args.history:
+        history(args.records, args.loop_steps)
+    else:
+        run(quick=args.quick, steps=args.steps)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ About a minute on two CPU cores.
     python examples/train_pointcloud.py --resume              # continue from runs/pointcloud
     python examples/train_pointcloud.py --resume --epochs 12  # carry a finished run on to 12 epochs
     python examples/train_pointcloud.py --nproc 2             # spawns 2 gloo ranks
-    torchrun --nproc-per-node 2 examples/train_pointcloud.py  # launched by torchrun
+    .venv/bin/torchrun --nproc-per-node 2 examples/train_pointcloud.py  # launched by torchrun (the venv's)
 
 With several ranks each one trains on its part of every epoch (a
 ``DistributedSampler``) and evaluates its shard of the validation set; the
@@ -95,17 +95,24 @@ def train(args, rank: int = 0, world_size: int = 1):
     model, optimizer, scheduler, train_loader, evaluator = build(args, rank, world_size)
     iters_per_epoch = len(train_loader)
     start = time.perf_counter()
-    run = pf.loop(
-        model, optimizer, train_loader,
-        # The evaluator comes before the saver, so an epoch-end save records
-        # that epoch's mIoU; best_on writes model_best when mIoU improves.
-        hooks=[pf.evaluate_every(0, evaluator, name="val"),
-               pf.save_every(iters_per_epoch, snapshots=False),
-               pf.best_on("mIoU"),
-               pf.log_every(10)],
-        max_epochs=args.epochs, save_dir=args.save_dir, scheduler=scheduler,
-        resume="auto" if args.resume else None,
-        parallel=pf.Parallel(ddp=True))  # DistributedDataParallel when there is a process group; a no-op in one process
+    try:
+        run = pf.loop(
+            model, optimizer, train_loader,
+            # The evaluator comes before the saver, so an epoch-end save records
+            # that epoch's mIoU; best_on writes model_best when mIoU improves.
+            hooks=[pf.evaluate_every(0, evaluator, name="val"),
+                   pf.save_every(iters_per_epoch, snapshots=False),
+                   pf.best_on("mIoU"),
+                   pf.log_every(10)],
+            max_epochs=args.epochs, save_dir=args.save_dir, scheduler=scheduler,
+            resume="auto" if args.resume else None,
+            # DistributedDataParallel when there is a process group; a no-op in one process.
+            parallel=pf.Parallel(ddp=True))
+    except FileExistsError as error:  # the library's advice names loop()'s resume=; this script's is --resume
+        raise SystemExit(
+            f"train_pointcloud.py: --save-dir {args.save_dir} already holds an earlier run, which a fresh one would "
+            f"overwrite: pass --resume to continue it (with a larger --epochs to carry it on), or choose another "
+            f"--save-dir") from error
     state = run()
     if rank == 0:
         best = state.best.get("mIoU") if state.best else None

@@ -37,6 +37,7 @@ from pimm_fn.hooks import (
     load_weights,
     log_every,
     model_hook,
+    profile,
     save_every,
     step_scheduler,
 )
@@ -68,6 +69,10 @@ _RUNTIME = {
     "Watching": "pimm_fn.runtime.options",
     "Parallel": "pimm_fn.runtime.options",
     "Training": "pimm_fn.runtime.options",
+    "loader_evaluator": "pimm_fn.runtime.loader_evaluator",
+    "LoaderEvaluator": "pimm_fn.runtime.loader_evaluator",
+    "Preemption": "pimm_fn.runtime.options",
+    "Preempted": "pimm_fn.runtime.preemption",
 }
 
 __all__ = [
@@ -102,6 +107,7 @@ __all__ = [
     "EarlyStopState",
     "step_scheduler",
     "ema",
+    "profile",
     *_RUNTIME,
 ]
 

@@ -28,7 +28,9 @@ PUBLIC = {
     "MissingHandlerError", "ConfigurationWarning", "PeerFailureError", "DuplicateHookError", "hook_factory",
     "History", "JsonlLogger", "CSVLogger", "TensorBoardLogger", "WandbLogger", "MLFlowLogger",
     "SaveDirLockError",
-    "Saving", "Resuming", "Watching", "Parallel", "Training",
+    "Saving", "Resuming", "Watching", "Parallel", "Training", "Preemption", "Preempted",
+    "loader_evaluator", "LoaderEvaluator",
+    "profile",
 }
 
 
@@ -111,6 +113,9 @@ def validate(model):
 HOOKS = [
     pimm_fn.save_every(4),
     pimm_fn.save_every(1000, snapshots=True),
+    pimm_fn.profile(wait=2, active=4, skip_first=10, dir="prof"),
+    pimm_fn.save_every(minutes=30),
+    pimm_fn.save_every(100, minutes=0.5, async_save=True),
     pimm_fn.best_on("mIoU"),
     pimm_fn.best_on("loss", mode="min"),
     pimm_fn.log_every(50),
@@ -134,10 +139,11 @@ EVENTS = [
     ev.MetricsPublished({"miou": 0.5}, "val", 7, consistent=False),
     ev.MetricsPublished({"miou": 0.5}, "val", 7, weights="ema"),
     ev.StopRequested(7, "plateau"),
+    ev.Elapsed(7, 12.5),
 ]
 
 EFFECTS = [
-    fx.SaveCheckpoint(8), fx.SaveCheckpoint(30, snapshot=True, final=True), fx.WriteBest("miou", 0.5, 8),
+    fx.SaveCheckpoint(8), fx.SaveCheckpoint(30, snapshot=True, final=True), fx.SaveCheckpoint(9, saved_for="SIGTERM"), fx.WriteBest("miou", 0.5, 8),
     fx.Evaluate("val", 8, broadcast=False), fx.Log(8, "train", {"loss": 0.5}),
     fx.LoadWeights("w.pth", (("a.", "b."),), strict=True),
     fx.Stop(7, "plateau"), fx.StepScheduler(7), fx.StepScheduler(8, "loss", 0.5),

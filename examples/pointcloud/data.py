@@ -16,6 +16,8 @@ resumed run) see exactly the same samples.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
@@ -256,7 +258,10 @@ def make_loaders(num_train: int, num_val: int, batch_size: int, seed: int, *,
     if stateful:
         from torchdata.stateful_dataloader import StatefulDataLoader
 
-        loader = StatefulDataLoader(train, **kwargs)
+        with warnings.catch_warnings():
+            # Its constructor calls torch.set_vital, deprecated since torch 2.x: a warning on every run and rank.
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+            loader = StatefulDataLoader(train, **kwargs)
     else:
         loader = DataLoader(train, **kwargs)
     return loader, shard(val, rank, world_size)

@@ -17,6 +17,7 @@ from pimm_fn import checkpoint
 from pimm_fn.compat.effects import LogResources, PushToHub, StartProfiler, StopProfiler
 from pimm_fn.core.effects import Log
 from pimm_fn.runtime import handlers as runtime_handlers
+from pimm_fn.runtime.profiler import new_profile
 
 __all__ = ["log_resources", "Profiler", "push_to_hub"]
 
@@ -124,10 +125,7 @@ class Profiler:
     def __call__(self, effect, state, ctx) -> tuple:
         if isinstance(effect, StartProfiler):
             self._stop(ctx)
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            profile = torch.profiler.profile(activities=activities, profile_memory=effect.memory, record_shapes=True)
+            profile = new_profile(memory=effect.memory, shapes=True)  # built as pimm_fn.profile's: CPU (+ CUDA)
             profile.__enter__()
             self._running[id(ctx)] = profile
             return ()

@@ -125,6 +125,11 @@ class _PimmSaver:
         return PimmSaveState()
 
     @property
+    def reads_metrics(self) -> tuple:
+        """Its best metric: so ``loop()`` refuses a ``pf.best_on`` of the same one beside it (one best per metric)."""
+        return (self.metric,) if self.metric else ()
+
+    @property
     def _cadences(self) -> tuple:
         eval_n = self.evaluator_every_n_steps if self.evaluate and not self.iteration else None
         return tuple(n for n in (self.save_freq, eval_n) if n)

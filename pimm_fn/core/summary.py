@@ -1,7 +1,8 @@
 """Compact summaries of a run's values, as text: what ``str`` of a ``State``, ``Progress`` or ``Trace`` shows.
 
 ``repr`` stays exact (every field, every digit), for a debugger and for
-comparing two runs. What this module builds is for reading: a summary as
+comparing two runs; a ``State``'s is laid out one field a line
+(:func:`fields_repr`). What this module builds is for reading: a summary as
 ``(label, value)`` rows, rendered here as text; ``pimm_fn.notebook`` renders
 the same rows as HTML for Jupyter, so both show the same facts. Floats appear as
 the log lines show them (5 significant digits), fields at their default are
@@ -21,6 +22,7 @@ __all__ = [
     "number", "pairs", "compact", "event_label", "hook_label", "progress_line",  # one value, in short
     "state_rows", "run_rows", "trace_title", "trace_table",  # what a summary shows
     "render_text", "table_text",  # how it shows as text
+    "fields_repr",  # an exact repr, laid out to read
 ]
 
 WIDTH = 100  # the most characters a displayed value takes before it is cut
@@ -241,3 +243,33 @@ def run_rows(state, hooks, trace) -> list:
              ("trace", f"{len(trace)} effect{'s' * (len(trace) != 1)} (run.trace)")]
     at = next(i for i, (label, _) in enumerate(rows) if label == "best") + 1
     return rows[:at] + found + rows[at:]
+
+
+def fields_repr(value) -> str:
+    """The exact repr of an attrs ``value``, one field a line, a tuple field one item a line: the call that makes it.
+
+    What ``repr(state)`` prints: every field and every digit as attrs
+    writes them, readable where one line would run to hundreds of
+    characters.
+
+    >>> @attrs.frozen
+    ... class Point:
+    ...     x: int
+    ...     tags: tuple = ()
+    >>> print(fields_repr(Point(1, ("a", None))))
+    Point(
+        x=1,
+        tags=(
+            'a',
+            None,
+        ),
+    )
+    """
+    lines = [f"{type(value).__name__}("]
+    for field in attrs.fields(type(value)):
+        item = getattr(value, field.name)
+        if isinstance(item, tuple) and item:
+            lines += [f"    {field.name}=(", *(f"        {part!r}," for part in item), "    ),"]
+        else:
+            lines.append(f"    {field.name}={item!r},")
+    return "\n".join([*lines, ")"])

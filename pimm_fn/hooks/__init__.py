@@ -6,6 +6,7 @@ from pimm_fn.hooks.ema import ema
 from pimm_fn.hooks.evaluation import evaluate_every
 from pimm_fn.hooks.logs import LogState, log_every
 from pimm_fn.hooks.model import model_hook
+from pimm_fn.hooks.profiler import profile
 
 __all__ = [
     "save_every",
@@ -21,4 +22,5 @@ __all__ = [
     "EarlyStopState",
     "step_scheduler",
     "ema",
+    "profile",
 ]

@@ -16,9 +16,10 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log, StepScheduler, Stop
+from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.hook import hook_factory
+from pimm_fn.hooks.checkpointing import lower_is_better
 from pimm_fn.core.validate import finite, int_at_least, non_empty_str, number, one_of
-from pimm_fn.hooks.checkpointing import check_spelling
 
 __all__ = ["early_stop", "EarlyStopState", "step_scheduler"]
 
@@ -69,21 +70,24 @@ class _EarlyStop:
             return True
         return value > best + self.min_delta if self.mode == "max" else value < best - self.min_delta
 
-    def __call__(self, state, event):
+    def update(self, slot: EarlyStopState, state, event):
+        """The hook protocol's ``update``: its ``EarlyStopState`` comes and goes apart from ``state``."""
         values = event.values
         step = state.progress.global_step
         if self.metric not in values:
-            return state, check_spelling(repr(self), self.metric, event, step)
+            return slot, state, ()  # another evaluator's publication; a typo is the run's Advice to refuse
         _require_consistent(repr(self), self.metric, event)
-        value, slot = values[self.metric], state.slot
+        value = values[self.metric]
         if self._improves(value, slot.best):
-            return state.with_slot(EarlyStopState(value, 0)), ()
+            return EarlyStopState(value, 0), state, ()
         waited = slot.without_improvement + 1
-        state = state.with_slot(EarlyStopState(slot.best, waited))
         if waited != self.patience:  # emitted once, when the count reaches patience
-            return state, ()
+            return EarlyStopState(slot.best, waited), state, ()
         reason = f"{self!r}: {self.metric} has not improved on {slot.best!r} for {waited} evaluation(s)"
-        return state, (Stop(step, reason),)
+        return EarlyStopState(slot.best, waited), state, (Stop(step, reason),)
+
+    def __call__(self, state, event):
+        return called_plainly(self, state, event)
 
     def __repr__(self):
         extra = "" if self.mode == "max" else f", mode={self.mode!r}"
@@ -92,7 +96,7 @@ class _EarlyStop:
 
 
 @hook_factory
-def early_stop(metric: str, *, patience: int, mode: str = "max", min_delta: float = 0.0):
+def early_stop(metric: str, *, patience: int, mode: str | None = None, min_delta: float = 0.0):
     """Stop training when ``metric`` has not improved for ``patience`` evaluations.
 
     Reacts to each publication of ``metric``: a value improves when it beats
@@ -107,21 +111,21 @@ def early_stop(metric: str, *, patience: int, mode: str = "max", min_delta: floa
         metric: the published metric name; it must be broadcast (the
             default of ``evaluate_every``), so every rank stops alike.
         patience: evaluations without improvement before stopping (>= 1).
-        mode: ``"max"`` (higher is better) or ``"min"``.
+        mode: ``"max"`` (higher is better) or ``"min"``; default ``"max"``,
+            refused unsaid for a loss-like ``metric`` (as ``best_on``'s).
         min_delta: the margin (>= 0) a value must beat the best by.
 
     Emits:
         ``Stop(step, reason)`` (collective), once, when the count reaches
-        ``patience``; a warning ``Log`` for a near-miss metric name in
-        rank-local metrics.
+        ``patience``. (A misspelt ``metric`` is refused by the run once every
+        evaluator has published: ``pimm_fn.runtime.advice``.)
 
     State:
         ``EarlyStopState(best, without_improvement)``.
 
     Raises:
         ValueError: a bad argument, at once; ``metric`` published as a
-            rank-local value (``broadcast=False``); a near-miss of ``metric``
-            among broadcast metrics (a typo).
+            rank-local value (``broadcast=False``).
 
     >>> from pimm_fn import evaluate_every, plan
     >>> def val(model): ...
@@ -134,7 +138,13 @@ def early_stop(metric: str, *, patience: int, mode: str = "max", min_delta: floa
     Traceback (most recent call last):
     ValueError: early_stop: 'patience' must be an int >= 1 (got 0)
     """
-    return _EarlyStop(metric, patience, mode, min_delta)
+    if mode is None and isinstance(metric, str) and lower_is_better(metric):
+        raise ValueError(
+            f"early_stop({metric!r}) would wait for {metric!r} to rise (mode='max' by default), which a loss or an "
+            f"error should not: pass early_stop({metric!r}, patience={patience!r}, mode='min'), or mode='max' if "
+            f"higher is better"
+        )
+    return _EarlyStop(metric, patience, mode or "max", min_delta)
 
 
 _INTERVAL_EVENTS = {"step": (ev.AfterStep,), "epoch": (ev.AfterEpoch,), None: (ev.MetricsPublished,)}
@@ -165,19 +175,23 @@ class _StepScheduler:
     def reads_metrics(self) -> tuple:
         return (self.on,) if self.on is not None else ()
 
-    def __call__(self, state, event):
+    def update(self, slot, state, event):
+        """The hook protocol's ``update`` (no slot): called so, it builds no ``State`` after a hook with one."""
         step = state.progress.global_step
         match event:
             case ev.AfterStep() if self.interval == "step":
-                return state, (StepScheduler(step),)
+                return slot, state, (StepScheduler(step),)
             case ev.AfterEpoch() if self.interval == "epoch":
-                return state, (StepScheduler(step),)
+                return slot, state, (StepScheduler(step),)
             case ev.MetricsPublished(values=values) if self.on is not None:
                 if self.on not in values:
-                    return state, check_spelling(repr(self), self.on, event, step)
+                    return slot, state, ()  # another evaluator's publication (a typo: the run's Advice)
                 _require_consistent(repr(self), self.on, event)
-                return state, (StepScheduler(step, self.on, values[self.on]),)
-        return state, ()
+                return slot, state, (StepScheduler(step, self.on, values[self.on]),)
+        return slot, state, ()
+
+    def __call__(self, state, event):
+        return called_plainly(self, state, event)
 
     def __repr__(self):
         return f"step_scheduler({self.interval!r})" if self.on is None else f"step_scheduler(on={self.on!r})"
@@ -209,13 +223,12 @@ def step_scheduler(interval: str | None = None, *, on: str | None = None):
 
     Emits:
         ``StepScheduler(step)``, or ``StepScheduler(step, metric, value)`` for
-        ``on`` (each rank steps its own); a warning ``Log`` for a near-miss
-        metric name in rank-local metrics.
+        ``on`` (each rank steps its own). (A misspelt ``on`` is refused by
+        the run once every evaluator has published: ``pimm_fn.runtime.advice``.)
 
     Raises:
         ValueError: neither or both of ``interval`` and ``on``, an unknown
-            interval, ``on`` published as a rank-local value, or a near-miss
-            of ``on`` among broadcast metrics (a typo).
+            interval, or ``on`` published as a rank-local value.
         TypeError: ``on`` not a non-empty str.
 
     >>> step_scheduler("epoch"), step_scheduler(on="val_loss")

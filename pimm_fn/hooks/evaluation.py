@@ -1,5 +1,6 @@
 """A hook that requests evaluations on a step or epoch cadence."""
 
+import inspect
 from typing import Any, ClassVar
 
 import attrs
@@ -13,8 +14,29 @@ __all__ = ["evaluate_every", "evaluator_name"]
 
 
 def evaluator_name(fn) -> str:
-    """A stable name for an evaluator callable (function or callable object)."""
+    """A stable name for an evaluator callable: the ``evaluator_name`` it declares
+    (``pimm_fn.loader_evaluator(..., name=)``), a function's qualified name, or its class's."""
+    declared = getattr(fn, "evaluator_name", None)
+    if isinstance(declared, str) and declared:
+        return declared
     return getattr(fn, "__qualname__", None) or type(fn).__qualname__
+
+
+def _takes_the_model(instance, attribute, fn) -> None:
+    """An evaluator is called as ``fn(model)``: one taking ``(model, loader)`` is refused now, not at step 5000."""
+    is_callable(instance, attribute, fn)
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: trust it
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        raise TypeError(
+            f"evaluate_every: the evaluator {evaluator_name(fn)}{signature} cannot be called as fn(model): the loop "
+            f"passes the model alone. Bind the rest first (functools.partial(fn, loader=val_loader)), or let the "
+            f"loop iterate the loader: pimm_fn.loader_evaluator(val_loader, metric_fn)"
+        ) from None
 
 
 @attrs.frozen(repr=False)
@@ -23,10 +45,12 @@ class _EvaluateEvery:
     emits: ClassVar[tuple] = (Evaluate,)
     rank_consistent: ClassVar[bool] = True  # decides from the global step or epoch alone
     n: int = attrs.field(validator=int_at_least(0))
-    fn: Any = attrs.field(validator=is_callable)
+    fn: Any = attrs.field(validator=_takes_the_model)
     name: str = attrs.field(validator=non_empty_str)
     broadcast: bool = attrs.field(default=True, validator=is_bool)
     weights: str | None = attrs.field(default=None, validator=attrs.validators.optional(non_empty_str))
+
+    duplicate_fix: ClassVar[str] = "give each its own name: evaluate_every(n, fn, name='...')"
 
     @property
     def events(self) -> tuple:
@@ -78,6 +102,13 @@ def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = Tru
     main rank's result is sent to every rank; with ``broadcast=False`` each
     rank keeps its own and nothing collective may depend on it.
 
+    ``fn`` must be callable as ``fn(model)``: one needing more (``(model,
+    loader)``) is refused here with the fix. To have the loop iterate a
+    validation DataLoader (eval mode, one shard per rank, sums reduced
+    once), pass ``pimm_fn.loader_evaluator(val_loader, metric_fn, name="val")``:
+    it names itself, and its metrics are ``"val/<metric>"``. Two evaluators
+    need two names (``name=``); two sharing one are refused, saying so.
+
     Put evaluators before savers in the hook list, so a save at an
     evaluation step runs after the evaluation and records its result.
 
@@ -91,7 +122,8 @@ def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = Tru
         n: steps between evaluations (>= 1), or 0 for once per epoch.
         fn: ``fn(model) -> Mapping[str, float] | float | None``; a module-level
             function or a picklable callable object.
-        name: the evaluator's name in effects and logs (default: ``fn``'s name).
+        name: the evaluator's name in effects and logs (default: ``fn``'s
+            declared ``evaluator_name``, else its qualified name).
         broadcast: publish the main rank's result on every rank.
         weights: the name of an ``ema(...)`` average to evaluate instead of
             the model's own weights (default ``None``: the model's own).
@@ -102,5 +134,9 @@ def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = Tru
     >>> def accuracy(model): return {"acc": 1.0}
     >>> evaluate_every(200, accuracy)
     evaluate_every(200, accuracy)
+    >>> def validate(model, loader): ...
+    >>> evaluate_every(200, validate)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    TypeError: evaluate_every: the evaluator validate(model, loader) cannot be called as fn(model): ...
     """
     return _EvaluateEvery(n, fn, name if name is not None else evaluator_name(fn), broadcast, weights)

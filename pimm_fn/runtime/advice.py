@@ -5,7 +5,11 @@ when the evaluators publish ``"accuracy"``, an evaluator that returns
 ``None`` in a single process (so nothing is ever published), a saver placed
 before an evaluator on the same steps (so the checkpoint misses that
 evaluation). None of these is an error, since each can be intended, but
-none should pass in silence. A non-finite value of a metric a hook reads
+none should pass in silence. A metric a hook reads that no evaluator
+publishes while one publishes a near-miss of it (``"miou"`` beside
+``"mIoU"``) is a typo and an error, raised once every evaluator has
+published (so a name another evaluator publishes never counts as one), on
+every rank alike. A non-finite value of a metric a hook reads
 (``best_on`` never makes it the best) is said each time, with its step, as a
 ``NonFiniteMetricWarning``: training goes on.
 """
@@ -21,7 +25,7 @@ from pimm_fn.core.validate import finite
 
 __all__ = [
     "ConfigurationWarning", "NonFiniteMetricWarning", "Advice", "configuration_messages", "saver_before_evaluator",
-    "unpublished_metrics", "nothing_to_train",
+    "unpublished_metrics", "nothing_to_train", "near_miss",
 ]
 
 
@@ -104,6 +108,17 @@ def saver_before_evaluator(hooks, *, iters_per_epoch: int, max_epochs: int) -> l
     return messages
 
 
+def near_miss(metric: str, names) -> str | None:
+    """A name among ``names`` that ``metric`` is almost surely a typo of (same letters but case, or very close).
+
+    >>> near_miss("miou", ["mIoU", "loss"]), near_miss("acc", ["loss"])
+    ('mIoU', None)
+    """
+    lowered = {name.lower(): name for name in names}
+    return lowered.get(metric.lower()) or next(iter(difflib.get_close_matches(metric, list(names), n=1, cutoff=0.8)),
+                                               None)
+
+
 class Advice:
     """Watches evaluations for the run-time mistakes above; warns once for each."""
 
@@ -115,8 +130,16 @@ class Advice:
         self.published: dict[str, set] = {}  # evaluator -> the metric names it published
         self.said: set = set()
 
-    def evaluated(self, evaluator: str, values, step: int | None = None) -> None:
-        """Note what one evaluation published (``None``: nothing on this rank) at global step ``step``."""
+    def evaluated(self, evaluator: str, values, step: int | None = None, consistent: bool = False) -> None:
+        """Note what one evaluation published (``None``: nothing on this rank) at global step ``step``.
+
+        ``consistent``: every rank holds these same values (broadcast), so a typo may raise.
+
+        Raises:
+            ValueError: once every evaluator has published, a metric some hook
+                reads is missing and a near-miss of it is published (with
+                ``consistent`` values only; else a ``ConfigurationWarning``).
+        """
         if values is None and self.world_size == 1:
             self._say(
                 ("none", evaluator),
@@ -127,19 +150,21 @@ class Advice:
             self.published.setdefault(evaluator, set()).update(values)
             self._non_finite(evaluator, values, step)
         if self.evaluators and self.evaluators <= set(self.published):
-            self._check_readers()
+            self._check_readers(consistent)
 
-    def _check_readers(self) -> None:
+    def _check_readers(self, consistent: bool) -> None:
         """Once every evaluator has published: a metric some hook reads that none publishes."""
         names = sorted(set().union(*self.published.values()))
         for metric, readers in self.readers_of.items():
-            if metric not in names:
-                close = difflib.get_close_matches(metric, names, n=1, cutoff=0.5)
-                hint = f": did you mean {close[0]!r}?" if close else ""
-                self._say(
-                    ("unread", metric),
-                    f"{', '.join(readers)} waits for metric {metric!r}, but the evaluators publish {names}{hint}",
-                )
+            if metric in names:
+                continue
+            typo = near_miss(metric, names)
+            close = typo or next(iter(difflib.get_close_matches(metric, names, n=1, cutoff=0.5)), None)
+            message = (f"{', '.join(readers)} waits for metric {metric!r}, but the evaluators publish {names}"
+                       + (f": did you mean {close!r}?" if close else ""))
+            if typo is not None and consistent:
+                raise ValueError(message)
+            self._say(("unread", metric), message)
 
     def _non_finite(self, evaluator: str, values, step) -> None:
         """Each time: a NaN or +/-inf of a metric some hook reads (each occurrence has its own step, so no key is kept)."""

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import torch
 
+from pimm_fn.checkpoint import storage
 from pimm_fn.core import budget
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import validate as v
@@ -23,7 +24,7 @@ __all__ = [
     "replaced_best",
     "check_resume", "check_max_epochs", "check_budget", "check_save_dir", "check_on_nonfinite",
     "check_resume_hyperparameters",
-    "check_sharding",
+    "check_sharding", "check_best_trackers", "check_trains_model",
 ]
 
 
@@ -126,6 +127,9 @@ def check_resume(resume) -> None:
 
 def _best_files(save_dir) -> list[str]:
     """The best-weights files (``model_best*.pth``/``.json``) under ``save_dir/model``, sorted."""
+    if storage.is_url(save_dir) or storage.is_store(save_dir):
+        names = [p.name for p in (storage.location(save_dir) / "model").iterdir()]
+        return sorted(n for n in names if n.startswith("model_best") and n.endswith((".pth", ".json")))
     model_dir = os.path.join(os.fspath(save_dir), "model")
     try:
         names = os.listdir(model_dir)
@@ -194,6 +198,9 @@ def check_save_dir(hooks, save_dir) -> None:
         if isinstance(save_dir, bool) or not isinstance(save_dir, (str, os.PathLike)) or not os.fspath(save_dir):
             raise v.invalid("loop", "save_dir", "None or a directory path, a str or os.PathLike", save_dir,
                             error=TypeError)
+        if storage.is_url(save_dir):
+            storage.location(save_dir)  # an unknown scheme or a missing package: refused before anything is written
+            return
         path = os.fspath(save_dir)
         for place in (path, os.path.join(path, "model")):
             if os.path.exists(place) and not os.path.isdir(place):
@@ -261,3 +268,53 @@ def check_sharding(shards: bool, *, ddp: bool, checkpoint_format: str, weights_f
             f"Saving(checkpoint_format={checkpoint_format!r}) writes one gathered file: use checkpoint_format='standard' "
             f"(Saving's default)"
         )
+
+
+def check_best_trackers(hooks) -> None:
+    """One hook writes the best weights of a metric: two would write one file twice and share one ``State.best``.
+
+    Two ``best_on`` of a metric (``mode="max"`` and ``"min"``), or a pimm
+    ``CheckpointSaver`` beside ``pf.best_on`` of its metric, are refused.
+
+    >>> from pimm_fn.hooks import best_on
+    >>> check_best_trackers([best_on("acc"), best_on("acc", mode="min")])
+    Traceback (most recent call last):
+    ValueError: loop: best_on('acc') and best_on('acc', mode='min') both track the best 'acc' and write its best weights, which one metric has once (one model_best file, one State.best value): keep one of them
+    """
+    writers: dict = {}
+    for d in map(protocol.declared, protocol.leaves(hooks)):
+        if d.may_emit(WriteBest):
+            for metric in d.reads_metrics:
+                writers.setdefault(metric, []).append(d.key)
+    for metric, keys in writers.items():
+        if len(keys) > 1:
+            raise ValueError(
+                f"loop: {' and '.join(keys)} both track the best {metric!r} and write its best weights, which one "
+                f"metric has once (one model_best file, one State.best value): keep one of them"
+            )
+
+
+def _parameters(optimizer) -> list:
+    groups = getattr(optimizer, "param_groups", None) or ()
+    return [p for group in groups for p in group.get("params", ())]
+
+
+def check_trains_model(model, optimizers) -> None:
+    """Some optimizer holds some of the model's parameters: else training would leave the model as it is.
+
+    ``optimizers`` is ``{name: optimizer}``. An optimizer over a part of the
+    model (a fine-tuned head) passes; only one holding none of them, as one
+    built on another model's parameters (or before ``model`` was rebuilt), is
+    refused. A model wrapped in DDP, sharded by FSDP or compiled exposes the
+    same parameter objects its optimizer was built on.
+    """
+    own = {id(p) for p in model.parameters()}
+    held = [p for optimizer in optimizers.values() for p in _parameters(optimizer)]
+    if not own or not held or any(id(p) in own for p in held):
+        return
+    names = ", ".join(optimizers) if len(optimizers) > 1 else "the optimizer"
+    raise ValueError(
+        f"loop: {names} holds {len(held)} parameter tensor(s), none of them the model's ({len(own)}): training would "
+        f"never change the model. Build the optimizer on this model's parameters, e.g. "
+        f"torch.optim.SGD(model.parameters(), lr=0.1), after the model is built (and before loop())"
+    )

@@ -45,7 +45,19 @@ NONFINITE_POLICIES = ("raise", "skip", "warn")
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The training loss is NaN or infinite, under ``loop(training=Training(on_nonfinite="raise"))`` (the default)."""
+    """The training loss is NaN or infinite, under ``loop(training=Training(on_nonfinite="raise"))`` (the default).
+
+    Read after its step ran, so the weights in memory already hold that
+    step's update and the losses stay unread: ``run()`` would raise it
+    again. ``advice`` is what the run's interruption line says instead of
+    "run() continues exactly from here".
+    """
+
+    advice = (
+        "the weights already hold the update from that loss, so run() would raise this again: build the run anew "
+        "from the last checkpoint (pimm_fn.loop(..., resume='auto')) with a lower lr, or with "
+        "training=pimm_fn.Training(on_nonfinite='skip') to leave such batches out of the update"
+    )
 
 
 class NonFiniteLossWarning(RuntimeWarning):
@@ -128,7 +140,8 @@ class NonFinite:
         if self.policy == "raise":
             raise NonFiniteLossError(
                 f"the training loss {which} at {place}. Pass loop(training=pimm_fn.Training(on_nonfinite='skip')) to leave "
-                f"such batches out of the update, or on_nonfinite='warn' to warn and go on"
+                f"such batches out of the update, or on_nonfinite='warn' to warn and go on; "
+                f"{NonFiniteLossError.advice}"
             )
         if self.policy == "skip" and not ran:
             action = "its optimizer step was skipped (the step still counts)"

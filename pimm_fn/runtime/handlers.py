@@ -4,30 +4,25 @@ A handler is ``handler(effect, state, ctx) -> follow-up events``; it is the
 only code that touches files, process groups, the console and the model.
 """
 
-import numbers
-from collections.abc import Mapping
-
 from pimm_fn import checkpoint
 from pimm_fn import dist
 from pimm_fn.checkpoint import sharded
 from pimm_fn.checkpoint.contents import PerRank, Replicated, TrainerContents, saved_state, to_parts
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
-from pimm_fn.core.events import MetricsPublished
-from pimm_fn.core.records import named
 from pimm_fn.runtime.class_change import recorded
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.ema import EMA_HANDLERS, EmaWeights
 from pimm_fn.runtime.loggers import run_loggers
 from pimm_fn.runtime.log_feed import Logs
-from pimm_fn.runtime.evaluation import evaluating
+from pimm_fn.runtime.evaluation import evaluate  # the Evaluate handler, with the evaluator's mode
 from pimm_fn.runtime.interpreter import MissingHandlerError
 from pimm_fn.runtime.rng import capture_rng
 
 __all__ = [
     "DEFAULT_HANDLERS", "save_checkpoint", "write_best", "evaluate", "log", "load_weights", "trainer_state",
     "trainer_contents",
-    "prewarm_staging",
+    "prewarm_staging", "RecordedLog", "run_handlers",
 ]
 
 
@@ -215,6 +210,7 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
         keep=ctx.keep,
         metrics=state.metrics,
         digests=ctx.digests,
+        saved_for=effect.saved_for,  # a preemption save (pimm_fn.runtime.preemption): its marker says why
     )
     ctx.say(f"saved checkpoint of step {effect.step} to {info.path}")
     return ()
@@ -236,74 +232,6 @@ def write_best(effect: WriteBest, state, ctx) -> tuple:
     return ()
 
 
-def _as_metrics(result, name) -> dict | None:
-    """Evaluator ``name``'s result as ``{metric: float}`` (``None`` stays ``None``).
-
-    A result of the wrong type, or a metric whose value is not a number,
-    raises a ``TypeError`` naming the evaluator and the metric; a metric named
-    like a log record's own field (``step``, ``kind``, ``epoch``, ...), or two
-    alike once written (``1`` and ``"1"``), a ``ValueError``
-    (``pimm_fn.core.records``). NaN and +/-inf pass (the hooks ignore them
-    for a best; ``Advice`` says so).
-    """
-    if result is None:
-        return None
-    if isinstance(result, numbers.Real) or _one_number(result):
-        result = {name: result}
-    if not isinstance(result, Mapping):
-        raise TypeError(
-            f"evaluator {name!r} must return a mapping of metric names to numbers, a number or None "
-            f"(got {type(result).__name__}: {result!r:.80})"
-        )
-    return named({k: _metric(name, k, v) for k, v in result.items()}, f"evaluator {name!r} returned metric", name)
-
-
-def _one_number(value) -> bool:
-    """A one-element tensor or array (``torch.tensor(0.5)``): a number, published under the evaluator's name."""
-    return not isinstance(value, (str, bytes, Mapping)) and getattr(value, "numel", lambda: 0)() == 1
-
-
-def _metric(evaluator: str, key, value) -> float:
-    """``value`` as a float, or a ``TypeError``/``ValueError`` naming the evaluator and the metric."""
-    fix = "return numbers (an int, a float or a one-element tensor) for each metric"
-    if isinstance(value, (str, bytes)) or value is None:
-        raise TypeError(
-            f"evaluator {evaluator!r} returned metric {key!r} as a {type(value).__name__} ({value!r:.80}): {fix}"
-        )
-    try:
-        return float(value)
-    except OverflowError:
-        raise ValueError(
-            f"evaluator {evaluator!r} returned metric {key!r} = {value!r:.80}, too large for a float: {fix}"
-        ) from None
-    except Exception:  # a list, a dict, a tensor of several elements
-        raise TypeError(
-            f"evaluator {evaluator!r} returned metric {key!r} as a {type(value).__name__} ({value!r:.80}), "
-            f"which is not one number: {fix}"
-        ) from None
-
-
-def evaluate(effect: Evaluate, state, ctx) -> tuple:
-    """Run the evaluator in its own mode (``pimm_fn.runtime.evaluation``), so training resumes as it was."""
-    fn = ctx.evaluators.get(effect.evaluator)
-    if fn is None:
-        raise LookupError(f"no evaluator named {effect.evaluator!r} (known: {sorted(ctx.evaluators)})")
-    if not effect.broadcast and WriteBest in ctx.everywhere:
-        raise ValueError(
-            f"evaluator {effect.evaluator!r} publishes rank-local metrics (broadcast=False), but this run's model is "
-            f"sharded, so writing model_best gathers it on every rank and every rank must decide alike: evaluate "
-            f"with broadcast=True (the default)"
-        )
-    with evaluating(ctx, effect.weights) as model:  # eval mode, inference mode; training's mode and weights back after
-        values = _as_metrics(fn(model), effect.evaluator)
-    if ctx.advice is not None:
-        ctx.advice.evaluated(effect.evaluator, values, step=effect.step)
-    if effect.broadcast:
-        values = dist.broadcast_object(values)
-    return (MetricsPublished(values or {}, effect.evaluator, effect.step, consistent=effect.broadcast,
-                             weights=effect.weights),)
-
-
 def _format(value) -> str:
     if isinstance(value, float):
         return f"{value:.5g}"
@@ -316,10 +244,7 @@ def log(effect: Log, state, ctx) -> tuple:
     Under ``loop(watching=Watching(log_reduce="mean"))`` every rank runs it (``ctx.everywhere``)
     and averages a training record over the ranks first (``Logs.over_ranks``).
     """
-    logs = ctx.logs
-    if logs is None:  # a context built by hand: the console, and save_dir's log.jsonl appended to
-        logs = ctx.logs = Logs(run_loggers(ctx.save_dir, ()), save_dir=ctx.save_dir, say=ctx.say, rank=ctx.rank,
-                               world_size=ctx.world_size)
+    logs = _logs(ctx)
     effect = logs.over_ranks(effect)
     if ctx.rank != 0:
         return ()
@@ -327,6 +252,54 @@ def log(effect: Log, state, ctx) -> tuple:
     fields = " ".join(f"{k}={_format(v)}" for k, v in effect.values.items())
     ctx.say(f"step {effect.step} {effect.kind}: {fields}{logs.pace(effect.kind, state.progress)}")
     return ()
+
+
+def _logs(ctx) -> Logs:
+    if ctx.logs is None:  # a context built by hand: the console, and save_dir's log.jsonl appended to
+        ctx.logs = Logs(run_loggers(ctx.save_dir, ()), save_dir=ctx.save_dir, say=ctx.say, rank=ctx.rank,
+                        world_size=ctx.world_size)
+    return ctx.logs
+
+
+class RecordedLog:
+    """A ``Log`` handler of the user's (``loop(handlers={Log: show})``), with the run still remembering each record.
+
+    ``show`` replaces how a record is shown (the default's console line),
+    not whether the run keeps it: each record, averaged over the ranks
+    first under ``log_reduce="mean"``, reaches ``run.history``,
+    ``log.jsonl`` and the ``loggers=`` once, after ``show`` returned (a
+    ``show`` that raises is retried with the step, and nothing is kept
+    twice). ``show`` is handed that record; one that calls the default
+    ``pimm_fn.runtime.handlers.log`` itself keeps it through that call.
+    """
+
+    def __init__(self, show):
+        self.show = show
+
+    def __call__(self, effect: Log, state, ctx) -> tuple:
+        logs = _logs(ctx)
+        record = logs.over_ranks(effect)
+        written = logs.written
+        followups = self.show(record, state, ctx)
+        if ctx.rank == 0 and logs.written == written:
+            logs.write(record)
+        return followups
+
+    def close(self) -> None:
+        close = getattr(self.show, "close", None)
+        if callable(close):
+            close()
+
+    def __repr__(self):
+        return f"RecordedLog({self.show!r})"
+
+
+def run_handlers(given) -> dict:
+    """The run's handlers: the defaults, overridden or added to by ``given`` (a user's ``Log`` handler recorded)."""
+    given = dict(given or {})
+    if Log in given and given[Log] is not log and not isinstance(given[Log], RecordedLog):
+        given[Log] = RecordedLog(given[Log])
+    return {**DEFAULT_HANDLERS, **profiler_handlers(), **given}  # a profiler of its own for each run
 
 
 def load_weights(effect: LoadWeights, state, ctx) -> tuple:
@@ -358,6 +331,7 @@ def load_weights(effect: LoadWeights, state, ctx) -> tuple:
 from pimm_fn.runtime.control import CONTROL_HANDLERS  # noqa: E402 - Stop and StepScheduler, in their own module
 from pimm_fn.hooks.progress import ShowProgress  # noqa: E402 - the progress bar's effect, with its hook
 from pimm_fn.runtime.progress_bar import show_progress  # noqa: E402
+from pimm_fn.runtime.profiler import profiler_handlers  # noqa: E402 - pimm_fn.profile's effects, one Profiler a run
 
 DEFAULT_HANDLERS = {
     SaveCheckpoint: save_checkpoint,

@@ -7,6 +7,12 @@ repr does not print it. A resumed run rebuilds it from ``save_dir/log.jsonl``
 up to the step it resumed at, so its history goes on from there with no
 step twice; a damaged line of that file is left out (``pimm_fn.runtime.jsonl``). On the other ranks it is empty.
 
+The records are stored as columns, one table per kind and one packed
+array per logged name (``pimm_fn.runtime.columns``), with each record's
+kind in order beside them: a step logged with ``log_every(1)`` holds under
+30 bytes, not a dict. ``records()`` rebuilds the dicts when asked, each
+value of the type it was logged as.
+
 pandas and matplotlib are optional: ``to_pandas`` and ``plot`` import them
 when called and say which extra to install when missing.
 """
@@ -14,6 +20,7 @@ when called and say which extra to install when missing.
 import importlib
 
 from pimm_fn.core.records import POSITION, row  # POSITION: where a record was taken, which plot() leaves out
+from pimm_fn.runtime.columns import Column, Table
 from pimm_fn.runtime.jsonl import read_records
 
 __all__ = ["History", "read_jsonl"]
@@ -47,22 +54,47 @@ class History:
     """
 
     def __init__(self, records=()):
-        self._records = [(int(step), str(kind), dict(values)) for step, kind, values in records]
+        self._tables = {}  # kind -> Table, in the order the kinds first came
+        self._codes = {}  # kind -> its position in _tables
+        self._order = Column()  # each record's kind, as its position in _tables: the records' order
+        for step, kind, values in records:
+            self.append(int(step), str(kind), values)
 
     def append(self, step: int, kind: str, values) -> None:
-        self._records.append((step, kind, dict(values)))
+        table = self._tables.get(kind)
+        if table is None:
+            self._codes[kind] = len(self._tables)
+            table = self._tables[kind] = Table()
+        table.append(step, values)
+        self._order.append(self._codes[kind])
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._order)
 
     @property
     def kinds(self) -> tuple:
         """The kinds of record, in the order they first came (``train``, ``epoch``, ``eval/<name>``)."""
-        return tuple(dict.fromkeys(kind for _, kind, _ in self._records))
+        return tuple(self._tables)
+
+    def _chosen(self, kind: str | None) -> list:
+        return [k for k in self._tables if kind is None or _matches(k, kind)]
+
+    def _rows(self, kinds) -> list:
+        """``(kind, table, row)`` of each record of ``kinds``, in the order they were logged."""
+        if len(kinds) == 1:
+            table = self._tables[kinds[0]]
+            return [(kinds[0], table, i) for i in range(table.rows)]
+        names, tables = list(self._tables), list(self._tables.values())
+        chosen, seen, rows = {names.index(k) for k in kinds}, [0] * len(names), []
+        for code in self._order.to_list():
+            if code in chosen:
+                rows.append((names[code], tables[code], seen[code]))
+            seen[code] += 1
+        return rows
 
     def records(self, kind: str | None = None) -> list:
         """Each record as a dict ``{"step", "kind", **values}``: all, or those of ``kind`` (or its family)."""
-        return [row(s, k, v) for s, k, v in self._records if kind is None or _matches(k, kind)]
+        return [row(table.steps.get(i), k, table.row(i)) for k, table, i in self._rows(self._chosen(kind))]
 
     def columns(self, kind: str = "train") -> dict:
         """``{"step": [...], name: [...]}`` over the records of ``kind``; ``None`` where a record lacks a name.
@@ -70,14 +102,17 @@ class History:
         ``kind`` also names a family: ``"eval"`` takes every ``eval/<name>``
         record, with a ``"kind"`` column when more than one kind came.
         """
-        chosen = [(s, k, v) for s, k, v in self._records if _matches(k, kind)]
-        names = dict.fromkeys(name for _, _, v in chosen for name in v)
-        columns = {"step": [s for s, _, _ in chosen]}
-        if len({k for _, k, _ in chosen}) > 1:
-            columns["kind"] = [k for _, k, _ in chosen]
-        for name in names:
+        kinds = self._chosen(kind)
+        if len(kinds) == 1:  # one table: its columns as they are
+            table = self._tables[kinds[0]]
+            return {"step": table.steps.to_list(), **{n: c.to_list() for n, c in table.columns.items()}}
+        rows = self._rows(kinds)
+        columns = {"step": [table.steps.get(i) for _, table, i in rows]}
+        if len(kinds) > 1:
+            columns["kind"] = [k for k, _, _ in rows]
+        for name in dict.fromkeys(n for k in kinds for n in self._tables[k].columns):
             if name not in columns:
-                columns[name] = [v.get(name) for _, _, v in chosen]
+                columns[name] = [_value(table, name, i) for _, table, i in rows]
         return columns
 
     def to_pandas(self, kind: str = "train"):
@@ -89,55 +124,78 @@ class History:
         """Plot ``keys`` against the step, one line per kind that logged each; returns the matplotlib ``Axes``.
 
         With no ``keys``: ``"loss"`` when logged (the step losses and the
-        epoch means), else every value of the ``train`` records. ``kind``
-        keeps one kind (or family); ``ax`` draws into existing axes. Needs
-        the ``plot`` extra (matplotlib).
+        epoch means), else every value of the ``train`` records. The first
+        key is drawn on ``ax`` with its name as the y-label; the other keys
+        on a second y-axis at the right (a twin of ``ax``, the last of
+        ``ax.figure.axes``), so ``plot("loss", "lr")`` shows the lr on its
+        own scale. ``kind`` keeps one kind (or
+        family); ``ax`` draws into existing axes. Needs the ``plot`` extra
+        (matplotlib).
 
         Raises:
             KeyError: no record of that kind holds any of ``keys``, naming what was logged.
         """
-        kinds = [k for k in self.kinds if kind is None or _matches(k, kind)]
+        kinds = self._chosen(kind)
         keys = keys or self._default_keys(kinds)
         series = [(k, key, self._series(k, key)) for k in kinds for key in keys]
         series = [(k, key, xy) for k, key, xy in series if xy[0]]
         if not series:
-            logged = {k: sorted({n for _, kk, v in self._records if kk == k for n in v}) for k in self.kinds}
+            logged = {k: sorted(table.columns) for k, table in self._tables.items()}
             where = "any kind" if kind is None else repr(kind)
             raise KeyError(f"history has no {list(keys)} in {where} (logged: {logged})")
         if ax is None:
             ax = _require("matplotlib.pyplot", "plot", "plot").subplots()[1]
+        drawn = [key for key in keys if any(key == s for _, s, _ in series)]
+        right = ax.twinx() if len(drawn) > 1 else None
+        colors = iter(f"C{i}" for i in range(len(series)))  # one cycle over both axes: no two lines alike
         for k, key, (xs, ys) in series:
-            ax.plot(xs, ys, label=f"{key} ({k})", marker="o" if len(xs) <= 30 else None)
+            on = ax if key == drawn[0] else right
+            on.plot(xs, ys, label=f"{key} ({k})", color=next(colors), marker="o" if len(xs) <= 30 else None)
         ax.set_xlabel("step")
-        ax.legend()
+        ax.set_ylabel(drawn[0])
+        lines = ax.get_lines()
+        if right is not None:
+            right.set_ylabel(", ".join(drawn[1:]))
+            lines = [*lines, *right.get_lines()]
+        ax.legend(lines, [line.get_label() for line in lines])
         return ax
 
     def _default_keys(self, kinds) -> tuple:
-        if any("loss" in v for _, k, v in self._records if k in kinds):
+        if any("loss" in self._tables[k].columns for k in kinds):
             return ("loss",)
         return tuple(n for n in self.columns(kinds[0] if kinds else "train") if n not in ("step", "kind", *POSITION))
 
     def _series(self, kind: str, key: str) -> tuple[list, list]:
         """``(steps, values)`` of ``key`` in the records of exactly ``kind``, numbers only."""
-        pairs = [(s, v[key]) for s, k, v in self._records if k == kind and _number(v.get(key))]
+        table = self._tables[kind]
+        column = table.columns.get(key)
+        if column is None:
+            return [], []
+        if column.missing is None and column.kind in ("int", "float"):
+            return table.steps.to_list(), column.to_list()
+        pairs = [(table.steps.get(i), column.get(i)) for i in range(table.rows) if _number(column.get(i))]
         return [s for s, _ in pairs], [y for _, y in pairs]
 
     def __repr__(self):
-        if not self._records:
+        if not self._order:
             return "History(0 records)"
         parts = []
-        for kind in self.kinds:
-            chosen = [v for _, k, v in self._records if k == kind]
-            names = [n for n in dict.fromkeys(n for v in chosen for n in v) if n not in POSITION]
+        for kind, table in self._tables.items():
+            names = [n for n in table.columns if n not in POSITION]
             shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
-            parts.append(f"{kind} x{len(chosen)} ({shown})")
-        steps = [s for s, _, _ in self._records]
+            parts.append(f"{kind} x{table.rows} ({shown})")
+        steps = [s for table in self._tables.values() for s in (min(table.steps.values), max(table.steps.values))]
         return f"History({len(self)} records, steps {min(steps)}-{max(steps)}: {', '.join(parts)})"
 
     @classmethod
     def from_jsonl(cls, path, upto: int | None = None) -> "History":
         """The history a ``log.jsonl`` holds, up to step ``upto`` (all when ``None``); empty when there is none."""
         return cls((r["step"], r["kind"], r["values"]) for r in read_jsonl(path) if upto is None or r["step"] <= upto)
+
+
+def _value(table, name: str, i: int):
+    column = table.columns.get(name)
+    return None if column is None else column.get(i)
 
 
 def _number(value) -> bool:

@@ -8,20 +8,25 @@ record opens them again, appending. Its clock gives each console line the
 time since the start and, for training records, ms/step and samples/s
 since the previous one. With several ranks, ``over_ranks`` says whose
 training outputs a record holds, rank 0's or (``log_reduce="mean"``) their
-mean over the ranks, one all-reduce per training record.
+mean over the ranks (two small all-reduces per training record: the first
+checks that every rank logged a record of the same step, kind and names,
+so that ranks logging different outputs all fail with one clear error
+instead of pairing values of other names or waiting on each other).
 """
 
 import contextlib
+import hashlib
 import time
 from pathlib import Path
 
 import attrs
 
 from pimm_fn.core.effects import Log
+from pimm_fn.runtime.guard import CollectiveDivergenceError
 from pimm_fn.runtime.history import POSITION, History
 from pimm_fn.runtime.loggers import LOG_NAME, Opening
 
-__all__ = ["Logs", "clock", "mean_over_ranks"]
+__all__ = ["Logs", "clock", "mean_over_ranks", "same_on_every_rank"]
 
 _TRAINING = ("train", "epoch")  # the kinds holding training outputs: what log_reduce averages over ranks
 
@@ -48,6 +53,7 @@ class Logs:
         self.save_dir, self.say, self.rank, self.world_size, self.reduce = save_dir, say, rank, world_size, reduce
         self._opening = Opening(save_dir, say=say)
         self._open = False
+        self.written = 0  # records kept so far (a custom Log handler's wrapper tells whether it kept one)
         self._start = self._last = (time.monotonic(), 0, 0)  # (time, global step, samples seen)
         self._held = None  # when the clock stopped: run() or step() returned
 
@@ -79,6 +85,7 @@ class Logs:
         for logger in self.loggers:
             logger.write(record)
         self.history.append(record.step, record.kind, record.values)
+        self.written += 1
 
     def close(self) -> None:
         """Close every logger (all are tried); the first failure is raised after."""
@@ -98,15 +105,22 @@ class Logs:
         """``record`` saying whose training outputs it holds, with several ranks: rank 0's, or their mean.
 
         Under ``reduce="mean"`` every rank calls it for every training record
-        (one all-reduce each, on the steps that log only); the values become
-        their mean over ranks. Position fields stay as they are.
+        (on the steps that log only): one small all-reduce checks that every
+        rank holds a record of the same step, kind and names, a second one
+        averages the values. Position fields stay as they are.
+
+        Raises:
+            CollectiveDivergenceError: on every rank, when the ranks' records
+                differ (a step function returning other outputs on some rank),
+                naming each rank's record.
         """
-        if self.world_size == 1 or record.kind not in _TRAINING:
-            return record
+        if self.world_size == 1 or record.kind not in _TRAINING or isinstance(record.values.get("over"), str):
+            return record  # one rank, not training outputs, or already said whose (a handler called twice)
         values = dict(record.values)
         if self.reduce == "mean":
             names = sorted(k for k, v in values.items() if k not in POSITION and _number(v))
-            if names:  # the same names on every rank (one step function): all call, or none
+            same_on_every_rank(record.step, record.kind, names)  # else the mean below would pair other names
+            if names:  # the same names on every rank, checked just above: all call, or none
                 values.update(zip(names, mean_over_ranks([float(values[k]) for k in names])))
             values["over"] = f"mean of {self.world_size} ranks"
         else:
@@ -151,6 +165,40 @@ def _duration(seconds: float) -> str:
         return f"{seconds:.1f}s"
     minutes, seconds = divmod(int(seconds), 60)
     return f"{minutes}m{seconds:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def _digest(step: int, kind: str, names: list) -> float:
+    """A 52-bit digest of a record's step, kind and names: exact in a float64."""
+    text = repr((step, kind, tuple(names))).encode()
+    return float(int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 12)
+
+
+def same_on_every_rank(step: int, kind: str, names: list) -> None:
+    """Check, with one all-reduce (max of ``d`` and ``-d``), that every rank has a record of this step, kind and names.
+
+    Every rank learns the same answer, so all raise together, none waits in
+    the mean's all-reduce; the records are then gathered for the message.
+
+    Raises:
+        CollectiveDivergenceError: the ranks' records differ.
+    """
+    import torch
+    import torch.distributed as td
+
+    digest = _digest(step, kind, names)
+    device = torch.device("cuda", torch.cuda.current_device()) if td.get_backend() == "nccl" else None
+    extremes = torch.tensor([digest, -digest], dtype=torch.float64, device=device)
+    td.all_reduce(extremes, op=td.ReduceOp.MAX)
+    if extremes[0].item() == -extremes[1].item():
+        return
+    records = [None] * td.get_world_size()
+    td.all_gather_object(records, (step, kind, list(names)))
+    said = "; ".join(f"rank {r}: step {s} {k!r} with {n}" for r, (s, k, n) in enumerate(records))
+    raise CollectiveDivergenceError(
+        f"ranks logged different training records ({said}), which log_reduce='mean' cannot average: the step "
+        f"function must return the same outputs on every rank (a rank-local value: log it under the same name "
+        f"everywhere, or keep it out of the outputs), or pass pimm_fn.Watching(log_reduce=None) to log rank 0's"
+    )
 
 
 def mean_over_ranks(values: list) -> list:

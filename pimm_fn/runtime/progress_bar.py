@@ -7,9 +7,13 @@ One bar for the whole run, as tqdm draws it::
 the global step out of the run's last, it/s and the time left, and beside
 them the latest value of each output read (``log_every``'s cadence) and of
 each metric published. A step only moves a counter: tqdm redraws at most
-ten times a second. In a notebook with ``ipywidgets`` the bar is a widget,
-else text on stderr. While it is shown the run's console lines are written
-above it (``tqdm.write``), so they never break it.
+ten times a second. In a notebook with ``ipywidgets`` the bar is a widget
+in the cell that runs: a later cell's ``run()`` sets the earlier cell's
+bar aside (drawn where it stopped, not as failed) and shows its own. In a
+notebook without ``ipywidgets`` the bar is text on stdout, the stream of
+the run's console lines; in a terminal it is text on stderr. While it is
+shown the console lines are written above it (``tqdm.write``), so they
+never break it.
 
 It is on by default where someone watches: a terminal (stderr is a TTY) or
 a notebook kernel, with ``console`` on; ``loop(watching=Watching(progress=False))`` turns it
@@ -17,15 +21,26 @@ off and ``progress=True`` on. Rank 0 decides for every rank, since the
 bar's hook must be in every rank's hook list alike.
 """
 
+import functools
 import sys
 
 __all__ = ["ProgressBar", "show_progress", "wanted", "watched"]
 
 
-def _in_notebook() -> bool:
+def _notebook_shell():
+    """The notebook kernel's IPython shell; ``None`` outside a notebook."""
     get_ipython = getattr(sys.modules.get("IPython"), "get_ipython", None)
     shell = get_ipython() if get_ipython is not None else None
-    return type(shell).__name__ == "ZMQInteractiveShell"
+    return shell if type(shell).__name__ == "ZMQInteractiveShell" else None
+
+
+def _in_notebook() -> bool:
+    return _notebook_shell() is not None
+
+
+def _cell():
+    """Which notebook cell runs now (its execution count); ``None`` outside a notebook."""
+    return getattr(_notebook_shell(), "execution_count", None)
 
 
 def watched() -> bool:
@@ -48,16 +63,17 @@ def wanted(progress: bool | None, console: bool) -> bool:
 
 
 def _tqdm():
-    """tqdm's notebook widget in a notebook that has ipywidgets, else its text bar."""
-    if _in_notebook():
-        try:
-            import ipywidgets  # noqa: F401
-            from tqdm.notebook import tqdm
-            return tqdm
-        except ImportError:
-            pass
-    from tqdm.std import tqdm
-    return tqdm
+    """tqdm's notebook widget in a notebook that has ipywidgets, else its text bar (on stdout in a notebook)."""
+    from tqdm.std import tqdm as text
+
+    if not _in_notebook():
+        return text
+    try:
+        import ipywidgets  # noqa: F401
+        from tqdm.notebook import tqdm
+        return tqdm
+    except ImportError:
+        return functools.partial(text, file=sys.stdout)  # one stream with the console lines, as they are printed
 
 
 def _short(value):
@@ -71,6 +87,7 @@ class ProgressBar:
         self._bar = None
         self._values: dict = {}
         self._epoch = None
+        self._cell = None  # the notebook cell the bar is shown in
 
     @property
     def showing(self) -> bool:
@@ -78,6 +95,8 @@ class ProgressBar:
 
     def show(self, effect, progress) -> None:
         """Move to ``effect.step``, with ``effect.values`` the latest beside the bar."""
+        if self._bar is not None and self._cell != _cell():  # a later notebook cell runs: a bar of its own
+            self._set_aside()
         bar = self._bar if self._bar is not None else self._open(progress)
         if effect.values:
             self._values.update(effect.values)
@@ -88,7 +107,7 @@ class ProgressBar:
         bar.update(effect.step - bar.n)  # tqdm redraws when its interval has passed
 
     def _open(self, progress):
-        self._epoch = None
+        self._epoch, self._cell = None, _cell()
         self._bar = _tqdm()(total=progress.global_step + progress.steps_left, initial=progress.global_step,
                             dynamic_ncols=True, leave=True)
         return self._bar
@@ -101,6 +120,14 @@ class ProgressBar:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+    def _set_aside(self) -> None:
+        """Close the bar an earlier cell shows: its run paused there, it did not fail, so it is not painted red."""
+        bar = self._bar
+        self.close()
+        container = getattr(bar, "container", None)  # tqdm.notebook's widget: it paints an unfinished bar 'danger'
+        if container is not None:
+            container.children[1].bar_style = ""
 
 
 def show_progress(effect, state, ctx) -> tuple:

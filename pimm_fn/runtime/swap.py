@@ -28,9 +28,10 @@ from pimm_fn import dist
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import slots as keyed_slots
 from attrs import evolve
-from pimm_fn.runtime import arguments
+from pimm_fn.runtime import arguments, stateful_objects
 from pimm_fn.runtime.advice import Advice, ConfigurationWarning, saver_before_evaluator
 from pimm_fn.runtime.context import unwrap
+from pimm_fn.runtime.ema import EmaWeights
 from pimm_fn.runtime.control import check_scheduler_hooks
 from pimm_fn.runtime.handlers import prewarm_staging
 from pimm_fn.runtime.implied import Implied
@@ -196,6 +197,11 @@ def replace(run, old, new, *, fresh: bool = False) -> None:
     the new hook's identity: resume from it with the new hook list (with
     the old list, the old hook would start from its initial slot).
 
+    Weight averages follow the hooks as ``loop()`` makes them: an ``ema``
+    swapped in gets its average (a copy of the weights at its first
+    update), an ``ema`` in both versions keeps its average, and the average
+    of an ``ema`` swapped out is dropped from the run's extra state.
+
     Args:
         old: a hook of the run, its identity (``pimm_fn.core.hook.key``,
             e.g. ``"log_every(5)"``), or its identity path inside chains
@@ -214,6 +220,9 @@ def replace(run, old, new, *, fresh: bool = False) -> None:
             fit ``new`` (its initial slot has another type): the message
             names both hooks and both types.
         DuplicateHookError: ``new``'s identity is another hook's beside it.
+        ValueError: the new hooks break a rule ``loop()`` checks for averages
+            (an ``evaluate_every(weights=)`` no ``ema`` keeps, an ``ema`` after
+            a saver, an ``ema`` of a sharded model, a name ``extra_state`` takes).
         RuntimeError: a process group is initialized: rebuild the loop
             with the new hook list on every rank and resume instead.
 
@@ -234,9 +243,11 @@ def replace(run, old, new, *, fresh: bool = False) -> None:
     ctx = run.ctx
     implied = Implied.of(hooks, guarded=ctx.implied.guarded)  # everything the new list implies, as loop() derives it
     arguments.check_save_dir(hooks.hooks, ctx.save_dir)
+    arguments.check_best_trackers(hooks.hooks)
     check_scheduler_hooks(hooks.hooks, ctx.scheduler)
+    extra = _extra_state(ctx, top, hooks.hooks)
     state = evolve(run.state, slots=_with_slot(run.state.slots, top, path, slot))
-    _commit(run, implied, state)
+    _commit(run, implied, state, extra)
 
 
 def _level(hooks: tuple, path: tuple) -> tuple:
@@ -245,9 +256,32 @@ def _level(hooks: tuple, path: tuple) -> tuple:
     return hooks
 
 
-def _commit(run, implied, state) -> None:
+def _extra_state(ctx, old: tuple, new: tuple) -> dict:
+    """The run's extra state under the new hooks: an average each ``ema`` keeps, as ``loop()`` makes them.
+
+    An average both hook lists keep goes on (the same ``EmaWeights``); a new
+    ``ema``'s starts empty (a copy of the weights at its first update); an
+    average no hook keeps any more is dropped, so the next checkpoint holds
+    only what a run built with the new hooks holds. ``loop()``'s checks
+    apply: no ``ema`` of a sharded model, no name taken by ``extra_state``,
+    each ``weights=`` evaluated is kept, the ``ema`` before its savers.
+    """
+    before = protocol.averages(old)
+    given = {name: obj for name, obj in ctx.extra_state.items() if name not in before}
+    try:
+        extra = stateful_objects.extra_state(given or None, new, sharded=ctx.sharded)
+    except ValueError as error:
+        raise ValueError(f"replace: {str(error).removeprefix('loop: ')}") from None
+    for name, obj in ctx.extra_state.items():
+        if name in before and isinstance(extra.get(name), EmaWeights):
+            extra[name] = obj  # the average an ema kept, kept on by its new version
+    return extra
+
+
+def _commit(run, implied, state, extra: dict) -> None:
     """Run on with the hooks of ``implied``, as ``loop()`` builds a run: advice, state, the loop's reading of them."""
     ctx, old = run.ctx, run.hooks.hooks
+    ctx.extra_state = extra  # the averages the new hooks keep (``_extra_state``), before the next UpdateEma
     said = ctx.advice.said if ctx.advice is not None else set()
     ctx.advice = Advice(implied, world_size=ctx.world_size)
     ctx.advice.said = said  # a warning already given is not given again

@@ -7,16 +7,22 @@ package is imported when the logger opens, never before: a run without
 them needs none installed, and a missing one is an ``ImportError`` naming
 the extra (``pip install 'pimm_fn[tensorboard]'``). See
 ``pimm_fn.runtime.loggers`` for the lifecycle they follow.
+
+A resumed run goes on in the same tracker run, and sends no point twice:
+W&B and MLflow cannot take back what they hold, so a value at a step the
+tracker already holds for its name (the steps between the checkpoint and
+the interruption, trained again) is not sent again.
 """
 
 import importlib
+import json
 import time
 from pathlib import Path
 
 from pimm_fn.runtime.history import POSITION
 from pimm_fn.runtime.loggers import Opening, resolve_path, set_aside
 
-__all__ = ["TensorBoardLogger", "WandbLogger", "MLFlowLogger", "scalars"]
+__all__ = ["TensorBoardLogger", "WandbLogger", "MLFlowLogger", "scalars", "unsent"]
 
 
 def scalars(record) -> dict:
@@ -84,13 +90,41 @@ def _remember(save_dir, name: str, run_id: str) -> None:
         (Path(save_dir) / name).write_text(run_id + "\n")
 
 
+def unsent(record, held: dict) -> dict:
+    """``scalars(record)`` the tracker does not hold yet, counting them in ``held`` (``{name: last step sent}``)."""
+    points = {k: v for k, v in scalars(record).items() if record.step > held.get(k, -1)}
+    held.update(dict.fromkeys(points, record.step))
+    return points
+
+
+def _held_steps(save_dir, name: str, run_id: str) -> dict:
+    """``{scalar name: last step}`` a previous process sent to the tracker run ``run_id`` (``save_dir/<name>``)."""
+    path = Path(save_dir) / name if save_dir is not None else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        saved = json.loads(path.read_text())
+    except ValueError:
+        return {}  # a damaged note: the tracker gets the repeated steps, nothing else is lost
+    return {k: int(v) for k, v in saved.get("steps", {}).items()} if saved.get("id") == run_id else {}
+
+
 class WandbLogger:
     """Weights & Biases (the ``wandb`` extra); ``mode="offline"`` writes local files only.
 
     The W&B run id is kept in ``save_dir/wandb-run-id``, so a resumed run
-    logs on into the same W&B run. W&B cannot take a step back: what it
-    holds past the resumed step stays, and the resumed records at those
-    steps are ignored by it (``run.history`` and ``log.jsonl`` are exact).
+    logs on into the same W&B run (offline, a second ``offline-run-*``
+    directory of the same id, which ``wandb sync`` joins). W&B cannot take
+    a step back: the last step sent for each name is kept in
+    ``save_dir/wandb-run-steps.json`` when the logger closes (at the end of
+    training, on an error or Ctrl-C), and a resumed run sends only the
+    values past it (``run.history`` and ``log.jsonl`` hold every step). A
+    process killed outright keeps no such note: W&B then gets the steps
+    since the last close again.
+
+    ``mode="offline"`` (or ``WANDB_MODE=offline``) needs no network and no
+    account: the files go to ``save_dir/wandb``; ``WANDB_SILENT=true``
+    quiets wandb's console.
 
     Args:
         project, name, mode: as ``wandb.init`` takes them.
@@ -98,11 +132,14 @@ class WandbLogger:
     """
 
     ID_FILE = "wandb-run-id"
+    STEPS_FILE = "wandb-run-steps.json"
 
     def __init__(self, project: str | None = None, *, name: str | None = None, mode: str | None = None, **init):
         self.project, self.name, self.mode, self.init = project, name, mode, init
         self._run = None
         self._id = None
+        self._held = {}  # scalar name -> the last step the W&B run holds for it
+        self._save_dir = None
 
     def open(self, opening: Opening) -> None:
         wandb = _require("wandb", "wandb", "WandbLogger")
@@ -112,16 +149,23 @@ class WandbLogger:
             Path(opening.save_dir).mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(project=self.project, name=self.name, mode=self.mode, id=run_id,
                                resume="allow" if run_id else None, **where, **self.init)
-        self._id = self._run.id
+        if self._id is None and run_id is not None:  # a resumed process: what the run holds already
+            self._held = _held_steps(opening.save_dir, self.STEPS_FILE, run_id)
+        self._id, self._save_dir = self._run.id, opening.save_dir
         _remember(opening.save_dir, self.ID_FILE, self._id)
 
     def write(self, record) -> None:
-        self._run.log(scalars(record), step=record.step)
+        points = unsent(record, self._held)
+        if points:
+            self._run.log(points, step=record.step)
 
     def close(self) -> None:
         if self._run is not None:
             self._run.finish()
             self._run = None
+            if self._save_dir is not None:
+                note = json.dumps({"id": self._id, "steps": self._held}, sort_keys=True)
+                (Path(self._save_dir) / self.STEPS_FILE).write_text(note + "\n")
 
     def __repr__(self):
         return f"WandbLogger(project={self.project!r})"
@@ -131,8 +175,15 @@ class MLFlowLogger:
     """MLflow (the ``mlflow`` extra), through ``MlflowClient``: no global active run is touched.
 
     The MLflow run id is kept in ``save_dir/mlflow-run-id``, so a resumed
-    run logs on into the same MLflow run (MLflow keeps every value it got,
-    the ones past the resumed step included).
+    run logs on into the same MLflow run. MLflow keeps every value it got:
+    a resumed run asks the store for the last step of each metric and sends
+    only the values past it, so no step is logged twice (even after a
+    process was killed).
+
+    A local store: ``tracking_uri="sqlite:///mlflow.db"`` (needs
+    ``sqlalchemy``), or a directory (``"file:///path/mlruns"``, MLflow's
+    default ``./mlruns``), which MLflow 3 refuses unless the environment
+    sets ``MLFLOW_ALLOW_FILE_STORE=true``.
 
     Args:
         experiment: the experiment's name (made when missing); default ``"pimm_fn"``.
@@ -148,6 +199,7 @@ class MLFlowLogger:
         self.experiment, self.run_name, self.tracking_uri, self.tags = experiment, run_name, tracking_uri, tags
         self._client = None
         self._id = None
+        self._held = {}  # metric name -> the last step the MLflow run holds for it
 
     def open(self, opening: Opening) -> None:
         tracking = _require("mlflow.tracking", "mlflow", "MLFlowLogger")
@@ -159,14 +211,20 @@ class MLFlowLogger:
             run_id = client.create_run(experiment, run_name=self.run_name, tags=self.tags or {}).info.run_id
         else:
             client.update_run(run_id, status="RUNNING")
+            if self._id is None:  # a resumed process: what the run holds already, read from the store
+                self._held = self._last_steps(run_id)
         self._id = run_id
         _remember(opening.save_dir, self.ID_FILE, run_id)
+
+    def _last_steps(self, run_id: str) -> dict:
+        names = self._client.get_run(run_id).data.metrics
+        return {k: max((m.step for m in self._client.get_metric_history(run_id, k)), default=-1) for k in names}
 
     def write(self, record) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(key, value, now, record.step) for key, value in scalars(record).items()]
+        metrics = [Metric(key, value, now, record.step) for key, value in unsent(record, self._held).items()]
         if metrics:
             self._client.log_batch(self._id, metrics=metrics)
 

@@ -75,3 +75,12 @@ def test_soak_runs_quick_and_stays_flat():
     assert result["end"]["step"] == 500 and len(result["samples"]) >= 2
     goal = result["goal"]
     assert goal["fds_threads_files_constant"] and goal["disk_constant"], result["peak"]
+
+
+def test_soak_history_measures_under_50_bytes_a_logged_step():
+    """--history's two measurements, small: History fed records, and a real pf.loop with log_every(1)."""
+    from benchmarks import soak
+
+    fed, looped = soak.history_fed(20_000), soak.history_in_a_run(2_000)
+    assert fed["records"] == 20_000 + 2 * 20 and fed["bytes_per_step"] < soak.GOAL_HISTORY_BYTES, fed
+    assert looped["records"] >= 2_000 and looped["bytes_per_step"] < soak.GOAL_HISTORY_BYTES, looped

@@ -46,9 +46,9 @@ def test_state_str_is_a_short_summary_of_progress_metrics_best_and_slots():
 
 
 def test_state_repr_keeps_every_field_exactly():
-    """repr(State) is still attrs' full repr, every digit included, for debugging and run comparisons."""
+    """repr(State) keeps every field, every digit included, one field a line, for debugging and run comparisons."""
     text = repr(_state())
-    assert text.startswith("State(progress=Progress(iters_per_epoch=5, ") and "-5.186985492706299" in text
+    assert text.startswith("State(\n    progress=Progress(iters_per_epoch=5, ") and "-5.186985492706299" in text
     assert "999.0" in text and "position='AfterStep'" in text
 
 

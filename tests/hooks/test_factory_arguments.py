@@ -58,7 +58,7 @@ CASES = [
     (pf.save_every, {"n": 5}, "snapshots", _bool),
     (pf.save_every, {"n": 5}, "async_save", _bool),
     (pf.best_on, {"metric": "acc"}, "metric", _text),
-    (pf.best_on, {"metric": "acc"}, "mode", _one_of("max", "min")),
+    (pf.best_on, {"metric": "acc"}, "mode", _optional(_one_of("max", "min"))),  # None: "max" unsaid
     (pf.evaluate_every, {"n": 2, "fn": val}, "n", _int(0)),
     (pf.evaluate_every, {"n": 2, "fn": val}, "fn", callable),
     (pf.evaluate_every, {"n": 2, "fn": val}, "name", _optional(_text)),

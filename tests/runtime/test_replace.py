@@ -237,3 +237,12 @@ def test_a_hook_that_cannot_swap_its_evaluator_is_refused_with_the_way_out():
 
     with pytest.raises(TypeError, match="cannot swap it \\(no with_evaluator\\).*replace the whole hook"):
         with_evaluator(Provides(), "val", lambda model: 1.0)
+
+
+def test_a_second_best_tracker_on_a_metric_is_refused_by_replace_as_by_loop(tmp_path):
+    """Replacing a hook by a best_on on a metric another best_on tracks is refused, and the run is left as it was."""
+    _, run = tw.build(tmp_path, hooks=[pf.best_on("score"), pf.log_every(5)], max_epochs=1)
+    hooks, state = run.hooks, run.state
+    with pytest.raises(ValueError, match="score"):
+        run.replace("log_every(5)", pf.best_on("score", mode="min"), fresh=True)
+    assert run.hooks is hooks and run.state is state

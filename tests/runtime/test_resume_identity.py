@@ -100,12 +100,14 @@ def test_a_removed_hook_is_noted_in_one_console_line_and_no_warning(tmp_path, ca
 
 
 def test_a_replaced_hook_starts_fresh_where_positions_handed_it_another_hooks_slot(tmp_path, uninterrupted):
-    """log_every swapped for best_on at the same position: the new hook gets a fresh BestState, not the LogState."""
+    """log_every swapped for early_stop at the same position: the new hook gets a fresh slot, not the LogState.
+
+    (Not a second best_on('score'): loop() refuses two best trackers of one metric.)"""
     expected_weights, _ = uninterrupted
     _interrupted(tmp_path)
-    hooks = tw.standard_hooks()[:3] + [pf.best_on("score", mode="min")]
+    hooks = tw.standard_hooks()[:3] + [pf.early_stop("score", patience=10**6)]
     model, run = tw.build(tmp_path, hooks=hooks, max_epochs=EPOCHS, resume="auto")
-    assert run.state.slots[3] == pf.BestState()
+    assert run.state.slots[3] == pf.EarlyStopState()
     run()
     assert tw.same_weights(tw.weights(model), expected_weights)
 

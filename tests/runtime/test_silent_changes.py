@@ -71,7 +71,8 @@ def test_another_batch_size_that_does_not_divide_the_samples_consumed_restarts_t
     assert "5 then, 3 now" in message and "epoch 0 restarts from its first batch; global_step stays 3" in message
     p = run.state.progress
     assert (p.global_step, p.iter_in_epoch, p.iters_per_epoch, run.state.position) == (3, 0, 3, "BeforeEpoch")
-    run.step().step().step()  # epoch 0 again, in 3 batches of 16, 16 and 8
+    for _ in range(3):  # epoch 0 again, in 3 batches of 16, 16 and 8
+        run.step()
     assert run.state.progress.global_step == 6 and run.state.position == "AfterEpoch"
     assert sorted(torch.cat(rows)[:, 0].tolist()) == sorted(dataset().tensors[0][:, 0].tolist())  # one whole pass
 
@@ -248,18 +249,19 @@ def test_best_on_never_writes_model_best_from_an_infinite_or_nan_evaluation(tmp_
     scores = iter([math.inf, math.nan, 0.5, -math.inf])
 
     def evaluator(model):
-        return {"score": next(scores)}
+        score = next(scores)
+        return {"score": score, "cost": score}  # one value, best as a max and as a min
 
     torch.manual_seed(0)
     model = TinyNet()
-    hooks = [pf.evaluate_every(2, evaluator, name="val"), pf.best_on("score"), pf.best_on("score", mode="min")]
+    hooks = [pf.evaluate_every(2, evaluator, name="val"), pf.best_on("score"), pf.best_on("cost", mode="min")]
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader("plain", 8), hooks=hooks,
                   max_epochs=2, save_dir=tmp_path, watching=pf.Watching(console=False))
     run.run(steps=4)
     assert not list((tmp_path / "model").glob("model_best*")) and dict(run.state.best) == {}
     run.run(steps=2)
-    assert dict(run.state.best) == {"score": 0.5}
+    assert dict(run.state.best) == {"score": 0.5, "cost": 0.5}
     written = sorted(p.name for p in (tmp_path / "model").glob("model_best*.json"))
     run.run(steps=2)
-    assert dict(run.state.best) == {"score": 0.5}
+    assert dict(run.state.best) == {"score": 0.5, "cost": 0.5}
     assert sorted(p.name for p in (tmp_path / "model").glob("model_best*.json")) == written

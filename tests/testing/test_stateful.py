@@ -78,7 +78,7 @@ class KillResumeMachine(RuleBasedStateMachine):
         reference = simulate(stack, metrics=metrics, local=local, **schedule.kwargs())
         self.reference = [[e.to_trace_entry() for e in trace] for trace in reference.traces]
         self.save_every = next(h.n for h in stack if h.factory_name == "save_every")
-        self.mode = next(h.mode for h in stack if h.factory_name == "best_on")
+        self.mode = next(h.direction for h in stack if h.factory_name == "best_on")
 
     @rule(events=st.integers(1, 12))
     def train(self, events):

@@ -1,0 +1,95 @@
+"""run.test and run.predict after training, on the final weights or the best ones, which stay apart from the model."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import pimm_fn as pf
+from pimm_fn import checkpoint
+
+
+def _data():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(12, 3, generator=g)
+    return TensorDataset(x, x.sum(1, keepdim=True))
+
+
+class Regressor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = torch.nn.Linear(3, 1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
+def squared_error(outputs, batch):
+    return {"mse": ((outputs - batch[1]) ** 2).sum(), "count": len(batch[1])}
+
+
+def _step(model, optimizer, batch, *, scheduler=None, scaler=None):
+    loss = ((model(batch[0]) - batch[1]) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return {"loss": loss.detach()}
+
+
+def _mse(weights) -> float:
+    model = Regressor()
+    model.load_state_dict(weights)
+    x, y = _data().tensors
+    with torch.no_grad():
+        return float(((model(x) - y) ** 2).mean())
+
+
+@pytest.fixture
+def trained(tmp_path):
+    """A run whose validation error rises after its first evaluation (lr too high), so best != final."""
+    model = Regressor()
+    val = pf.loader_evaluator(DataLoader(_data(), batch_size=5), squared_error)
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.6), DataLoader(_data(), batch_size=4),
+                  step_fn=_step, hooks=[pf.evaluate_every(1, val), pf.best_on("val/mse", mode="min")],
+                  max_epochs=2, save_dir=tmp_path, watching=pf.Watching(console=False, progress=False))
+    run()
+    return run, val, model
+
+
+def test_test_evaluates_the_best_or_the_final_weights_and_keeps_the_models_own(trained, tmp_path):
+    """weights='best' reads model_best.pth for the call; the model holds its final weights before and after."""
+    run, val, model = trained
+    final = {k: v.clone() for k, v in model.state_dict().items()}
+    best = checkpoint.load_weights_file(tmp_path / "model" / "model_best.pth")
+    assert _mse(best) < _mse(final)
+    assert run.test(val, weights="best") == {"val/mse": pytest.approx(_mse(best))}
+    assert run.test(val) == {"val/mse": pytest.approx(_mse(final))}
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in final.items()) and model.training
+    assert run.test(val, weights="best") == {"val/mse": pytest.approx(run.state.best["val/mse"])}
+
+
+def test_predict_returns_each_batchs_outputs_on_the_cpu(trained, tmp_path):
+    """The outputs of model(x) per batch, under eval mode, for the final or the best weights."""
+    run, _, model = trained
+    x, _ = _data().tensors
+    outputs = run.predict(DataLoader(_data(), batch_size=5))
+    assert [len(o) for o in outputs] == [5, 5, 2]
+    with torch.no_grad():
+        assert torch.allclose(torch.cat(outputs), model(x))
+        best = Regressor()
+        best.load_state_dict(checkpoint.load_weights_file(tmp_path / "model" / "model_best.pth"))
+        assert torch.allclose(torch.cat(run.predict(DataLoader(_data(), batch_size=5), weights="best")), best(x))
+
+
+def test_unknown_weights_or_a_missing_best_file_are_said_with_the_fix(tmp_path):
+    """weights='ema' is not one of the two; a run that wrote no model_best says so."""
+    model = Regressor()
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(_data(), batch_size=4),
+                  step_fn=_step, max_epochs=1, save_dir=tmp_path, watching=pf.Watching(console=False, progress=False))
+    run()
+    val = pf.loader_evaluator(DataLoader(_data(), batch_size=5), squared_error)
+    with pytest.raises(ValueError, match="'weights' must be 'final' .* or 'best' .* \\(got 'ema'\\)"):
+        run.test(val, weights="ema")
+    with pytest.raises(FileNotFoundError, match="no best weights in .*: the run writes model_best with a "
+                                                "best_on\\(metric\\) hook"):
+        run.test(val, weights="best")
