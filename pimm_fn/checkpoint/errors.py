@@ -129,10 +129,22 @@ def cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:200]}"
 
 
+def _own_ctrl_c(exc: CheckpointException) -> KeyboardInterrupt | None:
+    """The Ctrl-C that stopped this rank's part of a DCP write, which DCP hands back wrapped as a rank failure."""
+    failure = exc.failures.get(dist.rank(), (None,))[0]
+    return failure if isinstance(failure, KeyboardInterrupt) else None
+
+
 def storage_error(exc: BaseException, directory, nbytes: int | Callable[[], int], what: str, consequence: str):
-    """``exc`` as a :class:`DiskFullError` when space ran out, a :class:`CheckpointStorageError` from DCP, else itself."""
+    """``exc`` as a :class:`DiskFullError` when space ran out, a :class:`CheckpointStorageError` from DCP, else itself.
+
+    A Ctrl-C that landed inside DCP's write comes back as the ``KeyboardInterrupt`` it was: an
+    interruption (a script's advice, a notebook's exact continuation), not a storage failure.
+    """
     if isinstance(exc, (CheckpointError, CheckpointStorageError)):
         return exc
+    if isinstance(exc, CheckpointException) and _own_ctrl_c(exc) is not None:
+        return _own_ctrl_c(exc)
     if no_space(exc) is not None:
         return DiskFullError(directory, nbytes() if callable(nbytes) else nbytes, what, consequence)
     if isinstance(exc, CheckpointException):

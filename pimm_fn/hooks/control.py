@@ -144,7 +144,7 @@ def early_stop(metric: str, *, patience: int, mode: str | None = None, min_delta
             f"error should not: pass early_stop({metric!r}, patience={patience!r}, mode='min'), or mode='max' if "
             f"higher is better"
         )
-    return _EarlyStop(metric, patience, mode or "max", min_delta)
+    return _EarlyStop(metric, patience, "max" if mode is None else mode, min_delta)
 
 
 _INTERVAL_EVENTS = {"step": (ev.AfterStep,), "epoch": (ev.AfterEpoch,), None: (ev.MetricsPublished,)}

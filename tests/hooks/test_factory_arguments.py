@@ -70,7 +70,7 @@ CASES = [
     (pf.load_weights, {"path": "w.pth"}, "strict", _bool),
     (pf.early_stop, {"metric": "acc", "patience": 2}, "metric", _text),
     (pf.early_stop, {"metric": "acc", "patience": 2}, "patience", _int(1)),
-    (pf.early_stop, {"metric": "acc", "patience": 2}, "mode", _one_of("max", "min")),
+    (pf.early_stop, {"metric": "acc", "patience": 2}, "mode", _optional(_one_of("max", "min"))),  # None: "max" unsaid
     (pf.early_stop, {"metric": "acc", "patience": 2}, "min_delta", _number(0)),
     (pf.step_scheduler, {"interval": "step"}, "interval", _one_of("step", "epoch")),
     (pf.step_scheduler, {"on": "loss"}, "on", _text),
