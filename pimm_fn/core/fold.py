@@ -100,6 +100,16 @@ def _step_subscribers(chain) -> tuple:
     return tuple((i, d.every, d.accumulate) for i, d in enumerate(chain._declared) if d.wants(AfterStep))
 
 
+def _step_calls_of(chain) -> tuple:
+    """``(every, call)`` of each child called for ``AfterStep``, ``call`` as ``Chain._calls`` holds it."""
+    return tuple((every, (i, chain.hooks[i], chain._updates[i])) for i, every, _ in chain._step)
+
+
+def _accumulating_of(chain) -> tuple:
+    """The ``(index, every, accumulate)`` of ``_step`` whose child accumulates the steps its cadence skips."""
+    return tuple(entry for entry in chain._step if entry[2] is not None)
+
+
 def _cadences_of(chain) -> tuple:
     """The distinct cadences of the children, smallest first: a step fires when one divides it."""
     return tuple(sorted({every for _, every, _ in chain._step}))
@@ -129,12 +139,15 @@ class Chain:
     hooks: tuple = attrs.field(converter=tuple)
     name: str | None = None
     _active: dict = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_active")
+    _calls: dict = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_calls")
     _declared: tuple = _cached(_declare)
     _updates: tuple = _cached(_updates_of)
     _step: tuple = _cached(_step_subscribers)
     _cadences: tuple = _cached(_cadences_of)
     _accumulators: tuple = _cached(_accumulators_of)
     _reading: tuple = _cached(_reading_cadences_of)
+    _step_calls: tuple = _cached(_step_calls_of)
+    _accumulators_skipped: tuple = _cached(_accumulating_of)
 
     # -- the hook protocol, derived from the children ---------------------------------------------
     @property
@@ -188,6 +201,14 @@ class Chain:
         found = self._active.get(event_type)
         if found is None:
             found = self._active[event_type] = tuple(i for i, d in enumerate(self._declared) if d.wants(event_type))
+        return found
+
+    def calls(self, event_type) -> tuple:
+        """``(index, hook, update)`` of the hooks that want ``event_type``, cached per type: what the fold calls."""
+        found = self._calls.get(event_type)
+        if found is None:
+            hooks, updates = self.hooks, self._updates
+            found = self._calls[event_type] = tuple((i, hooks[i], updates[i]) for i in self.active(event_type))
         return found
 
     def fires(self, step: int) -> bool:
@@ -251,25 +272,21 @@ class Chain:
         """
         emitted = []
         new_slots = None
-        hooks, updates = self.hooks, self._updates
         cls = event.__class__
         if cls is AfterStep:
             step, outputs = event.step, event.outputs
-            called = []
-            for i, every, accumulate in self._step:
-                if not step % every:
-                    called.append(i)
-                elif accumulate is not None and outputs:  # a step the cadence skips: only the outputs count
+            called = [call for every, call in self._step_calls if not step % every]
+            for i, every, accumulate in self._accumulators_skipped:
+                if step % every and outputs:  # a step the cadence skips: only the outputs count
                     new_slots = new_slots or list(slots)
                     new_slots[i] = accumulate(new_slots[i], outputs)
         else:
-            called = self._active.get(cls)
+            called = self._calls.get(cls)
             if called is None:
-                called = self.active(cls)
-        for i in called:
+                called = self.calls(cls)
+        # ``hook`` keeps its name: ``runtime.transaction.failing_hook`` reads it off a traceback.
+        for i, hook, update in called:
             slot = (new_slots or slots)[i]
-            hook = hooks[i]  # named ``hook``: ``runtime.transaction.failing_hook`` reads it off a traceback
-            update = updates[i]
             if progress is not None:
                 state = state.moved(progress, "AfterStep", state.slots, slot if update is None else state.slot)
                 progress = None

@@ -67,6 +67,8 @@ def _begins(p: Progress, epoch: int) -> bool:
 
 def advance(state: State, event: ev.Event) -> State:
     """The core's own bookkeeping for ``event``, applied before the hooks see it."""
+    if event.__class__ is ev.BeforeStep:  # every step a hook is called for: ahead of the match's class tests
+        return state.moved(state.progress, "BeforeStep", state.slots, state.slot)
     match event:
         case ev.AfterStep():
             return state.moved(stepped(state.progress, event), "AfterStep", state.slots, state.slot)

@@ -15,6 +15,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import LoadWeights, Log, SaveCheckpoint, WriteBest
+from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.frozen import repr_unless_none
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, number, one_of, optional
@@ -70,33 +71,37 @@ class _SaveEvery:
         """Called for ``AfterStep(step)`` only when ``step % n == 0`` (the fold enforces it)."""
         return self.n or 1
 
-    def _save(self, state, step, *, final=False, deferred=False, at=None):
-        slot = SaveEveryState(last_saved=step, saved_at=at if at is not None else state.slot.saved_at)
+    def _save(self, slot, state, step, *, final=False, deferred=False, at=None):
+        new = SaveEveryState(last_saved=step, saved_at=at if at is not None else slot.saved_at)
         # The final save is synchronous: training ends only once it is published.
         effect = SaveCheckpoint(
             step, snapshot=self.snapshots, final=final, async_save=self.async_save and not final, deferred=deferred
         )
-        return state.with_slot(slot), (effect,)
+        return new, state, (effect,)
 
-    def __call__(self, state, event):
+    def update(self, slot: SaveEveryState, state, event):
+        """The hook protocol's ``update``: its ``SaveEveryState`` comes and goes apart from ``state`` (no copy of it)."""
         match event:
             case ev.AfterStep(step=step):
                 if state.progress.at_epoch_end:
-                    return state.with_slot(attrs.evolve(state.slot, deferred=step)), ()
-                return self._save(state, step)
-            case ev.AfterEpoch() if state.slot.deferred is not None:
-                return self._save(state, state.slot.deferred, deferred=True)
+                    return attrs.evolve(slot, deferred=step), state, ()
+                return self._save(slot, state, step)
+            case ev.AfterEpoch() if slot.deferred is not None:
+                return self._save(slot, state, slot.deferred, deferred=True)
             case ev.AfterTrain():
                 step = state.progress.global_step
-                if step > 0 and state.slot.last_saved != step:
-                    return self._save(state, step, final=True)
+                if step > 0 and slot.last_saved != step:
+                    return self._save(slot, state, step, final=True)
             case ev.BeforeTrain():  # the clock starts again in every process: so does the time cadence
-                return state.with_slot(attrs.evolve(state.slot, saved_at=0.0)), ()
+                return attrs.evolve(slot, saved_at=0.0), state, ()
             case ev.Elapsed(step=step, seconds=seconds):
-                since = seconds - (state.slot.saved_at or 0.0)
-                if since >= self.minutes * 60 and state.slot.last_saved != step:
-                    return self._save(state, step, at=seconds)
-        return state, ()
+                since = seconds - (slot.saved_at or 0.0)
+                if since >= self.minutes * 60 and slot.last_saved != step:
+                    return self._save(slot, state, step, at=seconds)
+        return slot, state, ()
+
+    def __call__(self, state, event):
+        return called_plainly(self, state, event)
 
     def __repr__(self):
         extra = (", snapshots=True" if self.snapshots else "") + (", async_save=True" if self.async_save else "")
@@ -252,16 +257,20 @@ class _BestOn:
     def reads_metrics(self) -> tuple:
         return (self.metric,)
 
-    def __call__(self, state, event):
+    def update(self, slot: BestState, state, event):
+        """The hook protocol's ``update``: its ``BestState`` comes and goes apart from ``state``."""
         values = event.values
         if self.metric not in values:
-            return state, ()  # another evaluator's publication; a misspelt metric is the run's Advice to refuse
+            return slot, state, ()  # another evaluator's publication; a misspelt metric is the run's Advice to refuse
         value = values[self.metric]
-        if not _improves(value, state.slot.value, self.direction):
-            return state, ()
+        if not _improves(value, slot.value, self.direction):
+            return slot, state, ()
         step = state.progress.global_step
-        state = attrs.evolve(state, best=state.best.set(self.metric, value), slot=BestState(value, step))
-        return state, (WriteBest(self.metric, value, step, event.weights),)
+        state = attrs.evolve(state, best=state.best.set(self.metric, value))
+        return BestState(value, step), state, (WriteBest(self.metric, value, step, event.weights),)
+
+    def __call__(self, state, event):
+        return called_plainly(self, state, event)
 
     def __repr__(self):
         mode = "" if self.mode is None else f", mode={self.mode!r}"

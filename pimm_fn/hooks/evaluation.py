@@ -7,6 +7,7 @@ import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Evaluate
+from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, is_callable, non_empty_str
 
@@ -72,13 +73,17 @@ class _EvaluateEvery:
             raise ValueError(f"evaluate_every provides evaluator {self.name!r}, not {name!r}")
         return attrs.evolve(self, fn=fn)
 
-    def __call__(self, state, event):
+    def update(self, slot, state, event):
+        """The hook protocol's ``update``: it keeps no slot, so the fold builds no ``State`` to hand it one."""
         match event:
             case ev.AfterStep(step=step) if self.n:
-                return state, (Evaluate(self.name, step, self.broadcast, self.weights),)
+                return slot, state, (Evaluate(self.name, step, self.broadcast, self.weights),)
             case ev.AfterEpoch() if not self.n:
-                return state, (Evaluate(self.name, state.progress.global_step, self.broadcast, self.weights),)
-        return state, ()
+                return slot, state, (Evaluate(self.name, state.progress.global_step, self.broadcast, self.weights),)
+        return slot, state, ()
+
+    def __call__(self, state, event):
+        return called_plainly(self, state, event)
 
     def __repr__(self):
         fn_name = evaluator_name(self.fn)

@@ -57,6 +57,9 @@ class Unread:
 
         The batch is kept until :meth:`clear`: a reader that fails reads it again.
         """
+        if not self.steps and current is not None:  # a step whose hooks read it, nothing else waiting
+            values = iter(_floats([v for v in current.values() if v.__class__ is not float]))
+            return [], {k: v if v.__class__ is float else next(values) for k, v in current.items()}
         pending = self.steps + ([(None, current)] if current is not None else [])
         tensors = [v for _, outputs in pending for v in outputs.values() if v.__class__ is not float]
         values = iter(_floats(tensors))

@@ -12,7 +12,6 @@ read on its own step.
 
 import attrs
 
-from pimm_fn.core import events as ev
 from pimm_fn.core.schedule import last_quiet_step, skip_to
 from pimm_fn.runtime.outputs import Unread
 
@@ -60,24 +59,25 @@ class QuietSteps:
         """Where a step begins that no hook wants, the steps up to the next one a hook is called for are quiet."""
         self.until = last_quiet_step(hooks, progress)
 
-    def read(self, event, nonfinite) -> tuple[list, dict | None]:
-        """``(waiting outputs, event's outputs)`` as floats, read in one transfer, the NaN check done on them.
+    def read(self, step: int | None, outputs, nonfinite) -> tuple[list, dict | None]:
+        """``(waiting outputs, outputs)`` as floats, read in one transfer, the NaN check done on them.
 
-        ``event`` is an ``AfterStep`` whose outputs are read with the waiting
-        ones, or any other event (or ``None``). Nothing is forgotten until
-        :meth:`accumulated`: a NaN under ``"raise"`` raises again on a retry.
+        ``outputs`` are those of ``step``'s ``AfterStep``, read with the
+        waiting ones (``None``: only the waiting ones). Nothing is forgotten
+        until :meth:`accumulated`: a NaN under ``"raise"`` raises again on a retry.
         """
-        current = event.outputs if event.__class__ is ev.AfterStep else None
-        pending, current = self.unread.read(current)
+        pending, current = self.unread.read(outputs)
         if nonfinite is not None and not nonfinite.before_backward:
-            losses = [(step, o["loss"]) for step, o in pending if "loss" in o]
+            losses = [(s, o["loss"]) for s, o in pending if "loss" in o] if pending else []
             if current is not None and "loss" in current:
-                losses.append((event.step, current["loss"]))
+                losses.append((step, current["loss"]))
             nonfinite.read(losses)
         return pending, current
 
     def accumulated(self, state, hooks, pending: list):
         """``state`` after the accumulating hooks took the ``pending`` outputs, in step order; nothing waits then."""
+        if not pending:  # only the step's own outputs were read: nothing waited
+            return state
         slots = state.slots
         if hooks._accumulators:
             steps = [outputs for _, outputs in pending if outputs]

@@ -7,7 +7,9 @@ interpreter as executor (``pimm_fn.core.processing.start``). Every unit of that
 work runs in the step's transaction (``pimm_fn.runtime.transaction``), so
 after an exception the next step first finishes what the interrupted one
 left. Steps no hook is called for are trained and counted, not folded
-(``pimm_fn.runtime.quiet``).
+(``pimm_fn.runtime.quiet``); on the others a ``BeforeStep`` no hook wants
+builds nothing (the step's ``AfterStep`` moves the position past it), and
+the step's outputs are read before its one ``AfterStep`` is built.
 """
 
 import attrs
@@ -17,7 +19,7 @@ from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.processing import start
 from pimm_fn.core.schedule import advance, next_event
 from pimm_fn.runtime.driver import Driver
-from pimm_fn.runtime.preemption import Preempted, preemption_save
+from pimm_fn.runtime.preemption import Preempted, preemption_save, saved_at
 from pimm_fn.runtime.quiet import QuietSteps
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.default_step import runner, train_step
@@ -49,7 +51,8 @@ class Walker:
         # The walker's units of work (the driver has its own): made once, entered on every event.
         self._opening = tx.unit(LOADING)  # an epoch opened, or its loader drained
         self._folding = tx.unit(lambda step, error: fold_phase(error, tx.event))
-        self._reading = tx.unit(lambda step, error: f"reading the step outputs before {type(tx.event).__name__}")
+        self._reading = tx.unit(self._stopped_reading)  # before an event (``tx.event``, or the step being read)
+        self._reading_step = None  # (step, outputs, batch size) of the AfterStep whose outputs are being read
         self._reading_waiting = tx.unit("reading the step outputs")
         self._working = tx.unit(self._stopped_in_work)
         self._quiet = QuietSteps()  # steps trained and counted, not folded; outputs unread on their device
@@ -145,7 +148,6 @@ class Walker:
         ctx.wait_for_save()
         path = None
         if ctx.save_dir is not None:
-            path = ctx.model_dir / ("last" if ctx.checkpoint_format == "standard" else "last.pth")
             if self.last_saved() != step:
                 effect = preemption_save(step, reason)
                 console, ctx.console = ctx.console, False  # one line says it all, below
@@ -153,6 +155,7 @@ class Walker:
                     interpreter.handler_for(effect)(effect, state, ctx)
                 finally:
                     ctx.console = console
+            path = saved_at(ctx, step)  # its name where it lives (last-<step>-<token> on a store)
         stopping.settle()
         interpreter.settle()
         interpreter.close()
@@ -181,8 +184,8 @@ class Walker:
         if step <= quiet.until:  # a quiet step: nothing but its training
             return self._driver.train(step)
         while True:
-            event = self._advance()
-            if event is None or event.__class__ is ev.AfterStep:
+            cls = self._advance()
+            if cls is None or cls is ev.AfterStep:
                 break
         while self._next_event().__class__ in _CLOSING:
             self._advance()
@@ -197,13 +200,18 @@ class Walker:
             self._peeked = (self.state, event)
         return event
 
-    def _advance(self) -> ev.Event | None:
-        """Run the next lifecycle event; returns it, or None when training is over."""
+    def _advance(self) -> type | None:
+        """Run the next lifecycle event; returns its class (``AfterStep``: a step trained), or None when training is over.
+
+        A ``BeforeStep`` no hook wants and no guard compares moves nothing but
+        the position, and the step's ``AfterStep`` moves that on past it: the
+        step is trained at once, with no ``State`` built for it.
+        """
         event = self._next_event()
         cls = event.__class__  # next_event builds exact lifecycle classes
-        if cls is ev.AfterStep:
+        if cls is ev.AfterStep or cls is ev.BeforeStep and not self.processed[ev.BeforeStep]:
             self._driver.train(event.step)  # handed back to _trained: a quiet step's AfterStep is only counted
-            return event
+            return ev.AfterStep
         if cls is ev.BeforeEpoch or cls is ev.AfterEpoch:
             feed, self.tx.step = self.ctx.feed, None
             with self._opening:
@@ -214,24 +222,38 @@ class Walker:
         self.dispatch(event)
         if cls is ev.AfterTrain:
             self._close()
-        return event
+        return cls
 
     def _trained(self, step: int, scalars: dict, size: int) -> None:
-        """Hand the trained ``step`` on: counted when it is quiet, else its ``AfterStep`` folded."""
+        """Hand the trained ``step`` on: counted when it is quiet, else its one ``AfterStep`` folded."""
         if step <= self._quiet.until:  # no hook is called for it: the state takes it when next read
             return self._quiet.count(step, size, scalars)
-        if scalars and not (self.processed[ev.AfterStep] and self.hooks.reads(step)):
-            self._quiet.unread.add(step, scalars)  # no hook reads them at this AfterStep: they wait, unread
-            scalars = {}
-        self.dispatch(ev.AfterStep(step, scalars, size))
+        if scalars:
+            if self.processed[ev.AfterStep] and self.hooks.reads(step):
+                self._reading_step = (step, scalars, size)  # its AfterStep, built only if the read fails
+                scalars = self._read(step, scalars)  # read before the event is built: it is built once, with floats
+                self._reading_step = None
+            else:
+                self._quiet.unread.add(step, scalars)  # no hook reads them at this AfterStep: they wait, unread
+                scalars = {}
+        self._hand(ev.AfterStep(step, scalars, size))
 
     def dispatch(self, event) -> None:
         """Hand ``event`` to the hooks and execute their effects; outputs waiting on the device are read first."""
         cls, tx = event.__class__, self.tx
+        if cls is ev.AfterStep and event.outputs:  # a retried step's, still on the device
+            tx.step, tx.event = event.step, event  # a failed read hands it on again
+            event = ev.AfterStep(event.step, self._read(event.step, event.outputs), event.batch_size)
+        elif cls is ev.AfterEpoch and self._quiet.unread:
+            tx.step, tx.event = None, event
+            self._read()
+        self._hand(event)
+
+    def _hand(self, event) -> None:
+        """``dispatch`` of an ``event`` whose outputs are read: folded, its effects executed."""
+        cls, tx = event.__class__, self.tx
         # Its driver work is done: after a failure it is handed on again. Its step: step_of(event), inlined.
         tx.step, tx.event = event.step if cls is ev.AfterStep or cls is ev.BeforeStep else None, event
-        if cls is ev.AfterEpoch and self._quiet.unread or cls is ev.AfterStep and event.outputs:
-            event = self._read(event)  # the outputs waiting on the device, and these, read at once
         if self.processed.get(cls, True):
             with self._folding:  # the fold is pure: when it raises nothing changed, and the event folds again
                 state, work = start(self.hooks, self.state, event, self._interpreter)
@@ -241,21 +263,31 @@ class Walker:
         else:  # no hook wants it and no guard compares it: process() would only advance
             tx.event, self.state = None, advance(self.state, event)
 
-    def _read(self, event=None):
-        """``event`` after reading every unread output in one transfer: the NaN check, then the accumulating hooks.
+    def _read(self, step: int | None = None, outputs=None) -> dict | None:
+        """Every unread output read in one transfer, with ``outputs`` (of ``step``'s ``AfterStep``), as floats.
 
-        The fold then gets the event with float outputs. Nothing is kept until
-        all succeeded: a NaN under ``"raise"`` raises again on a retry.
-        Without an event (the end of ``run()``, a hook swap) it reads what waits.
+        Then the NaN check, then the accumulating hooks take the waiting
+        ones; returns ``outputs`` read. Nothing is kept until all succeeded: a
+        NaN under ``"raise"`` raises again on a retry. Without a step (an
+        epoch's end, the end of ``run()``, a hook swap) it reads what waits.
         """
-        if event is None:
+        waiting = step is None and self.tx.event is None  # no event waits for this read
+        if waiting:
             self.tx.step = None
-        with self._reading_waiting if event is None else self._reading:  # an event's: the one dispatch hands on
-            pending, current = self._quiet.read(event, self.ctx.nonfinite)
+        with self._reading_waiting if waiting else self._reading:
+            pending, current = self._quiet.read(step, outputs, self.ctx.nonfinite)
         state = self._quiet.accumulated(self.state, self.hooks, pending)
         if state is not self._state:
             self.state = state
-        return event if current is None else ev.AfterStep(event.step, current, event.batch_size)
+        return current
+
+    def _stopped_reading(self, step: int, error: BaseException) -> str:
+        """Reading before an event raised: that event (a step's ``AfterStep``, built now) is handed on again."""
+        tx = self.tx
+        if tx.event is None:
+            tx.event = ev.AfterStep(*self._reading_step)  # its outputs still on their device: read on the retry
+            self._reading_step = None
+        return f"reading the step outputs before {type(tx.event).__name__}"
 
     def _finish(self, work) -> None:
         """Execute ``work`` (a ``Pending``) to the end, keeping it where an effect or a follow-up's fold raises."""

@@ -1,0 +1,138 @@
+"""A step a hook is called for builds only what its hooks see: one State and one AfterStep when none wants BeforeStep."""
+
+import attrs
+import pytest
+import torch
+
+import pimm_fn as pf
+from pimm_fn.core import events as ev
+from pimm_fn.core.fold import called_plainly
+from pimm_fn.core.state import State
+
+from tests.runtime._tiny_workload import TinyNet
+
+
+@attrs.frozen
+class _EveryStep:
+    """Called for every ``AfterStep``; counts the steps in its slot, so the fold must hand it one."""
+
+    events = (ev.AfterStep,)
+
+    def init(self):
+        return 0
+
+    def update(self, slot, state, event):
+        return slot + 1, state, ()
+
+    def __call__(self, state, event):
+        return called_plainly(self, state, event)
+
+
+@attrs.frozen
+class _BeforeEveryStep(_EveryStep):
+    """The same, called for ``BeforeStep`` too."""
+
+    events = (ev.BeforeStep, ev.AfterStep)
+
+    def update(self, slot, state, event):
+        return (slot + 1, state, ()) if event.__class__ is ev.AfterStep else (slot, state, ())
+
+
+@attrs.frozen
+class _Unchanged(_EveryStep):
+    """Called for every ``AfterStep``; returns its slot and the state as they came."""
+
+    def update(self, slot, state, event):
+        return slot, state, ()
+
+
+def _batches(n):
+    g = torch.Generator().manual_seed(0)
+    return [(x, x.sum(1, keepdim=True)) for x in torch.randn(n, 8, 4, generator=g)]
+
+
+def _run(tmp_path, hook, steps=12):
+    torch.manual_seed(0)
+    model = TinyNet()
+    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), _batches(steps), hooks=[hook],
+                   max_epochs=1, save_dir=tmp_path)
+
+
+def _built_per_step(monkeypatch, run, cls, steps=6):
+    """Values of ``cls`` built per step over ``steps`` walked steps (``__init__`` calls, counted on the way through)."""
+    run.run(steps=2)  # past the epoch's opening
+    real, count = cls.__init__, []
+
+    def counting(self, *args, **kwargs):
+        count.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__init__", counting)
+    run.run(steps=steps)
+    monkeypatch.undo()
+    return len(count) / steps
+
+
+def test_a_step_no_hook_wants_beforestep_for_builds_one_state(monkeypatch, tmp_path):
+    """The position moves past BeforeStep with the step's AfterStep: no State copy for an event no hook sees.
+
+    The one State is the hooks' view of the step (its new progress); a hook changing its slot adds the copy
+    that holds it.
+    """
+    assert _built_per_step(monkeypatch, _run(tmp_path / "a", _Unchanged()), State) == 1
+    assert _built_per_step(monkeypatch, _run(tmp_path / "b", _EveryStep()), State) == 2
+
+
+def test_a_step_whose_outputs_a_hook_reads_builds_one_afterstep(monkeypatch, tmp_path):
+    """The outputs are read before the event is built, so it is built once, with floats."""
+    assert _built_per_step(monkeypatch, _run(tmp_path, _EveryStep()), ev.AfterStep) == 1
+
+
+def _walk(run, steps=12):
+    """``(progress, position, slots)`` after each step, to the end."""
+    seen = []
+    for _ in range(steps):
+        run.step()
+        seen.append((run.state.progress, run.state.position, run.state.slots))
+    return seen
+
+
+def test_skipping_an_unwanted_beforestep_ends_where_walking_it_does(tmp_path):
+    """Progress, position and slots after every step, the trace and the weights equal those of a run whose hook
+    sees BeforeStep."""
+    skipping = _run(tmp_path / "a", _EveryStep())
+    skipped = _walk(skipping)
+    walking = _run(tmp_path / "b", _BeforeEveryStep())
+    assert skipped == _walk(walking)
+    assert skipping.state.finished and [e.effect for e in skipping.trace] == [e.effect for e in walking.trace]
+    assert all(torch.equal(p, q) for p, q in zip(skipping.ctx.model.parameters(), walking.ctx.model.parameters()))
+
+
+class _FailsOnce(TinyNet):
+    """TinyNet whose forward raises once, on its ``at``-th call."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, batch):
+        self.calls += 1
+        if self.calls == self.at:
+            raise RuntimeError("a failing forward")
+        return super().forward(batch)
+
+
+def test_a_train_step_interrupted_after_an_unwanted_beforestep_continues_exactly(tmp_path):
+    """The interrupted step trains again from the same batch and RNG: weights and slots equal an uninterrupted run."""
+    torch.manual_seed(0)
+    model = _FailsOnce(at=5)
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), _batches(12), hooks=[_EveryStep()],
+                  max_epochs=1, save_dir=tmp_path / "a")
+    with pytest.raises(RuntimeError, match="a failing forward"):
+        run()
+    assert run.interrupted.step == 5 and run.interrupted.phase == "the train step"
+    run()
+    plain = _run(tmp_path / "b", _EveryStep())
+    plain()
+    assert run.state.slots == plain.state.slots == (12,)
+    assert all(torch.equal(p, q) for p, q in zip(run.ctx.model.parameters(), plain.ctx.model.parameters()))
