@@ -25,7 +25,7 @@ Example:
 from ._api import LoadedCheckpoint, load_checkpoint, save_checkpoint
 from ._async import AsyncSave
 from .background import BackgroundSaver, prewarm_async_save, save_checkpoint_async
-from ._discovery import find_checkpoint, latest_checkpoint
+from ._discovery import find_checkpoint, latest_checkpoint, rolling_checkpoint
 from ._layout import CheckpointInfo
 from .errors import CheckpointError, CheckpointStorageError, DiskFullError
 from .validation import validate
@@ -55,6 +55,7 @@ __all__ = [
     "load_weights_file",
     "prewarm_async_save",
     "remap_state_dict",
+    "rolling_checkpoint",
     "save_checkpoint",
     "save_checkpoint_async",
     "saved_state",

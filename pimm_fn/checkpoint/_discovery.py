@@ -79,3 +79,20 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
     if found:
         raise found[0].error
     raise FileNotFoundError(f"find_checkpoint: no complete checkpoint under {str(model_dir)!r}; expected {expected}")
+
+
+def rolling_checkpoint(model_dir: str | os.PathLike, step: int, format: str = "standard"):
+    """Where the rolling checkpoint of ``step`` lives under ``model_dir``: the name a line should show.
+
+    ``last/`` (``last.pth`` in the legacy format) on a file system; on an
+    fsspec store, where a checkpoint is written under its final name, the
+    committed ``last-<step>-<token>/`` (``model_dir/last`` only if none is
+    listed, as a hint of where to look). Local: no collectives.
+    """
+    model_dir = storage.location(model_dir)
+    if storage.is_store(model_dir):
+        for entry in model_dir.iterdir() if model_dir.exists() else ():
+            named = L.STORE_LAST.match(entry.name)
+            if named and int(named.group(1)) == step and (entry / L.MARKER).exists():
+                return entry
+    return model_dir / (L.LAST if format == "standard" else L.LEGACY_LAST)

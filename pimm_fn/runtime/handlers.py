@@ -255,7 +255,7 @@ def log(effect: Log, state, ctx) -> tuple:
 
 
 def _logs(ctx) -> Logs:
-    if ctx.logs is None:  # a context built by hand: the console, and save_dir's log.jsonl appended to
+    if ctx.logs is None:  # a context built by hand: the console, and save_dir's log.jsonl appended to (none on a store)
         ctx.logs = Logs(run_loggers(ctx.save_dir, ()), save_dir=ctx.save_dir, say=ctx.say, rank=ctx.rank,
                         world_size=ctx.world_size)
     return ctx.logs

@@ -29,7 +29,7 @@ from pimm_fn.core.fold import Chain
 from pimm_fn.runtime.control import hooks_step_scheduler
 from pimm_fn.runtime.guard_setup import hook_setups
 
-__all__ = ["Implied", "best_metrics"]
+__all__ = ["Implied", "best_metrics", "named_evaluators"]
 
 _SETUP_EVENTS = (ev.ModifyConfig, ev.BeforeTrain)  # a run's first event, fresh or resumed: the guard compares setups
 
@@ -46,6 +46,23 @@ def best_metrics(hooks) -> tuple:
         if declared.may_emit(WriteBest):
             found.extend(m for m in declared.reads_metrics if m not in found)
     return tuple(found)
+
+
+def named_evaluators(hooks) -> types.MappingProxyType:
+    """``{name: fn}`` of the hooks' evaluators, each under its hook's name.
+
+    An evaluator that names its own metrics (``loader_evaluator(..., name=)``,
+    which declares ``evaluator_name`` and ``named``) publishes under the name
+    of the ``evaluate_every`` that runs it: one name in effects, logs and metrics.
+    """
+    found = protocol.evaluators(hooks)
+    return types.MappingProxyType({name: _renamed(fn, name) for name, fn in found.items()})
+
+
+def _renamed(fn, name: str):
+    if getattr(fn, "evaluator_name", name) == name or not callable(getattr(fn, "named", None)):
+        return fn
+    return fn.named(name)
 
 
 def _readers(hooks) -> types.MappingProxyType:
@@ -81,7 +98,8 @@ class Implied:
 
     Attributes:
         hooks: the bound hooks the run folds, as one ``Chain``.
-        evaluators: ``{name: fn}`` the interpreter runs for an ``Evaluate``.
+        evaluators: ``{name: fn}`` the interpreter runs for an ``Evaluate``
+            (each under its hook's name: ``named_evaluators``).
         best_metrics: the metrics whose best weights are written, in order.
         readers_of: ``{metric: (hook identities)}`` of the hooks reading each
             metric (``best_on``, ``early_stop``), for the run's ``Advice``.
@@ -97,6 +115,8 @@ class Implied:
             before the first step (``pimm_fn.runtime.guard_setup.HookSetup``).
         processed: ``{lifecycle event class: whether the loop processes it}``:
             some hook is called for it, or the guard compares it.
+        ticks: some hook listens to the run's clock (``Elapsed``:
+            ``save_every(minutes=...)``), so it is read at each step boundary.
     """
 
     hooks: Chain
@@ -110,6 +130,7 @@ class Implied:
     watched_cadences: tuple
     setups: tuple
     processed: types.MappingProxyType
+    ticks: bool = False
 
     @classmethod
     def of(cls, hooks: Chain, *, guarded: bool = False) -> "Implied":
@@ -122,9 +143,10 @@ class Implied:
         watched = _watched(hooks)
         processed = {t: bool(hooks.active(t)) or (guarded and _compared(hooks, watched, t)) for t in ev.LIFECYCLE}
         return cls(
-            hooks, types.MappingProxyType(protocol.evaluators(top)), best_metrics(top), _readers(top),
+            hooks, named_evaluators(top), best_metrics(top), _readers(top),
             protocol.saves_in_background(top), hooks_step_scheduler(top), guarded, watched,
             _cadences(hooks, watched), hook_setups(top), types.MappingProxyType(processed),
+            bool(hooks.active(ev.Elapsed)),
         )
 
     @property

@@ -26,7 +26,10 @@ A metric is either:
   with ``(outputs, target(batch))`` and computed, which syncs its state over
   the ranks.
 
-Published names are namespaced by the evaluator's name: ``"val/acc"``.
+Published names are namespaced by the evaluator's name: ``"val/acc"``. The
+hook's name wins: ``evaluate_every(n, loader_evaluator(..., name="val"), name="test")``
+publishes ``"test/acc"`` (the run evaluates ``named("test")``), so the name in
+effects, logs and metrics is always the one ``evaluate_every`` shows.
 """
 
 import inspect
@@ -236,6 +239,10 @@ class LoaderEvaluator:
         """The name ``evaluate_every`` gives this evaluator (and the prefix of its metrics)."""
         return self.name
 
+    def named(self, name: str) -> "LoaderEvaluator":
+        """This evaluator publishing under ``name`` (``"name/<metric>"``): what ``evaluate_every(name=)`` runs."""
+        return self if name == self.name else attrs.evolve(self, name=name)
+
     def limited(self, batches: int) -> "LoaderEvaluator":
         """This evaluator over the first ``batches`` batches of each rank's shard (a sanity check)."""
         return attrs.evolve(self, max_batches=batches)
@@ -321,7 +328,8 @@ def loader_evaluator(loader, metric, *, name: str = "val", forward=None, target=
         metric: ``fn(outputs, batch) -> {name: per-batch sum}``, or torchmetrics
             metrics (a ``Metric``, a ``MetricCollection`` or ``{name: Metric}``).
         name: the evaluator's name and its metrics' prefix (``"val/acc"``).
-            Give each evaluator its own: ``evaluate_every`` names it so.
+            Give each evaluator its own: ``evaluate_every`` names it so; an
+            ``evaluate_every(..., name=)`` given another name renames it.
         forward: ``forward(model, batch) -> outputs`` (default: ``model(inputs)``
             for an ``(inputs, target)`` pair, else ``model(batch)``).
         target: ``target(batch)``, what torchmetrics' ``update(outputs, target)``

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import attrs
 
+from pimm_fn.checkpoint import storage
 from pimm_fn.core.effects import Log
 from pimm_fn.runtime.guard import CollectiveDivergenceError
 from pimm_fn.runtime.history import POSITION, History
@@ -50,8 +51,11 @@ class Logs:
     def __init__(self, loggers=(), *, save_dir=None, say=print, rank=0, world_size=1, reduce=None):
         self.loggers = tuple(loggers)
         self.history = History()
-        self.save_dir, self.say, self.rank, self.world_size, self.reduce = save_dir, say, rank, world_size, reduce
-        self._opening = Opening(save_dir, say=say)
+        # A save_dir on an fsspec store keeps no log file (an object store cannot append): logs stay local.
+        self.store = str(save_dir) if storage.is_store(save_dir) or storage.is_url(save_dir) else None
+        self.save_dir = None if self.store is not None else save_dir
+        self.say, self.rank, self.world_size, self.reduce = say, rank, world_size, reduce
+        self._opening = Opening(self.save_dir, say=say, store=self.store)
         self._open = False
         self.written = 0  # records kept so far (a custom Log handler's wrapper tells whether it kept one)
         self._start = self._last = (time.monotonic(), 0, 0)  # (time, global step, samples seen)
@@ -70,7 +74,8 @@ class Logs:
             self.history = History.from_jsonl(Path(self.save_dir) / LOG_NAME, upto=progress.global_step)
         if not writes:
             return
-        self._opening = Opening(self.save_dir, progress.global_step, resumed, say=self.say)
+        self._opening = Opening(self.save_dir, progress.global_step, resumed, say=self.say, store=self.store,
+                                history=self.history if resumed else None)
         self._open_all(self._opening)
 
     def _open_all(self, opening: Opening) -> None:

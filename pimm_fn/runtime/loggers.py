@@ -50,6 +50,8 @@ class Opening:
     resumed: bool = False  # the run restored a checkpoint of ``step``: records past it are gone
     continued: bool = False  # the same run after a close: append
     say: Callable = print  # a console line on the main rank (what a logger set aside or dropped)
+    store: str | None = None  # the run's save_dir when it is a URL: logs stay local, so ``save_dir`` is None
+    history: object = None  # a resumed run's records up to ``step`` (``run.history``): what a tracker may lack
 
 
 def set_aside(path: Path, say) -> None:
@@ -97,7 +99,7 @@ class JsonlLogger:
         self._file = None
 
     def open(self, opening: Opening) -> None:
-        path = resolve_path(self, self.path, opening.save_dir, LOG_NAME)
+        path = resolve_path(self, self.path, opening.save_dir, LOG_NAME, store=opening.store)
         if opening.resumed and not opening.continued:
             keep_upto(path, opening.step, opening.say)  # and damaged lines moved to log.jsonl.damaged
         elif not opening.continued:
@@ -126,10 +128,17 @@ def local_path(logger, path) -> Path | None:
     return Path(path) if path is not None else None
 
 
-def resolve_path(logger, path, save_dir, default: str) -> Path:
-    """``path`` when the logger was given one, else ``save_dir/default``; a ``ValueError`` saying so without either."""
+def resolve_path(logger, path, save_dir, default: str, *, store: str | None = None) -> Path:
+    """``path`` when the logger was given one, else ``save_dir/default``; a ``ValueError`` saying so without either.
+
+    ``store``: the run's ``save_dir`` when it is a URL (``Opening.store``), said in the error: logs stay local.
+    """
     if path is not None:
         return path
+    if save_dir is None and store is not None:
+        raise ValueError(f"{type(logger).__name__}() writes into save_dir by default, but this run's save_dir is "
+                         f"{store!r}, on an object store, and log files stay local (an object store cannot append): "
+                         f"pass the logger a local directory, e.g. {type(logger).__name__}({default!r})")
     if save_dir is None:
         raise ValueError(f"{type(logger).__name__}() writes into save_dir by default, and this run has none: "
                          f"pass save_dir= to loop(), or a path to the logger")
@@ -153,7 +162,7 @@ class CSVLogger:
         self._where = None
 
     def open(self, opening: Opening) -> None:
-        path = self._where = resolve_path(self, self.path, opening.save_dir, "log.csv")
+        path = self._where = resolve_path(self, self.path, opening.save_dir, "log.csv", store=opening.store)
         if opening.resumed and not opening.continued:
             header = _header(path)
             keep_lines(path, lambda line: line == header or _step_of_csv(line) <= opening.step, opening.say,

@@ -277,12 +277,12 @@ def loop(
         everywhere=((WriteBest,) if shards else ()) + ((Log,) if averaged else ()),
         optimizers=optimizers, extra_state=extra_state,
     )
-    log_dir = None if storage.is_store(save_dir) else save_dir  # logs stay local: no log.jsonl on a store
-    ctx.logs = Logs(run_loggers(log_dir, loggers), save_dir=log_dir, say=ctx.say, rank=ctx.rank,
+    # logs stay local: no log.jsonl on a store (Logs and run_loggers leave a store save_dir out; a logger says so)
+    ctx.logs = Logs(run_loggers(save_dir, loggers), save_dir=save_dir, say=ctx.say, rank=ctx.rank,
                     world_size=ctx.world_size, reduce=watching.log_reduce)
     ctx.bar = progress_bar.ProgressBar() if shown and ctx.rank == 0 else None
     ctx.stopping = Stopping(preemption, max_time=max_time, world_size=ctx.world_size,
-                            ticks=bool(hooks.active(ev.Elapsed)),
+                            ticks=implied.ticks,
                             tell=ctx.console and ctx.rank == 0)  # its clock: what max_time counts from
     interpreter = Interpreter(ctx, run_handlers(handlers),
                               AgreementGuard(implied) if guarded else None, keep_trace=watching.keep_trace)

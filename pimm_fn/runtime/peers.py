@@ -14,7 +14,9 @@ not fail is inside some other collective that a new one would pair with:
 * every rank stopped at the same step in the same phase (a deterministic
   bug in a hook or a handler, raised alike everywhere): no rank is inside a
   collective, the run is intact, and ``run()`` on every rank continues it
-  exactly, as in one process;
+  exactly, as in one process. The phase compared is rank-independent
+  (``place``): an effect's ``values`` (a ``Log`` record's numbers, each
+  rank's own) are left out, so the same record failing on every rank is alike;
 * otherwise (a rank did not report in time, or ranks stopped in different
   places): the first rank to decide shuts the default process group down
   (``torch.distributed.destroy_process_group``), so that the ranks waiting
@@ -41,13 +43,14 @@ code of its own) leaves the others to the process group's own timeout.
 """
 
 import datetime
+import re
 
 import attrs
 import torch.distributed as td
 
 from pimm_fn.runtime.guard import CollectiveDivergenceError
 
-__all__ = ["PeerFailureError", "across_ranks", "AGREE_SECONDS"]
+__all__ = ["PeerFailureError", "across_ranks", "place", "AGREE_SECONDS"]
 
 AGREE_SECONDS = 5.0  # how long a failed rank waits to learn whether every rank failed alike
 _PREFIX = "pimm_fn/failed"
@@ -67,6 +70,23 @@ def _store():
         return td.distributed_c10d._get_default_store()
     except Exception:  # no store to agree through: stop everyone
         return None
+
+
+_RANK_LOCAL = re.compile(r", values=.*$")  # an effect's last field holding rank-local numbers (Log's), to the end
+
+
+def place(phase: str) -> str:
+    """``phase`` as every rank failing at the same point writes it: an effect's rank-local ``values`` left out.
+
+    A ``Log`` record's numbers are each rank's own (its losses), so its repr
+    differs by rank; its step and kind do not.
+
+    >>> place("effect Log(step=5, kind='train', values=FrozenMap({'loss': 0.25}))")
+    "effect Log(step=5, kind='train'"
+    >>> place("effect Evaluate(evaluator='val', step=8, broadcast=True)")
+    "effect Evaluate(evaluator='val', step=8, broadcast=True)"
+    """
+    return _RANK_LOCAL.sub("", phase) if phase.startswith("effect ") else phase
 
 
 def across_ranks(stopped, error: BaseException):
@@ -90,7 +110,7 @@ def across_ranks(stopped, error: BaseException):
     n = _round[1]
     _round[1] += 1
     store = _store()
-    where = f"{stopped.step}\n{stopped.phase}"
+    where = f"{stopped.step}\n{place(stopped.phase)}"  # compared: rank-independent
     keys = [f"{_PREFIX}/{n}/{r}" for r in range(world)]
     decision = f"{_PREFIX}/{n}/decision"
     reports = {}

@@ -42,12 +42,12 @@ import time
 import torch
 import torch.distributed as td
 
-from pimm_fn import dist
+from pimm_fn import checkpoint, dist
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.preemption import lags, next_cadence, time_is_up
 
-__all__ = ["Preempted", "Requests", "Stopping", "advise", "interactive"]
+__all__ = ["Preempted", "Requests", "Stopping", "advise", "interactive", "saved_at"]
 
 MAX_TIME = "max_time"
 
@@ -144,11 +144,9 @@ class Stopping:
         self.option = option
         self.requests = Requests(option.signals, interrupt=option.save_on_interrupt and not interactive(), tell=tell)
         self.limit = max_time
-        self.ticks = ticks
         self.lagged = lags(world_size)
         self.every = option.check_every
-        # The boundary work beyond a flag read: a reduction (several ranks) or a clock (a limit, an Elapsed hook).
-        self.busy = self.lagged or max_time is not None or ticks
+        self.listen(ticks)
         self.checks = 0  # reductions started (several ranks), for tests and benchmarks
         self._start = time.monotonic()
         self._last = 0.0  # rank 0's clock at the last check (seconds since loop())
@@ -159,6 +157,12 @@ class Stopping:
         self._buffer = torch.zeros(4, dtype=torch.int64)
         self._view = self._buffer.numpy()  # read and written through numpy: a CPU buffer, never a device sync
         self._work = None
+
+    def listen(self, ticks: bool) -> None:
+        """Deliver the clock (``Elapsed``) at each check or not: at build, and when ``replace`` changes the hooks."""
+        self.ticks = ticks
+        # The boundary work beyond a flag read: a reduction (several ranks) or a clock (a limit, an Elapsed hook).
+        self.busy = self.lagged or self.limit is not None or ticks
 
     def at_boundary(self, step: int) -> tuple:
         """``(reason to stop or None, Elapsed or None)`` at the boundary of ``step``: the same on every rank."""
@@ -229,6 +233,12 @@ class Stopping:
 def preemption_save(step: int, reason: str) -> SaveCheckpoint:
     """The save a preemption makes: a normal checkpoint of ``step``, synchronous, its marker saying ``reason``."""
     return SaveCheckpoint(step, saved_for=reason)
+
+
+def saved_at(ctx, step: int):
+    """The checkpoint of ``step`` this run wrote, as named where it lives: ``model_dir/last`` (``last.pth``), or on
+    an fsspec store ``model_dir/last-<step>-<token>`` (``pimm_fn.checkpoint.rolling_checkpoint``)."""
+    return checkpoint.rolling_checkpoint(ctx.model_dir, step, ctx.checkpoint_format)
 
 
 def _advice(error: KeyboardInterrupt) -> str:

@@ -17,7 +17,7 @@ from pimm_fn.core.trace import Trace
 from pimm_fn.runtime import after_training, swap
 from pimm_fn.runtime.context import Context
 from pimm_fn.runtime.log_feed import clock
-from pimm_fn.runtime.preemption import advise
+from pimm_fn.runtime.preemption import advise, saved_at
 from pimm_fn.runtime.transaction import Interruption
 from pimm_fn.runtime.walker import Walker
 
@@ -82,7 +82,7 @@ class Loop:
         except KeyboardInterrupt as error:
             last = self._walker.last_saved()
             model_dir = self.ctx.model_dir if self.ctx.save_dir is not None else None
-            saved = (last, model_dir / "last") if last is not None and model_dir is not None else None
+            saved = (last, saved_at(self.ctx, last)) if last is not None and model_dir is not None else None
             advise(error, self.state.progress.global_step, saved, model_dir)
             raise
 

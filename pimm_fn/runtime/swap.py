@@ -287,6 +287,8 @@ def _commit(run, implied, state, extra: dict) -> None:
     ctx.advice.said = said  # a warning already given is not given again
     run.state = state
     run._use(implied)  # the next checkpoint keys the new hook's slot by its identity; the evaluators are its
+    if ctx.stopping is not None:
+        ctx.stopping.listen(implied.ticks)  # a save_every(minutes=...) swapped in hears the clock from now on
     prewarm_staging(ctx)  # a no-op unless the new hook is the first to save in the background
     p = state.progress
     before = set(saver_before_evaluator(old, iters_per_epoch=p.iters_per_epoch, max_epochs=p.max_epochs))

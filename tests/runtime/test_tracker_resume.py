@@ -1,6 +1,7 @@
 """W&B (offline) and MLflow (a local store), the real packages: a resumed run goes on in one tracker run, no step twice."""
 
 import json
+import time
 from pathlib import Path
 
 import mlflow.tracking
@@ -40,6 +41,18 @@ def _same_points(got: list, expected: list) -> None:
     assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-6)
 
 
+def _written(path: Path, timeout: float = 90) -> None:
+    """Wait (bounded) for W&B's own process to write an offline run's file: its finish() returns before that."""
+    deadline, size = time.monotonic() + timeout, -1
+    while time.monotonic() < deadline:
+        now = path.stat().st_size
+        if now > 7 and now == size:  # past the header, and no longer growing
+            return
+        size = now
+        time.sleep(0.5)
+    pytest.fail(f"W&B never wrote {path}")
+
+
 def _wandb_records(path: Path):
     """The protobuf records of a ``.wandb`` file: a 7-byte header, then a LevelDB log in 32 KiB blocks."""
     data, pos, part = path.read_bytes(), 7, b""
@@ -59,7 +72,8 @@ def _wandb_records(path: Path):
 def _wandb_points(run_dir: Path) -> tuple[set, dict]:
     """(the run ids, ``{key: [(step, value)]}``) of every offline run W&B wrote under ``run_dir``, in order."""
     ids, points = set(), {}
-    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb")):
+    # In the order the processes made them: the folders' names hold only the second, then a random id.
+    for path in sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"), key=lambda p: p.parent.stat().st_mtime):
         ids.add(path.stem.removeprefix("run-"))
         for record in _wandb_records(path):
             if record.WhichOneof("record_type") == "history":
@@ -75,6 +89,8 @@ def test_wandb_offline_resume_goes_on_in_one_run_with_each_step_once(tmp_path, m
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_MODE", "offline")
     records = _interrupted_then_resumed(tmp_path, lambda: WandbLogger(project="pimm_fn-test", mode="offline"))
+    for path in tmp_path.glob("wandb/offline-run-*/run-*.wandb"):
+        _written(path)
     ids, points = _wandb_points(tmp_path)
     assert ids == {(tmp_path / WandbLogger.ID_FILE).read_text().strip()}
     assert len(list(tmp_path.glob("wandb/offline-run-*"))) == 2  # one per process, joined by wandb sync
