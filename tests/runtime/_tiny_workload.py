@@ -4,6 +4,8 @@ Importable by spawned subprocesses (the kill-and-resume tests), so it keeps
 everything at module level.
 """
 
+import math
+
 import attrs
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -23,6 +25,33 @@ class TinyNet(torch.nn.Module):
     def forward(self, batch):
         x, y = batch
         return {"loss": ((self.out(self.drop(torch.relu(self.hidden(x)))) - y) ** 2).mean()}
+
+
+class NaNAt(TinyNet):
+    """TinyNet whose loss is NaN on its ``at``-th call (counting from 1)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, batch):
+        self.calls += 1
+        out = super().forward(batch)
+        return {"loss": out["loss"] * math.nan} if self.calls == self.at else out
+
+
+class FailsOnce(TinyNet):
+    """TinyNet whose forward raises once, on its ``at``-th call (counting from 1)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.calls = at, 0
+
+    def forward(self, batch):
+        self.calls += 1
+        if self.calls == self.at:
+            raise RuntimeError("a failing forward")
+        return super().forward(batch)
 
 
 def dataset(n=40, seed=0):

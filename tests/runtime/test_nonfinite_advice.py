@@ -1,26 +1,12 @@
 """A NaN loss's interruption line gives advice that works: not "run() continues exactly", which raises again."""
 
-import math
 import warnings
 
 import pytest
 import torch
 
 import pimm_fn as pf
-from _tiny_workload import TinyNet, loader
-
-
-class NaNAt(TinyNet):
-    """TinyNet whose loss is NaN on its ``at``-th call (counting from 1)."""
-
-    def __init__(self, at):
-        super().__init__()
-        self.at, self.calls = at, 0
-
-    def forward(self, batch):
-        self.calls += 1
-        out = super().forward(batch)
-        return {"loss": out["loss"] * math.nan} if self.calls == self.at else out
+from _tiny_workload import NaNAt, loader
 
 
 def _run(model, save_dir, **kwargs):

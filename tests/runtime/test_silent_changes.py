@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from _tiny_workload import TinyNet, dataset, loader, same_weights, weights
+from _tiny_workload import NaNAt, TinyNet, dataset, loader, same_weights, weights
 
 
 def _recording(rows):
@@ -149,19 +149,6 @@ def test_bad_resume_hyperparameters_and_on_nonfinite_are_refused_at_construction
 
 
 # -- a non-finite loss ----------------------------------------------------------------------------
-
-class NaNAt(TinyNet):
-    """TinyNet whose loss is NaN on its ``at``-th call (counting from 1)."""
-
-    def __init__(self, at):
-        super().__init__()
-        self.at, self.calls = at, 0
-
-    def forward(self, batch):
-        self.calls += 1
-        out = super().forward(batch)
-        return {"loss": out["loss"] * math.nan} if self.calls == self.at else out
-
 
 def _nan_run(at, hooks=(), step_fn=None, **kwargs):
     torch.manual_seed(0)

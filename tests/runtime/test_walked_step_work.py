@@ -9,7 +9,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.state import State
 
-from tests.runtime._tiny_workload import TinyNet
+from _tiny_workload import FailsOnce, TinyNet
 
 
 @attrs.frozen
@@ -108,24 +108,10 @@ def test_skipping_an_unwanted_beforestep_ends_where_walking_it_does(tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(skipping.ctx.model.parameters(), walking.ctx.model.parameters()))
 
 
-class _FailsOnce(TinyNet):
-    """TinyNet whose forward raises once, on its ``at``-th call."""
-
-    def __init__(self, at):
-        super().__init__()
-        self.at, self.calls = at, 0
-
-    def forward(self, batch):
-        self.calls += 1
-        if self.calls == self.at:
-            raise RuntimeError("a failing forward")
-        return super().forward(batch)
-
-
 def test_a_train_step_interrupted_after_an_unwanted_beforestep_continues_exactly(tmp_path):
     """The interrupted step trains again from the same batch and RNG: weights and slots equal an uninterrupted run."""
     torch.manual_seed(0)
-    model = _FailsOnce(at=5)
+    model = FailsOnce(at=5)
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), _batches(12), hooks=[_EveryStep()],
                   max_epochs=1, save_dir=tmp_path / "a")
     with pytest.raises(RuntimeError, match="a failing forward"):
