@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import pickle
 import socket
 import subprocess
 import sys
@@ -108,3 +109,12 @@ def run_ranks(function: str, world: int, out, *, timeout: float = 60, grace: flo
                 p.kill()
             p.wait()
     return Ranks(tuple(p.returncode for p in procs), tuple(path.read_text() for path in paths), time.monotonic() - start)
+
+
+def results(out, tag, world) -> list:
+    """What each rank of the launch tagged ``tag`` dumped, in rank order."""
+    found = []
+    for rank in range(world):
+        with open(pathlib.Path(out) / f"{tag}-rank{rank}.pkl", "rb") as f:
+            found.append(pickle.load(f))
+    return found

@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from _launch import run_ranks
+from _launch import results, run_ranks
 from _workers import MAX_EPOCHS
-from conftest import results
 
 pytestmark = pytest.mark.distributed
 BATCHES_PER_RANK = 6  # 48 samples, 2 ranks, batch 4

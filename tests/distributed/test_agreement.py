@@ -5,9 +5,8 @@ import json
 import pytest
 
 import pimm_fn as pf
-from _launch import run_ranks
+from _launch import results, run_ranks
 from _workers import MAX_EPOCHS, hooks_for
-from conftest import results
 from pimm_fn.core.effects import Scope, WriteBest
 
 pytestmark = pytest.mark.distributed

@@ -3,9 +3,8 @@ within seconds, and leaves every byte on disk as it was (``_rejected_workers:rej
 
 import pytest
 
-from _launch import run_ranks
+from _launch import results, run_ranks
 from _rejected_workers import CASES
-from conftest import results
 
 pytestmark = pytest.mark.distributed
 

@@ -8,8 +8,7 @@ for the full matrix on one rank.
 import pytest
 
 from _fault_workers import DAMAGES, FULL
-from _launch import run_ranks
-from conftest import results
+from _launch import results, run_ranks
 
 pytestmark = pytest.mark.distributed
 

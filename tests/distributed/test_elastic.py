@@ -17,8 +17,7 @@ import uuid
 import pytest
 import torch
 
-from _launch import HERE, REPO, free_port, run_ranks
-from conftest import results
+from _launch import HERE, REPO, free_port, results, run_ranks
 from pimm_fn.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.distributed

@@ -4,8 +4,7 @@ over it, alike on every rank; rank 0 alone is asked, and never where pimm_fn's o
 
 import pytest
 
-from _launch import run_ranks
-from conftest import results
+from _launch import results, run_ranks
 
 pytestmark = pytest.mark.distributed
 

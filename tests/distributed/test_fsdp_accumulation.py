@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from _launch import run_ranks
-from conftest import results
+from _launch import results, run_ranks
 
 pytestmark = pytest.mark.distributed
 

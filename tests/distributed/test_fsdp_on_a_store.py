@@ -5,8 +5,7 @@ import sys
 
 import pytest
 
-from _launch import run_ranks
-from conftest import results
+from _launch import results, run_ranks
 from test_fsdp import _equal
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))

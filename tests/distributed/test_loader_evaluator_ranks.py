@@ -7,8 +7,7 @@ import torch
 import torch.distributed as td
 
 from _eval_workers import N, classifier, data, evaluate
-from _launch import run_ranks
-from conftest import results
+from _launch import results, run_ranks
 
 pytestmark = pytest.mark.distributed
 

@@ -2,8 +2,7 @@
 
 import pytest
 
-from _launch import run_ranks
-from conftest import results
+from _launch import results, run_ranks
 
 pytestmark = pytest.mark.distributed
 

@@ -8,8 +8,7 @@ into a DDP and an FSDP2 model; the hypothesis-drawn mutations run in-process
 
 import pytest
 
-from _launch import run_ranks
-from conftest import results
+from _launch import results, run_ranks
 
 pytestmark = pytest.mark.distributed
 

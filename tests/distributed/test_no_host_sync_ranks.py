@@ -2,9 +2,8 @@
 
 import pytest
 
-from _launch import run_ranks
+from _launch import results, run_ranks
 from _sync_workers import HOOKS_CADENCES
-from conftest import results
 
 pytestmark = pytest.mark.distributed
 

@@ -16,8 +16,7 @@ import torch
 
 from pimm_fn.checkpoint import latest_checkpoint, storage
 
-from conftest import results
-from _launch import run_ranks
+from _launch import results, run_ranks
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import _s3  # noqa: E402

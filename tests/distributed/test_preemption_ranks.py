@@ -18,8 +18,7 @@ import time
 import pytest
 import torch
 
-from _launch import HERE, REPO, free_port, run_ranks
-from conftest import results
+from _launch import HERE, REPO, free_port, results, run_ranks
 
 pytestmark = pytest.mark.distributed
 

@@ -5,8 +5,7 @@ import signal
 import pytest
 import torch
 
-from _launch import run_ranks
-from conftest import results
+from _launch import results, run_ranks
 from pimm_fn.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.distributed

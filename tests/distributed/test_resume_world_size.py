@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from _launch import run_ranks
-from conftest import results
+from _launch import results, run_ranks
 from pimm_fn.core.effects import WriteBest
 from pimm_fn.core.state import Progress
 
