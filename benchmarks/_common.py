@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import platform
+import socket
 import statistics
 import sys
 
@@ -92,3 +93,10 @@ def print_table(title: str, header: list[str], rows: list[list[str]], file=sys.s
     print("  ".join("-" * w for w in widths), file=file)
     for row in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)), file=file)
+
+
+def free_port() -> int:
+    """A port nobody listens on now, for the ranks' rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

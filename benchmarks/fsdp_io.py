@@ -36,7 +36,6 @@ import json
 import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,7 @@ import time
 import types
 import warnings
 
-from benchmarks._common import fmt_spread, print_table, spread, write_result
+from benchmarks._common import fmt_spread, free_port, print_table, spread, write_result
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -241,19 +240,13 @@ def worker(rank: int, mb: float, width: int, rounds: int, base: pathlib.Path, ou
 
 
 # -- the launcher ---------------------------------------------------------------------------------
-def _free_port() -> int:
-    """A port nobody listens on now, for the ranks' rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def launch(mb: float, width: int, rounds: int, timeout: float) -> dict:
     """Run the ranks as fresh processes (one thread each), killed past ``timeout`` seconds; rank 0's figures."""
     base = pathlib.Path(tempfile.mkdtemp(prefix="pimm-fsdp-bench-"))
     out = base / "result.json"
     path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(WORLD),
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
            "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     cmd = [sys.executable, "-m", "benchmarks.fsdp_io", "--mb", str(mb), "--width", str(width),
            "--rounds", str(rounds), "--base", str(base)]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -38,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import pimm_fn as pf
-from benchmarks._common import print_table, spread, write_result
+from benchmarks._common import free_port, print_table, spread, write_result
 
 HOOK_LISTS = ("builtin", "user_every_1", "user_every_100")
 MODES = [(hooks, guarded) for hooks in HOOK_LISTS for guarded in (False, True)]
@@ -131,18 +130,12 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
     td.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def measure(rounds: int = 7, steps: int = 300) -> dict:
     """Per-step seconds off/on and the relative overhead, over paired rounds."""
     args = argparse.Namespace(rounds=rounds, steps=steps)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rounds.pt")
-        mp.spawn(_rank, args=(2, _free_port(), args, out), nprocs=2, join=True)
+        mp.spawn(_rank, args=(2, free_port(), args, out), nprocs=2, join=True)
         paired = torch.load(out)
     result = {
         "workload": "2 gloo ranks, DDP 2-layer MLP (32-64-1), batch 32 per rank, SGD, torch.set_num_threads(1); "

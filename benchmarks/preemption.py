@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import tempfile
 import time
@@ -30,7 +29,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 import pimm_fn as pf
-from benchmarks._common import print_table, spread, write_result
+from benchmarks._common import free_port, print_table, spread, write_result
 from benchmarks.guard import _MLP
 
 MODES = {1: (("off", None), ("on", None)), 2: (("off", None), ("on", None), ("on", 10), ("on", 1))}
@@ -91,12 +90,6 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
         td.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _us(values) -> dict:
     return {k: (v * 1e6 if k != "n" else v) for k, v in spread(values).items()}
 
@@ -111,7 +104,7 @@ def measure(rounds: int = 5, steps: int = 300) -> dict:
             if world == 1:
                 _rank(0, 1, 0, args, out)
             else:
-                mp.spawn(_rank, args=(world, _free_port(), args, out), nprocs=world, join=True)
+                mp.spawn(_rank, args=(world, free_port(), args, out), nprocs=world, join=True)
             paired = torch.load(out)
             off = [r[("off", None)][0] for r in paired]
             for mode in MODES[world][1:]:
