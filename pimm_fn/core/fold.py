@@ -90,24 +90,14 @@ def _declare(chain) -> tuple:
     return tuple(protocol.declared(h) for h in chain.hooks)
 
 
-def _updates_of(chain) -> tuple:
-    """Each child's ``update`` (its slot handed apart), or ``None`` for a child called as ``hook(state, event)``."""
-    return tuple(d.update for d in chain._declared)
-
-
 def _step_subscribers(chain) -> tuple:
     """``(index, every, accumulate)`` of each child called for ``AfterStep``, in order."""
     return tuple((i, d.every, d.accumulate) for i, d in enumerate(chain._declared) if d.wants(AfterStep))
 
 
 def _step_calls_of(chain) -> tuple:
-    """``(every, call)`` of each child called for ``AfterStep``, ``call`` as ``Chain._calls`` holds it."""
-    return tuple((every, (i, chain.hooks[i], chain._updates[i])) for i, every, _ in chain._step)
-
-
-def _accumulating_of(chain) -> tuple:
-    """The ``(index, every, accumulate)`` of ``_step`` whose child accumulates the steps its cadence skips."""
-    return tuple(entry for entry in chain._step if entry[2] is not None)
+    """``(every, call)`` of each child called for ``AfterStep``, ``call`` as ``Chain.calls`` gives it."""
+    return tuple((chain._declared[call[0]].every, call) for call in chain.calls(AfterStep))
 
 
 def _cadences_of(chain) -> tuple:
@@ -125,7 +115,8 @@ def _reading_cadences_of(chain) -> tuple:
 
 
 def _accumulators_of(chain) -> tuple:
-    return tuple((i, acc) for i, _, acc in chain._step if acc is not None)
+    """The ``(index, every, accumulate)`` of ``_step`` whose child accumulates the steps its cadence skips."""
+    return tuple(entry for entry in chain._step if entry[2] is not None)
 
 
 def _cached(factory):
@@ -138,16 +129,13 @@ class Chain:
 
     hooks: tuple = attrs.field(converter=tuple)
     name: str | None = None
-    _active: dict = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_active")
     _calls: dict = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_calls")
     _declared: tuple = _cached(_declare)
-    _updates: tuple = _cached(_updates_of)
     _step: tuple = _cached(_step_subscribers)
     _cadences: tuple = _cached(_cadences_of)
     _accumulators: tuple = _cached(_accumulators_of)
     _reading: tuple = _cached(_reading_cadences_of)
     _step_calls: tuple = _cached(_step_calls_of)
-    _accumulators_skipped: tuple = _cached(_accumulating_of)
 
     # -- the hook protocol, derived from the children ---------------------------------------------
     @property
@@ -197,18 +185,18 @@ class Chain:
 
     # -- folding ----------------------------------------------------------------------------------
     def active(self, event_type) -> tuple:
-        """Indices of the hooks that want ``event_type``, cached per type."""
-        found = self._active.get(event_type)
-        if found is None:
-            found = self._active[event_type] = tuple(i for i, d in enumerate(self._declared) if d.wants(event_type))
-        return found
+        """Indices of the hooks that want ``event_type`` (read off ``calls``' cache)."""
+        return tuple(call[0] for call in self.calls(event_type))
 
     def calls(self, event_type) -> tuple:
-        """``(index, hook, update)`` of the hooks that want ``event_type``, cached per type: what the fold calls."""
+        """``(index, hook, update)`` of the hooks that want ``event_type``, cached per type: what the fold calls.
+
+        ``update`` is the hook's ``update`` (its slot handed apart), or ``None``: called as ``hook(state, event)``.
+        """
         found = self._calls.get(event_type)
         if found is None:
-            hooks, updates = self.hooks, self._updates
-            found = self._calls[event_type] = tuple((i, hooks[i], updates[i]) for i in self.active(event_type))
+            pairs = enumerate(zip(self.hooks, self._declared))
+            found = self._calls[event_type] = tuple((i, h, d.update) for i, (h, d) in pairs if d.wants(event_type))
         return found
 
     def fires(self, step: int) -> bool:
@@ -236,7 +224,7 @@ class Chain:
     def _accumulate_all(self, slots: tuple, steps) -> tuple:
         """``_accumulate`` over ``steps`` (non-empty outputs, in step order), one call per child declaring a batch."""
         slots = list(slots)
-        for i, accumulate in self._accumulators:
+        for i, _, accumulate in self._accumulators:
             many = self._declared[i].accumulate_all
             if many is not None:
                 slots[i] = many(slots[i], steps)
@@ -248,7 +236,7 @@ class Chain:
     def _accumulate(self, slots: tuple, outputs) -> tuple:
         """``slots`` with every accumulating child's ``accumulate`` applied to ``outputs``."""
         slots = list(slots)
-        for i, accumulate in self._accumulators:
+        for i, _, accumulate in self._accumulators:
             slots[i] = accumulate(slots[i], outputs)
         return tuple(slots)
 
@@ -276,7 +264,7 @@ class Chain:
         if cls is AfterStep:
             step, outputs = event.step, event.outputs
             called = [call for every, call in self._step_calls if not step % every]
-            for i, every, accumulate in self._accumulators_skipped:
+            for i, every, accumulate in self._accumulators:
                 if step % every and outputs:  # a step the cadence skips: only the outputs count
                     new_slots = new_slots or list(slots)
                     new_slots[i] = accumulate(new_slots[i], outputs)

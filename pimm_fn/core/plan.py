@@ -15,7 +15,7 @@ from pimm_fn.core.budget import check_budget, epochs_reaching, fresh_progress
 from pimm_fn.core.effects import Evaluate, Stop
 from pimm_fn.core.frozen import freeze
 from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots
-from pimm_fn.core.preemption import time_is_up
+from pimm_fn.core.preemption import Boundaries
 from pimm_fn.core.processing import process
 from pimm_fn.core.schedule import advance, last_quiet_step, next_event, skip_to, state_at_step
 from pimm_fn.core.state import Progress, State
@@ -134,18 +134,6 @@ def run_schedule(
     return state
 
 
-def _time_budget(clock, max_time, margin):
-    """``boundary(state)`` for one process under ``max_time``: true at the last boundary leaving ``margin``."""
-    last = [0.0]
-
-    def up(state) -> bool:
-        now = clock(state.progress.global_step)
-        interval, last[0] = now - last[0], now
-        return time_is_up(now, interval, max_time, margin, lagged=False)
-
-    return up
-
-
 def _jump(hooks: Chain, state: State, last: int, outputs) -> State:
     """``skip_to(state, last)``, the steps' outputs handed to the accumulating hooks on the way."""
     if outputs is None or not hooks._accumulators:
@@ -256,6 +244,7 @@ def plan(
         state = process(hooks, state_at_step(state, start_step), ev.BeforeTrain(resumed=True), executor)
     if max_time is not None and clock is None:
         raise TypeError("plan: 'max_time' needs a 'clock' (clock(step) -> seconds since training began)")
-    boundary = _time_budget(clock, max_time, margin) if max_time is not None else None
+    # One process under a time budget, no signal: the rules ``simulate`` and the runtime apply.
+    boundary = None if max_time is None else Boundaries({}, world_size=1, clock=clock, max_time=max_time, margin=margin)
     run_schedule(hooks, state, executor, placeholders, clock=clock, boundary=boundary)
     return Trace(executor.trace, map(summary.hook_label, hooks.hooks))

@@ -83,7 +83,7 @@ def advance(state: State, event: ev.Event) -> State:
         case ev.BeforeTrain(resumed=True):
             return state
     name = type(event).__name__
-    if isinstance(event, ev.LIFECYCLE):  # a BeforeStep on every step a hook is called for: the fold's copy
+    if isinstance(event, ev.LIFECYCLE):  # only the position moves
         return state.moved(state.progress, name, state.slots, state.slot)
     return state
 

@@ -24,6 +24,7 @@ import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Effect, Scope
+from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import instance_of, int_at_least, optional
 
@@ -91,18 +92,22 @@ class _Profile:
         return StartProfiler(self.skip_first, self.wait, self.warmup, self.active, self.repeat, self.dir,
                              self.memory, self.shapes)
 
-    def __call__(self, state, event):
+    def update(self, slot, state, event):
+        """The hook protocol's ``update`` (no slot): called so, it builds no ``State`` after a hook with one."""
         p = state.progress
         match event:
             case ev.BeforeTrain() if self.skip_first == 0 and p.global_step == 0:
-                return state, (self._start(),)
+                return slot, state, (self._start(),)
             case ev.AfterStep(step=step) if step == self.skip_first:
-                return state, (self._start(),)
+                return slot, state, (self._start(),)
             case ev.AfterStep(step=step) if self.skip_first < step <= self.last_step:
-                return state, (StepProfiler(step, last=step == self.last_step),)
+                return slot, state, (StepProfiler(step, last=step == self.last_step),)
             case ev.AfterTrain() if self.skip_first < p.global_step < self.last_step:
-                return state, (StopProfiler(p.global_step),)
-        return state, ()
+                return slot, state, (StopProfiler(p.global_step),)
+        return slot, state, ()
+
+    def __call__(self, state, event):
+        return called_plainly(self, state, event)
 
     def __repr__(self):
         given = [f"{f.name}={getattr(self, f.name)!r}" for f in attrs.fields(type(self))

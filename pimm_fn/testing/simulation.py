@@ -215,8 +215,11 @@ def _run_rank(hooks: Chain, state: State, executor: _SimExecutor, outputs, point
     return run_schedule(hooks, state, executor, outputs, skip_quiet=skip_quiet)
 
 
-def _run_preempted(hooks, state, executor, outputs, skip_quiet, stops, clock, index: list) -> State:
-    """Run to the end, stopping where ``stops()`` (a fresh ``Boundaries`` per process) says; each stop resumes."""
+def _run_preempted(hooks, state, executor, outputs, skip_quiet, stops, clock, index: list) -> tuple:
+    """Run to the end, stopping where ``stops()`` (a fresh ``Boundaries`` per process) says; each stop resumes.
+
+    Returns the final state and the ``(step, reason)`` of each stop.
+    """
     stopped = []
     start = 0.0
     while True:
