@@ -91,7 +91,7 @@ def rolling_checkpoint(model_dir: str | os.PathLike, step: int, format: str = "s
     """
     model_dir = storage.location(model_dir)
     if storage.is_store(model_dir):
-        for entry in model_dir.iterdir() if model_dir.exists() else ():
+        for entry in model_dir.iterdir():  # [] where the store has no such directory
             named = L.STORE_LAST.match(entry.name)
             if named and int(named.group(1)) == step and (entry / L.MARKER).exists():
                 return entry

@@ -140,8 +140,7 @@ def publish_staged(
             weights_file.result()
         L.fsync_dir(staging / L.TRAINER)
         hashed = weights_file.sha256 if weights_file is not None else None  # while it was written: no second read
-        listing = _store_publish.manifest if storage.is_store(staging) else manifest
-        files = listing(staging, digests=digests, known={weights_file.path.name: hashed} if hashed else None)
+        files = manifest(staging, digests=digests, known={weights_file.path.name: hashed} if hashed else None)
         L.write_marker(staging, step, world_size, staged=True, metrics=metrics, files=files)
     except BaseException as exc:
         nbytes = _staged_bytes(staging, weights_file)

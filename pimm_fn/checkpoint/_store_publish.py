@@ -77,15 +77,3 @@ def snapshot(model_dir: StorePath, published: StorePath, step: int) -> StorePath
         published.fs.copy([f"{published.path}/{rel}" for rel in files], [f"{target.path}/{rel}" for rel in files])
     published.fs.copy(f"{published.path}/{L.MARKER}", f"{target.path}/{L.MARKER}")
     return target
-
-
-def manifest(directory: StorePath, *, digests: bool = False, known: dict | None = None) -> dict:
-    """:func:`.validation.manifest` on a store: one listing gives every size; digests stream each file once."""
-    listed = {rel: size for rel, size in directory.files().items()
-              if rel != L.MARKER and not rel.startswith(f"{L.RECEIPTS}/")}
-    files = {rel: {"size": size} for rel, size in sorted(listed.items())}
-    if digests:
-        known = dict(known or {})
-        for rel, record in files.items():
-            record["sha256"] = known.get(rel) or validation.digest(directory / rel)
-    return files

@@ -68,7 +68,7 @@ def metadata(directory: pathlib.Path, within: str = L.TRAINER) -> Metadata:
     name = _name(within, _METADATA)
     where = directory / within / _METADATA if within else directory / _METADATA
     try:
-        with (where.open("rb") if storage.is_store(where) else open(where, "rb")) as stream:
+        with where.open("rb") as stream:  # a local Path or a StorePath alike
             found = MetadataUnpickler(stream).load()
     except FileNotFoundError:
         raise CheckpointError(directory, name, "is missing") from None

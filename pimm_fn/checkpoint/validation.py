@@ -130,20 +130,23 @@ def manifest(directory: pathlib.Path, *, digests: bool = False, known: dict | No
     """The marker's ``files`` entry for a finished checkpoint directory: ``{relative path: {"size", ["sha256"]}}``.
 
     ``known``: ``{relative path: SHA-256}`` already computed while writing
-    (the weights file's); every other file is read once to hash it.
+    (the weights file's); every other file is read once to hash it. On an
+    fsspec store one listing gives every size.
     """
-    listed = {}
-    for path in sorted(pathlib.Path(directory).rglob("*")):
-        rel = path.relative_to(directory).as_posix()
-        if rel != L.MARKER and not rel.startswith(f"{L.RECEIPTS}/") and path.is_file():
-            listed[rel] = path
-    files = {rel: {"size": path.stat().st_size} for rel, path in listed.items()}
+    directory = storage.location(directory)
+    if storage.is_store(directory):
+        sizes = dict(sorted(directory.files().items()))
+    else:
+        found = (p for p in sorted(directory.rglob("*")) if p.is_file())
+        sizes = {p.relative_to(directory).as_posix(): p.stat().st_size for p in found}
+    listed = [rel for rel in sizes if rel != L.MARKER and not rel.startswith(f"{L.RECEIPTS}/")]
+    files = {rel: {"size": sizes[rel]} for rel in listed}
     if digests:
         known = dict(known or {})
         todo = [rel for rel in listed if not known.get(rel)]
         # One file per thread (hashlib releases the GIL): a checkpoint of many ranks' data files hashes in parallel.
         with ThreadPoolExecutor(max_workers=max(1, min(len(todo), os.cpu_count() or 1, 4))) as pool:
-            known.update(zip(todo, pool.map(digest, [listed[rel] for rel in todo])))
+            known.update(zip(todo, pool.map(digest, [directory / rel for rel in todo])))
         for rel, record in files.items():
             record["sha256"] = known[rel]
     return files

@@ -203,9 +203,7 @@ def _create_stored(path, text: bytes) -> None:
         with path.open("xb") as f:
             f.write(text)
         return
-    except FileExistsError:
-        raise
-    except (ValueError, NotImplementedError, TypeError):
+    except (ValueError, NotImplementedError, TypeError):  # a FileExistsError (held) goes up
         pass  # no exclusive create on this store: the best effort the module says
     if path.exists():
         raise FileExistsError(str(path))
