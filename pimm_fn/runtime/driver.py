@@ -31,7 +31,7 @@ class Driver:
         trained: called with each trained step: the loop counts it or folds its ``AfterStep``.
     """
 
-    __slots__ = ("_ctx", "_tx", "_run_step", "_trained", "_handed", "_after", "_nonfinite", "_watch", "_loading",
+    __slots__ = ("_ctx", "_tx", "_run_step", "_trained", "_handed", "_after", "_skipping", "_watch", "_loading",
                  "_training", "_scheduling")
 
     def __init__(self, ctx, tx, run_step, *, scheduler_in_step: bool, default_step: bool, trained):
@@ -39,7 +39,8 @@ class Driver:
         scheduler = ctx.scheduler if scheduler_in_step else None
         self._after = default_step and scheduler is not None  # the driver steps it after the step
         self._handed = None if self._after else scheduler  # the scheduler the step function is handed
-        self._nonfinite = ctx.nonfinite  # loop()'s policy
+        nonfinite = ctx.nonfinite  # under "skip", a batch left out of the update leaves the scheduler too
+        self._skipping = nonfinite if self._after and nonfinite is not None and nonfinite.policy == "skip" else None
         self._watch = watch = StepWatch.of(ctx.optimizer)  # one per optimizer: drivers rebuilt around it share it
         self._loading, self._scheduling = tx.unit(LOADING), tx.unit(SCHEDULING)
         # Where, around optimizer.step(), the train step raised (not exact once it began: warned).
@@ -56,18 +57,15 @@ class Driver:
         else:  # the batch an interrupted try drew, with the RNG its forward started from
             batch = tx.held[0]
             set_torch_rng(tx.held[1])
-        after, nonfinite = self._after, self._nonfinite
-        skips = nonfinite.count if after and nonfinite is not None else 0
+        skipping = self._skipping
+        skips = skipping.count if skipping is not None else 0
         if watch is not None:
             watch.arm()  # it then tells where, around optimizer.step(), the train step raised
         with self._training:
             scalars = self._run_step(ctx.model, ctx.optimizer, batch, self._handed, ctx.scaler)
         tx.held = None
-        if after:
-            # A batch the non-finite policy left out of the update leaves the scheduler too.
-            skipped = nonfinite is not None and nonfinite.policy == "skip" and nonfinite.count > skips
-            if not skipped:
-                return self.schedule(step, scalars, batch_size(batch))
+        if self._after and (skipping is None or skipping.count == skips):  # a skipped batch leaves the scheduler
+            return self.schedule(step, scalars, batch_size(batch))
         self._trained(step, scalars, batch_size(batch))
 
     def schedule(self, step: int, scalars: dict, size: int) -> None:

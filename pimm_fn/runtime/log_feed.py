@@ -194,7 +194,8 @@ def same_on_every_rank(step: int, kind: str, names: list) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if td.get_backend() == "nccl" else None
     extremes = torch.tensor([digest, -digest], dtype=torch.float64, device=device)
     td.all_reduce(extremes, op=td.ReduceOp.MAX)
-    if extremes[0].item() == -extremes[1].item():
+    highest, lowest = extremes.tolist()  # one copy to the host, not one per element
+    if highest == -lowest:
         return
     records = [None] * td.get_world_size()
     td.all_gather_object(records, (step, kind, list(names)))

@@ -156,11 +156,7 @@ class Walker:
                 finally:
                     ctx.console = console
             path = saved_at(ctx, step)  # its name where it lives (last-<step>-<token> on a store)
-        stopping.settle()
-        interpreter.settle()
-        interpreter.close()
-        if ctx.lock is not None:
-            ctx.lock.release()
+        self._close()  # as at training's end: nothing left in flight, every record written, the lock released
         code = stopping.option.exit_code
         saved = f"saved step {step} to {path}" if path is not None else f"stopped at step {step} (no save_dir)"
         ctx.say(f"{reason}: {saved}; exiting with code {code}; continue with loop(..., resume=\"auto\")")
@@ -309,11 +305,12 @@ class Walker:
         return effect_phase(entry.effect) if entry is not None else fold_phase(error, work.next_followup)
 
     def _close(self) -> None:
-        """Training ended: every rank learns of a divergence in the last events, every save and record is
-        written (the loggers and the bar closed), and ``save_dir``'s lock released (``pimm_fn.runtime.lock``)."""
-        self._interpreter.settle()
+        """Training ended (or stops for a preemption): no agreement left in flight, every rank learns of a divergence
+        in the last events, every save and record is written (the loggers and the bar closed), and ``save_dir``'s
+        lock released (``pimm_fn.runtime.lock``)."""
         if self._stopping is not None:
             self._stopping.settle()
+        self._interpreter.settle()
         self.ctx.wait_for_save()
         self._interpreter.close()
         if self.ctx.lock is not None:
