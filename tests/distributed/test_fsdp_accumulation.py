@@ -4,18 +4,9 @@ import pytest
 import torch
 
 from _launch import results, run_ranks
+from test_fsdp import _equal
 
 pytestmark = pytest.mark.distributed
-
-
-def _equal(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, (list, tuple)):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
-    return a == b
 
 
 def _close(a: dict, b: dict) -> bool:

@@ -5,25 +5,12 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import pimm_fn as pf
+from test_loader_evaluator import _step, accuracy
 
 
 def _data(n=8):
     g = torch.Generator().manual_seed(3)
     return TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 3, (n,), generator=g))
-
-
-def accuracy(outputs, batch):
-    _, y = batch
-    return {"acc": (outputs.argmax(-1) == y).sum(), "count": len(y)}
-
-
-def _step(model, optimizer, batch, *, scheduler=None, scaler=None):
-    x, y = batch
-    loss = torch.nn.functional.cross_entropy(model(x), y)
-    optimizer.zero_grad()
-    loss.backward()
-    optimizer.step()
-    return {"loss": loss.detach()}
 
 
 def test_the_hooks_name_wins_and_namespaces_the_loader_evaluators_metrics(tmp_path):
