@@ -111,7 +111,7 @@ def pimm_save(model_dir: pathlib.Path, model, optimizer, weights_file: bool):
     from pimm_fn.checkpoint import sharded
     from pimm_fn.checkpoint.contents import to_parts
     from pimm_fn.core.state import Progress, State
-    from pimm_fn.runtime.handlers import trainer_contents
+    from pimm_fn.runtime.save_contents import trainer_contents
 
     state = State(Progress(iters_per_epoch=10, max_epochs=1, global_step=1, iter_in_epoch=1))
     contents = trainer_contents(_context(model, optimizer), state)

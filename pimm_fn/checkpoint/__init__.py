@@ -26,7 +26,7 @@ from ._api import LoadedCheckpoint, load_checkpoint, save_checkpoint
 from ._async import AsyncSave
 from .background import BackgroundSaver, prewarm_async_save, save_checkpoint_async
 from ._discovery import find_checkpoint, latest_checkpoint, rolling_checkpoint
-from ._layout import CheckpointInfo
+from ._marker import CheckpointInfo
 from .errors import CheckpointError, CheckpointStorageError, DiskFullError
 from .validation import validate
 from ._best_model import write_best

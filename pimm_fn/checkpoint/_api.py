@@ -27,7 +27,7 @@ from pimm_fn import dist
 
 from . import _layout as L
 from . import _legacy, _publish, _retain, _standard, storage, validation
-from ._layout import CheckpointInfo
+from ._marker import FORMATS, SAVED_FOR, CheckpointInfo
 from .errors import SHARED
 
 __all__ = ["LoadedCheckpoint", "load_checkpoint", "save_checkpoint"]
@@ -123,7 +123,7 @@ def save_checkpoint(
     policy = retention.resolve(keep, keep_snapshots, caller="save_checkpoint")
     recorded = retention.recordable(metrics) if metrics is not None else None
     if saved_for is not None:  # why the runtime saved (a preemption): the marker's saved_for field
-        recorded = {**(recorded or {}), L.SAVED_FOR: saved_for}
+        recorded = {**(recorded or {}), SAVED_FOR: saved_for}
     root = storage.location(model_dir)
     if format == "legacy" and storage.is_store(root):
         raise ValueError(f"save_checkpoint: checkpoint_format='legacy' publishes by a rename, which {root} (an fsspec "
@@ -201,7 +201,7 @@ def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedChec
 
 def _check_args(step, format, keep_snapshots, *, sharded=None, **parts) -> None:
     validate.int_at_least(0).check(step, "step", owner="save_checkpoint")
-    validate.one_of(*L.FORMATS).check(format, "format", owner="save_checkpoint")
+    validate.one_of(*FORMATS).check(format, "format", owner="save_checkpoint")
     validate.optional(validate.int_at_least(0)).check(keep_snapshots, "keep_snapshots", owner="save_checkpoint")
     if sharded is not None and format != "standard":
         raise ValueError(

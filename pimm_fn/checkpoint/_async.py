@@ -36,7 +36,7 @@ from pimm_fn.core import retention
 from . import _layout as L
 from . import _publish, _retain, _staging, _standard, storage
 from ._api import _check_args
-from ._layout import CheckpointInfo
+from ._marker import CheckpointInfo
 from .errors import SHARED
 
 __all__ = ["AsyncSave", "start"]

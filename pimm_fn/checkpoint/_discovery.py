@@ -1,7 +1,7 @@
 """Finding the newest usable checkpoint, and resolving user-given paths.
 
 Which entries of a model_dir count, and in which order, is
-:func:`.validation.candidates`: ``last/``, ``iter_<step>/``, leftover
+:func:`.candidates.candidates`: ``last/``, ``iter_<step>/``, leftover
 ``.retired-*/`` directories and the legacy ``last.pth`` / ``iter_<step>.pth``
 files, highest step first (on a tie ``last`` beats a snapshot, which beats a
 retired copy: they hold the same data when their steps agree), each valid
@@ -17,15 +17,15 @@ import pathlib
 from pimm_fn import dist
 
 from . import _layout as L
-from . import storage, validation
-from ._layout import CheckpointInfo
+from . import candidates, storage, validation
+from ._marker import CheckpointInfo
 
 _MODEL = "model"
 
 
 def discover(model_dir: str | os.PathLike) -> CheckpointInfo | None:
     """The newest usable checkpoint under ``model_dir`` (local, no collectives)."""
-    return next((c.info for c in validation.candidates(model_dir) if c.info is not None), None)
+    return next((c.info for c in candidates.candidates(model_dir) if c.info is not None), None)
 
 
 def latest_checkpoint(model_dir: str | os.PathLike) -> CheckpointInfo | None:
@@ -72,7 +72,7 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
     if p.is_file() or named or any((p / name).exists() for name in (L.MARKER, L.TRAINER, L.WEIGHTS)):
         return validation.validate(p)
     model_dir = p / _MODEL if (p / _MODEL).is_dir() else p
-    found = validation.candidates(model_dir)
+    found = candidates.candidates(model_dir)
     usable = next((c.info for c in found if c.info is not None), None)
     if usable is not None:
         return usable

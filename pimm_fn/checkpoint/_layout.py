@@ -1,4 +1,6 @@
-"""Names on disk, the completion marker, and small crash-safe file helpers.
+"""Names on disk, writing the completion marker, and small crash-safe file helpers.
+
+What the marker records, and the ``CheckpointInfo`` read back from it: :mod:`._marker`.
 
 Layout under a ``model_dir`` (``save_dir/"model"``)::
 
@@ -39,12 +41,15 @@ import shutil
 import threading
 from typing import Callable
 
-import attrs
 import torch
 
 from . import storage
+from ._marker import marker_payload
 
-__all__ = ["CheckpointInfo"]
+__all__ = [
+    "best_stem", "fsync_dir", "atomic_write", "staged_write", "durable_write", "BackgroundWrite", "weights_write",
+    "write_marker", "remove", "link_or_copy",
+]
 
 LAST = "last"
 LEGACY_LAST = "last.pth"
@@ -74,82 +79,9 @@ def best_stem(metric: str | None = None) -> str:
     return "model_best_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric)
 STAGING = ".staging-"
 RETIRED = ".retired-"
-FORMATS = ("standard", "legacy")
-VERSION = 1
-SAVED_FOR = "__saved_for__"  # save_checkpoint(saved_for=) travels to the marker among the metrics, then is its own field
 ITER_DIR = re.compile(r"^iter_(\d+)$")
 ITER_FILE = re.compile(r"^iter_(\d+)\.pth$")
 STORE_LAST = re.compile(r"^last-(\d+)-[0-9a-f]+$")  # the rolling checkpoint on a store, under its final name
-
-
-def _non_negative(_inst, attribute, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"CheckpointInfo.{attribute.name} must be an int >= 0 (got {value!r})")
-
-
-def _positive(_inst, attribute, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"CheckpointInfo.{attribute.name} must be an int >= 1 (got {value!r})")
-
-
-def _known_format(_inst, attribute, value) -> None:
-    if value not in FORMATS:
-        raise ValueError(f"CheckpointInfo.{attribute.name} must be one of {FORMATS} (got {value!r})")
-
-
-@attrs.frozen
-class CheckpointInfo:
-    """Where a complete checkpoint lives and what it holds.
-
-    Attributes:
-        path: the checkpoint directory (standard) or file (legacy).
-        step: the global step it was saved at.
-        format: ``"standard"`` or ``"legacy"``.
-        world_size: how many ranks wrote it (their rank-local parts).
-
-    Example:
-        >>> CheckpointInfo("runs/x/model/last", 10, "standard", 2).path.name
-        'last'
-    """
-
-    path: pathlib.Path = attrs.field(converter=storage.location)  # a StorePath on an fsspec store
-    step: int = attrs.field(validator=_non_negative)
-    format: str = attrs.field(validator=_known_format)
-    world_size: int = attrs.field(validator=_positive)
-
-
-def marker_payload(step: int, fmt: str, world_size: int, metrics: dict | None = None) -> dict:
-    """The marker's content; also embedded in legacy files.
-
-    ``metrics``: the run's finite metrics at the save, kept for retention
-    policies (``keep_best``) and ``python -m pimm_fn ls`` to read cheaply.
-    Under ``SAVED_FOR`` they may carry why a save no hook asked for was made
-    (``"SIGTERM"``, ``"max_time"``: a preemption save), recorded as the
-    marker's own ``saved_for`` field.
-    """
-    payload = {"step": step, "format": fmt, "world_size": world_size, "version": VERSION}
-    if metrics is not None:
-        metrics = dict(metrics)
-        saved_for = metrics.pop(SAVED_FOR, None)
-        payload["metrics"] = metrics
-        if saved_for is not None:
-            payload["saved_for"] = str(saved_for)
-    return payload
-
-
-def info_from_marker(path: pathlib.Path, payload: object, fmt: str) -> CheckpointInfo:
-    """Validate a marker payload; raise ``ValueError`` saying what is wrong."""
-    if not isinstance(payload, dict):
-        raise ValueError(f"marker must be a JSON object, got {type(payload).__name__}")
-    if payload.get("version") != VERSION or payload.get("format") != fmt:
-        raise ValueError(
-            f"marker must have version={VERSION}, format={fmt!r} "
-            f"(got version={payload.get('version')!r}, format={payload.get('format')!r})"
-        )
-    try:
-        return CheckpointInfo(path, payload.get("step"), fmt, payload.get("world_size"))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"marker is invalid: {exc}") from None
 
 
 def fsync_dir(path: pathlib.Path) -> None:

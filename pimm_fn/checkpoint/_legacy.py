@@ -23,6 +23,7 @@ import torch
 
 from . import _layout as L
 from . import storage
+from ._marker import CheckpointInfo, info_from_marker, marker_payload
 from ._pack import pack, unpack
 from .errors import CheckpointError, cause, storage_errors, tensor_bytes
 
@@ -30,7 +31,7 @@ from .errors import CheckpointError, cause, storage_errors, tensor_bytes
 def payload(step: int, weights: dict, trainer: dict, locals_by_rank: list[dict], metrics: dict | None = None) -> dict:
     """Build the dict that :func:`write` saves; ``metrics`` go in its marker."""
     return {
-        "marker": L.marker_payload(step, "legacy", len(locals_by_rank), metrics),
+        "marker": marker_payload(step, "legacy", len(locals_by_rank), metrics),
         "weights": weights,
         "trainer": _packed(trainer),
         "local": [_packed(local) for local in locals_by_rank],
@@ -48,7 +49,7 @@ def write(path: pathlib.Path, content: dict) -> pathlib.Path:
         return L.atomic_write(path, lambda f: torch.save(content, f))
 
 
-def read_info(path: pathlib.Path) -> L.CheckpointInfo:
+def read_info(path: pathlib.Path) -> CheckpointInfo:
     """Read the marker of a legacy file without reading its tensors.
 
     Raises:
@@ -59,7 +60,7 @@ def read_info(path: pathlib.Path) -> L.CheckpointInfo:
     if not isinstance(content, dict) or "marker" not in content:
         raise CheckpointError(path, path.name, "holds no pimm_fn legacy 'marker' entry: it is not a legacy checkpoint")
     try:
-        return L.info_from_marker(path, content["marker"], "legacy")
+        return info_from_marker(path, content["marker"], "legacy")
     except ValueError as exc:
         raise CheckpointError(path, path.name, f"has an invalid marker ({exc})") from None
 

@@ -26,6 +26,7 @@ from pimm_fn.core import retention
 
 from . import _layout as L
 from . import _legacy, storage, validation
+from ._marker import info_from_marker
 
 REMOVING = f"{L.STAGING}removed-"
 
@@ -41,7 +42,7 @@ def marker_of(path: pathlib.Path) -> dict:
         return json.loads((path / L.MARKER).read_text(encoding="utf-8"))
     content = _legacy._load(path, mmap=True)  # the marker only: tensors stay on disk
     marker = content.get("marker") if isinstance(content, dict) else None
-    L.info_from_marker(path, marker, "legacy")
+    info_from_marker(path, marker, "legacy")
     return marker
 
 

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from pimm_fn import dist
 
 from . import _layout as L
-from . import _publish, safe_reading, storage
+from . import _publish, _receipts, safe_reading, storage
 from ._pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
 from .errors import CheckpointError, cause, no_space, storage_errors, tensor_bytes
 
@@ -59,13 +59,13 @@ def write_state(directory: pathlib.Path, state: dict[str, torch.Tensor], group=N
         DiskFullError / CheckpointStorageError: on every rank, when some
             rank's write ran out of space, or failed otherwise.
     """
-    _publish.write_receipt(directory)
+    _receipts.write_receipt(directory)
     with warnings.catch_warnings(), storage_errors(
         directory.parent, lambda: tensor_bytes(state), "this rank's trainer state", _publish.removed(directory)
     ):
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
         dcp.save(state, storage_writer=_writer(directory / L.TRAINER), process_group=group)
-    _publish.check_receipts(directory, group)
+    _receipts.check_receipts(directory, group)
 
 
 class _NoSpaceReported:
@@ -249,5 +249,3 @@ def _agree(replicated: dict[str, torch.Tensor], problem: Exception | None) -> No
             "in structure, shapes or plain values; move rank-specific values into 'local'"
         )
 
-
-_MetadataUnpickler = safe_reading.MetadataUnpickler  # its home is the reading layer now

@@ -11,7 +11,7 @@ object exists whole or not at all)::
     rank 0: COMPLETE (each file's size, SHA-256 when asked): now it counts
     rank 0: delete the previous last-*, marker first; copy iter_<step> (marker last); retention
 
-Discovery (:func:`.validation.candidates`) never looks at a directory of a
+Discovery (:func:`.candidates.candidates`) never looks at a directory of a
 store without its marker: a save killed at any instant before ``COMPLETE``
 leaves an invisible directory, and the previous checkpoint stays the
 latest. Deletion removes the marker first, so a deletion cut short leaves

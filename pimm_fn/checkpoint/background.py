@@ -26,7 +26,7 @@ from pimm_fn import dist
 
 from . import _async, _staging, _standard
 from ._async import AsyncSave
-from ._layout import CheckpointInfo
+from ._marker import CheckpointInfo
 
 __all__ = ["BackgroundSaver", "prewarm_async_save", "save_checkpoint_async"]
 

@@ -1,6 +1,6 @@
 """Which checkpoint a resume reads: the newest that validates and reads back on every rank, agreed.
 
-``resume="auto"`` walks :func:`.validation.candidates` newest first, as
+``resume="auto"`` walks :func:`.candidates.candidates` newest first, as
 rank 0 lists them (broadcast once, so every rank walks the same list). A
 candidate that does not validate is skipped at once; one that does is read
 on every rank (:func:`load_checkpoint`) and the ranks agree on the outcome
@@ -42,10 +42,10 @@ from typing import Callable
 import attrs
 
 from pimm_fn import dist
-from . import storage, validation
+from . import candidates, storage, validation
 from ._api import LoadedCheckpoint, load_checkpoint
 from ._discovery import find_checkpoint
-from ._layout import CheckpointInfo
+from ._marker import CheckpointInfo
 from .errors import SHARED, CheckpointError
 
 __all__ = ["Chosen", "NoIntactCheckpointError", "RECHECK_S", "newest_readable", "read_agreed"]
@@ -121,13 +121,13 @@ class NoIntactCheckpointError(CheckpointError):
 
 
 def _rechecked(model_dir) -> list:
-    """:func:`validation.candidates`, listed again after a pause while a file one of them lacks may still appear."""
-    listing = validation.candidates(model_dir)
+    """:func:`.candidates.candidates`, listed again after a pause while a file one of them lacks may still appear."""
+    listing = candidates.candidates(model_dir)
     for pause in RECHECK_S:
         if not _lacks_a_file(listing):
             break
         time.sleep(pause)
-        listing = validation.candidates(model_dir)
+        listing = candidates.candidates(model_dir)
     return listing
 
 

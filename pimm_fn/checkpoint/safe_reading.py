@@ -9,7 +9,7 @@ where the reader expects a tensor would choose to run code.
 Every DCP read of pimm_fn goes through the two functions here (a test scans
 the package for any other ``dcp.load`` or ``FileSystemReader``):
 
-- :func:`metadata` unpickles ``.metadata`` with :class:`MetadataUnpickler`,
+- :func:`metadata` unpickles ``.metadata`` with :class:`.metadata_unpickler.MetadataUnpickler`,
   which admits DCP's own metadata classes and the torch and standard types
   they hold, as CPython 3.10-3.13 pickle them, and nothing else; the data
   files it names must lie in the directory itself.
@@ -31,10 +31,8 @@ unpickler, the same checks, the same planner.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import io
 import pathlib
-import pickle
 import warnings
 from typing import Any
 
@@ -48,8 +46,9 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from . import _layout as L
 from . import storage
 from .errors import CheckpointError, cause
+from .metadata_unpickler import MetadataUnpickler
 
-__all__ = ["metadata", "load", "MetadataUnpickler", "plain_globals"]
+__all__ = ["metadata", "load", "plain_globals"]
 
 NO_GROUP_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 _METADATA = ".metadata"
@@ -246,55 +245,3 @@ def plain_globals() -> list:
     core = getattr(np, "_core", None) or np.core
     found = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype]
     return found + [getattr(np.dtypes, n) for n in dir(getattr(np, "dtypes", None) or ()) if n.endswith("DType")]
-
-
-# -- the metadata unpickler ---------------------------------------------------------------------------
-_PATHS = ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")
-
-
-class MetadataUnpickler(pickle.Unpickler):
-    """An unpickler for DCP's ``.metadata`` that admits what DCP metadata holds and nothing else.
-
-    DCP's own dataclasses and enums, ``torch.Size``, dtypes, layouts and
-    memory formats, paths (``pathlib``, ``pathlib._local`` on 3.13) and
-    ``OrderedDict``. An enum member pickled as ``getattr(EnumClass, "NAME")``
-    (CPython 3.11.0-3.11.x before the revert, e.g. Debian 12's 3.11.2) is
-    admitted through :func:`_enum_member`, which applies to an admitted DCP
-    enum and one of its member names only: ``builtins.getattr`` itself is
-    never handed out.
-    """
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module.startswith("torch.distributed.checkpoint"):
-            obj = super().find_class(module, name)
-            if _is_dcp_type(obj):
-                return obj
-        elif module == "builtins" and name == "getattr":
-            return _enum_member
-        elif module == "torch.serialization" and name == "_get_layout":  # layout name -> torch.layout
-            return super().find_class(module, name)
-        elif module == "torch":
-            obj = getattr(torch, name, None)
-            if obj is torch.Size or isinstance(obj, (torch.dtype, torch.layout, torch.memory_format)):
-                return obj
-        elif module in ("pathlib", "pathlib._local") and name in _PATHS:
-            return getattr(pathlib, name)
-        elif module == "collections" and name == "OrderedDict":
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"DCP metadata references {module}.{name}, which is not allowed to load")
-
-
-def _is_dcp_type(obj: Any) -> bool:
-    return isinstance(obj, type) and obj.__module__.startswith("torch.distributed.checkpoint") and (
-        dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
-
-
-def _enum_member(cls: Any, name: Any) -> enum.Enum:
-    """``getattr(cls, name)`` for a DCP enum and one of its members' names; an ``UnpicklingError`` for anything else."""
-    if isinstance(cls, type) and issubclass(cls, enum.Enum) and _is_dcp_type(cls) and isinstance(name, str) \
-            and name in cls.__members__:
-        return cls.__members__[name]
-    raise pickle.UnpicklingError(
-        f"DCP metadata applies getattr to {getattr(cls, '__qualname__', type(cls).__name__)}.{name!r}, "
-        "which is not a member of a DCP enum: refused"
-    )

@@ -45,14 +45,12 @@ import pathlib
 import stat
 from concurrent.futures import ThreadPoolExecutor
 
-import attrs
-
 from . import _layout as L
 from . import _legacy, safe_reading, storage
-from ._layout import CheckpointInfo
+from ._marker import CheckpointInfo, info_from_marker
 from .errors import CheckpointError, cause
 
-__all__ = ["Candidate", "candidates", "confined", "digest", "manifest", "validate"]
+__all__ = ["check_files", "confined", "digest", "manifest", "read_marker", "validate"]
 
 _METADATA = f"{L.TRAINER}/.metadata"
 _BLOCK = 8 * 2**20  # bytes hashed per read: large blocks, one pass over each file
@@ -170,92 +168,12 @@ def validate(path: str | os.PathLike, *, digests: bool = False) -> CheckpointInf
     path = storage.location(path)
     if path.is_file():
         return _legacy.read_info(path)
-    info, payload = _marker(path)
-    _check_files(path, payload, digests)
+    info, payload = read_marker(path)
+    check_files(path, payload, digests)
     return info
 
 
-@attrs.frozen
-class Candidate:
-    """One entry of a model_dir that could be resumed from: usable (``info``) or not (``error``).
-
-    Attributes:
-        path: the checkpoint directory or legacy file.
-        step: its step: from the marker, else from the name (``iter_<step>``); ``None`` when unknown.
-        info: the checkpoint, when it validates.
-        error: why it does not, otherwise.
-        priority: how it ranks among entries of one step: 2 ``last``, 1 a snapshot, 0 a retired copy.
-    """
-
-    path: pathlib.Path
-    step: int | None
-    info: CheckpointInfo | None = None
-    error: CheckpointError | None = None
-    priority: int = 0
-
-
-def candidates(model_dir: str | os.PathLike) -> list[Candidate]:
-    """Every checkpoint under ``model_dir``, usable or not, newest first (local, no collectives).
-
-    Newest means the highest step; a damaged ``last`` whose step is unknown
-    counts as the newest. On a tie ``last`` beats a snapshot, which beats a
-    retired copy, and the standard format beats the legacy one.
-    ``.staging-*`` entries are never looked at, nor retired copies whose
-    marker is gone (a deletion under way), nor, on an fsspec store, any
-    directory without a marker (being written or deleted: the marker commits).
-    """
-    root = storage.location(model_dir)
-    if not root.is_dir():
-        return []
-    found = [c for c in map(_examine, root.iterdir()) if c is not None]
-    key = lambda c: (float("inf") if c.step is None else c.step, c.priority, c.path.is_dir(), c.path.name)
-    return sorted(found, key=key, reverse=True)
-
-
-def _examine(entry: pathlib.Path) -> Candidate | None:
-    priority = _priority(entry)
-    if priority is None:
-        return None
-    if not entry.is_dir():
-        try:
-            info = _legacy.read_info(entry)
-        except CheckpointError as exc:
-            return Candidate(entry, _named_step(entry), error=exc, priority=priority)
-        return Candidate(entry, info.step, info, priority=priority)
-    if storage.is_store(entry) and not (entry / L.MARKER).exists():
-        return None
-    try:
-        info, payload = _marker(entry)
-    except CheckpointError as exc:
-        return None if priority == 0 else Candidate(entry, _named_step(entry), error=exc, priority=priority)
-    try:
-        _check_files(entry, payload, False)
-    except CheckpointError as exc:
-        return Candidate(entry, info.step, error=exc, priority=priority)
-    return Candidate(entry, info.step, info, priority=priority)
-
-
-def _priority(entry: pathlib.Path) -> int | None:
-    name = entry.name
-    if name.startswith(L.STAGING):
-        return None
-    if entry.is_dir():
-        if name == L.LAST or (storage.is_store(entry) and L.STORE_LAST.match(name)):
-            return 2
-        if L.ITER_DIR.match(name):
-            return 1
-        return 0 if name.startswith(L.RETIRED) else None
-    if name == L.LEGACY_LAST:
-        return 2
-    return 1 if L.ITER_FILE.match(name) else None
-
-
-def _named_step(entry: pathlib.Path) -> int | None:
-    match = (L.ITER_DIR if entry.is_dir() else L.ITER_FILE).match(entry.name)
-    return int(match.group(1)) if match else None
-
-
-def _marker(path: pathlib.Path) -> tuple[CheckpointInfo, dict]:
+def read_marker(path: pathlib.Path) -> tuple[CheckpointInfo, dict]:
     """The info and payload of ``path``'s ``COMPLETE`` marker."""
     try:
         text = (path / L.MARKER).read_text(encoding="utf-8")
@@ -269,12 +187,13 @@ def _marker(path: pathlib.Path) -> tuple[CheckpointInfo, dict]:
     except json.JSONDecodeError as exc:
         raise CheckpointError(path, L.MARKER, f"is not valid JSON ({exc}): it was cut short or overwritten") from None
     try:
-        return L.info_from_marker(path, payload, "standard"), payload
+        return info_from_marker(path, payload, "standard"), payload
     except ValueError as exc:
         raise CheckpointError(path, L.MARKER, f"is not a valid marker ({exc})") from None
 
 
-def _check_files(path: pathlib.Path, payload: dict, digests: bool) -> None:
+def check_files(path: pathlib.Path, payload: dict, digests: bool) -> None:
+    """Every file the marker ``payload`` lists is in ``path`` at its recorded size (and SHA-256, with ``digests``)."""
     files = payload.get("files")
     if files is None:
         _check_unlisted(path)

@@ -7,7 +7,8 @@ resume asks (``pimm_fn.checkpoint.foreign``) and carries out pimm's warm starts.
 
 A resume translates the checkpoint into a pimm_fn checkpoint (legacy
 format, under ``model/.staging-pimm-import/``, which the run's first save
-removes) and resumes from that, with pimm's translation of its counters:
+removes) and resumes from that, with pimm's translation of its counters
+(``pimm_fn.compat.resume_counters``):
 
 * at an epoch boundary (pimm's ``iter_in_epoch == 0``, as every deferred
   epoch-end save is): after epoch ``epoch - 1``, at ``global_step``, the RNG
@@ -45,24 +46,20 @@ import torch
 from pimm_fn import checkpoint
 from pimm_fn import dist
 from pimm_fn.checkpoint.contents import PerRank, Replicated, SavedState, TrainerContents, to_parts
-from pimm_fn.compat.reading import (
-    PimmCheckpoint, PimmCheckpointError, latest_pimm_checkpoint, load_pimm_weights, pimm_source, read_pimm_checkpoint,
-    remap_pimm_weights, safe_load,
-)
+from pimm_fn.compat.pimm_weights import load_pimm_weights, remap_pimm_weights
+from pimm_fn.compat.reading import PimmCheckpointError, pimm_source, read_pimm_checkpoint
 from pimm_fn.compat.effects import PIMM
+from pimm_fn.compat.resume_counters import is_legacy, item, legacy_line, nested_state, resume_progress
 from pimm_fn.compat.saving import PIMM_BEST
 from pimm_fn.core.effects import LoadWeights
 from pimm_fn.core.slots import Keyed
-from pimm_fn.core.state import Progress, State
+from pimm_fn.core.state import State
 from pimm_fn.runtime import handlers as runtime_handlers
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
 from pimm_fn.runtime.rng import capture_rng
 
-__all__ = [
-    "PimmCheckpointError", "PimmCheckpoint", "read_pimm_checkpoint", "latest_pimm_checkpoint", "pimm_source",
-    "load_pimm_weights", "remap_pimm_weights", "translate", "safe_load", "PimmCheckpoints", "PIMM_CHECKPOINTS",
-]
+__all__ = ["translate", "PimmCheckpoints", "PIMM_CHECKPOINTS"]
 
 IMPORT = ".staging-pimm-import"  # where a resume's translation goes, in the run's model/; the first save removes it
 
@@ -86,14 +83,6 @@ def _positional_optimizer(saved):
             params.append(ids[p])
         groups.append({**group, "params": params})
     return {"state": {ids.get(k, k): dict(v) for k, v in (sd.get("state") or {}).items()}, "param_groups": groups}
-
-
-def _nested_state(entry):
-    return entry.get("state_dict") if isinstance(entry, Mapping) and "state_dict" in entry else entry
-
-
-def _item(value):
-    return value.item() if isinstance(value, torch.Tensor) else value
 
 
 def _rng(entry, world: int, rank: int, where) -> dict:
@@ -120,84 +109,6 @@ def _rng(entry, world: int, rank: int, where) -> dict:
     if own.get("torch_cuda"):
         found["cuda"] = list(own["torch_cuda"])
     return found
-
-
-def _exact(numerator, denominator):
-    return numerator // denominator if denominator > 0 and numerator % denominator == 0 and numerator > 0 else None
-
-
-def _legacy(payload: Mapping) -> bool:
-    """Whether ``payload`` is a legacy (Pointcept-style) file: counters ``epoch``/``iter``, no trainer state."""
-    return not isinstance(payload.get("train_state") or payload.get("trainer"), Mapping)
-
-
-def _counters(payload: Mapping, where) -> tuple[int, int, int | None, int, bool]:
-    """``(epoch, iter_in_epoch, global_step or None, samples_seen, legacy)`` pimm resumes from."""
-    trainer = payload.get("train_state") or payload.get("trainer")
-    if not _legacy(payload):
-        i = trainer.get("iter_in_epoch", trainer.get("iteration", trainer.get("iter", 0)))
-        return (int(_item(trainer.get("epoch", 0))), int(_item(i or 0)), int(_item(trainer.get("global_step", 0))),
-                int(_item(trainer.get("samples_seen", 0))), False)
-    if "epoch" not in payload:
-        raise PimmCheckpointError(
-            f"{where} holds model weights only (no 'epoch' or trainer state): nothing to resume. Warm-start a fresh "
-            f"run from it instead (CheckpointLoader with weight={str(where)!r}, or pf.load_weights)"
-        )
-    return int(_item(payload["epoch"])), int(_item(payload.get("iter") or 0)), None, 0, True
-
-
-def _steps_per_epoch(epoch, i, step, payload, given, legacy, where) -> int:
-    if given is not None:  # translate(iters_per_epoch=), or the loader's length for a legacy file (pimm's rule)
-        return given
-    if not legacy and epoch > 0:
-        found = _exact(step - i, epoch)
-        if found is not None and (i == 0 or i < found):
-            return found
-    scheduler = _nested_state(payload.get("scheduler")) or {}
-    count = scheduler.get("last_epoch") if isinstance(scheduler, Mapping) else None
-    if legacy and isinstance(count, int) and epoch > 0:
-        found = _exact(count, epoch) if i == 0 else _exact(count - i, epoch - 1) if epoch > 1 else None
-        if found is not None:
-            return found
-    if not legacy and epoch == 0 and i > 0:
-        return i + 1  # the first epoch restarts at step 0 (below): its length no longer matters
-    raise PimmCheckpointError(
-        f"{where} records epoch={epoch}, iter={i} but not its steps per epoch: translate it with "
-        f"pimm_fn.compat.translate({str(where)!r}, out_dir, iters_per_epoch=len(train_loader)) and resume from that"
-    )
-
-
-def _progress(payload: Mapping, where, iters_per_epoch, max_epochs, run_steps=None) -> tuple[Progress, str, str | None]:
-    """``(progress, position, note)``: where pimm would resume, as pimm_fn's state; ``note`` a warning to give.
-
-    ``run_steps``: the resuming run's steps per epoch, which a legacy file is resumed with (pimm's rule).
-    """
-    epoch, i, step, samples, legacy = _counters(payload, where)
-    given = run_steps if legacy and iters_per_epoch is None else iters_per_epoch
-    ipe = _steps_per_epoch(epoch, i, step, payload, given, legacy, where)
-    note = None
-    if legacy:
-        start = max(0, epoch - 1) if 0 < i < ipe else epoch
-        if 0 < i < ipe:
-            note = (f"{where}: legacy checkpoint is mid-epoch (epoch={epoch}, iter={i}) and has no dataloader state; "
-                    f"epoch {start} restarts from its first batch")
-        step = start * ipe
-    elif 0 < i < ipe:
-        start = epoch
-        note = (f"{where}: checkpoint is mid-epoch (epoch {epoch}, step {i} of {ipe}) and its dataloader state is a "
-                f"pickle pimm_fn does not load; resuming from the beginning of the saved epoch and replaying "
-                f"already-completed batches (global_step {step} -> {epoch * ipe}), as pimm does without a cursor")
-        step = epoch * ipe
-    else:
-        start = epoch + (1 if i >= ipe else 0)
-    scheduler = payload.get("scheduler")
-    horizon = scheduler.get("total_steps") if isinstance(scheduler, Mapping) else None
-    horizon = horizon if horizon is not None else (_nested_state(scheduler) or {}).get("total_steps")
-    epochs = max_epochs if max_epochs is not None else _exact(_item(horizon), ipe) if isinstance(_item(horizon), int) else None
-    epochs = max(epochs if epochs is not None else start, start)
-    if start == 0:
-        return Progress(ipe, epochs, 0, 0, 0, samples), "BeforeTrain", note
-    return Progress(ipe, epochs, start - 1, ipe, step, samples), "AfterEpoch", note
 
 
 def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: int | None = None,
@@ -227,19 +138,19 @@ def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: 
     path = pathlib.Path(path)
     ckpt = read_pimm_checkpoint(path)
     payload = ckpt.payload
-    progress, position, note = _progress(payload, path, iters_per_epoch, max_epochs, run_steps)
-    if run_steps is not None and iters_per_epoch is None and _legacy(payload) and say is not None:
-        say(_legacy_line(path, payload, progress, position))
+    progress, position, note = resume_progress(payload, path, iters_per_epoch, max_epochs, run_steps)
+    if run_steps is not None and iters_per_epoch is None and is_legacy(payload) and say is not None:
+        say(legacy_line(path, payload, progress, position))
     if note is not None:
         warnings.warn(note, ResumeNotExactWarning, stacklevel=2)
     trainer = payload.get("trainer") if isinstance(payload.get("trainer"), Mapping) else {}
-    best = _item(trainer["best_metric_value"] if "best_metric_value" in trainer else payload.get("best_metric_value"))
+    best = item(trainer["best_metric_value"] if "best_metric_value" in trainer else payload.get("best_metric_value"))
     finite = isinstance(best, (int, float)) and not isinstance(best, bool) and math.isfinite(best)
     state = State(progress, rank=dist.rank(), world_size=dist.world_size(), position=position,
                   best={PIMM_BEST: float(best)} if finite else {})
     saved = SavedState(state, Keyed(()))
     scaler = payload.get("scaler")
-    scaler = _nested_state(scaler) if not isinstance(scaler, Mapping) or scaler.get("enabled", True) else None
+    scaler = nested_state(scaler) if not isinstance(scaler, Mapping) or scaler.get("enabled", True) else None
     cursor = {"epoch_start": None, "generator": None, "samplers": [], "rest": None, "data": None}
     rng = _rng(payload.get("rng"), dist.world_size(), dist.rank(), path)
     optimizer = _positional_optimizer(payload.get("optimizer"))
@@ -248,18 +159,10 @@ def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: 
             f"{path} holds no optimizer state: a resume would restart the optimizer's moments. Warm-start a fresh "
             f"run from its weights instead (CheckpointLoader with weight={str(path)!r}, or pf.load_weights)"
         )
-    replicated = Replicated(optimizer, _nested_state(payload.get("scheduler")), scaler, saved)
+    replicated = Replicated(optimizer, nested_state(payload.get("scheduler")), scaler, saved)
     trainer_part, local = to_parts(TrainerContents(replicated, PerRank(saved, rng, cursor)))
     return checkpoint.save_checkpoint(out_dir, step=progress.global_step, weights=ckpt.weights, trainer=trainer_part,
                                       local=local, format="legacy")
-
-
-def _legacy_line(path, payload, progress: Progress, position: str) -> str:
-    epoch, i = _item(payload["epoch"]), _item(payload.get("iter") or 0)
-    at = progress.epoch + 1 if position == "AfterEpoch" else 0
-    return (f"{path} is pimm's legacy checkpoint (epoch={epoch}, iter={i}), which does not record its steps per "
-            f"epoch: taking this run's steps per epoch, {progress.iters_per_epoch}, as pimm takes its loader's "
-            f"length; resuming at epoch {at}, global_step {progress.global_step}")
 
 
 class PimmCheckpoints:

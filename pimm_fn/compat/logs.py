@@ -1,5 +1,4 @@
-"""pimm's logging hooks as pure hooks: ``InformationWriter``, ``IterationTimer``, ``WandbNamer``,
-``GradientNormLogger``, ``ParameterCounter``.
+"""pimm's logging hooks as pure hooks: ``InformationWriter``, ``IterationTimer``.
 
 The records are pimm_fn ``Log`` effects (the console and ``save_dir/log.jsonl``
 from the main rank); what needs the model or a clock is an effect of
@@ -23,19 +22,16 @@ from typing import ClassVar
 
 import attrs
 
-from pimm_fn.compat.effects import CountParameters, LogGradientNorm, TimeStep
+from pimm_fn.compat.effects import TimeStep
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.records import named
-from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, number
+from pimm_fn.core.validate import int_at_least
 
-__all__ = [
-    "information_writer", "WriterState", "iteration_timer", "wandb_namer", "gradient_norm_logger",
-    "parameter_counter", "LARGE_OUTPUT_KEYS",
-]
+__all__ = ["information_writer", "WriterState", "iteration_timer", "LARGE_OUTPUT_KEYS"]
 
 # Model outputs pimm's InformationWriter never logs (PIMM.md 2.4); also any key containing "match_".
 LARGE_OUTPUT_KEYS = frozenset({"seg_logits", "sem_logits", "instance_embedding", "vertex_embedding", "sigma", "point",
@@ -159,165 +155,3 @@ def iteration_timer(warmup_iter: int = 1):
     iteration_timer(2)
     """
     return _IterationTimer(warmup_iter)
-
-
-def _nested(config, path: str):
-    """``config["a"]["b"]`` for ``"a.b"``; ``None`` where a part is missing (pimm's ``_get_nested``)."""
-    value = config
-    for part in path.split("."):
-        if isinstance(value, Mapping) and part in value:
-            value = value[part]
-        else:
-            return None
-    return value
-
-
-def _number(value: float) -> str:
-    """pimm's K/M/B formatting: one decimal, trailing zeros stripped."""
-    n = float(value)
-    for size, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if abs(n) >= size:
-            return f"{n / size:.1f}".rstrip("0").rstrip(".") + suffix
-    return str(int(n) if n == int(n) else n)
-
-
-@attrs.frozen(repr=False)
-class _WandbNamer:
-    factory_name: ClassVar[str] = "wandb_namer"
-    events: ClassVar[tuple] = (ev.ModifyConfig,)
-    emits: ClassVar[tuple] = ()
-    rank_consistent: ClassVar[bool] = True
-    keys: tuple = attrs.field(default=(), converter=tuple)
-    sep: str = "-"
-    format_numbers: bool = attrs.field(default=True, validator=is_bool)
-    extra: tuple = attrs.field(default=(), converter=lambda e: () if e is None else (e,) if isinstance(e, str) else tuple(e))
-
-    def name(self, config: Mapping) -> str | None:
-        """The run name for ``config``, or ``None`` when no part exists."""
-        parts = []
-        for key in self.keys:
-            value = _nested(config, key)
-            if value is not None:
-                numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
-                parts.append(_number(value) if self.format_numbers and numeric else str(value))
-        parts += list(self.extra)
-        return self.sep.join(parts) if parts else None
-
-    def __call__(self, state, event):
-        config = state.config
-        if "wandb_run_name" in (config.get("_cli_options") or ()):  # named on the command line: kept
-            return state, ()
-        name = self.name(config)
-        return (state, ()) if name is None else (attrs.evolve(state, config=config.set("wandb_run_name", name)), ())
-
-    def __repr__(self):
-        args = [f"keys={self.keys!r}"] if self.keys else []
-        args += [f"sep={self.sep!r}"] if self.sep != "-" else []
-        args += ["format_numbers=False"] if not self.format_numbers else []
-        args += [f"extra={self.extra!r}"] if self.extra else []
-        return f"wandb_namer({', '.join(args)})"
-
-
-@hook_factory
-def wandb_namer(keys=(), sep: str = "-", format_numbers: bool = True, extra=None):
-    """pimm's ``WandbNamer``: name the run from config values, into ``State.config["wandb_run_name"]``.
-
-    At ``ModifyConfig`` (a fresh run, before anything is logged) it joins the
-    values of the dotted ``keys`` of ``State.config`` (``loop(training=Training(config=cfg))``;
-    missing ones skipped, numbers as ``1.5K``/``2M``/``1B``) and ``extra``
-    with ``sep``. A name given on the command line (``wandb_run_name`` among
-    ``config["_cli_options"]``, as ``apply_options`` records them) is kept.
-    Pure: no W&B needed; a tracker handler reads the name from the config.
-
-    >>> namer = wandb_namer(keys=("model.type", "data.max_len", "seed"), extra="fft")
-    >>> namer.name({"model": {"type": "PTv3"}, "data": {"max_len": 1500000}, "seed": 0})
-    'PTv3-1.5M-0-fft'
-    """
-    return _WandbNamer(keys, sep, format_numbers, extra)
-
-
-def _norm_type(instance, attribute, value):
-    if value != float("inf"):
-        number(above=0).check(value, "norm_type", owner="gradient_norm_logger")
-
-
-@attrs.frozen(repr=False)
-class _GradientNormLogger:
-    factory_name: ClassVar[str] = "gradient_norm_logger"
-    events: ClassVar[tuple] = (ev.AfterStep,)
-    emits: ClassVar[tuple] = (LogGradientNorm,)
-    rank_consistent: ClassVar[bool] = True  # emits nothing collective
-    reads_outputs: ClassVar[bool] = False  # the handler reads the gradients, not the step's outputs
-    norm_type: float = attrs.field(default=2.0, validator=_norm_type)
-    log_per_layer: bool = attrs.field(default=False, validator=is_bool)
-    log_frequency: int = attrs.field(default=1, validator=int_at_least(1))
-    prefix: str = attrs.field(default="grad_norm", validator=non_empty_str)
-
-    @property
-    def every(self) -> int:
-        return self.log_frequency
-
-    def __call__(self, state, event):
-        return state, (LogGradientNorm(event.step, float(self.norm_type), self.log_per_layer, self.prefix),)
-
-    def __repr__(self):
-        args = [f"norm_type={self.norm_type!r}"] if self.norm_type != 2.0 else []
-        args += ["log_per_layer=True"] if self.log_per_layer else []
-        args += [f"log_frequency={self.log_frequency}"] if self.log_frequency != 1 else []
-        args += [f"prefix={self.prefix!r}"] if self.prefix != "grad_norm" else []
-        return f"gradient_norm_logger({', '.join(args)})"
-
-
-@hook_factory
-def gradient_norm_logger(norm_type: float = 2.0, log_per_layer: bool = False, log_frequency: int = 1,
-                         prefix: str = "grad_norm"):
-    """pimm's ``GradientNormLogger``: the gradients' norm every ``log_frequency`` global steps.
-
-    Emits:
-        ``LogGradientNorm(step, norm_type, per_layer, prefix)`` (main rank);
-        the handler logs ``Log(step, "grad_norm", {"<prefix>/total": ...,
-        "<prefix>/layers/<name>": ...})`` from the gradients the step left
-        (after clipping; with ``inf``, the largest absolute value).
-
-    >>> gradient_norm_logger(log_frequency=10)
-    gradient_norm_logger(log_frequency=10)
-    """
-    return _GradientNormLogger(norm_type, log_per_layer, log_frequency, prefix)
-
-
-@attrs.frozen(repr=False)
-class _ParameterCounter:
-    factory_name: ClassVar[str] = "parameter_counter"
-    events: ClassVar[tuple] = (ev.BeforeTrain,)
-    emits: ClassVar[tuple] = (CountParameters,)
-    rank_consistent: ClassVar[bool] = True
-    show_details: bool = attrs.field(default=True, validator=is_bool)
-    show_gradients: bool = attrs.field(default=True, validator=is_bool)
-    sort_by_params: bool = attrs.field(default=True, validator=is_bool)
-    min_params: int = attrs.field(default=0, validator=int_at_least(0))
-
-    def __call__(self, state, event):
-        return state, (CountParameters(self.show_details, self.show_gradients, self.sort_by_params, self.min_params),)
-
-    def __repr__(self):
-        defaults = {"show_details": True, "show_gradients": True, "sort_by_params": True, "min_params": 0}
-        args = [f"{k}={getattr(self, k)!r}" for k, v in defaults.items() if getattr(self, k) != v]
-        return f"parameter_counter({', '.join(args)})"
-
-
-@hook_factory
-def parameter_counter(show_details: bool = True, show_gradients: bool = True, sort_by_params: bool = True,
-                      min_params: int = 0):
-    """pimm's ``ParameterCounter``: log the model's parameter counts before training.
-
-    Emits:
-        ``CountParameters(...)`` at ``BeforeTrain`` (main rank); the handler
-        logs ``Log(step, "parameters", {total, trainable, non_trainable, memory_mb})``
-        and, with ``show_details``, one ``"parameters/module"`` record per
-        module of at least ``min_params`` parameters.
-
-    >>> parameter_counter(show_gradients=False, min_params=1)
-    parameter_counter(show_gradients=False, min_params=1)
-    """
-    return _ParameterCounter(show_details, show_gradients, sort_by_params, min_params)
-

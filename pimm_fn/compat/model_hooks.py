@@ -1,139 +1,28 @@
-"""pimm's hooks that act on the model or optimizer, as pure hooks with effects: ``WeightDecayExclusion``,
-``WeightDecayScheduler``, ``AttentionMaskAnnealingHook``, ``DtypeOverrider``, ``GarbageHandler``, ``ModelHook``.
+"""pimm's hooks that act on the model, as pure hooks with effects: ``AttentionMaskAnnealingHook``,
+``DtypeOverrider``, ``GarbageHandler``, ``ModelHook``.
 
 Each decides from the state alone (the global step, pimm's schedules as pure
 functions of it) and requests the work as an effect that
-``pimm_fn.compat.HANDLERS`` carries out. The model's and optimizer's state
-that pimm drives from hook counters (the annealing step, the weight decay)
-is a function of the global step here, so a resumed run sets the same
-values as the uninterrupted one (pimm re-derives some of them from counters
-restarted at 0).
-
-``WeightDecayExclusion`` changes the optimizer's param groups, which must
-happen before the scheduler is built and before a checkpoint's optimizer
-state is loaded (pimm splits them after loading, ``PIMM.md`` 6.7): call
-``pimm_fn.compat.split_weight_decay(model, optimizer, ...)`` where the
-optimizer is built; the hook checks at ``BeforeTrain`` that it was.
-
->>> import pimm_fn as pf
->>> [round(e.effect.value, 4) for e in pf.plan([weight_decay_scheduler(0.04, 0.2)], iters_per_epoch=2, max_epochs=2)]
-[0.04, 0.0634, 0.12, 0.1766]
+``pimm_fn.compat.HANDLERS`` carries out. The model's state that pimm drives
+from hook counters (the annealing step) is a function of the global step
+here, so a resumed run sets the same values as the uninterrupted one (pimm
+re-derives some of them from counters restarted at 0). pimm's weight decay
+hooks: ``pimm_fn.compat.weight_decay``.
 """
-
-import math
 from typing import ClassVar
 
 import attrs
 
-from pimm_fn.compat.effects import AnnealAttention, CollectGarbage, ExcludeWeightDecay, OverrideDtype, SetWeightDecay
-from pimm_fn.compat.hookbase import _METHODS, TrainerView, _call, _effects
+from pimm_fn.compat.effects import AnnealAttention, CollectGarbage, OverrideDtype
+from pimm_fn.compat.hookbase import _METHODS, _call, _effects
+from pimm_fn.compat.trainer_view import TrainerView
 from pimm_fn.core import events as ev
 from pimm_fn.core.hook import hook_factory
-from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, number, one_of
+from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, one_of
 
-__all__ = [
-    "weight_decay_exclusion", "weight_decay_scheduler", "cosine_value", "attention_mask_annealing",
-    "dtype_overrider", "DTYPES", "garbage_handler", "pimm_model_hook",
-]
+__all__ = ["attention_mask_annealing", "dtype_overrider", "DTYPES", "garbage_handler", "pimm_model_hook"]
 
 DTYPES = ("float16", "float32", "float64", "bfloat16", "int8", "int16", "int32")  # pimm's DtypeOverrider names
-
-
-@attrs.frozen(repr=False)
-class _WeightDecayExclusion:
-    factory_name: ClassVar[str] = "weight_decay_exclusion"
-    events: ClassVar[tuple] = (ev.BeforeTrain,)
-    emits: ClassVar[tuple] = (ExcludeWeightDecay,)
-    rank_consistent: ClassVar[bool] = True
-    exclude_bias_from_wd: bool = attrs.field(default=True, validator=is_bool)
-    exclude_norm_from_wd: bool = attrs.field(default=True, validator=is_bool)
-    exclude_gamma_from_wd: bool = attrs.field(default=True, validator=is_bool)
-    exclude_token_from_wd: bool = attrs.field(default=True, validator=is_bool)
-    exclude_ndim_1_from_wd: bool = attrs.field(default=True, validator=is_bool)
-
-    @property
-    def flags(self) -> dict:
-        """The exclusion rules as ``split_weight_decay`` takes them."""
-        return {n.removeprefix("exclude_").removesuffix("_from_wd"): getattr(self, n)
-                for n in ("exclude_bias_from_wd", "exclude_norm_from_wd", "exclude_gamma_from_wd",
-                          "exclude_token_from_wd", "exclude_ndim_1_from_wd")}
-
-    def __call__(self, state, event):
-        return state, (ExcludeWeightDecay(**self.flags),)
-
-    def __repr__(self):
-        args = [f"exclude_{k}_from_wd=False" for k, v in self.flags.items() if not v]
-        return f"weight_decay_exclusion({', '.join(args)})"
-
-
-@hook_factory
-def weight_decay_exclusion(exclude_bias_from_wd: bool = True, exclude_norm_from_wd: bool = True,
-                           exclude_gamma_from_wd: bool = True, exclude_token_from_wd: bool = True,
-                           exclude_ndim_1_from_wd: bool = True):
-    """pimm's ``WeightDecayExclusion``: biases, norms, ``gamma``, tokens and 1-D parameters without weight decay.
-
-    The split is ``pimm_fn.compat.split_weight_decay(model, optimizer,
-    **hook.flags)``, done where the optimizer is built (before its scheduler
-    and before a resume loads its state). This hook checks at ``BeforeTrain``
-    that the optimizer's groups are split so, and refuses to train otherwise.
-
-    Emits:
-        ``ExcludeWeightDecay(bias, norm, gamma, token, ndim_1)`` at ``BeforeTrain`` (each rank).
-
-    >>> weight_decay_exclusion(exclude_token_from_wd=False)
-    weight_decay_exclusion(exclude_token_from_wd=False)
-    """
-    return _WeightDecayExclusion(exclude_bias_from_wd, exclude_norm_from_wd, exclude_gamma_from_wd,
-                                 exclude_token_from_wd, exclude_ndim_1_from_wd)
-
-
-def cosine_value(index: int, base: float, final: float, total: float) -> float:
-    """pimm's ``CosineScheduler.get(index)`` over ``total`` iterations, computed instead of tabled.
-
-    >>> [round(cosine_value(i, 0.04, 0.2, 4), 4) for i in (0, 2, 9)]
-    [0.04, 0.12, 0.2]
-    """
-    if index >= total:
-        return final
-    length = math.ceil(total)  # len(np.arange(total))
-    return final + 0.5 * (base - final) * (1 + math.cos(math.pi * index / length))
-
-
-@attrs.frozen(repr=False)
-class _WeightDecayScheduler:
-    factory_name: ClassVar[str] = "weight_decay_scheduler"
-    events: ClassVar[tuple] = (ev.BeforeStep,)
-    emits: ClassVar[tuple] = (SetWeightDecay,)
-    rank_consistent: ClassVar[bool] = True
-    base_value: float = attrs.field(default=0.04, validator=number(at_least=0))
-    final_value: float = attrs.field(default=0.2, validator=number(at_least=0))
-    warmup_ratio: float = attrs.field(default=1.0, validator=number(above=0))
-
-    def __call__(self, state, event):
-        total = state.progress.max_steps * self.warmup_ratio  # pimm: cfg.scheduler.total_steps * warmup_ratio
-        value = cosine_value(event.step - 1, self.base_value, self.final_value, total)
-        return state, (SetWeightDecay(event.step, value),)
-
-    def __repr__(self):
-        return f"weight_decay_scheduler({self.base_value!r}, {self.final_value!r}, warmup_ratio={self.warmup_ratio!r})"
-
-
-@hook_factory
-def weight_decay_scheduler(base_value: float = 0.04, final_value: float = 0.2, warmup_ratio: float = 1.0):
-    """pimm's ``WeightDecayScheduler``: weight decay on a cosine from ``base_value`` to ``final_value``.
-
-    Before global step ``s`` the decay is pimm's cosine at index ``s - 1``
-    over ``max_steps * warmup_ratio`` steps (pimm's ``cfg.scheduler.total_steps
-    * warmup_ratio``), then ``final_value``; it is set on every param group
-    not excluded by ``WeightDecayExclusion`` (``apply_wd``).
-
-    Emits:
-        ``SetWeightDecay(step, value)`` before every step (each rank).
-
-    >>> weight_decay_scheduler()
-    weight_decay_scheduler(0.04, 0.2, warmup_ratio=1.0)
-    """
-    return _WeightDecayScheduler(base_value, final_value, warmup_ratio)
 
 
 @attrs.frozen(repr=False)

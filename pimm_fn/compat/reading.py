@@ -1,4 +1,4 @@
-"""Reading pimm's checkpoint files safely, finding them as pimm does, and pimm's warm start.
+"""Reading pimm's checkpoint files safely, and finding them as pimm does.
 
 pimm writes (``PIMM.md`` 3.2-3.4), under ``save_path/model/``: the split
 layout ``last/`` (``weights.pth`` holding ``{"state_dict": ...}``,
@@ -30,7 +30,7 @@ from pimm_fn.checkpoint import inspection, safe_reading
 
 __all__ = [
     "PimmCheckpointError", "PimmCheckpoint", "read_pimm_checkpoint", "latest_pimm_checkpoint", "pimm_source",
-    "load_pimm_weights", "pimm_rules", "remap_pimm_weights", "safe_load",
+    "safe_load", "unwrapped", "state_dict_of", "is_pimm_fn", "holds_pimm_fn",
 ]
 
 MARKER = ".complete"  # pimm's success marker (path.py::checkpoint_success_file)
@@ -92,7 +92,7 @@ def _read_dcp(directory: pathlib.Path) -> dict:
     return _lists(nested)
 
 
-def _unwrapped(weights: Mapping) -> dict:
+def unwrapped(weights: Mapping) -> dict:
     """``weights`` without DDP's ``module.`` prefix, when every key has it (pimm_fn keeps bare keys)."""
     keys = list(weights)
     if keys and all(k.startswith("module.") for k in keys):
@@ -100,7 +100,7 @@ def _unwrapped(weights: Mapping) -> dict:
     return dict(weights)
 
 
-def _state_dict_of(content, where) -> dict:
+def state_dict_of(content, where) -> dict:
     """pimm's ``checkpoint_model_state_dict``: ``["model"]["state_dict"]``, else ``["state_dict"]``, else itself."""
     if isinstance(content, Mapping):
         model = content.get("model")
@@ -143,18 +143,18 @@ def read_pimm_checkpoint(path) -> PimmCheckpoint:
     path = pathlib.Path(path)
     if path.is_dir():
         if _is_split(path):
-            weights = _state_dict_of(safe_load(path / WEIGHTS), path / WEIGHTS)
-            return PimmCheckpoint(path, _unwrapped(weights), _read_dcp(path / TRAINER))
+            weights = state_dict_of(safe_load(path / WEIGHTS), path / WEIGHTS)
+            return PimmCheckpoint(path, unwrapped(weights), _read_dcp(path / TRAINER))
         if _is_complete(path):
             payload = _read_dcp(path)
-            return PimmCheckpoint(path, _unwrapped(_state_dict_of(payload, path)), payload)
+            return PimmCheckpoint(path, unwrapped(state_dict_of(payload, path)), payload)
         raise PimmCheckpointError(f"Incomplete checkpoint directory: {path} (no {MARKER} marker, or a split "
                                   f"checkpoint without {WEIGHTS} or a complete {TRAINER}/)")
     if not path.exists():
         raise FileNotFoundError(f"No weight found at: {path}")
     content = safe_load(path)
     payload = {k: v for k, v in content.items() if k not in ("model", "state_dict")} if isinstance(content, Mapping) else {}
-    return PimmCheckpoint(path, _unwrapped(_state_dict_of(content, path)), payload)
+    return PimmCheckpoint(path, unwrapped(state_dict_of(content, path)), payload)
 
 
 def latest_pimm_checkpoint(model_dir) -> pathlib.Path | None:
@@ -177,7 +177,7 @@ def latest_pimm_checkpoint(model_dir) -> pathlib.Path | None:
     return best
 
 
-def _is_pimm_fn(path: pathlib.Path) -> bool:
+def is_pimm_fn(path: pathlib.Path) -> bool:
     """A directory laid out as a pimm_fn checkpoint, complete or not (``pimm_fn.checkpoint.inspection``)."""
     return inspection.is_checkpoint_dir(path)
 
@@ -190,16 +190,16 @@ def pimm_source(path) -> pathlib.Path | None:
     """
     p = pathlib.Path(path)
     if p.is_file():
-        return None if _holds_pimm_fn(p) else p
-    if not p.is_dir() or _is_pimm_fn(p):
+        return None if holds_pimm_fn(p) else p
+    if not p.is_dir() or is_pimm_fn(p):
         return None
     if (p / MARKER).is_file() or (p / WEIGHTS).is_file():
         return p
     model_dir = p / "model" if (p / "model").is_dir() else p
-    return None if _holds_pimm_fn(model_dir) else latest_pimm_checkpoint(model_dir)
+    return None if holds_pimm_fn(model_dir) else latest_pimm_checkpoint(model_dir)
 
 
-def _holds_pimm_fn(path: pathlib.Path) -> bool:
+def holds_pimm_fn(path: pathlib.Path) -> bool:
     """Whether ``path`` (a file, a checkpoint or a model_dir) is or holds a usable pimm_fn checkpoint (local).
 
     Told by pimm_fn's own validation: what it refuses is not one of ours.
@@ -209,102 +209,3 @@ def _holds_pimm_fn(path: pathlib.Path) -> bool:
     except (FileNotFoundError, ValueError):  # a CheckpointError is a ValueError
         return False
     return True
-
-
-# -- warm start ---------------------------------------------------------------------------------------------------
-def load_pimm_weights(path) -> dict:
-    """The model weights at ``path`` as pimm's ``CheckpointLoader`` finds them (``PIMM.md`` 3.6, warm start).
-
-    A directory: ``model.safetensors``/``model.bin`` (an export), a pimm_fn
-    checkpoint, or the first of ``weights.pth``, ``last/weights.pth``,
-    ``model/last/weights.pth``; a file: its ``["model"]["state_dict"]``,
-    ``["state_dict"]`` or itself. Keys come without ``module.``.
-
-    Raises:
-        FileNotFoundError: nothing there (pimm's messages).
-        PimmCheckpointError: ``hf://`` (download first), or an unsafe file.
-    """
-    text = os.fspath(path)
-    if text.startswith("hf://"):
-        raise PimmCheckpointError(
-            f"{text}: download Hub weights first (huggingface_hub.hf_hub_download) and pass the local file"
-        )
-    p = pathlib.Path(text)
-    if p.is_dir():
-        if (p / "model.safetensors").is_file():
-            from safetensors.torch import load_file  # an optional extra, for exported models only
-
-            return _unwrapped(load_file(str(p / "model.safetensors")))
-        if (p / "model.bin").is_file():
-            return _unwrapped(_state_dict_of(safe_load(p / "model.bin"), p / "model.bin"))
-        if _is_pimm_fn(p) or _holds_pimm_fn(p / "model"):
-            return _unwrapped(checkpoint.load_weights_file(p))
-        for candidate in (p / WEIGHTS, p / "last" / WEIGHTS, p / "model" / "last" / WEIGHTS):
-            if candidate.is_file():
-                return _unwrapped(_state_dict_of(safe_load(candidate), candidate))
-        if _holds_pimm_fn(p):
-            return _unwrapped(checkpoint.load_weights_file(p))
-        raise FileNotFoundError(
-            f"Weight directory must contain weights.pth, last/weights.pth, or model/last/weights.pth: {p}"
-        )
-    if not p.is_file():
-        raise FileNotFoundError(f"No weight found at: {p}")
-    return _unwrapped(_state_dict_of(safe_load(p), p))
-
-
-def _strip(name: str) -> str:
-    return name[len("module."):] if name.startswith("module.") else name
-
-
-def pimm_rules(rules) -> list:
-    """pimm's ``(keyword, replacement)`` pairs as rules of pimm_fn's one key-rewrite engine (``remap_state_dict``).
-
-    Each keyword matches whole dotted components and may match nothing; of
-    two rules for one keyword the one pimm tries first wins (the longer as
-    written, then the earlier); a keyword that is empty once ``module.`` and
-    a trailing dot are dropped matches nothing, as in pimm.
-
-    >>> pimm_rules([("", ""), ("backbone", "encoder"), ("module.backbone.", "trunk.")])
-    [KeyRule(old='module.backbone.', new='trunk.', whole=True, required=False)]
-    """
-    ordered = sorted(rules or (), key=lambda rule: len(_strip(rule[0])), reverse=True)  # stable: pimm's order
-    chosen: dict = {}
-    for keyword, replacement in ordered:
-        bare = _strip(keyword).rstrip(".")
-        if bare and bare not in chosen:
-            chosen[bare] = checkpoint.KeyRule(keyword, replacement, whole=True, required=False)
-    return list(chosen.values())
-
-
-def remap_pimm_weights(weights: Mapping, rules, model_state: Mapping, *, strict: bool = False):
-    """pimm's key rewrite (``PIMM.md`` 3.7), on whole dotted components, and its shape and zero-match checks.
-
-    The rewrite is ``pimm_fn.checkpoint.remap_state_dict`` fed ``pimm_rules(rules)``.
-    Returns ``(remapped, skipped)``: the dict to load and the keys left at
-    their initial values for another shape (non-strict only).
-
-    Raises:
-        RuntimeError: no key of the model would load (pimm's message).
-        ValueError: two keys of the file map to one name (pimm would load one of them silently).
-
-    >>> import torch
-    >>> model = {"encoder.w": torch.zeros(2), "encoder2.w": torch.zeros(2), "head.b": torch.zeros(1)}
-    >>> out, skipped = remap_pimm_weights({"module.backbone.w": torch.ones(2), "head.b": torch.ones(3)},
-    ...                                   [("backbone", "encoder")], model)
-    >>> sorted(out), skipped
-    (['encoder.w'], ('head.b',))
-    """
-    out, _ = checkpoint.remap_state_dict(weights, pimm_rules(rules), model_state)
-    skipped = ()
-    if not strict:
-        skipped = tuple(k for k, v in out.items() if k in model_state and hasattr(v, "shape")
-                        and tuple(v.shape) != tuple(model_state[k].shape))
-        out = {k: v for k, v in out.items() if k not in skipped}
-    loaded = sum(1 for k in model_state if k in out)
-    if model_state and loaded == 0 and not strict:
-        raise RuntimeError(
-            f"Checkpoint load matched 0 of {len(model_state)} model parameters (rules={list(rules or [])!r}). The "
-            f"model would train from random init. Fix the keyword/replacement rules, or set strict=True to find the "
-            f"mismatch."
-        )
-    return out, skipped

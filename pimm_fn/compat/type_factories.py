@@ -11,14 +11,16 @@ factories raise it.
 import inspect
 from collections.abc import Mapping
 
-from pimm_fn.compat.evaluators import EVALUATOR_DEFAULTS, final_evaluator, pimm_evaluator
-from pimm_fn.compat.logs import gradient_norm_logger, information_writer, iteration_timer, parameter_counter, wandb_namer
-from pimm_fn.compat.model_hooks import (
-    attention_mask_annealing, dtype_overrider, garbage_handler, pimm_model_hook, weight_decay_exclusion,
-    weight_decay_scheduler,
-)
+from pimm_fn.compat.evaluators import EVALUATOR_DEFAULTS, pimm_evaluator
+from pimm_fn.compat.final_test import final_evaluator
+from pimm_fn.compat.logs import information_writer, iteration_timer
+from pimm_fn.compat.model_hooks import attention_mask_annealing, dtype_overrider, garbage_handler, pimm_model_hook
+from pimm_fn.compat.model_reports import gradient_norm_logger, parameter_counter
 from pimm_fn.compat.monitors import push_to_hub, resource_utilization_logger, runtime_profiler
-from pimm_fn.compat.saving import checkpoint_loader, checkpoint_saver, checkpoint_saver_iteration
+from pimm_fn.compat.run_name import wandb_namer
+from pimm_fn.compat.saving import checkpoint_saver, checkpoint_saver_iteration
+from pimm_fn.compat.warm_start import checkpoint_loader
+from pimm_fn.compat.weight_decay import weight_decay_exclusion, weight_decay_scheduler
 from pimm_fn.core.validate import int_at_least
 
 __all__ = ["BUILTINS", "REFUSED", "CONTEXT"]

@@ -8,6 +8,7 @@ the same rows as HTML for Jupyter, so both show the same facts. Floats appear as
 the log lines show them (5 significant digits), fields at their default are
 left out, and a long value is cut with ``...``. Hooks appear by their
 identity (``pimm_fn.core.hook.key``), slots beside the hook that keeps them.
+A trace's table: ``pimm_fn.core.trace_summary``.
 """
 
 from collections.abc import Mapping
@@ -19,14 +20,13 @@ from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Log, SaveCheckpoint
 
 __all__ = [
-    "number", "pairs", "compact", "event_label", "hook_label", "progress_line",  # one value, in short
-    "state_rows", "run_rows", "trace_title", "trace_table",  # what a summary shows
-    "render_text", "table_text",  # how it shows as text
+    "number", "pairs", "cut", "compact", "event_label", "hook_label", "progress_line",  # one value, in short
+    "state_rows", "run_rows",  # what a summary shows
+    "render_text",  # how it shows as text
     "fields_repr",  # an exact repr, laid out to read
 ]
 
 WIDTH = 100  # the most characters a displayed value takes before it is cut
-_HEAD = _TAIL = 10  # a long trace shows its first and last entries
 
 
 def number(value) -> str:
@@ -44,10 +44,11 @@ def pairs(mapping: Mapping) -> str:
     >>> pairs({"score": -5.186985492706299, "epoch": 1})
     'score=-5.187 epoch=1'
     """
-    return _cut(" ".join(f"{k}={number(v)}" for k, v in mapping.items()))
+    return cut(" ".join(f"{k}={number(v)}" for k, v in mapping.items()))
 
 
-def _cut(text: str, width: int = WIDTH) -> str:
+def cut(text: str, width: int = WIDTH) -> str:
+    """``text`` cut to ``width`` characters, ending in ``...`` when cut."""
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
@@ -81,7 +82,7 @@ def compact(value, width: int = WIDTH) -> str:
     >>> compact(SaveCheckpoint(6)), compact(WriteBest("score", -5.186985492706299, 8))
     ('SaveCheckpoint(step=6)', "WriteBest(metric='score', value=-5.187, step=8)")
     """
-    return _cut(_compact(value), width)
+    return cut(_compact(value), width)
 
 
 # Per event type, the fields a label leaves out: rank-local data that the effects repeat.
@@ -160,7 +161,7 @@ def state_rows(state, hooks=None) -> list:
         rows.append(("config", pairs(state.config)))
     if hooks is not None and len(hooks) == len(state.slots):
         slots = [(hook_label(h), s) for h, s in zip(hooks, state.slots)]
-        lines = [_cut(name if slot is None else f"{name}: {compact(slot)}", 2 * WIDTH) for name, slot in slots]
+        lines = [cut(name if slot is None else f"{name}: {compact(slot)}", 2 * WIDTH) for name, slot in slots]
         rows.append(("hooks", "\n".join(lines) or "none"))
     else:
         lines = [f"#{i} {compact(slot)}" for i, slot in enumerate(state.slots) if slot is not None]
@@ -184,53 +185,6 @@ def render_text(title: str, rows) -> str:
         lines.append(f"  {label + ':':<{width}} {first}")
         lines += [f"  {'':<{width}} {line}" for line in rest]
     return "\n".join(lines)
-
-
-def trace_table(entries, hooks=None) -> tuple:
-    """``(header, rows)`` of a trace: step, hook (identity, or ``#index``), event, effect; a long one cut in the middle.
-
-    ``hooks`` are the hooks' labels in list order, as ``TraceEntry.hook`` indexes them.
-    """
-    def row(e):
-        known = hooks is not None and 0 <= e.hook < len(hooks)
-        hook = _cut(hooks[e.hook], WIDTH // 2) if known else f"#{e.hook}"
-        return str(e.step), hook, event_label(e.event), compact(e.effect)
-
-    entries = tuple(entries)
-    if len(entries) <= _HEAD + _TAIL + 1:
-        return ("step", "hook", "event", "effect"), [row(e) for e in entries]
-    skipped = len(entries) - _HEAD - _TAIL
-    gap = ("...", "", "", f"... {skipped} more entries (list(trace) has them all) ...")
-    return ("step", "hook", "event", "effect"), [*map(row, entries[:_HEAD]), gap, *map(row, entries[-_TAIL:])]
-
-
-def table_text(title: str, header, rows) -> str:
-    """``title`` then ``rows`` under ``header`` in left-aligned columns, the last one free.
-
-    >>> print(table_text("Trace", ("step", "effect"), [("3", "SaveCheckpoint(step=3)")]))
-    Trace
-      step  effect
-      3     SaveCheckpoint(step=3)
-    """
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
-    lines = [title]
-    for r in [header, *rows] if rows else []:
-        lines.append(("  " + "  ".join(f"{c:<{w}}" for c, w in zip(r, widths)) + "  " + r[-1]).rstrip())
-    return "\n".join(lines)
-
-
-def trace_title(entries) -> str:
-    """How many effects a trace holds and the steps they span.
-
-    >>> from types import SimpleNamespace as Entry
-    >>> trace_title([]), trace_title([Entry(step=3), Entry(step=8)])
-    ('Trace: no effects', 'Trace: 2 effects, steps 3 to 8')
-    """
-    if not entries:
-        return "Trace: no effects"
-    steps = f"step {entries[0].step}" if entries[0].step == entries[-1].step else \
-        f"steps {entries[0].step} to {entries[-1].step}"
-    return f"Trace: {len(entries)} effect{'s' * (len(entries) != 1)}, {steps}"
 
 
 def run_rows(state, hooks, trace) -> list:

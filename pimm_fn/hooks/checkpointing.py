@@ -6,21 +6,20 @@ alone, which is identical on every rank, so every rank requests the same
 collective saves.
 """
 
-import difflib
-import re
 from typing import ClassVar
 
 import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register_slot_type
-from pimm_fn.core.effects import LoadWeights, Log, SaveCheckpoint, WriteBest
+from pimm_fn.core.effects import Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.frozen import repr_unless_none
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, number, one_of, optional
+from pimm_fn.hooks.metric_names import lower_is_better
 
-__all__ = ["save_every", "SaveEveryState", "best_on", "BestState", "load_weights"]
+__all__ = ["save_every", "SaveEveryState", "best_on", "BestState"]
 
 
 @register_slot_type
@@ -173,27 +172,6 @@ def _improves(value, best, mode) -> bool:
     return value > best if mode == "max" else value < best
 
 
-# Words that name a quantity where lower is better: best_on of one with no mode would keep the worst model.
-_LOWER_IS_BETTER = frozenset({
-    "loss", "losses", "error", "errors", "err", "mse", "rmse", "mae", "mape", "nll", "perplexity", "ppl",
-    "wer", "cer", "ter", "bce", "ce", "kl", "kld", "huber", "distance", "epe", "regret", "cost",
-})
-
-
-def lower_is_better(metric: str) -> bool:
-    """Whether ``metric`` names a loss-like quantity (a word of it, or its end, is ``loss``, ``error``, ``mse``...).
-
-    A negated one (``neg_mse``, ``negative_loss``) is not.
-
-    >>> [lower_is_better(m) for m in ("val_loss", "val/mIoU", "valLoss", "top1_err", "ValMSE", "accuracy", "neg_mse")]
-    [True, False, True, True, True, False, False]
-    """
-    words = re.findall(r"[a-z0-9]+", re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", metric).lower())
-    if any(w in ("neg", "negative", "minus") for w in words):
-        return False
-    return any(w in _LOWER_IS_BETTER for w in words) or metric.lower().endswith(("loss", "error"))
-
-
 def _mode(instance, attribute, mode) -> None:
     """``mode`` is ``"max"`` or ``"min"``; ``None`` (not given) is refused for a loss-like metric."""
     if mode is None:
@@ -205,35 +183,6 @@ def _mode(instance, attribute, mode) -> None:
             )
         return
     one_of("max", "min")(instance, attribute, mode)
-
-
-def check_spelling(caller: str, metric: str, event, step: int) -> tuple:
-    """Refuse a near-miss of ``metric`` among the published names: a typo the hook ``caller`` would never see.
-
-    Only for a hook that reads what one evaluator publishes (its own
-    ``source``): a hook reading every evaluator's metrics cannot tell a typo
-    from another evaluator's name in one event; the run's ``Advice`` checks
-    those once every evaluator has published (``pimm_fn.runtime.advice``).
-
-    Raised when every rank holds the same values (so every rank raises
-    alike); with rank-local values only some ranks could see the typo, so
-    it becomes a warning ``Log`` instead of a lone raising rank. Returns the
-    effects to emit (none when no name is close).
-
-    >>> check_spelling("best_on('miou')", "miou", ev.MetricsPublished({"loss": 1.0}), 3)
-    ()
-    """
-    values = event.values
-    lowered = {name.lower(): name for name in values}
-    guess = lowered.get(metric.lower()) or next(
-        iter(difflib.get_close_matches(metric, list(values), n=1, cutoff=0.8)), None
-    )
-    if guess is None:
-        return ()
-    message = f"{caller} got metrics {sorted(values)}: did you mean {guess!r}?"
-    if event.consistent:
-        raise ValueError(message)
-    return (Log(step, "warning", {"message": message}),)
 
 
 @attrs.frozen(repr=False)
@@ -323,62 +272,3 @@ def best_on(metric: str, *, mode: str | None = None):
     if mode == "max" and isinstance(metric, str) and not lower_is_better(metric):
         mode = None  # the default said aloud: the same hook (identity, equality, repr) as best_on(metric)
     return _BestOn(metric, mode)
-
-
-def _replacement_pairs(replacements) -> tuple:
-    if replacements is None:
-        return ()
-    if not isinstance(replacements, dict):
-        raise TypeError(
-            f"load_weights: 'replacements' must be a dict of {{old_prefix: new_prefix}} "
-            f"(got {type(replacements).__name__}: {replacements!r:.80})"
-        )
-    for old, new in replacements.items():
-        if not isinstance(old, str) or not isinstance(new, str):
-            raise TypeError(
-                f"load_weights: 'replacements' must map str prefixes to str prefixes (got {old!r}: {new!r})"
-            )
-    return tuple(replacements.items())
-
-
-@attrs.frozen(repr=False)
-class _LoadWeights:
-    factory_name: ClassVar[str] = "load_weights"
-    events: ClassVar[tuple] = (ev.BeforeTrain,)
-    emits: ClassVar[tuple] = (LoadWeights,)
-    rank_consistent: ClassVar[bool] = True  # emits nothing collective
-    path: str = attrs.field(validator=non_empty_str)
-    replacements: tuple = ()
-    strict: bool = attrs.field(default=False, validator=is_bool)
-
-    def __call__(self, state, event):
-        if event.resumed:
-            return state, ()  # a resume restores the weights it saved
-        return state, (LoadWeights(self.path, self.replacements, self.strict),)
-
-    def __repr__(self):
-        extra = f", replacements={dict(self.replacements)!r}" if self.replacements else ""
-        extra += ", strict=True" if self.strict else ""
-        return f"load_weights({self.path!r}{extra})"
-
-
-@hook_factory
-def load_weights(path, *, replacements: dict | None = None, strict: bool = False):
-    """Warm-start the model from a weights file before a fresh run trains.
-
-    Keys are rewritten by ``replacements`` (prefix rules, longest match wins;
-    ``module.`` prefixes are handled). The report counts loaded, missing and
-    unexpected keys; a rule that matched nothing is an error.
-
-    Emits:
-        ``LoadWeights(path, replacements, strict)`` at ``BeforeTrain`` of a
-        fresh run (each rank loads its own replica).
-
-    >>> load_weights("pretrained.pth", replacements={"backbone.": "encoder."})
-    load_weights('pretrained.pth', replacements={'backbone.': 'encoder.'})
-    >>> load_weights("w.pth", replacements=[("a", "b")])
-    Traceback (most recent call last):
-    TypeError: load_weights: 'replacements' must be a dict of {old_prefix: new_prefix} (got list: [('a', 'b')])
-    """
-    fspath = getattr(path, "__fspath__", None)
-    return _LoadWeights(fspath() if fspath else path, _replacement_pairs(replacements), strict)

@@ -19,7 +19,7 @@ from pimm_fn.core.effects import Log, StepScheduler, Stop
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.hook import hook_factory
 from pimm_fn.core.validate import finite, int_at_least, non_empty_str, number, one_of
-from pimm_fn.hooks.checkpointing import lower_is_better
+from pimm_fn.hooks.metric_names import lower_is_better
 
 __all__ = ["early_stop", "EarlyStopState", "step_scheduler"]
 

@@ -39,15 +39,14 @@ from collections.abc import Mapping
 import attrs
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import sharded
 from pimm_fn.runtime.configurable_step import to_device
 from pimm_fn.runtime.context import unwrap
+from pimm_fn.runtime.evaluation_ranks import missing_forwards, reduce_sums, shard_of
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
 
-__all__ = ["LoaderEvaluator", "loader_evaluator", "shard_of", "default_forward", "default_target", "mean_over_count"]
+__all__ = ["LoaderEvaluator", "loader_evaluator", "default_forward", "default_target", "mean_over_count"]
 
 
 def default_forward(model, batch):
@@ -142,42 +141,8 @@ def _max_batches(instance, attribute, value) -> None:
         raise ValueError(f"loader_evaluator: 'max_batches' must be None or an int >= 1 (got {value!r:.80})")
 
 
-def shard_of(loader, rank: int, world: int):
-    """``loader`` over the indices ``rank, rank + world, ...`` of its dataset: no padding, so no sample twice.
-
-    The batch size, collate function, workers and the rest are kept.
-
-    Raises:
-        TypeError: a loader that cannot be split by index (an iterable
-            dataset, a custom batch sampler, not a DataLoader).
-    """
-    fix = "pass shard=False and give each rank its own disjoint part of the data"
-    if not isinstance(loader, DataLoader):
-        raise TypeError(f"loader_evaluator cannot split a {type(loader).__name__} over {world} ranks: {fix}")
-    if isinstance(loader.dataset, IterableDataset):
-        raise TypeError(f"loader_evaluator cannot split an IterableDataset over {world} ranks by index: {fix}")
-    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
-        raise TypeError(f"loader_evaluator cannot split a DataLoader with its own batch_sampler "
-                        f"({type(loader.batch_sampler).__name__}) over {world} ranks: {fix}")
-    workers = loader.num_workers
-    return DataLoader(
-        loader.dataset, batch_size=loader.batch_size, sampler=list(range(rank, len(loader.dataset), world)),
-        num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context if workers else None,
-        prefetch_factor=loader.prefetch_factor if workers else None,
-    )
-
-
 def _device(model) -> torch.device:
     return next((p.device for p in unwrap(model).parameters()), torch.device("cpu"))
-
-
-def _reduction_device() -> torch.device:
-    """Where a sum all-reduced on the default group must live (CUDA for NCCL)."""
-    if dist.is_initialized() and "nccl" in str(torch.distributed.get_backend()):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
 
 
 def _add(sums: dict, part, name: str) -> None:
@@ -194,31 +159,6 @@ def _add(sums: dict, part, name: str) -> None:
             raise TypeError(f"loader_evaluator {name!r}: metric {key!r} must be a number or a one-element "
                             f"tensor (got {type(value).__name__}: {value!r:.80})")
         sums[key] = sums[key] + value if key in sums else value
-
-
-def _missing_forwards(model, done: int, name: str) -> int:
-    """How many forwards this rank owes so every rank ran as many: 0 unless the model is sharded over ranks."""
-    if not dist.is_initialized() or dist.world_size() == 1 or not sharded.is_sharded(model):
-        return 0
-    most = torch.tensor([done], device=_reduction_device())
-    torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
-    missing = int(most.item()) - done
-    if missing and not done:
-        raise ValueError(f"loader_evaluator {name!r}: rank {dist.rank()} holds no sample of the dataset (fewer "
-                         f"samples than ranks), but a sharded model's forward needs every rank: evaluate more samples")
-    return missing
-
-
-def reduce_sums(sums: dict) -> dict:
-    """``{name: total}`` over every rank: the names any rank saw (0 where a rank saw none), one all-reduce."""
-    names = sorted(set().union(*dist.all_gather_object(sorted(sums)))) if dist.is_initialized() else sorted(sums)
-    if not names:
-        return {}
-    device = _reduction_device()
-    totals = torch.stack([torch.as_tensor(sums.get(n, 0.0), dtype=torch.float64).to(device) for n in names])
-    if dist.is_initialized():
-        torch.distributed.all_reduce(totals)
-    return dict(zip(names, totals.tolist()))
 
 
 @attrs.frozen(eq=False, repr=False)
@@ -277,7 +217,7 @@ class LoaderEvaluator:
         for batch in self.batches():
             last, done = to_device(batch, device), done + 1
             yield self._outputs(model, last), last
-        for _ in range(_missing_forwards(model, done, self.name)):
+        for _ in range(missing_forwards(model, done, self.name)):
             self._outputs(model, last)
 
     def _sums(self, model) -> dict:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import pathlib
 
 from pimm_fn import checkpoint, dist
-from pimm_fn.checkpoint import choice, foreign, inspection, storage, validation
+from pimm_fn.checkpoint import candidates, choice, foreign, inspection, storage
 
 __all__ = ["locate"]
 
@@ -79,7 +79,7 @@ def _refusal(save_dir, model_dir: pathlib.Path, readers) -> str | None:
     where a save of ours would go (``last/``), a directory that is no
     checkpoint of ours at all: another library's, which the run could not read.
     """
-    listing = validation.candidates(model_dir)
+    listing = candidates.candidates(model_dir)
     again = "a fresh run would overwrite them. Pass resume='auto' to continue that run, or choose another save_dir"
     if any(c.info is not None for c in listing):
         return f"save_dir {str(save_dir)!r} already holds checkpoints; {again}"

@@ -49,12 +49,12 @@ import attrs
 
 from pimm_fn import dist
 from pimm_fn.checkpoint import storage
+from pimm_fn.runtime.lock_holder import Holder, read_holder, stale_reason
 
-__all__ = ["LOCK_NAME", "Holder", "Lock", "SaveDirLockError", "take"]
+__all__ = ["LOCK_NAME", "Lock", "SaveDirLockError", "take"]
 
 LOCK_NAME = "pimm_fn.lock"
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
-_UNREADABLE_GRACE_S = 10.0  # an unreadable lock younger than this is being written; older, a taker killed mid-write
 
 
 class SaveDirLockError(RuntimeError):
@@ -71,20 +71,6 @@ class SaveDirLockError(RuntimeError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.holder, self.read_only))
-
-
-@attrs.frozen
-class Holder:
-    """Who holds a lock: host, pid, when it was taken (``time.time()``) and its own token."""
-
-    host: str
-    pid: int
-    since: float
-    token: str
-
-    def __str__(self) -> str:
-        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
-        return f"pid {self.pid} on host {self.host}, since {since}"
 
 
 @attrs.frozen
@@ -122,7 +108,7 @@ class Lock:
         if not self.mine or self.holder is None:
             return
         try:
-            if _read(self.path) == self.holder:
+            if read_holder(self.path) == self.holder:
                 self.path.unlink()
         except (OSError, ValueError):
             pass  # gone already, or taken over: not ours to remove
@@ -165,12 +151,12 @@ def _attempt(path: pathlib.Path, say) -> Holder | SaveDirLockError:
                 return _read_only(path, exc)
             raise
         try:
-            held = _read(path)
+            held = read_holder(path)
         except FileNotFoundError:
             continue  # released meanwhile: try again
         except ValueError:
             held = None  # unreadable: a taker killed between creating and writing it, or writing it now
-        why = _stale(path, held, me)
+        why = stale_reason(path, held, me)
         if why is None:
             return _busy(path, held)
         try:
@@ -212,59 +198,11 @@ def _create_stored(path, text: bytes) -> None:
         raise FileExistsError(str(path))
 
 
-def _read(path: pathlib.Path) -> Holder:
-    """The holder a lock file names; ``ValueError`` when it does not parse, ``FileNotFoundError`` when gone."""
-    try:
-        fields = json.loads(path.read_bytes())
-        return Holder(str(fields["host"]), int(fields["pid"]), float(fields["since"]), str(fields["token"]))
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"unreadable lock file {path}") from exc
-
-
-def _stale(path: pathlib.Path, held: Holder | None, me: Holder) -> str | None:
-    """Why the lock may be taken over ("" quietly: this very process), or ``None`` while its holder may run."""
-    if held is None:
-        try:
-            age = time.time() - getattr(path.stat(), "st_mtime", time.time())  # a store's object: never taken over
-        except FileNotFoundError:
-            return ""
-        if age <= _UNREADABLE_GRACE_S:
-            return None  # being written by a taker right now
-        return f"its lock file was unreadable, {age:.0f} s old (a run killed while taking it)"
-    if held.host != me.host:
-        return None  # another host's processes cannot be seen from here
-    if held.pid == me.pid:
-        return ""  # a run rebuilt in this process: the earlier one no longer writes on its own
-    if _running(held.pid, held.since):
-        return None
-    return f"its holder ({held}) is no longer running"
-
-
-def _running(pid: int, since: float) -> bool:
-    """Whether process ``pid`` of this host may still be the one that took a lock at ``since``."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: alive
-    try:
-        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
-        boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        return True  # no /proc to tell a zombie or a reused pid: assume it runs
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] in ("Z", "X"):
-        return False  # killed, not yet reaped
-    started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
-    return started <= since + 2.0  # a process started after the lock was taken reuses a dead holder's pid
-
-
 def _set_aside(path: pathlib.Path, held: Holder | None) -> bool:
     """Remove the stale lock ``held`` names, unless another taker replaced it meanwhile (then ``False``)."""
     if storage.is_store(path):  # no rename on a store: read again and remove (the best effort above)
         try:
-            if _read(path) != held:
+            if read_holder(path) != held:
                 return False
         except ValueError:
             if held is not None:
@@ -277,7 +215,7 @@ def _set_aside(path: pathlib.Path, held: Holder | None) -> bool:
     except FileNotFoundError:
         return False
     try:
-        moved = _read(aside)
+        moved = read_holder(aside)
     except ValueError:
         moved = None
     if moved != held:  # a fresh lock, taken between our read and our rename: put it back

@@ -18,11 +18,10 @@ A logger is any object with three methods, called on the main rank only:
 resume) is always among them when there is a ``save_dir``. Each is opened
 once when the run is built, and kept open: a record is one write and a
 flush, not a file opened per record. ``pimm_fn.runtime.log_feed`` feeds them;
-TensorBoard, W&B and MLflow loggers live in ``pimm_fn.runtime.trackers``.
+``CSVLogger`` lives in ``pimm_fn.runtime.csv_logger``, TensorBoard and MLflow
+loggers in ``pimm_fn.runtime.trackers``, W&B's in ``pimm_fn.runtime.wandb_logger``.
 """
 
-import csv
-import math
 import os
 from pathlib import Path
 from typing import Callable
@@ -30,12 +29,12 @@ from typing import Callable
 import attrs
 
 from pimm_fn.checkpoint import storage
-from pimm_fn.core import records
 from pimm_fn.core.effects import Log
 from pimm_fn.runtime.jsonl import keep_upto, line_of
 
 __all__ = [
-    "Opening", "JsonlLogger", "CSVLogger", "check_loggers", "run_loggers", "resolve_path", "set_aside", "LOG_NAME",
+    "Opening", "JsonlLogger", "check_loggers", "run_loggers", "resolve_path", "local_path", "keep_lines", "set_aside",
+    "LOG_NAME",
 ]
 
 LOG_NAME = "log.jsonl"  # the run's own record in save_dir
@@ -143,80 +142,6 @@ def resolve_path(logger, path, save_dir, default: str, *, store: str | None = No
         raise ValueError(f"{type(logger).__name__}() writes into save_dir by default, and this run has none: "
                          f"pass save_dir= to loop(), or a path to the logger")
     return Path(save_dir) / default
-
-
-class CSVLogger:
-    """Comma-separated values, one row per record: ``step,kind,`` then every name logged.
-
-    A name first logged mid-run adds a column: the file is rewritten with
-    it (a few times a run at most). Empty cells where a record lacks a name.
-
-    Args:
-        path: the file; default ``save_dir/log.csv``.
-    """
-
-    def __init__(self, path=None):
-        self.path = local_path(self, path)
-        self._file = None
-        self._columns: list = []
-        self._where = None
-
-    def open(self, opening: Opening) -> None:
-        path = self._where = resolve_path(self, self.path, opening.save_dir, "log.csv", store=opening.store)
-        if opening.resumed and not opening.continued:
-            header = _header(path)
-            keep_lines(path, lambda line: line == header or _step_of_csv(line) <= opening.step, opening.say,
-                       f"row(s) after step {opening.step}, where the run resumed")
-        elif not opening.continued:
-            set_aside(path, opening.say)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        header = _header(path)  # a resumed or continued file keeps its columns
-        self._columns = next(csv.reader([header])) if header else []
-        self._file = open(path, "a", newline="")
-
-    def write(self, record: Log) -> None:
-        row = records.row(record.step, record.kind, record.values)
-        new = [name for name in row if name not in self._columns]
-        if new:
-            self._widen(self._columns + new)
-        csv.DictWriter(self._file, self._columns).writerow(row)
-        self._file.flush()
-
-    def _widen(self, columns: list) -> None:
-        """Rewrite the file under the header ``columns`` (a new name came)."""
-        self._file.close()
-        with open(self._where, newline="") as file:
-            rows = list(csv.DictReader(file))
-        temp = self._where.with_name(self._where.name + ".tmp")
-        with open(temp, "w", newline="") as file:
-            writer = csv.DictWriter(file, columns)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(temp, self._where)
-        self._columns = columns
-        self._file = open(self._where, "a", newline="")
-
-    def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def __repr__(self):
-        return f"CSVLogger({str(self.path)!r})" if self.path is not None else "CSVLogger()"
-
-
-def _header(path: Path) -> str:
-    if not path.is_file():
-        return ""
-    with open(path, newline="") as file:
-        return file.readline()
-
-
-def _step_of_csv(line: str) -> float:
-    try:
-        return int(line.split(",", 1)[0])
-    except ValueError:
-        return math.inf
 
 
 def check_loggers(loggers, log_reduce=None) -> tuple:

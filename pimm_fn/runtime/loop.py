@@ -33,7 +33,8 @@ from pimm_fn.runtime.control import check_scheduler_hooks
 from pimm_fn.runtime.device import use_local_cuda_device
 from pimm_fn.runtime.feed import Feed
 from pimm_fn.runtime.guard import AgreementGuard
-from pimm_fn.runtime.handlers import prewarm_staging, run_handlers
+from pimm_fn.runtime.background_staging import prewarm_staging
+from pimm_fn.runtime.handlers import run_handlers
 from pimm_fn.runtime.implied import Implied
 from pimm_fn.hooks.progress import bar_cadence, progress_bar as progress_hook
 from pimm_fn.runtime import progress_bar

@@ -27,9 +27,8 @@ bytes per check and wait for the previous one, already done
 (``benchmarks/RESULTS.md``).
 
 A Ctrl-C in a script that escapes ``run()`` prints where the last checkpoint
-is and how to continue instead of the loop's traceback (``advise``); a
-notebook's or the REPL's Ctrl-C keeps its behaviour (``run()`` continues
-exactly).
+is and how to continue instead of the loop's traceback
+(``pimm_fn.runtime.ctrl_c_advice``).
 """
 
 import contextlib
@@ -46,8 +45,9 @@ from pimm_fn import checkpoint, dist
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.preemption import lags, next_cadence, time_is_up
+from pimm_fn.runtime.ctrl_c_advice import interactive
 
-__all__ = ["Preempted", "Requests", "Stopping", "advise", "interactive", "saved_at"]
+__all__ = ["Preempted", "Requests", "Stopping", "saved_at"]
 
 MAX_TIME = "max_time"
 
@@ -62,14 +62,6 @@ class Preempted(SystemExit):
     def __init__(self, code: int, step: int, reason: str, path):
         super().__init__(code)
         self.step, self.reason, self.path = step, reason, path
-
-
-def interactive() -> bool:
-    """Whether a person drives this process: a notebook or IPython shell, or the Python REPL (``-i``)."""
-    if hasattr(sys, "ps1") or sys.flags.interactive:
-        return True
-    ipython = sys.modules.get("IPython")
-    return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
 
 
 _SAVING_ON_CTRL_C = b"[pimm_fn] Ctrl-C: saving at the end of this step, then exiting (Ctrl-C again to stop at once)\n"
@@ -239,41 +231,3 @@ def saved_at(ctx, step: int):
     """The checkpoint of ``step`` this run wrote, as named where it lives: ``model_dir/last`` (``last.pth``), or on
     an fsspec store ``model_dir/last-<step>-<token>`` (``pimm_fn.checkpoint.rolling_checkpoint``)."""
     return checkpoint.rolling_checkpoint(ctx.model_dir, step, ctx.checkpoint_format)
-
-
-def _advice(error: KeyboardInterrupt) -> str:
-    return getattr(error, "pimm_fn_advice", None)
-
-
-def _advising(previous):
-    """``sys.excepthook`` printing a script's Ctrl-C advice instead of the loop's traceback; the rest as before."""
-    def hook(kind, error, traceback):
-        advice = _advice(error) if isinstance(error, KeyboardInterrupt) else None
-        if advice is None:
-            return previous(kind, error, traceback)
-        print(f"KeyboardInterrupt\n{advice}", file=sys.stderr, flush=True)
-    hook.pimm_fn_advising = True
-    return hook
-
-
-def advise(error: KeyboardInterrupt, step: int, last_save: tuple | None, model_dir) -> None:
-    """Attach to a Ctrl-C escaping ``run()`` in a script the line its exit prints in place of the traceback.
-
-    ``last_save``: ``(step, path)`` of the last checkpoint this run saved,
-    or ``None``. A notebook or the REPL is left alone: there ``run()``
-    continues exactly, and the traceback is the interpreter's to show.
-    """
-    if interactive():
-        return
-    if last_save is not None:
-        where = f"the last checkpoint is step {last_save[0]} in {last_save[1]}"
-    elif model_dir is not None:
-        where = f"this run saved no checkpoint yet (it resumed from the newest one in {model_dir}, if any)"
-    else:
-        where = "this run has no save_dir: nothing was saved"
-    error.pimm_fn_advice = (
-        f"[pimm_fn] stopped by Ctrl-C at step {step}; {where}. To continue from it, run the script again with "
-        f'loop(..., resume="auto"); to save on Ctrl-C first, pass preemption=pimm_fn.Preemption(save_on_interrupt=True)'
-    )
-    if not getattr(sys.excepthook, "pimm_fn_advising", False):
-        sys.excepthook = _advising(sys.excepthook)

@@ -17,7 +17,8 @@ from pimm_fn.core.trace import Trace
 from pimm_fn.runtime import after_training, swap
 from pimm_fn.runtime.context import Context
 from pimm_fn.runtime.log_feed import clock
-from pimm_fn.runtime.preemption import advise, saved_at
+from pimm_fn.runtime.ctrl_c_advice import advise
+from pimm_fn.runtime.preemption import saved_at
 from pimm_fn.runtime.transaction import Interruption
 from pimm_fn.runtime.walker import Walker
 
@@ -76,7 +77,7 @@ class Loop:
 
     @contextlib.contextmanager
     def _advising(self):
-        """A Ctrl-C leaving ``run()`` in a script carries the advice its exit prints (``preemption.advise``)."""
+        """A Ctrl-C leaving ``run()`` in a script carries the advice its exit prints (``ctrl_c_advice.advise``)."""
         try:
             yield
         except KeyboardInterrupt as error:

@@ -13,13 +13,6 @@ refused when that slot does not fit the new hook (see ``carried_slot``). It
 is refused in a run with a process group, where every rank would have to
 swap at the same point of its collective sequence: rebuild the loop with the
 new hook list there and resume from the last checkpoint.
-
->>> from pimm_fn.hooks import save_every, log_every
->>> from pimm_fn.core.fold import chain
->>> locate([save_every(3), chain(log_every(5), name="logs")], "log_every(5)")
-(1, 0)
->>> locate([save_every(3), chain(log_every(5), name="logs")], "logs / log_every(5)")
-(1, 0)
 """
 
 import warnings
@@ -33,57 +26,11 @@ from pimm_fn.runtime.advice import Advice, ConfigurationWarning, saver_before_ev
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.ema import EmaWeights
 from pimm_fn.runtime.control import check_scheduler_hooks
-from pimm_fn.runtime.handlers import prewarm_staging
+from pimm_fn.runtime.background_staging import prewarm_staging
+from pimm_fn.runtime.hook_paths import entries, identity_path, locate, siblings, slot_at, with_hook, with_slot
 from pimm_fn.runtime.implied import Implied
 
-__all__ = ["replace", "replace_evaluator", "locate", "carried_slot"]
-
-_PATH = " / "  # joins the identities of a hook inside chains, outermost first (as checkpoints do)
-
-
-# -- finding a hook -------------------------------------------------------------------------------
-def _entries(hooks, at: tuple = (), names: tuple = ()):
-    """``(index path, identity path, hook)`` of every hook, composites included, depth first."""
-    for i, hook in enumerate(hooks):
-        path, keys = at + (i,), names + (protocol.key(hook),)
-        yield path, keys, hook
-        inner = protocol.children(hook)
-        if inner is not None:
-            yield from _entries(inner, path, keys)
-
-
-def locate(hooks, old) -> tuple:
-    """The index path of ``old`` in ``hooks``, at any depth of nested chains.
-
-    ``old`` is a hook (matched as that very object, else by identity), its
-    identity (``pimm_fn.core.hook.key``), or its identity path inside chains
-    (``'logs / log_every(5)'``).
-
-    Raises:
-        ValueError: no hook matches (listing the hooks there are), or several
-            do (listing their paths).
-    """
-    entries = list(_entries(hooks))
-    if isinstance(old, str):
-        wanted = old
-        found = [(p, k) for p, k, _ in entries if k[-1] == wanted or _PATH.join(k) == wanted]
-    else:
-        wanted = protocol.key(old)
-        found = [(p, k) for p, k, h in entries if h is old] or [(p, k) for p, k, _ in entries if k[-1] == wanted]
-    if len(found) == 1:
-        return found[0][0]
-    if not found:
-        there = ", ".join(repr(_PATH.join(k)) for _, k, _ in entries) or "none"
-        raise ValueError(
-            f"replace: this run has no hook {wanted!r}; its hooks are: {there}. Pass a hook of the run, its "
-            f"identity (pimm_fn.core.hook.key(hook)) or its path inside chains ('outer / inner')"
-        )
-    places = ", ".join(repr(_PATH.join(k)) for _, k in found)
-    raise ValueError(
-        f"replace: the run has a hook {wanted!r} at several places ({places}): pass the path of the one to "
-        f"replace, e.g. run.replace({_PATH.join(found[0][1])!r}, new)"
-    )
-
+__all__ = ["replace", "replace_evaluator", "carried_slot"]
 
 # -- the slot taken over --------------------------------------------------------------------------
 def _type_name(value) -> str:
@@ -131,30 +78,6 @@ def _mismatch(old, new, found: str, expected: str, where: str = "") -> TypeError
         f"Keep the slot class in the new version of the hook, pass fresh=True to start it from its initial slot, "
         f"or rebuild the loop with the new hook list"
     )
-
-
-# -- rebuilding -----------------------------------------------------------------------------------
-def _with_hook(hooks: tuple, path: tuple, new) -> tuple:
-    i, rest = path[0], path[1:]
-    # A composite rebuilt around its new children, as pimm_fn.core.hook.bind rebuilds it.
-    hook = new if not rest else protocol.with_children(hooks[i], _with_hook(protocol.children(hooks[i]), rest, new))
-    return hooks[:i] + (hook,) + hooks[i + 1:]
-
-
-def _slot_at(slots: tuple, hooks: tuple, path: tuple):
-    i, rest = path[0], path[1:]
-    if not rest:
-        return slots[i]
-    inner = slots[i] if slots[i] is not None else protocol.init_slot(hooks[i])
-    return _slot_at(tuple(inner), protocol.children(hooks[i]), rest)
-
-
-def _with_slot(slots: tuple, hooks: tuple, path: tuple, slot) -> tuple:
-    i, rest = path[0], path[1:]
-    if rest:
-        inner = slots[i] if slots[i] is not None else protocol.init_slot(hooks[i])
-        slot = _with_slot(tuple(inner), protocol.children(hooks[i]), rest, slot)
-    return slots[:i] + (slot,) + slots[i + 1:]
 
 
 def _refuse_collision(level: tuple, index: int, old, new) -> None:
@@ -234,26 +157,20 @@ def replace(run, old, new, *, fresh: bool = False) -> None:
     protocol.declared(new)  # a malformed declaration fails here, not at the next event
     top = run.hooks.hooks
     path = locate(top, old)
-    level = _level(top, path)
+    level = siblings(top, path)
     current = level[path[-1]]
     bound = protocol.bind([new], unwrap(run.ctx.model))[0]
     _refuse_collision(level, path[-1], current, bound)
-    slot = carried_slot(current, bound, _slot_at(run.state.slots, top, path), fresh=fresh)
-    hooks = run.hooks.with_children(_with_hook(top, path, bound))
+    slot = carried_slot(current, bound, slot_at(run.state.slots, top, path), fresh=fresh)
+    hooks = run.hooks.with_children(with_hook(top, path, bound))
     ctx = run.ctx
     implied = Implied.of(hooks, guarded=ctx.implied.guarded)  # everything the new list implies, as loop() derives it
     arguments.check_save_dir(hooks.hooks, ctx.save_dir)
     arguments.check_best_trackers(hooks.hooks)
     check_scheduler_hooks(hooks.hooks, ctx.scheduler)
     extra = _extra_state(ctx, top, hooks.hooks)
-    state = evolve(run.state, slots=_with_slot(run.state.slots, top, path, slot))
+    state = evolve(run.state, slots=with_slot(run.state.slots, top, path, slot))
     _commit(run, implied, state, extra)
-
-
-def _level(hooks: tuple, path: tuple) -> tuple:
-    for i in path[:-1]:
-        hooks = protocol.children(hooks[i])
-    return hooks
 
 
 def _extra_state(ctx, old: tuple, new: tuple) -> dict:
@@ -305,7 +222,7 @@ def replace_evaluator(run, name: str, fn) -> None:
         ValueError: no hook provides an evaluator ``name`` (listing those there are).
         TypeError: the hook providing it is not an ``evaluate_every`` hook.
     """
-    found = [(p, k, h) for p, k, h in _entries(run.hooks.hooks)
+    found = [(p, k, h) for p, k, h in entries(run.hooks.hooks)
              if protocol.children(h) is None and name in protocol.evaluators([h])]
     if not found:
         raise ValueError(
@@ -315,5 +232,5 @@ def replace_evaluator(run, name: str, fn) -> None:
     try:
         new = protocol.with_evaluator(hook, name, fn)  # the same cadence, name and broadcast; validated again
     except TypeError as error:
-        raise TypeError(f"replace_evaluator: {error}; call run.replace({_PATH.join(keys)!r}, new_hook)") from None
-    replace(run, _PATH.join(keys), new)
+        raise TypeError(f"replace_evaluator: {error}; call run.replace({identity_path(keys)!r}, new_hook)") from None
+    replace(run, identity_path(keys), new)

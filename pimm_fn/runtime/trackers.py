@@ -1,4 +1,4 @@
-"""Loggers for experiment trackers: TensorBoard, Weights & Biases, MLflow; each an optional extra.
+"""Loggers for experiment trackers: TensorBoard, MLflow; each an optional extra (W&B: ``.wandb_logger``).
 
 Each takes the numbers of a record as scalars named ``<kind>/<name>``
 (``train/loss``, ``epoch/loss``, ``eval/val/score``) at the record's step,
@@ -16,17 +16,13 @@ is what the resumed run computes) is not sent again.
 """
 
 import importlib
-import json
-import os
 import time
-import types
 from pathlib import Path
 
 from pimm_fn.runtime.history import POSITION
 from pimm_fn.runtime.loggers import Opening, resolve_path, set_aside
-from pimm_fn.runtime.wandb_offline import held_offline
 
-__all__ = ["TensorBoardLogger", "WandbLogger", "MLFlowLogger", "scalars", "unsent"]
+__all__ = ["TensorBoardLogger", "MLFlowLogger", "scalars", "unsent", "require", "remembered", "remember"]
 
 
 def scalars(record) -> dict:
@@ -35,7 +31,8 @@ def scalars(record) -> dict:
             if k not in POSITION and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
-def _require(module: str, extra: str, who: str):
+def require(module: str, extra: str, who: str):
+    """The tracker's package, imported now; a missing one is an ``ImportError`` naming the extra."""
     try:
         return importlib.import_module(module)
     except ImportError as error:
@@ -61,7 +58,7 @@ class TensorBoardLogger:
         self._writer = None
 
     def open(self, opening: Opening) -> None:
-        writer_class = _require("torch.utils.tensorboard", "tensorboard", "TensorBoardLogger").SummaryWriter
+        writer_class = require("torch.utils.tensorboard", "tensorboard", "TensorBoardLogger").SummaryWriter
         where = resolve_path(self, self.log_dir, opening.save_dir, "tensorboard", store=opening.store)
         if not opening.continued and not opening.resumed:
             set_aside(where, opening.say)
@@ -81,14 +78,15 @@ class TensorBoardLogger:
         return f"TensorBoardLogger({str(self.log_dir)!r})" if self.log_dir is not None else "TensorBoardLogger()"
 
 
-def _remembered(save_dir, name: str, resumed: bool) -> str | None:
+def remembered(save_dir, name: str, resumed: bool) -> str | None:
     """The tracker run id a resumed run's ``save_dir/<name>`` holds (a fresh run starts a new one)."""
     if not resumed or save_dir is None or not (Path(save_dir) / name).is_file():
         return None
     return (Path(save_dir) / name).read_text().strip() or None
 
 
-def _remember(save_dir, name: str, run_id: str) -> None:
+def remember(save_dir, name: str, run_id: str) -> None:
+    """Keep the tracker run id in ``save_dir/<name>``, for a resumed run to log on into it."""
     if save_dir is not None:
         Path(save_dir).mkdir(parents=True, exist_ok=True)
         (Path(save_dir) / name).write_text(run_id + "\n")
@@ -99,131 +97,6 @@ def unsent(record, held: dict) -> dict:
     points = {k: v for k, v in scalars(record).items() if record.step > held.get(k, -1)}
     held.update(dict.fromkeys(points, record.step))
     return points
-
-
-def _held_steps(save_dir, name: str, run_id: str) -> dict:
-    """``{scalar name: last step}`` a previous process sent to the tracker run ``run_id`` (``save_dir/<name>``).
-
-    The note is its first line (``_Note`` rewrites it in place: a longer older note may trail it).
-    """
-    path = Path(save_dir) / name if save_dir is not None else None
-    if path is None or not path.is_file():
-        return {}
-    try:
-        saved = json.loads(path.read_text().split("\n", 1)[0])
-        return {k: int(v) for k, v in saved.get("steps", {}).items()} if saved.get("id") == run_id else {}
-    except (ValueError, AttributeError, TypeError):
-        return {}  # a damaged note: the tracker gets the repeated steps, nothing else is lost
-
-
-class _Note:
-    """``save_dir/<name>``: the tracker run's id and last step per name, rewritten in place after every record.
-
-    One ``pwrite`` at offset 0 and a truncate, no open or rename per record
-    (a few microseconds): a process killed at any instant leaves the note
-    of the last record sent, its first line whole (``_held_steps``).
-    """
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-
-    def write(self, run_id: str, held: dict) -> None:
-        data = (json.dumps({"id": run_id, "steps": held}, sort_keys=True) + "\n").encode()
-        os.pwrite(self._fd, data, 0)
-        os.ftruncate(self._fd, len(data))
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
-class WandbLogger:
-    """Weights & Biases (the ``wandb`` extra); ``mode="offline"`` writes local files only.
-
-    The W&B run id is kept in ``save_dir/wandb-run-id``, so a resumed run
-    logs on into the same W&B run (offline, a second ``offline-run-*``
-    directory of the same id, which ``wandb sync`` joins). W&B cannot take
-    a step back (offline, a rewind is not available), so a resumed run
-    sends each name only the values past the last step the W&B run holds,
-    and, first, the records up to the resumed step it lacks (from
-    ``run.history``): W&B ends with every step once. What it holds: in
-    offline mode, what its ``offline-run-*`` files hold (a ``wandb-core``
-    killed outright, with its process, loses what it had not written:
-    ``pimm_fn.runtime.wandb_offline``); online, or where those files do not
-    parse, ``save_dir/wandb-run-steps.json``, the last step handed to W&B
-    for each name, rewritten after every record (one ``pwrite``), so a
-    ``SIGKILL`` leaves it exact but for a kill in the microseconds between
-    W&B taking a record and that rewrite (that record is sent again).
-
-    ``mode="offline"`` (or ``WANDB_MODE=offline``) needs no network and no
-    account: the files go to ``save_dir/wandb``; ``WANDB_SILENT=true``
-    quiets wandb's console.
-
-    Args:
-        project, name, mode: as ``wandb.init`` takes them.
-        init: more ``wandb.init`` arguments (``config``, ``tags``, ``entity``...).
-    """
-
-    ID_FILE = "wandb-run-id"
-    STEPS_FILE = "wandb-run-steps.json"
-
-    def __init__(self, project: str | None = None, *, name: str | None = None, mode: str | None = None, **init):
-        self.project, self.name, self.mode, self.init = project, name, mode, init
-        self._run = None
-        self._id = None
-        self._held = {}  # scalar name -> the last step the W&B run holds for it
-        self._note = None  # save_dir/wandb-run-steps.json, while open
-
-    def open(self, opening: Opening) -> None:
-        wandb = _require("wandb", "wandb", "WandbLogger")
-        run_id = self._id or _remembered(opening.save_dir, self.ID_FILE, opening.resumed)
-        where = {"dir": str(opening.save_dir)} if opening.save_dir is not None else {}
-        if where:
-            Path(opening.save_dir).mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(project=self.project, name=self.name, mode=self.mode, id=run_id,
-                               resume="allow" if run_id else None, **where, **self.init)
-        if self._id is None and run_id is not None:  # a resumed process: what the run holds already
-            self._held = self._holding(opening.save_dir, run_id)
-        self._id = self._run.id
-        _remember(opening.save_dir, self.ID_FILE, self._id)
-        if opening.save_dir is not None:
-            self._note = _Note(Path(opening.save_dir) / self.STEPS_FILE)
-            self._note.write(self._id, self._held)  # a fresh run's empty note: no earlier run's steps held
-        if opening.history is not None and not opening.continued:
-            self._send_missing(opening.history)
-
-    def _holding(self, save_dir, run_id: str) -> dict:
-        """What the W&B run ``run_id`` holds: offline, what its files hold (a killed W&B loses what it had not
-        written: ``pimm_fn.runtime.wandb_offline``); else, or unreadable, the note of what was handed over."""
-        if self._run.offline and save_dir is not None:
-            found = held_offline(Path(save_dir) / "wandb", run_id)
-            if found is not None:
-                return found
-        return _held_steps(save_dir, self.STEPS_FILE, run_id)
-
-    def _send_missing(self, history) -> None:
-        """The resumed run's records (up to its step) that W&B lacks, sent again from ``run.history``, in order."""
-        for row in history.records():
-            values = {k: v for k, v in row.items() if k not in ("step", "kind")}
-            self.write(types.SimpleNamespace(step=row["step"], kind=row["kind"], values=values))
-
-    def write(self, record) -> None:
-        points = unsent(record, self._held)
-        if points:
-            self._run.log(points, step=record.step)
-            if self._note is not None:
-                self._note.write(self._id, self._held)  # what W&B holds now, kept through a kill
-
-    def close(self) -> None:
-        if self._run is not None:
-            self._run.finish()
-            self._run = None
-        if self._note is not None:
-            self._note.close()
-            self._note = None
-
-    def __repr__(self):
-        return f"WandbLogger(project={self.project!r})"
 
 
 class MLFlowLogger:
@@ -257,9 +130,9 @@ class MLFlowLogger:
         self._held = {}  # metric name -> the last step the MLflow run holds for it
 
     def open(self, opening: Opening) -> None:
-        tracking = _require("mlflow.tracking", "mlflow", "MLFlowLogger")
+        tracking = require("mlflow.tracking", "mlflow", "MLFlowLogger")
         self._client = client = tracking.MlflowClient(tracking_uri=self.tracking_uri)
-        run_id = self._id or _remembered(opening.save_dir, self.ID_FILE, opening.resumed)
+        run_id = self._id or remembered(opening.save_dir, self.ID_FILE, opening.resumed)
         if run_id is None:
             found = client.get_experiment_by_name(self.experiment)
             experiment = found.experiment_id if found is not None else client.create_experiment(self.experiment)
@@ -269,7 +142,7 @@ class MLFlowLogger:
             if self._id is None:  # a resumed process: what the run holds already, read from the store
                 self._held = self._last_steps(run_id)
         self._id = run_id
-        _remember(opening.save_dir, self.ID_FILE, run_id)
+        remember(opening.save_dir, self.ID_FILE, run_id)
 
     def _last_steps(self, run_id: str) -> dict:
         names = self._client.get_run(run_id).data.metrics

@@ -12,7 +12,9 @@ from collections.abc import Iterable
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Scope
-from pimm_fn.testing.simulation import SimulationResult, resume_points, simulate
+from pimm_fn.testing.simulation import simulate
+from pimm_fn.testing.simulation_inputs import resume_points
+from pimm_fn.testing.simulation_result import SimulationResult
 
 __all__ = ["assert_collective_agreement", "assert_resume_continuity"]
 

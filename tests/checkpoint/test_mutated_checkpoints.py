@@ -150,7 +150,7 @@ def test_a_mutated_checkpoint_loads_identically_or_is_refused_and_never_runs_cod
         assert tw.same_weights(weights, reference_weights), f"{mutation} resumed other weights"
         assert state == reference_state, f"{mutation} resumed another state"
 
-    from pimm_fn.compat.reading import load_pimm_weights
+    from pimm_fn.compat.pimm_weights import load_pimm_weights
 
     status, read = _outcome(lambda: load_pimm_weights(crafted))
     if status == "ok":

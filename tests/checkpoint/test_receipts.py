@@ -18,7 +18,7 @@ from pimm_fn.checkpoint import (
     save_checkpoint,
     save_checkpoint_async,
 )
-from pimm_fn.checkpoint import _publish
+from pimm_fn.checkpoint import _receipts
 
 WEIGHTS, TRAINER, LOCAL = {"w": torch.arange(3.0)}, {"lr": 0.1}, {"seed": 1}
 
@@ -58,23 +58,23 @@ def test_a_legacy_save_has_no_receipts(tmp_path):
 
 def test_missing_receipts_names_the_ranks_rank_0_does_not_see_after_the_grace(tmp_path):
     """Of 3 ranks, the one receipt written is found; the other two are reported after waiting the grace."""
-    _publish.write_receipt(tmp_path)
+    _receipts.write_receipt(tmp_path)
     start = time.monotonic()
-    assert _publish.missing_receipts(tmp_path, 3, grace_s=0.3) == [1, 2]
+    assert _receipts.missing_receipts(tmp_path, 3, grace_s=0.3) == [1, 2]
     assert time.monotonic() - start >= 0.3
 
 
 def test_missing_receipts_is_empty_at_once_when_every_receipt_is_there(tmp_path):
     """A complete set costs one directory listing, no waiting."""
-    _publish.write_receipt(tmp_path)
+    _receipts.write_receipt(tmp_path)
     start = time.monotonic()
-    assert _publish.missing_receipts(tmp_path, 1, grace_s=5.0) == []
+    assert _receipts.missing_receipts(tmp_path, 1, grace_s=5.0) == []
     assert time.monotonic() - start < 1.0
 
 
 def test_the_storage_error_names_the_rank_both_hosts_the_path_and_the_fix():
     """The message says which rank's files rank 0 lacks, where, and to put save_dir on shared storage."""
-    message = _publish.receipt_error("/runs/x/model/.staging-last-4", [1, 3], "node-b", "node-a", wrote=True)
+    message = _receipts.receipt_error("/runs/x/model/.staging-last-4", [1, 3], "node-b", "node-a", wrote=True)
     assert message.startswith("save_dir is not shared between nodes: rank 1's files (host node-b) are missing "
                               "on rank 0 (host node-a) at /runs/x/model/.staging-last-4 (ranks [1, 3] in all); ")
     assert "put save_dir on storage every node sees" in message and "nothing was published" in message
@@ -82,7 +82,7 @@ def test_the_storage_error_names_the_rank_both_hosts_the_path_and_the_fix():
 
 def test_the_storage_error_says_when_a_rank_could_not_write_at_all():
     """A rank that does not see its own receipt either could not write there: the message says so instead."""
-    message = _publish.receipt_error("/runs/x", [1], "node-b", "node-a", wrote=False)
+    message = _receipts.receipt_error("/runs/x", [1], "node-b", "node-a", wrote=False)
     assert message.startswith("rank 1 (host node-b) could not write its checkpoint files at /runs/x")
 
 

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
 
 import pimm_fn as pf
 from pimm_fn.checkpoint import safe_reading
-from pimm_fn.checkpoint.safe_reading import MetadataUnpickler
+from pimm_fn.checkpoint.metadata_unpickler import MetadataUnpickler
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402

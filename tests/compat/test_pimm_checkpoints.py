@@ -12,9 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 import pimm_fn as pf  # noqa: E402
 from pimm_fn import checkpoint  # noqa: E402
 from pimm_fn.compat import HANDLERS, PIMM_BEST, build_hooks  # noqa: E402
-from pimm_fn.compat.checkpoints import (  # noqa: E402
-    PimmCheckpointError, latest_pimm_checkpoint, read_pimm_checkpoint, translate,
-)
+from pimm_fn.compat.checkpoints import translate  # noqa: E402
+from pimm_fn.compat.reading import PimmCheckpointError, latest_pimm_checkpoint, read_pimm_checkpoint  # noqa: E402
 from pimm_fn.core.effects import SaveCheckpoint  # noqa: E402
 
 from _pimm_layouts import pimm_saver, write_split  # noqa: E402

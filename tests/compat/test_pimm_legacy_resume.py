@@ -10,7 +10,8 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import pimm_fn as pf  # noqa: E402
 from pimm_fn.compat import HANDLERS, build_hooks  # noqa: E402
-from pimm_fn.compat.checkpoints import PimmCheckpointError, translate  # noqa: E402
+from pimm_fn.compat.checkpoints import translate  # noqa: E402
+from pimm_fn.compat.reading import PimmCheckpointError  # noqa: E402
 from pimm_fn.core.effects import SaveCheckpoint  # noqa: E402
 
 from _pimm_layouts import pimm_saver  # noqa: E402

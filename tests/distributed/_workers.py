@@ -35,7 +35,7 @@ import pimm_fn as pf
 from pimm_fn import dist
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint
-from pimm_fn.runtime import handlers
+from pimm_fn.runtime import handlers, save_contents
 from pimm_fn.runtime.context import unwrap
 
 NUM_SAMPLES = 48
@@ -185,7 +185,7 @@ def _dying_save(step: int, victim: int):
     def handler(effect, state, ctx):
         if effect.step != step:
             return handlers.save_checkpoint(effect, state, ctx)
-        replicated, local = handlers.trainer_state(ctx, state)
+        replicated, local = save_contents.trainer_state(ctx, state)
         staging = dist.run_on_main(lambda: _publish.fresh_staging(ctx.model_dir, effect.step))
         flat = {**_standard._flatten("trainer", replicated), **_standard._flatten(f"local/rank{dist.rank()}", local)}
         writer = DyingWriter if dist.rank() == victim else dcp.FileSystemWriter

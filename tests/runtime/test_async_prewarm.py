@@ -8,7 +8,7 @@ import torch
 import pimm_fn as pf
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint import _staging
-from pimm_fn.runtime import handlers
+from pimm_fn.runtime import background_staging
 
 import _tiny_workload as tw
 
@@ -121,7 +121,7 @@ def test_a_save_arriving_while_the_prewarm_runs_takes_it_over(tmp_path, monkeypa
     monkeypatch.setattr(_staging, "_CHUNK", 16)  # many chunks, each followed by the pause below
     hooks = [pf.save_every(1, async_save=True, snapshots=True)]
     _, run = tw.build(tmp_path, hooks=hooks, max_epochs=1)
-    handlers.prewarm_staging(run.ctx, run.hooks.hooks, pause_s=0.05)  # replaces the loop's own arming
+    background_staging.prewarm_staging(run.ctx, run.hooks.hooks, pause_s=0.05)  # replaces the loop's own arming
     seen = _train(run)
     warming = run.ctx.saver.prewarm
     assert warming.wait().finished is False and warming.error is None  # the first save took over

@@ -10,7 +10,7 @@ import pimm_fn as pf
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint.contents import to_parts
 from pimm_fn.core.effects import SaveCheckpoint
-from pimm_fn.runtime.handlers import trainer_contents
+from pimm_fn.runtime.save_contents import trainer_contents
 from _more_state_workload import GanStep, RunningMean, TinyGan
 from _process_group import one_rank_group  # noqa: F401 - a fixture
 from _tiny_workload import TinyNet, loader, same_weights, weights
