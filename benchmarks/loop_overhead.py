@@ -375,7 +375,9 @@ def _standard_stack():
 
 DRIVER_STACKS = {"no hooks": lambda: [], "standard stack": _standard_stack}
 
+# One hook walks every step (a State per event); each further one adds only its calls: the two apart.
 TEN_HOOK_STACKS = {
+    "one no-op hook (every event)": lambda: TEN_TRIVIAL[:1],
     "ten no-op hooks (every event)": lambda: list(TEN_TRIVIAL),
     "ten slotted hooks, hook(state, event)": lambda: [_Slotted(i) for i in range(10)],
     "ten slotted hooks, update(slot, state, event)": lambda: [_SlottedUpdate(i) for i in range(10)],

@@ -148,7 +148,7 @@ class Replicated:
     scaler: dict | None = attrs.field(validator=_held(dict))
     state: SavedState | None
     sharded: bool = attrs.field(default=False, validator=_held(bool, optional=False))  # the model is in the shards
-    optimizers: dict | None = attrs.field(default=None, validator=_held(dict))  # name -> state dict, loop(optimizers=)
+    optimizers: dict | None = attrs.field(default=None, validator=_held(dict))  # name -> state dict, loop(optimizer={name: opt})
     extra: dict | None = attrs.field(default=None, validator=_held(dict))  # name -> state dict: extra_state=, ema()
     # The classes whose states these are, by qualified name: {"optimizer": name} or {"optimizers": {name: name}},
     # and "scheduler" when there is one. None in a checkpoint written before they were recorded.

@@ -77,7 +77,7 @@ def check_model(model) -> None:
 def check_optimizer(optimizer) -> None:
     """``optimizer``, when given alone, is an optimizer: a ``torch.optim.Optimizer`` or one that steps and checkpoints alike.
 
-    A dict is left to ``optimizers=`` (``pimm_fn.runtime.stateful_objects`` says so).
+    A dict of named optimizers is checked by ``pimm_fn.runtime.stateful_objects``.
     """
     if optimizer is None or isinstance(optimizer, (torch.optim.Optimizer, Mapping)):
         return

@@ -44,7 +44,7 @@ class Changed:
 
     Attributes:
         what: ``"optimizer"`` or ``"scheduler"``.
-        name: the optimizer's name in ``loop(optimizers=)``, else ``None``.
+        name: the optimizer's name in ``loop(optimizer={name: opt})``, else ``None``.
         saved: the checkpoint's class (qualified name); ``None`` where it was not recorded.
         now: this run's class (qualified name).
         keys: where ``saved`` is ``None``, the keys of the saved state that tell another class.

@@ -54,7 +54,7 @@ class Context:
     sharded: bool = False  # the model keeps DTensor parameters (FSDP2): its state goes through DCP's state_dict API
     weights_file: bool = True  # a sharded model's checkpoints gather its full weights into model.pth
     everywhere: tuple = ()  # main-rank effect types every rank executes (a sharded model's WriteBest gathers)
-    optimizers: dict | None = None  # loop(optimizers=): name -> optimizer; then ``optimizer`` is this dict too
+    optimizers: dict | None = None  # loop(optimizer={name: opt}): name -> optimizer; ``optimizer`` is this dict too
     extra_state: dict = attrs.Factory(dict)  # loop(training=Training(extra_state=)) and the ema() averages: name -> object with state_dict()
     logs: Any = None  # the run's Logs: its loggers, history and clock (pimm_fn.runtime.log_feed); the Log handler's
     bar: Any = None  # the run's ProgressBar on the main rank when one is shown (pimm_fn.runtime.progress_bar)
@@ -77,7 +77,7 @@ class Context:
         return self.implied is not None and self.implied.best_per_metric
 
     def named_optimizers(self) -> dict:
-        """``{name: optimizer}``: the ``optimizers=`` of the run, or ``{None: optimizer}`` for its one optimizer."""
+        """``{name: optimizer}``: the run's named optimizers, or ``{None: optimizer}`` for its one optimizer."""
         return self.optimizers if self.optimizers is not None else {None: self.optimizer}
 
     def wait_for_save(self) -> None:

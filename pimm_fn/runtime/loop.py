@@ -67,12 +67,10 @@ def loop(
     optimizer=None,
     train_data=None,
     *,
-    optimizers=None,
     hooks=(),
     max_epochs: int | None = None,
     max_steps: int | None = None,
     max_time=None,
-    iters_per_epoch: int | None = None,
     save_dir=None,
     step_fn=None,
     scheduler=None,
@@ -90,12 +88,11 @@ def loop(
     """A training loop over ``train_data`` driven by ``hooks``.
 
     Args:
-        model, optimizer: what trains; the model may be wrapped in DDP.
-        optimizers: several named optimizers instead of ``optimizer``
-            (``optimizer=None``), for a custom ``step_fn`` (a GAN's
-            ``{"g": opt_g, "d": opt_d}``), which receives the dict as its
-            ``optimizer``. Each is checkpointed under its name; a resume
-            needs the same names (``pimm_fn.runtime.stateful_objects``).
+        model, optimizer: what trains; the model may be wrapped in DDP. The
+            optimizer may be a dict of named ones for a custom ``step_fn``
+            (a GAN's ``{"g": opt_g, "d": opt_d}``), which receives the dict
+            as its ``optimizer``. Each is checkpointed under its name; a
+            resume needs the same names (``pimm_fn.runtime.stateful_objects``).
         train_data: a DataLoader, a StatefulDataLoader (exact mid-epoch
             resume), or any re-iterable with ``len``.
         hooks: a list (or tuple) of hooks, run in this order for every
@@ -139,8 +136,6 @@ def loop(
         resume: ``None`` (fresh), ``"auto"`` (latest complete checkpoint in
             ``save_dir``; fresh, said, if it holds none; a ``CheckpointError``
             if it holds only damaged ones) or a checkpoint path.
-        iters_per_epoch: steps per epoch (default ``len(train_data)``, or
-            ``len(train_data) // k`` for a step accumulating ``k`` batches).
         handlers: ``{EffectType: handler}`` overriding or adding handlers. A
             handler that reads another checkpoint layout (``pimm_fn.checkpoint.foreign``,
             ``pimm_fn.compat.HANDLERS``) lets ``resume`` continue from it. A
@@ -165,15 +160,16 @@ def loop(
             ``sanity_check``: every evaluator once before the first step).
         parallel: how the run spreads over ranks (``pimm_fn.Parallel``:
             ``ddp``, ``check_agreement``).
-        training: what trains beside the model and optimizer
-            (``pimm_fn.Training``: ``on_nonfinite``, ``scaler``,
-            ``extra_state``, ``config``).
+        training: what trains beside the model and optimizer, and how long
+            an epoch is (``pimm_fn.Training``: ``on_nonfinite``, ``scaler``,
+            ``extra_state``, ``config``, ``iters_per_epoch``).
         preemption: how the run stops when its cluster asks
             (``pimm_fn.Preemption``: ``signals``, ``exit_code``,
             ``save_on_interrupt``, ``margin``, ``check_every``;
             ``pimm_fn.runtime.preemption``).
         **moved: refused: each keyword ``loop()`` took before its options
-            were values raises a ``TypeError`` naming the value it moved to.
+            were values raises a ``TypeError`` naming the value it moved to
+            (``optimizers=`` is ``optimizer={name: opt}``).
 
     Warns:
         ConfigurationWarning: once each, when a saver precedes an evaluator
@@ -205,13 +201,14 @@ def loop(
             ``on_nonfinite`` or ``resume_hyperparameters``, ``"skip"`` with a
             custom ``step_fn``; a model that is not a ``Module``, an optimizer,
             scheduler or scaler of the wrong kind, a non-callable ``step_fn``,
-            ``handlers`` not mapping effect types to callables,
-            ``iters_per_epoch`` out of range (``pimm_fn.runtime.arguments``);
-            an option that is not its value (``saving=`` not a ``Saving``), or
-            a keyword that moved into one (``checkpoint_format=``, the
-            ``TypeError`` names where; ``keep_snapshots=`` is
-            ``saving=Saving(keep=keep_last(n))``). The values refuse a bad
-            field when they are made (``Watching(console="no")``).
+            ``handlers`` not mapping effect types to callables
+            (``pimm_fn.runtime.arguments``); no optimizer, or a dict of them
+            with the built-in step; an option that is not its value
+            (``saving=`` not a ``Saving``), or a keyword that moved into one
+            (``iters_per_epoch=``, the ``TypeError`` names where;
+            ``keep_snapshots=`` is ``saving=Saving(keep=keep_last(n))``). The
+            values refuse a bad field when they are made
+            (``Training(iters_per_epoch=0)``).
         ValueError: two hooks writing the best weights of one metric (two
             ``best_on`` of it, or pimm's ``CheckpointSaver`` beside one); an
             optimizer holding none of the model's parameters; with
@@ -240,7 +237,7 @@ def loop(
     hooks = protocol.check_hooks(hooks)
     arguments.check_best_trackers(hooks)  # one best tracker per metric
     arguments.check_resume(resume)
-    arguments.check_arguments(step_fn=step_fn, scheduler=scheduler, iters_per_epoch=iters_per_epoch, handlers=handlers)
+    arguments.check_arguments(step_fn=step_fn, scheduler=scheduler, handlers=handlers)
     arguments.check_budget(max_epochs, max_steps, fresh=resume is None)
     arguments.check_save_dir(hooks, save_dir)
     if storage.is_url(save_dir) and saving.checkpoint_format == "legacy":  # it publishes by a rename, which a store lacks
@@ -253,14 +250,14 @@ def loop(
     shards = sharded.is_sharded(unwrap(model))
     arguments.check_sharding(shards, ddp=parallel.ddp, checkpoint_format=saving.checkpoint_format,
                              weights_file=saving.weights_file)
-    optimizer, optimizers = stateful_objects.check_optimizers(optimizer, optimizers, step_fn, sharded=shards)
+    optimizer, optimizers = stateful_objects.check_optimizers(optimizer, step_fn, sharded=shards)
     arguments.check_trains_model(model, optimizers or {"optimizer": optimizer})  # not another model's parameters
     extra_state = stateful_objects.extra_state(training.extra_state, hooks, sharded=shards)
     arguments.check_fresh_save_dir(resume, save_dir)  # the arguments are right; is save_dir free for a fresh run?
     use_local_cuda_device(model)  # LOCAL_RANK's GPU, before DDP, the guard or DCP allocate on the current one
     if parallel.ddp:
         model = _wrap_ddp(model)
-    feed = Feed(train_data, iters_per_epoch, group=getattr(step_fn, "accumulate", 1))  # k micro-batches a step
+    feed = Feed(train_data, training.iters_per_epoch, group=getattr(step_fn, "accumulate", 1))  # k micro-batches a step
     # Rank 0 decides, so every hook list is alike; about 200 moves an epoch keep a long epoch's steps quiet.
     shown = (progress_hook(bar_cadence(feed.iters_per_epoch)),) if dist.broadcast_object(show_bar) else ()
     hooks = chain(*protocol.bind(hooks, unwrap(model)), *shown)

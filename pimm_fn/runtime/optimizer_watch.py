@@ -58,7 +58,7 @@ class StepWatch:
     def of(cls, optimizer) -> "StepWatch | None":
         """The watch of ``optimizer``, made on first use; ``None`` for an optimizer without step hooks.
 
-        For a mapping of named optimizers (``loop(optimizers=)``), one watch over all of them.
+        For a mapping of named optimizers (``loop(optimizer={name: opt})``), one watch over all of them.
         """
         if isinstance(optimizer, Mapping):
             watches = [cls.of(o) for o in optimizer.values()]

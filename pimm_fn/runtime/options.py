@@ -1,14 +1,16 @@
 """``loop()``'s options beyond the daily arguments, as frozen values: how to resume, watch, spread and train.
 
-``loop()`` takes what a user writes every day (model, optimizer, data,
-hooks, budget, ``save_dir``, ``resume``, loggers) as keywords, and the rest
-as a few values, each read by the part of the runtime it configures:
-``Resuming`` by ``resume.restore``, ``Watching`` by the console, progress bar,
-logs and the interpreter's trace, ``Parallel`` by the DDP wrapper and the
-agreement guard, ``Training`` by the step and the checkpoint's contents. How
-to save is ``pimm_fn.checkpoint.saving.Saving``. Each field keeps the name the
-keyword had when ``loop()`` took it, and is checked at construction with the
-same message; the repr is the factory call.
+``loop()`` takes what a user writes every day (model, optimizer or a dict of
+named ones, data, hooks, budget, ``save_dir``, ``resume``, loggers) as
+keywords, and the rest as a few values, each read by the part of the runtime
+it configures: ``Resuming`` by ``resume.restore``, ``Watching`` by the
+console, progress bar, logs and the interpreter's trace, ``Parallel`` by the
+DDP wrapper and the agreement guard, ``Training`` by the feed, the step and
+the checkpoint's contents. How to save is ``pimm_fn.checkpoint.saving.Saving``.
+Each field keeps the name the keyword had when ``loop()`` took it, and is
+checked at construction with the same message; the repr is the factory call.
+A keyword that moved (``MOVED``) or went (``GONE``: ``keep_snapshots=``,
+``optimizers=``) is refused with a ``TypeError`` saying what to pass instead.
 
 >>> Watching(console=False)
 Watching(console=False, progress=None, log_reduce=None, keep_trace=10000, sanity_check=0)
@@ -30,7 +32,7 @@ from pimm_fn.runtime.arguments import ARGUMENTS, check_on_nonfinite, check_resum
 from pimm_fn.runtime.interpreter import KEEP_TRACE
 from pimm_fn.runtime.loggers import check_loggers
 
-__all__ = ["Saving", "Resuming", "Watching", "Parallel", "Training", "Preemption", "MOVED", "refuse_moved",
+__all__ = ["Saving", "Resuming", "Watching", "Parallel", "Training", "Preemption", "MOVED", "GONE", "refuse_moved",
            "check_options", "seconds"]
 
 _BOOL = v.is_bool.with_hint("pass True or False")
@@ -146,7 +148,7 @@ class Parallel:
 
 @attrs.frozen
 class Training:
-    """What trains beside the model and optimizer, and what a non-finite loss does.
+    """What trains beside the model and optimizer, what a non-finite loss does, and how long an epoch is.
 
     Args:
         on_nonfinite: ``"raise"`` (default; ``NonFiniteLossError`` naming the
@@ -159,6 +161,8 @@ class Training:
             ``load_state_dict()`` checkpointed with the run and restored exactly
             (rank 0's is written). The ``ema()`` hooks' averages join it.
         config: the initial ``State.config`` (a pimm config, for ``compat``).
+        iters_per_epoch: steps per epoch (default ``len(train_data)``, or
+            ``len(train_data) // k`` for a step accumulating ``k`` batches).
     """
 
     factory_name: ClassVar[str] = "loop"
@@ -168,6 +172,7 @@ class Training:
     extra_state: Mapping | None = attrs.field(default=None, validator=v.optional(v.instance_of(
         Mapping, expected="a dict of {name: object with state_dict() and load_state_dict()}")))
     config: Mapping | None = attrs.field(default=None, validator=ARGUMENTS["config"])
+    iters_per_epoch: int | None = attrs.field(default=None, validator=ARGUMENTS["iters_per_epoch"])
 
 
 def seconds(value, name: str, *, owner: str = "loop") -> float:
@@ -257,7 +262,14 @@ MOVED = {
     **{name: ("resuming", "Resuming") for name in ("strict_resume", "resume_hyperparameters")},
     **{name: ("watching", "Watching") for name in ("console", "progress", "log_reduce", "keep_trace")},
     **{name: ("parallel", "Parallel") for name in ("ddp", "check_agreement")},
-    **{name: ("training", "Training") for name in ("on_nonfinite", "scaler", "extra_state", "config")},
+    **{name: ("training", "Training") for name in ("on_nonfinite", "scaler", "extra_state", "config",
+                                                   "iters_per_epoch")},
+}
+
+# The keywords that went without a value of their own: what to pass instead.
+GONE = {
+    "keep_snapshots": "saving=pimm_fn.Saving(keep=pimm_fn.keep_last(n)), the same policy",
+    "optimizers": "optimizer={name: optimizer, ...}, which a custom step_fn receives as its 'optimizer'",
 }
 
 
@@ -270,11 +282,13 @@ def refuse_moved(given: Mapping) -> None:
     >>> refuse_moved({"keep_snapshots": 3})
     Traceback (most recent call last):
     TypeError: loop() no longer takes keep_snapshots=: pass saving=pimm_fn.Saving(keep=pimm_fn.keep_last(n)), the same policy
+    >>> refuse_moved({"optimizers": {}})
+    Traceback (most recent call last):
+    TypeError: loop() no longer takes optimizers=: pass optimizer={name: optimizer, ...}, which a custom step_fn receives as its 'optimizer'
     """
     for name in given:
-        if name == "keep_snapshots":
-            raise TypeError("loop() no longer takes keep_snapshots=: "
-                            "pass saving=pimm_fn.Saving(keep=pimm_fn.keep_last(n)), the same policy")
+        if name in GONE:
+            raise TypeError(f"loop() no longer takes {name}=: pass {GONE[name]}")
         if name in MOVED:
             keyword, value = MOVED[name]
             raise TypeError(f"loop() no longer takes {name}=: pass {keyword}=pimm_fn.{value}({name}=...)")

@@ -13,7 +13,7 @@ The optimizer's hyper-parameters as this run built them are compared with
 the checkpoint's (``pimm_fn.runtime.hyperparameters``): each difference is
 said once (a console line and a ``ConfigurationWarning``), and
 ``resume_hyperparameters`` chooses which wins: ``"checkpoint"`` (default)
-or ``"new"``. A run of several named optimizers (``loop(optimizers=)``)
+or ``"new"``. A run of several named optimizers (``loop(optimizer={name: opt})``)
 resumes only from a checkpoint of the same names (else a ``ResumeError``),
 each optimizer from its own state, its differences said under its name.
 An optimizer or scheduler of another class than the checkpoint's
@@ -240,7 +240,7 @@ def _check_optimizers(replicated, ctx, info) -> None:
     wanted = None if ctx.optimizers is None else sorted(ctx.optimizers)
     if saved == wanted:
         return
-    said = lambda names: "one optimizer (optimizer=)" if names is None else f"optimizers {names} (optimizers=)"
+    said = lambda names: "one optimizer (optimizer=)" if names is None else f"optimizers {names} (optimizer={{...}})"
     raise ResumeError(
         f"cannot resume from {info.path}: it holds the state of {said(saved)}, this run has {said(wanted)}. "
         f"Build the run with the optimizers the checkpoint was written with, or start fresh from its weights "

@@ -1,6 +1,6 @@
 """What a run trains and keeps beyond one optimizer: named optimizers, extra state, weight averages.
 
-``loop(optimizers={"g": opt_g, "d": opt_d})`` hands the dict to a custom
+``loop(optimizer={"g": opt_g, "d": opt_d})`` hands the dict to a custom
 ``step_fn`` as its ``optimizer`` argument and checkpoints each optimizer's
 state under its name. ``loop(training=Training(extra_state={"name": obj}))`` checkpoints any
 object with ``state_dict()``/``load_state_dict()`` in the replicated part
@@ -43,27 +43,26 @@ def _stateful(obj, where: str) -> None:
         )
 
 
-def check_optimizers(optimizer, optimizers, step_fn, *, sharded: bool) -> tuple:
+def check_optimizers(optimizer, step_fn, *, sharded: bool) -> tuple:
     """``(optimizer, optimizers)`` for the run's ``Context``: the step's argument, and the named ones or ``None``.
 
+    ``optimizer`` is one optimizer, or a dict of named ones for a custom ``step_fn``.
+
     Raises:
-        TypeError: both or neither given; names or optimizers of the wrong kind.
+        TypeError: no optimizer; names or optimizers of the wrong kind.
         ValueError: several optimizers with a built-in step, or with a sharded model.
     """
-    if optimizers is None:
-        if optimizer is None:
-            raise TypeError("loop: pass the optimizer (loop(model, optimizer, data, ...)), or optimizers={name: opt}")
-        if isinstance(optimizer, Mapping):
-            raise TypeError("loop: 'optimizer' is a dict: pass several optimizers as optimizers={name: opt, ...}")
+    if optimizer is None:
+        raise TypeError("loop: pass the optimizer (loop(model, optimizer, data, ...)), or "
+                        "optimizer={name: opt, ...} for a custom step_fn")
+    if not isinstance(optimizer, Mapping):
         return optimizer, None
-    if optimizer is not None:
-        raise TypeError("loop: pass either 'optimizer' or 'optimizers', not both (optimizer=None with optimizers=)")
-    _names(optimizers, "optimizers")
-    for name, opt in optimizers.items():
-        _stateful(opt, f"optimizers[{name!r}]")
+    _names(optimizer, "optimizer")
+    for name, opt in optimizer.items():
+        _stateful(opt, f"optimizer[{name!r}]")
     if _steps_one_optimizer(step_fn):
         raise ValueError(
-            f"loop: the built-in train step steps one optimizer, but optimizers={sorted(optimizers)} were given: "
+            f"loop: the built-in train step steps one optimizer, but optimizer= names {sorted(optimizer)}: "
             f"pass step_fn=your_step (it receives the dict as its 'optimizer'), or one optimizer"
         )
     if sharded:
@@ -71,7 +70,7 @@ def check_optimizers(optimizer, optimizers, step_fn, *, sharded: bool) -> tuple:
             "loop: several optimizers with a sharded (FSDP2) model are not supported yet: its optimizer state "
             "is checkpointed as shards of one optimizer"
         )
-    named = dict(optimizers)
+    named = dict(optimizer)
     return named, named
 
 

@@ -52,7 +52,8 @@ def _length(data) -> int:
     try:
         length = len(data)
     except TypeError:
-        raise TypeError(f"the training data ({type(data).__name__}) has no len(): pass iters_per_epoch=N to loop()") from None
+        raise TypeError(f"the training data ({type(data).__name__}) has no len(): pass "
+                        "loop(training=pimm_fn.Training(iters_per_epoch=N))") from None
     if length < 1:
         raise ValueError(f"the training data is empty (len {length}): give the loop at least one batch")
     return length

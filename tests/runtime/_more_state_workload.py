@@ -75,7 +75,7 @@ def build(save_dir, *, resume=None, async_save=False, max_epochs=3):
     stats = RunningMean()
     hooks = [pf.ema(0.8), pf.evaluate_every(4, realism, name="val", weights="ema"),
              pf.save_every(3, async_save=async_save), pf.best_on("score"), pf.log_every(5)]
-    run = pf.loop(model, optimizers=optimizers, train_data=loader("plain"), step_fn=GanStep(stats), hooks=hooks,
+    run = pf.loop(model, optimizer=optimizers, train_data=loader("plain"), step_fn=GanStep(stats), hooks=hooks,
                   max_epochs=max_epochs, save_dir=save_dir, resume=resume,
                   watching=pf.Watching(console=False), training=pf.Training(extra_state={"stats": stats}))
     return model, run

@@ -50,7 +50,7 @@ def _bad_values(model, optimizer, a_file):
     flags = ["no", "true", 1, 0, None]
     return {
         "model": [None, 3, "model", optimizer],
-        "optimizer": [3, "sgd", model, list(model.parameters())],
+        "optimizer": [3, "sgd", model, list(model.parameters()), {}, {"g": 3}],
         "train_data": [None, 3, 2.5],
         "hooks": [pf.save_every(2), {pf.log_every(1)}, [pf.save_every], [3], "hooks"],
         "step_fn": [3, "train_step", [print]],
@@ -70,7 +70,7 @@ def _bad_values(model, optimizer, a_file):
         "scaler": [3, "fp16"],
         "config": [[1], "a=1", 3],
         "extra_state": [3, {"": model}, {"x": 3}],
-        "optimizers": [3, {}, {"g": 3}],
+        "optimizers": [{"g": optimizer}],
         "keep": ["last", 3],
         "keep_trace": [-1, 2.5, "all"],
         "progress": ["yes", 1],
@@ -93,8 +93,6 @@ def _loop(parts, where, resume_from, **bad):
     kwargs.update(bad)
     if "max_steps" in bad:
         kwargs["max_epochs"] = None
-    if "optimizers" in bad:
-        optimizer = None
     positional = [kwargs.pop("model", model), kwargs.pop("optimizer", optimizer), kwargs.pop("train_data", data)]
     return pf.loop(*positional, **kwargs)
 

@@ -133,7 +133,7 @@ def _gan(save_dir, d="adam", **kwargs):
     torch.manual_seed(0)
     model = TinyGan()
     optimizers = {"g": torch.optim.Adam(model.g.parameters(), lr=0.01), "d": _optimizer(d, model.d.parameters())}
-    run = pf.loop(model, optimizers=optimizers, train_data=loader(), step_fn=GanStep(RunningMean()),
+    run = pf.loop(model, optimizer=optimizers, train_data=loader(), step_fn=GanStep(RunningMean()),
                   hooks=[pf.save_every(3)], max_epochs=1, save_dir=save_dir,
                   watching=pf.Watching(console=True), **kwargs)
     return run

@@ -173,7 +173,7 @@ def test_bad_loop_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match="two evaluators are named 'val'"):
         pf.loop(model, optimizer, loader(), max_epochs=1,
                 hooks=[pf.evaluate_every(1, negative_mse, name="val"), pf.evaluate_every(2, lambda m: 1.0, name="val")])
-    with pytest.raises(TypeError, match="pass iters_per_epoch"):
+    with pytest.raises(TypeError, match=r"pass loop\(training=pimm_fn\.Training\(iters_per_epoch=N\)\)"):
         pf.loop(model, optimizer, iter([]), max_epochs=1)
 
 

@@ -14,7 +14,7 @@ VALUES = [pf.Saving(checkpoint_format="legacy", keep=pf.keep_last(3), weights_fi
           pf.Resuming(strict_resume=True, resume_hyperparameters="new"),
           pf.Watching(console=False, progress=True, log_reduce="mean", keep_trace=None),
           pf.Parallel(ddp=True, check_agreement=False),
-          pf.Training(on_nonfinite="skip", config={"seed": 1}),
+          pf.Training(on_nonfinite="skip", config={"seed": 1}, iters_per_epoch=5),
           pf.Preemption(signals=("SIGTERM", "SIGUSR1"), exit_code=0, save_on_interrupt=True, margin=60.0,
                         check_every=10)]
 
@@ -28,8 +28,8 @@ def _loop(tmp_path, **kwargs):
 def test_loop_takes_the_daily_arguments_and_six_option_values():
     """The signature: the arguments written every day (max_time beside the budget), then the six option values."""
     names = [p.name for p in inspect.signature(pf.loop).parameters.values() if p.kind != p.VAR_KEYWORD]
-    assert names == ["model", "optimizer", "train_data", "optimizers", "hooks", "max_epochs", "max_steps",
-                     "max_time", "iters_per_epoch", "save_dir", "step_fn", "scheduler", "resume", "loggers", "handlers",
+    assert names == ["model", "optimizer", "train_data", "hooks", "max_epochs", "max_steps",
+                     "max_time", "save_dir", "step_fn", "scheduler", "resume", "loggers", "handlers",
                      "saving", "resuming", "watching", "parallel", "training", "preemption"]
 
 
@@ -89,6 +89,8 @@ def test_each_value_reads_as_its_factory_call_compares_and_pickles(value):
     (lambda: pf.Training(scaler="fp16"), TypeError, "loop: 'scaler' must be None or a GradScaler"),
     (lambda: pf.Training(extra_state=3), TypeError, "loop: 'extra_state' must be None or a dict of {name: object"),
     (lambda: pf.Training(config="a=1"), TypeError, "loop: 'config' must be None or a mapping of settings"),
+    (lambda: pf.Training(iters_per_epoch=0), ValueError,
+     "loop: 'iters_per_epoch' must be None or an int >= 1 (got 0); leave it None for len(train_data)"),
 ])
 def test_each_value_refuses_a_bad_field_when_made_with_the_message_loop_gave(make, error, message):
     """A bad field fails at construction, in the words loop() used when it took the keyword itself."""

@@ -25,7 +25,7 @@ def _scores(values):
 def test_a_non_finite_metric_is_ignored_with_a_warning_naming_metric_and_step(tmp_path, mode, bad):
     """inf/NaN/-inf at step 2 never becomes model_best; the warning names 'acc' and step 2; the run finishes."""
     hooks = [pf.evaluate_every(2, _scores([bad, 0.5])), pf.best_on("acc", mode=mode)]
-    _, run = build(tmp_path, hooks=hooks, max_epochs=1, iters_per_epoch=4)
+    _, run = build(tmp_path, hooks=hooks, max_epochs=1, training=pf.Training(iters_per_epoch=4))
     with pytest.warns(NonFiniteMetricWarning) as caught:
         run()
     messages = [str(w.message) for w in caught if w.category is NonFiniteMetricWarning]

@@ -16,7 +16,7 @@ def _gan(save_dir, *, optimizers=None, hooks=None, resume=None, extra=True, cons
     if callable(optimizers):
         optimizers = optimizers(model)
     stats = RunningMean()
-    run = pf.loop(model, optimizers=optimizers, train_data=loader(), step_fn=GanStep(stats),
+    run = pf.loop(model, optimizer=optimizers, train_data=loader(), step_fn=GanStep(stats),
                   hooks=[pf.save_every(3)] if hooks is None else hooks, max_epochs=2, save_dir=save_dir,
                   resume=resume,
                   watching=pf.Watching(console=console),
@@ -38,7 +38,7 @@ def test_each_optimizer_and_the_extra_state_come_back_as_saved(tmp_path, async_s
 
 
 def test_the_step_receives_the_dict_of_optimizers(tmp_path):
-    """step_fn's 'optimizer' argument is the optimizers= dict, by name."""
+    """step_fn's 'optimizer' argument is the optimizer= dict, by name."""
     seen = []
 
     def step(model, optimizer, batch, *, scheduler=None, scaler=None):
@@ -47,7 +47,7 @@ def test_the_step_receives_the_dict_of_optimizers(tmp_path):
 
     model = TinyNet()
     opts = {"a": torch.optim.SGD(model.hidden.parameters(), lr=0.1), "b": torch.optim.SGD(model.out.parameters(), lr=0.1)}
-    pf.loop(model, optimizers=opts, train_data=loader(), step_fn=step, max_epochs=1,
+    pf.loop(model, optimizer=opts, train_data=loader(), step_fn=step, max_epochs=1,
             watching=pf.Watching(console=False)).run(steps=2)
     assert seen == [["a", "b"], ["a", "b"]]
 
@@ -71,7 +71,7 @@ def test_one_optimizer_against_several_is_a_resume_error(tmp_path):
         return {}
 
     with pytest.raises(pf.ResumeError, match="one optimizer"):
-        pf.loop(model, optimizers={"a": torch.optim.SGD(model.parameters(), lr=0.1)}, train_data=loader(),
+        pf.loop(model, optimizer={"a": torch.optim.SGD(model.parameters(), lr=0.1)}, train_data=loader(),
                 step_fn=step, max_epochs=1, save_dir=tmp_path, resume="auto", watching=pf.Watching(console=False))
 
 
@@ -94,12 +94,12 @@ def test_async_saves_gate_every_optimizer(tmp_path):
 
 @pytest.mark.parametrize("kwargs, error, match", [
     (lambda sgd: {}, TypeError, "pass the optimizer"),
-    (lambda sgd: {"optimizer": sgd, "optimizers": {"a": sgd}}, TypeError, "either 'optimizer' or 'optimizers'"),
-    (lambda sgd: {"optimizers": {}}, TypeError, "non-empty dict"),
-    (lambda sgd: {"optimizers": {"a": object()}}, TypeError, r"optimizers\['a'\] is a object, which has no state_dict"),
+    (lambda sgd: {"optimizers": {"a": sgd}}, TypeError, r"no longer takes optimizers=: pass optimizer=\{name: optimizer"),
+    (lambda sgd: {"optimizer": {}}, TypeError, "non-empty dict"),
+    (lambda sgd: {"optimizer": {"a": object()}}, TypeError, r"optimizer\['a'\] is a object, which has no state_dict"),
 ])
 def test_optimizer_arguments_are_checked_at_construction(kwargs, error, match):
-    """Neither, both, an empty dict or a stateless object: a clear error before anything runs."""
+    """None, the old optimizers=, an empty dict or a stateless object: a clear error before anything runs."""
     model = TinyNet()
     with pytest.raises(error, match=match):
         pf.loop(model, train_data=loader(), step_fn=lambda *a, **k: {}, max_epochs=1,
@@ -107,10 +107,10 @@ def test_optimizer_arguments_are_checked_at_construction(kwargs, error, match):
 
 
 def test_the_default_step_refuses_several_optimizers():
-    """The built-in step steps one optimizer: optimizers= without a step_fn says so."""
+    """The built-in step steps one optimizer: a dict of them without a step_fn says so."""
     model = TinyNet()
     with pytest.raises(ValueError, match="built-in train step steps one optimizer"):
-        pf.loop(model, optimizers={"a": torch.optim.SGD(model.parameters(), lr=0.1)}, train_data=loader(), max_epochs=1)
+        pf.loop(model, optimizer={"a": torch.optim.SGD(model.parameters(), lr=0.1)}, train_data=loader(), max_epochs=1)
 
 
 def test_extra_state_without_state_dict_is_refused():
@@ -150,7 +150,7 @@ def test_an_error_after_the_first_optimizer_stepped_is_not_exact():
 
     model = TinyGan()
     optimizers = {"g": torch.optim.SGD(model.g.parameters(), lr=0.1), "d": torch.optim.SGD(model.d.parameters(), lr=0.1)}
-    run = pf.loop(model, optimizers=optimizers, train_data=loader(), step_fn=step, max_epochs=1,
+    run = pf.loop(model, optimizer=optimizers, train_data=loader(), step_fn=step, max_epochs=1,
                   watching=pf.Watching(console=False))
     with pytest.warns(pf.ResumeNotExactWarning, match="after optimizer.step"), pytest.raises(RuntimeError, match="boom"):
         run.step()

@@ -150,8 +150,9 @@ def test_a_one_shot_iterator_warns_that_resume_is_not_exact(tmp_path):
         model = TinyNet()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         data = iter(list(DataLoader(dataset(), batch_size=8)) * 3)
-        return pf.loop(model, optimizer, data, hooks=[pf.save_every(2)], max_epochs=3, iters_per_epoch=5,
-                       save_dir=tmp_path, resume=resume, watching=pf.Watching(console=False))
+        return pf.loop(model, optimizer, data, hooks=[pf.save_every(2)], max_epochs=3,
+                       training=pf.Training(iters_per_epoch=5), save_dir=tmp_path, resume=resume,
+                       watching=pf.Watching(console=False))
 
     make(None).run(steps=3)
     with pytest.warns(pf.ResumeNotExactWarning, match="cannot restore the data position"):
@@ -161,6 +162,7 @@ def test_a_one_shot_iterator_warns_that_resume_is_not_exact(tmp_path):
 def test_a_capped_stateful_loader_warns_that_an_epoch_end_resume_is_not_exact(tmp_path):
     """With iters_per_epoch below the loader's length, the loader's pass never finishes: resuming says so."""
     with pytest.warns(pf.ResumeNotExactWarning, match="Leave iters_per_epoch at len"):
-        _, first = build(tmp_path, kind="stateful", hooks=[pf.save_every(3)], iters_per_epoch=3, max_epochs=2)
+        capped = pf.Training(iters_per_epoch=3)
+        _, first = build(tmp_path, kind="stateful", hooks=[pf.save_every(3)], training=capped, max_epochs=2)
         first.run(steps=3)
-        build(tmp_path, kind="stateful", hooks=[pf.save_every(3)], iters_per_epoch=3, max_epochs=2, resume="auto")
+        build(tmp_path, kind="stateful", hooks=[pf.save_every(3)], training=capped, max_epochs=2, resume="auto")
