@@ -11,7 +11,7 @@ without digests, in alternating order:
   published (the worker thread's whole save, digests included).
 
 The cost is the ratio with / without of the same round (min/median/max over
-rounds). Also reported: the hash alone (``validation.digest`` over the
+rounds). Also reported: the hash alone (``manifest.digest`` over the
 files of the last checkpoint, read from the page cache) in MB/s.
 
 Run: ``python -m benchmarks.digests [--quick]``.
@@ -49,7 +49,7 @@ def _async(model_dir, step, model, opt, digests: bool) -> tuple[float, float]:
 
 
 def _hash_rate(directory: pathlib.Path) -> float:
-    from pimm_fn.checkpoint.validation import digest
+    from pimm_fn.checkpoint.manifest import digest
 
     files = [p for p in directory.rglob("*") if p.is_file()]
     t = time.perf_counter()

@@ -20,7 +20,7 @@ from pimm_fn.core import effects, events
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Scope
 from pimm_fn.core.fold import Chain, TraceEntry, chain
-from pimm_fn.core.hook import DuplicateHookError, hook_factory
+from pimm_fn.core.hook_list import DuplicateHookError, hook_factory
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.plan import plan
 from pimm_fn.core.retention import any_of, keep_best, keep_every, keep_last
@@ -49,15 +49,15 @@ _RUNTIME = {
     "EmaWeights": "pimm_fn.runtime.ema",
     "TrainStep": "pimm_fn.runtime.configurable_step",
     "CollectiveDivergenceError": "pimm_fn.runtime.guard",
-    "ResumeError": "pimm_fn.runtime.resume",
+    "ResumeError": "pimm_fn.runtime.resume_checks",
     "CheckpointError": "pimm_fn.checkpoint.errors",
     "SaveDirLockError": "pimm_fn.runtime.lock",
     "ResumeNotExactWarning": "pimm_fn.runtime.resume_warning",
     "MissingHandlerError": "pimm_fn.runtime.interpreter",
     "ConfigurationWarning": "pimm_fn.runtime.advice",
     "PeerFailureError": "pimm_fn.runtime.peers",
-    "NonFiniteLossError": "pimm_fn.runtime.default_step",
-    "NonFiniteLossWarning": "pimm_fn.runtime.default_step",
+    "NonFiniteLossError": "pimm_fn.runtime.nonfinite",
+    "NonFiniteLossWarning": "pimm_fn.runtime.nonfinite",
     "History": "pimm_fn.runtime.history",
     "JsonlLogger": "pimm_fn.runtime.loggers",
     "CSVLogger": "pimm_fn.runtime.csv_logger",

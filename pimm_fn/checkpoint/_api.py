@@ -26,6 +26,7 @@ from pimm_fn.core import retention, validate
 from pimm_fn import dist
 
 from . import _layout as L
+from . import _safe_writes as W
 from . import _legacy, _publish, _retain, _standard, storage, validation
 from ._marker import FORMATS, SAVED_FOR, CheckpointInfo
 from .errors import SHARED
@@ -135,7 +136,7 @@ def save_checkpoint(
         state.update(sharded or {})
         # The weights file is written (in place: the staging directory is
         # invisible until published) and fsynced while DCP writes the trainer.
-        weights_file = L.weights_write(staging, weights, digest=digests) if dist.is_main() else None
+        weights_file = W.weights_write(staging, weights, digest=digests) if dist.is_main() else None
         try:
             _standard.write_state(staging, state)  # a full disk: DiskFullError on every rank
         except BaseException:

@@ -33,7 +33,7 @@ import time
 from pimm_fn import dist
 from pimm_fn.core import retention
 
-from . import _layout as L
+from . import _safe_writes as W
 from . import _publish, _retain, _staging, _standard, storage
 from ._api import _check_args
 from ._marker import CheckpointInfo
@@ -160,7 +160,7 @@ def start(
             copy.run()
             copy.wait()
             mark_staged()
-            weights_file = L.weights_write(staging, staged_weights, digest=digests) if dist.is_main() else None
+            weights_file = W.weights_write(staging, staged_weights, digest=digests) if dist.is_main() else None
             try:
                 _standard.write_state(staging, staged_state, group=group)  # a full disk: DiskFullError on every rank
             except BaseException:

@@ -12,6 +12,7 @@ import torch
 from pimm_fn import dist
 
 from . import _layout as L
+from . import _safe_writes as W
 from . import storage
 from .errors import storage_errors, tensor_bytes
 
@@ -59,13 +60,13 @@ def write_best(
     nbytes = lambda: tensor_bytes(weights) + len(meta)
     if storage.is_store(root):  # one PUT per object, each atomic: the weights first, as the renames below
         for path, write in files.items():
-            L.durable_write(path, write)
+            W.durable_write(path, write)
         return root / f"{stem}.pth"
     with storage_errors(root, nbytes, f"{stem}.pth and {stem}.json", f"the previous {stem} is intact"):
         staged = _stage_all(root, files)
     for tmp, path in zip(staged, files):
         os.replace(tmp, path)
-    L.fsync_dir(root)
+    W.fsync_dir(root)
     return root / f"{stem}.pth"
 
 
@@ -74,7 +75,7 @@ def _stage_all(root: pathlib.Path, files: dict) -> list[pathlib.Path]:
     staged: list[pathlib.Path] = []
     try:
         for path, write in files.items():
-            staged.append(L.staged_write(path, write))
+            staged.append(W.staged_write(path, write))
     except BaseException:
         for tmp in staged:
             tmp.unlink(missing_ok=True)

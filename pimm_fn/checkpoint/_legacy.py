@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from . import _layout as L
+from . import _safe_writes as W
 from . import storage
 from ._marker import CheckpointInfo, info_from_marker, marker_payload
 from ._pack import pack, unpack
@@ -46,7 +46,7 @@ def write(path: pathlib.Path, content: dict) -> pathlib.Path:
     """
     with storage_errors(path.parent, lambda: tensor_bytes(content), path.name,
                         "nothing was published: the previous checkpoint is intact and stays the latest"):
-        return L.atomic_write(path, lambda f: torch.save(content, f))
+        return W.atomic_write(path, lambda f: torch.save(content, f))
 
 
 def read_info(path: pathlib.Path) -> CheckpointInfo:

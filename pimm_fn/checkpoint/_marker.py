@@ -1,6 +1,6 @@
 """What a checkpoint's ``COMPLETE`` marker records, and the ``CheckpointInfo`` read back from it.
 
-The marker (written last, by :func:`._layout.write_marker`) holds the
+The marker (written last, by :func:`._safe_writes.write_marker`) holds the
 step, the format, the world size and a version; legacy one-file
 checkpoints embed the same payload. :func:`info_from_marker` checks one
 and names what is wrong: a marker that does not check out is a damaged

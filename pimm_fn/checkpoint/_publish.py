@@ -26,9 +26,11 @@ import shutil
 from pimm_fn import dist
 
 from . import _layout as L
+from . import _safe_writes as W
 from . import _store_publish, storage
 from .errors import CheckpointStorageError, storage_error, storage_errors
-from .validation import manifest, validate
+from .manifest import manifest
+from .validation import validate
 
 __all__ = ["CheckpointStorageError"]  # defined in .errors, kept importable from here
 
@@ -59,7 +61,7 @@ def fresh_staging(model_dir: pathlib.Path, step: int) -> pathlib.Path:
     return staging
 
 
-def discard(staging: pathlib.Path, weights_file: "L.BackgroundWrite | None" = None) -> None:
+def discard(staging: pathlib.Path, weights_file: "W.BackgroundWrite | None" = None) -> None:
     """After a failed save (main rank): wait for the weights write, then delete the staging directory.
 
     Nothing reads it, and a save that ran out of space must give the space back.
@@ -98,7 +100,7 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path) -> pathlib.Path:
         L.remove(retired)
         os.rename(last, retired)
     os.rename(staging, last)
-    L.fsync_dir(model_dir)
+    W.fsync_dir(model_dir)
     for retired in model_dir.glob(f"{L.RETIRED}*"):
         L.remove(retired)
     return last
@@ -106,7 +108,7 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path) -> pathlib.Path:
 
 def publish_staged(
     model_dir: pathlib.Path, staging: pathlib.Path, step: int, world_size: int, metrics: dict | None = None, *,
-    weights_file: "L.BackgroundWrite | None" = None, digests: bool = False,
+    weights_file: "W.BackgroundWrite | None" = None, digests: bool = False,
 ) -> pathlib.Path:
     """Mark a staging directory whose files are all durable complete, and publish it (main rank).
 
@@ -114,7 +116,7 @@ def publish_staged(
     entries durable (DCP fsyncs its files but not their directory), writes
     ``COMPLETE`` with every file's size (and SHA-256 with ``digests``: the
     weights file's as ``weights_file`` hashed it while writing, the others'
-    by :func:`.validation.manifest`), fsynced with the staging directory,
+    by :func:`.manifest.manifest`), fsynced with the staging directory,
     then :func:`publish_dir` renames.
 
     Raises:
@@ -124,10 +126,10 @@ def publish_staged(
     try:
         if weights_file is not None:
             weights_file.result()
-        L.fsync_dir(staging / L.TRAINER)
+        W.fsync_dir(staging / L.TRAINER)
         hashed = weights_file.sha256 if weights_file is not None else None  # while it was written: no second read
         files = manifest(staging, digests=digests, known={weights_file.path.name: hashed} if hashed else None)
-        L.write_marker(staging, step, world_size, staged=True, metrics=metrics, files=files)
+        W.write_marker(staging, step, world_size, staged=True, metrics=metrics, files=files)
     except BaseException as exc:
         nbytes = _staged_bytes(staging, weights_file)
         discard(staging)
@@ -138,7 +140,7 @@ def publish_staged(
     return publish_dir(model_dir, staging)
 
 
-def _staged_bytes(staging: pathlib.Path, weights_file: "L.BackgroundWrite | None") -> int:
+def _staged_bytes(staging: pathlib.Path, weights_file: "W.BackgroundWrite | None") -> int:
     """The bytes of a checkpoint that did not fit: its files so far, the weights file in full."""
     if storage.is_store(staging):
         return sum(staging.files().values())
@@ -150,7 +152,7 @@ def publish_file(model_dir: pathlib.Path, staged: pathlib.Path) -> pathlib.Path:
     """Make a complete staged legacy file the new ``last.pth``."""
     last = model_dir / L.LEGACY_LAST
     os.replace(staged, last)
-    L.fsync_dir(model_dir)
+    W.fsync_dir(model_dir)
     return last
 
 
@@ -183,5 +185,5 @@ def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pat
         os.rename(staging, target)
     else:
         os.replace(staging, target)
-    L.fsync_dir(model_dir)
+    W.fsync_dir(model_dir)
     return target

@@ -19,6 +19,7 @@ import time
 from pimm_fn import dist
 
 from . import _layout as L
+from . import _safe_writes as W
 from .errors import CheckpointStorageError
 
 __all__ = ["write_receipt", "missing_receipts", "check_receipts", "receipt_error", "RECEIPT_GRACE_S"]
@@ -37,7 +38,7 @@ def write_receipt(staging: pathlib.Path) -> None:
     receipts = staging / L.RECEIPTS
     try:
         receipts.mkdir(parents=True, exist_ok=True)
-        L.durable_write(receipts / f"rank{dist.rank()}", lambda f: f.write(text.encode()))
+        W.durable_write(receipts / f"rank{dist.rank()}", lambda f: f.write(text.encode()))
     except OSError:
         pass
 

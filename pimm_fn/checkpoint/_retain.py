@@ -25,6 +25,7 @@ import pathlib
 from pimm_fn.core import retention
 
 from . import _layout as L
+from . import _safe_writes as W
 from . import _legacy, storage, validation
 from ._marker import info_from_marker
 
@@ -90,7 +91,7 @@ def retain(model_dir: pathlib.Path, policy, published_step: int) -> list[pathlib
         os.rename(path, hidden)
         moved.append(hidden)
     if moved:
-        L.fsync_dir(model_dir)
+        W.fsync_dir(model_dir)
     for hidden in moved:
         L.remove(hidden)
     return doomed

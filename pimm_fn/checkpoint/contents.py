@@ -50,6 +50,8 @@ import attrs
 from pimm_fn.core import codec, slots
 from pimm_fn.core.state import State
 
+from .contents_checks import holding, recorded_classes, shards_given
+
 __all__ = ["LAYOUT", "SavedState", "Replicated", "PerRank", "TrainerContents", "saved_state", "to_parts", "from_parts"]
 
 LAYOUT = 2  # 1: the State as one JSON, slots by position; 2: slots by hook identity
@@ -93,48 +95,6 @@ def saved_state(state: State, hooks=None) -> SavedState:
     return SavedState(attrs.evolve(state, slots=(), slot=None), found)
 
 
-def _names(value) -> bool:
-    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
-
-
-def _classes(instance, attribute, value) -> None:
-    """``Replicated.classes`` holds qualified class names, one for each state held: a checkpoint is untrusted input."""
-    if value is None:
-        return
-    plain = {k: v for k, v in value.items() if k != "optimizers"} if isinstance(value, dict) else None
-    if not (_names(plain) and set(plain) <= {"optimizer", "scheduler"} and _names(value.get("optimizers", {}))):
-        raise ValueError(
-            f"the checkpoint's record of its optimizer and scheduler classes is malformed (got {value!r:.120}); "
-            f"expected {{'optimizer': name}} or {{'optimizers': {{name: name}}}}, and 'scheduler': name, qualified names"
-        )
-    recorded = ("optimizer" in value, "scheduler" in value, sorted(value.get("optimizers", {})))
-    held = (instance.optimizer is not None, instance.scheduler is not None, sorted(instance.optimizers or {}))
-    if recorded != held:  # the writer records a class for each state it writes, and only then
-        raise ValueError(
-            f"the checkpoint records the classes of {_objects(*recorded)}, but holds the states of "
-            f"{_objects(*held)}: it was not written by pimm_fn, or was altered"
-        )
-
-
-def _objects(optimizer: bool, scheduler: bool, named: list) -> str:
-    optimizers = f"optimizers {named}" if named else ("an optimizer" if optimizer else "no optimizer")
-    return f"{optimizers} and {'a scheduler' if scheduler else 'no scheduler'}"
-
-
-def _held(kind: type, *, optional: bool = True):
-    """A validator: a part read from a checkpoint holds a ``kind`` (or ``None``); a checkpoint is untrusted input."""
-
-    def check(instance, attribute, value) -> None:
-        if isinstance(value, kind) or (optional and value is None):
-            return
-        raise ValueError(
-            f"the checkpoint's {attribute.name!r} is a {type(value).__name__}, where pimm_fn writes a "
-            f"{kind.__name__}{' or None' if optional else ''}: it was not written by pimm_fn, or was altered"
-        )
-
-    return check
-
-
 @attrs.frozen(eq=False)
 class Replicated:
     """The part identical on every rank, written once.
@@ -143,16 +103,16 @@ class Replicated:
     ahead of a save (the staging prewarm): states hold no tensors.
     """
 
-    optimizer: dict | None = attrs.field(validator=_held(dict))  # None when the run has several named optimizers
-    scheduler: dict | None = attrs.field(validator=_held(dict))
-    scaler: dict | None = attrs.field(validator=_held(dict))
+    optimizer: dict | None = attrs.field(validator=holding(dict))  # None when the run has several named optimizers
+    scheduler: dict | None = attrs.field(validator=holding(dict))
+    scaler: dict | None = attrs.field(validator=holding(dict))
     state: SavedState | None
-    sharded: bool = attrs.field(default=False, validator=_held(bool, optional=False))  # the model is in the shards
-    optimizers: dict | None = attrs.field(default=None, validator=_held(dict))  # name -> state dict, loop(optimizer={name: opt})
-    extra: dict | None = attrs.field(default=None, validator=_held(dict))  # name -> state dict: extra_state=, ema()
+    sharded: bool = attrs.field(default=False, validator=holding(bool, optional=False))  # the model is in the shards
+    optimizers: dict | None = attrs.field(default=None, validator=holding(dict))  # name -> state dict, loop(optimizer={name: opt})
+    extra: dict | None = attrs.field(default=None, validator=holding(dict))  # name -> state dict: extra_state=, ema()
     # The classes whose states these are, by qualified name: {"optimizer": name} or {"optimizers": {name: name}},
     # and "scheduler" when there is one. None in a checkpoint written before they were recorded.
-    classes: dict | None = attrs.field(default=None, validator=_classes)
+    classes: dict | None = attrs.field(default=None, validator=recorded_classes)
 
 
 @attrs.frozen(eq=False)
@@ -160,18 +120,8 @@ class PerRank:
     """One rank's own part: its state, RNG states (``runtime.rng``) and data cursor (``Feed.state_dict``)."""
 
     state: SavedState
-    rng: dict = attrs.field(validator=_held(dict, optional=False))
-    cursor: Any = attrs.field(validator=_held(dict))
-
-
-def _shards(instance, attribute, value):
-    if value is not None and not isinstance(value, dict):
-        raise TypeError(
-            "TrainerContents: 'sharded' holds a sharded model's and optimizer's shards as "
-            f"pimm_fn.checkpoint.sharded.state gives them (a dict), or None (got {type(value).__name__})"
-        )
-    if value is not None and not instance.replicated.sharded:
-        raise ValueError("TrainerContents: shards given, but the replicated part does not say so (Replicated.sharded)")
+    rng: dict = attrs.field(validator=holding(dict, optional=False))
+    cursor: Any = attrs.field(validator=holding(dict))
 
 
 @attrs.frozen(eq=False)
@@ -186,7 +136,7 @@ class TrainerContents:
 
     replicated: Replicated
     local: PerRank | None
-    sharded: dict | None = attrs.field(default=None, validator=_shards)
+    sharded: dict | None = attrs.field(default=None, validator=shards_given)
 
 
 # -- writing --------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from . import _layout as L
+from . import _safe_writes as W
 from . import _legacy, safe_reading, storage
 from ._pack import tensor_to_skeleton, unpack
 from ._peek import TensorInfo, contents_of, infos_of, numpy_keys, size_of, trainer_without_tensors, weights_without_tensors
@@ -127,7 +128,7 @@ def write_plain_weights(out: pathlib.Path, weights: dict) -> dict:
     # Plain tensors only: no storage shared with a mapped file or a larger buffer.
     plain = {k: v.detach().to("cpu").contiguous().clone() if isinstance(v, torch.Tensor) else v
              for k, v in weights.items()}
-    L.atomic_write(out, lambda f: torch.save(plain, f))
+    W.atomic_write(out, lambda f: torch.save(plain, f))
     return plain
 
 

@@ -40,7 +40,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Evaluate, Log
 from pimm_fn.core.frozen import FrozenMap
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, is_callable, non_empty_str, optional
 from pimm_fn.hooks.metric_names import check_spelling
 from pimm_fn.hooks.evaluation import evaluator_name

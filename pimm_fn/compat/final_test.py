@@ -13,7 +13,7 @@ import attrs
 from pimm_fn.compat.effects import FinalTest
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Log
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import is_bool, is_callable, optional
 from pimm_fn.hooks.evaluation import evaluator_name
 

@@ -17,7 +17,7 @@ from pimm_fn.compat.effects import AnnealAttention, CollectGarbage, OverrideDtyp
 from pimm_fn.compat.hookbase import _METHODS, _call, _effects
 from pimm_fn.compat.trainer_view import TrainerView
 from pimm_fn.core import events as ev
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, one_of
 
 __all__ = ["attention_mask_annealing", "dtype_overrider", "DTYPES", "garbage_handler", "pimm_model_hook"]

@@ -13,7 +13,7 @@ import attrs
 
 from pimm_fn.compat.effects import CountParameters, LogGradientNorm
 from pimm_fn.core import events as ev
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, number
 
 __all__ = ["gradient_norm_logger", "parameter_counter"]

@@ -27,7 +27,7 @@ from pimm_fn.compat.effects import LogResources, PushToHub, StartProfiler, StopP
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Stop
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, one_of, optional
 
 __all__ = ["resource_utilization_logger", "runtime_profiler", "ProfilerState", "push_to_hub"]

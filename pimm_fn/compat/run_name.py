@@ -6,7 +6,7 @@ from typing import ClassVar
 import attrs
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import is_bool
 
 __all__ = ["wandb_namer"]

@@ -39,7 +39,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.frozen import FrozenMap
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, one_of, optional
 
 __all__ = ["checkpoint_saver", "checkpoint_saver_iteration", "PimmSaveState", "PIMM_BEST"]

@@ -11,7 +11,7 @@ import attrs
 from pimm_fn.compat.effects import LoadPimmWeights
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import LoadWeights
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import is_bool, non_empty_str, optional
 
 __all__ = ["checkpoint_loader"]

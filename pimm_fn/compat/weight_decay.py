@@ -23,7 +23,7 @@ import attrs
 
 from pimm_fn.compat.effects import ExcludeWeightDecay, SetWeightDecay
 from pimm_fn.core import events as ev
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import is_bool, number
 
 __all__ = ["weight_decay_exclusion", "weight_decay_scheduler", "cosine_value"]

@@ -15,7 +15,8 @@ A hook declaring ``update(slot, state, event)`` is handed its slot apart
 from the shared state, as optax hands each transformation its own state:
 one that returns its slot and state unchanged builds nothing, and a new slot
 lands in the slots without a ``State`` copy. A plain ``hook(state, event)``
-finds its slot in ``state.slot``, put there by a copy when another is there.
+finds its slot in ``state.slot``, put there by a copy when another is there. What a
+hook returns is checked by ``pimm_fn.core.hook_results``.
 
 ``fold`` applies the core's bookkeeping for an event and folds the hooks
 over it, returning the new state and the effects in the order they run:
@@ -29,6 +30,9 @@ from typing import Callable
 import attrs
 
 from pimm_fn.core import hook as protocol
+from pimm_fn.core import hook_list
+from pimm_fn.core.hook_list import check_hooks
+from pimm_fn.core.hook_results import checked_result, checked_update
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import AfterStep, Event
 from pimm_fn.core.schedule import advance, stepped, stepped_state
@@ -42,17 +46,6 @@ __all__ = ["chain", "Chain", "TraceEntry", "fold", "init_slots", "called_plainly
 
 def init_slots(hooks) -> tuple:
     return tuple(protocol.init_slot(h) for h in hooks)
-
-
-def _check_result(hook, result):
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], State)):
-        raise TypeError(
-            f"hook {hook!r} must return (State, tuple_of_effects) (got {type(result).__name__}: {result!r:.200})"
-        )
-    effects = result[1]
-    if not isinstance(effects, tuple) or not all(isinstance(e, Effect) for e in effects):
-        raise TypeError(f"hook {hook!r} must return a tuple of Effect values as effects (got {effects!r:.200})")
-    return result
 
 
 def called_plainly(hook, state: State, event: Event) -> tuple:
@@ -69,21 +62,8 @@ def called_plainly(hook, state: State, event: Event) -> tuple:
     >>> Count()(State(Progress(2, 1), slot=0), BeforeTrain())[0].slot
     1
     """
-    slot, state_out, effects = _check_update(hook, hook.update(state.slot, state, event))
+    slot, state_out, effects = checked_update(hook, hook.update(state.slot, state, event))
     return (state_out if state_out.slot is slot else state_out.with_slot(slot)), effects
-
-
-def _check_update(hook, result):
-    """``result`` of ``hook.update``, checked: ``(slot, State, tuple_of_effects)``."""
-    if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], State)):
-        raise TypeError(
-            f"hook {hook!r}: update(slot, state, event) must return (slot, State, tuple_of_effects) "
-            f"(got {type(result).__name__}: {result!r:.200})"
-        )
-    effects = result[2]
-    if not isinstance(effects, tuple) or not all(isinstance(e, Effect) for e in effects):
-        raise TypeError(f"hook {hook!r}: update must return a tuple of Effect values as effects (got {effects!r:.200})")
-    return result
 
 
 def _declare(chain) -> tuple:
@@ -154,11 +134,11 @@ class Chain:
 
     @property
     def events(self) -> tuple | None:
-        return protocol.union_events(self._declared)
+        return hook_list.union_events(self._declared)
 
     @property
     def every(self) -> int:
-        return protocol.common_every(self._declared, AfterStep)
+        return hook_list.common_every(self._declared, AfterStep)
 
     @property
     def accumulate(self):
@@ -174,7 +154,7 @@ class Chain:
 
     @property
     def emits(self) -> tuple | None:
-        return protocol.union_emits(self._declared)
+        return hook_list.union_emits(self._declared)
 
     @property
     def reads_metrics(self) -> tuple:
@@ -284,7 +264,7 @@ class Chain:
                 if result.__class__ is tuple and len(result) == 3 and result[1] is state and result[2] == ():
                     new, effects = result[0], ()
                 else:
-                    new, state, effects = _check_update(hook, result)
+                    new, state, effects = checked_update(hook, result)
             else:
                 if state.slot is not slot:
                     state = state.with_slot(slot)
@@ -293,7 +273,7 @@ class Chain:
                 if result.__class__ is tuple and len(result) == 2 and result[1] == () and result[0].__class__ is State:
                     state, effects = result
                 else:
-                    state, effects = _check_result(hook, result)
+                    state, effects = checked_result(hook, result)
                 new = state.slot
             if new is not slot:
                 new_slots = new_slots or list(slots)
@@ -338,7 +318,7 @@ def chain(*hooks, name: str | None = None) -> Chain:
     """
     if name is not None and (not isinstance(name, str) or not name):
         raise TypeError(f"chain: 'name' must be a non-empty str (got {name!r})")
-    return Chain(protocol.check_hooks(hooks, "chain"), name)
+    return Chain(check_hooks(hooks, "chain"), name)
 
 
 def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:

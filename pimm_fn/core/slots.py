@@ -32,6 +32,7 @@ import attrs
 
 from pimm_fn.core import codec
 from pimm_fn.core import hook as protocol
+from pimm_fn.core.hook_list import DuplicateHookError
 
 __all__ = ["Keyed", "Undecodable", "SlotMismatch", "keyed", "unkeyed", "by_position", "dumps", "loads"]
 
@@ -89,7 +90,7 @@ def keyed(hooks, slots) -> Keyed:
     keys = [protocol.key(h) for h in hooks]
     repeated = sorted({k for k in keys if keys.count(k) > 1})
     if repeated:
-        raise protocol.DuplicateHookError(
+        raise DuplicateHookError(
             f"keyed: several hooks have the identity {repeated[0]!r}, so their slots could not be told apart; "
             f"name one: pimm_fn.chain(hook, name='...')"
         )

@@ -15,7 +15,7 @@ from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.frozen import repr_unless_none
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, number, one_of, optional
 from pimm_fn.hooks.metric_names import lower_is_better
 

@@ -7,7 +7,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import UpdateEma
 from pimm_fn.core.fold import called_plainly
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, non_empty_str, number
 
 __all__ = ["ema"]

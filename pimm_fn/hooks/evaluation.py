@@ -8,7 +8,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Evaluate
 from pimm_fn.core.fold import called_plainly
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, is_callable, non_empty_str
 
 __all__ = ["evaluate_every", "evaluator_name"]

@@ -9,7 +9,7 @@ from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.frozen import FrozenMap
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.records import named
 from pimm_fn.core.validate import int_at_least
 

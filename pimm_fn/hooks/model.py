@@ -4,7 +4,7 @@ from typing import Any, ClassVar
 
 import attrs
 
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 
 __all__ = ["model_hook"]
 

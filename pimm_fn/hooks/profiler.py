@@ -25,7 +25,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Effect, Scope
 from pimm_fn.core.fold import called_plainly
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import instance_of, int_at_least, optional
 
 __all__ = ["profile", "StartProfiler", "StepProfiler", "StopProfiler"]

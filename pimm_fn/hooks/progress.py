@@ -16,7 +16,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Effect, Scope
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.frozen import FrozenMap, freeze
-from pimm_fn.core.hook import hook_factory
+from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least
 
 __all__ = ["progress_bar", "ShowProgress", "BAR_KEY"]

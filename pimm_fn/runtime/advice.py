@@ -19,6 +19,7 @@ import math
 import warnings
 
 from pimm_fn.core import hook as protocol
+from pimm_fn.core import hook_list
 from pimm_fn.core.effects import Evaluate, SaveCheckpoint
 from pimm_fn.core.events import AfterStep
 from pimm_fn.core.validate import finite
@@ -72,7 +73,7 @@ def unpublished_metrics(hooks) -> list[str]:
     ["best_on('acc') reads metric 'acc', but no hook evaluates anything, so it never appears: add evaluate_every(n, fn) before it"]
     """
     found = [protocol.declared(h) for h in protocol.leaves(hooks)]
-    if protocol.evaluators(hooks) or any(d.emits is None or d.may_emit(Evaluate) for d in found):
+    if hook_list.evaluators(hooks) or any(d.emits is None or d.may_emit(Evaluate) for d in found):
         return []
     return [
         f"{d.key} reads metric {metric!r}, but no hook evaluates anything, so it never appears: "

@@ -20,7 +20,7 @@ import torch
 
 from pimm_fn import checkpoint, dist
 from pimm_fn.hooks.evaluation import evaluator_name
-from pimm_fn.runtime.configurable_step import to_device
+from pimm_fn.runtime.batch_to_device import to_device
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.evaluation import as_metrics, evaluating
 from pimm_fn.runtime.loader_evaluator import default_forward

@@ -4,7 +4,8 @@ Each check fails with what was wrong and how to fix it, at construction
 rather than at the first save (which may be hours in). The checks of type
 and range are the validators of ``pimm_fn.core.validate`` (``ARGUMENTS``
 lists loop()'s); what needs torch or the file system (a save_dir that is a
-file, a model_best a fresh run would replace) is checked here.
+file, a model_best a fresh run would replace) is checked in
+``pimm_fn.runtime.save_dir_checks``, the rest here.
 """
 
 import os
@@ -12,17 +13,14 @@ from collections.abc import Mapping
 
 import torch
 
-from pimm_fn.checkpoint import storage
 from pimm_fn.core import budget
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import validate as v
-from pimm_fn.core.effects import Effect, SaveCheckpoint, WriteBest
+from pimm_fn.core.effects import Effect, WriteBest
 
 __all__ = [
     "ARGUMENTS", "check_arguments", "check_model", "check_optimizer", "check_scheduler", "check_train_data",
-    "check_fresh_save_dir",
-    "replaced_best",
-    "check_resume", "check_max_epochs", "check_budget", "check_save_dir", "check_on_nonfinite",
+    "check_resume", "check_max_epochs", "check_budget", "check_on_nonfinite",
     "check_resume_hyperparameters",
     "check_sharding", "check_best_trackers", "check_trains_model",
 ]
@@ -125,50 +123,6 @@ def check_resume(resume) -> None:
     )
 
 
-def _best_files(save_dir) -> list[str]:
-    """The best-weights files (``model_best*.pth``/``.json``) under ``save_dir/model``, sorted."""
-    if storage.is_url(save_dir) or storage.is_store(save_dir):
-        names = [p.name for p in (storage.location(save_dir) / "model").iterdir()]
-        return sorted(n for n in names if n.startswith("model_best") and n.endswith((".pth", ".json")))
-    model_dir = os.path.join(os.fspath(save_dir), "model")
-    try:
-        names = os.listdir(model_dir)
-    except OSError:  # no such directory (yet): nothing to keep
-        return []
-    return sorted(n for n in names if n.startswith("model_best") and n.endswith((".pth", ".json")))
-
-
-def check_fresh_save_dir(resume, save_dir) -> None:
-    """A fresh run (``resume=None``) into a ``save_dir`` holding best weights is refused, as one holding checkpoints.
-
-    Its first evaluation would replace ``model_best`` (kept, perhaps, after
-    the checkpoints were deleted to save space) with a worse model.
-
-    Raises:
-        FileExistsError: naming the files and the fix.
-    """
-    if resume is not None or save_dir is None:
-        return
-    found = _best_files(save_dir)
-    if found:
-        raise FileExistsError(
-            f"save_dir {os.fspath(save_dir)!r} already holds best weights ({', '.join(found)} in model/); a fresh run "
-            f"would replace them with its first evaluation's. Pass resume='auto' to continue that run, move those "
-            f"files away, or choose another save_dir"
-        )
-
-
-def replaced_best(save_dir) -> str | None:
-    """What to say when ``resume='auto'`` starts fresh beside best weights it will replace (``None``: nothing there)."""
-    found = _best_files(save_dir) if save_dir is not None else []
-    if not found:
-        return None
-    return (
-        f"resume='auto' found no checkpoint to resume in {os.fspath(save_dir)!r} and starts fresh, but model/ holds "
-        f"{', '.join(found)} from an earlier run: this run's first best replaces them. Move them away to keep them"
-    )
-
-
 def check_max_epochs(max_epochs, *, fresh: bool) -> None:
     """``max_epochs`` is an int; a fresh run trains at least one epoch."""
     if not isinstance(max_epochs, int) or isinstance(max_epochs, bool):
@@ -185,36 +139,6 @@ def check_budget(max_epochs, max_steps, *, fresh: bool) -> None:
     if max_steps is not None and (not isinstance(max_steps, int) or isinstance(max_steps, bool)):
         raise TypeError(f"loop: 'max_steps' must be an int (got {max_steps!r:.80})")
     budget.check_budget(max_epochs, max_steps, caller="loop")
-
-
-def check_save_dir(hooks, save_dir) -> None:
-    """``save_dir`` is a path that is not a file; a hook that writes checkpoints or best weights needs one.
-
-    >>> check_save_dir([], 1)
-    Traceback (most recent call last):
-    TypeError: loop: 'save_dir' must be None or a directory path, a str or os.PathLike (got 1)
-    """
-    if save_dir is not None:
-        if isinstance(save_dir, bool) or not isinstance(save_dir, (str, os.PathLike)) or not os.fspath(save_dir):
-            raise v.invalid("loop", "save_dir", "None or a directory path, a str or os.PathLike", save_dir,
-                            error=TypeError)
-        if storage.is_url(save_dir):
-            storage.location(save_dir)  # an unknown scheme or a missing package: refused before anything is written
-            return
-        path = os.fspath(save_dir)
-        for place in (path, os.path.join(path, "model")):
-            if os.path.exists(place) and not os.path.isdir(place):
-                raise NotADirectoryError(
-                    f"loop: save_dir {path!r} {'is' if place == path else 'holds model, which is'} a file, not a "
-                    f"directory: pass a directory (it will hold model/ and log.jsonl)"
-                )
-        return
-    writers = [d.key for d in map(protocol.declared, protocol.leaves(hooks)) if d.may_emit((SaveCheckpoint, WriteBest))]
-    if writers:
-        raise ValueError(
-            f"loop: hook(s) {', '.join(writers)} write checkpoints or best weights, but save_dir is None: "
-            f"pass save_dir='runs/my_run' (or drop those hooks)"
-        )
 
 
 def check_on_nonfinite(on_nonfinite, *, custom_step: bool) -> None:

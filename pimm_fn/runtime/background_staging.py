@@ -8,7 +8,7 @@ makes each ``step()`` wait until the save in flight has staged its copy.
 """
 
 from pimm_fn.checkpoint.contents import TrainerContents, to_parts
-from pimm_fn.core import hook as protocol
+from pimm_fn.core import hook_list
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.save_contents import replicated
 
@@ -56,7 +56,7 @@ def prewarm_staging(ctx, hooks=None, *, pause_s: float = 0.0) -> None:
         hooks: hooks to look at instead of the run's (``ctx.implied``, derived once).
         pause_s: seconds the prewarm sleeps after each chunk (tests).
     """
-    background = ctx.implied.saves_in_background if hooks is None else protocol.saves_in_background(hooks)
+    background = ctx.implied.saves_in_background if hooks is None else hook_list.saves_in_background(hooks)
     if ctx.checkpoint_format != "standard" or ctx.sharded or not background:
         return  # a sharded model's shards are copied apart from the staging area: nothing to ready
     optimizers = list(ctx.named_optimizers().values())

@@ -26,7 +26,6 @@ the step computes in another precision.
 """
 
 import contextlib
-import dataclasses
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -34,48 +33,12 @@ import attrs
 import torch
 
 from pimm_fn.core.validate import int_at_least, is_bool, number, one_of, optional
+from pimm_fn.runtime.batch_to_device import to_device
 from pimm_fn.runtime.batches import MicroBatches
 
-__all__ = ["TrainStep", "to_device", "loop_scaler", "PRECISIONS"]
+__all__ = ["TrainStep", "loop_scaler", "PRECISIONS"]
 
 PRECISIONS = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def to_device(batch, device):
-    """``batch`` with every tensor inside moved to ``device`` (``non_blocking``); other values pass through.
-
-    Looks inside dicts (and other mappings), lists, tuples, namedtuples and
-    dataclass instances, at any depth, rebuilding each container's type.
-
-    >>> to_device({"x": [torch.zeros(2)], "name": "a"}, "cpu")["x"][0].device
-    device(type='cpu')
-    """
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, Mapping):
-        return _mapping(batch, {key: to_device(value, device) for key, value in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple: its fields are positional
-        return type(batch)(*(to_device(value, device) for value in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(value, device) for value in batch)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        fields = {f.name: to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if f.init}
-        return dataclasses.replace(batch, **fields)
-    return batch
-
-
-def _mapping(original, moved: dict):
-    """``moved`` in the mapping type of ``original`` (a plain dict when that type cannot be rebuilt)."""
-    if type(original) is dict:
-        return moved
-    if isinstance(original, dict):  # OrderedDict, defaultdict: a copy keeps their extra attributes
-        copy = original.copy()
-        copy.update(moved)
-        return copy
-    try:
-        return type(original)(moved)
-    except TypeError:
-        return moved
 
 
 def _device_name(value):

@@ -11,6 +11,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
+from pimm_fn.core import hook_list
 from pimm_fn.core.effects import SaveCheckpoint, StepScheduler, Stop
 from pimm_fn.runtime.ctrl_c import CTRL_C
 
@@ -59,7 +60,7 @@ CONTROL_HANDLERS = {Stop: stop, StepScheduler: step_scheduler}
 
 def hooks_step_scheduler(hooks) -> bool:
     """Whether some hook, at any depth, declares that it emits ``StepScheduler``."""
-    return protocol.emits_any(hooks, StepScheduler)
+    return hook_list.emits_any(hooks, StepScheduler)
 
 
 def check_scheduler_hooks(hooks, scheduler) -> None:

@@ -24,6 +24,7 @@ import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
+from pimm_fn.core import hook_list
 from pimm_fn.core.effects import WriteBest
 from pimm_fn.core.fold import Chain
 from pimm_fn.runtime.control import hooks_step_scheduler
@@ -55,7 +56,7 @@ def named_evaluators(hooks) -> types.MappingProxyType:
     which declares ``evaluator_name`` and ``named``) publishes under the name
     of the ``evaluate_every`` that runs it: one name in effects, logs and metrics.
     """
-    found = protocol.evaluators(hooks)
+    found = hook_list.evaluators(hooks)
     return types.MappingProxyType({name: _renamed(fn, name) for name, fn in found.items()})
 
 
@@ -144,7 +145,7 @@ class Implied:
         processed = {t: bool(hooks.active(t)) or (guarded and _compared(hooks, watched, t)) for t in ev.LIFECYCLE}
         return cls(
             hooks, named_evaluators(top), best_metrics(top), _readers(top),
-            protocol.saves_in_background(top), hooks_step_scheduler(top), guarded, watched,
+            hook_list.saves_in_background(top), hooks_step_scheduler(top), guarded, watched,
             _cadences(hooks, watched), hook_setups(top), types.MappingProxyType(processed),
             bool(hooks.active(ev.Elapsed)),
         )

@@ -32,7 +32,6 @@ publishes ``"test/acc"`` (the run evaluates ``named("test")``), so the name in
 effects, logs and metrics is always the one ``evaluate_every`` shows.
 """
 
-import inspect
 import itertools
 from collections.abc import Mapping
 
@@ -41,9 +40,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from pimm_fn import dist
-from pimm_fn.runtime.configurable_step import to_device
+from pimm_fn.runtime.batch_to_device import to_device
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.evaluation_ranks import missing_forwards, reduce_sums, shard_of
+from pimm_fn.runtime.loader_evaluator_checks import (
+    check_loader, check_max_batches, check_metric, check_name, check_optional_callable, is_torchmetric,
+)
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
 
 __all__ = ["LoaderEvaluator", "loader_evaluator", "default_forward", "default_target", "mean_over_count"]
@@ -86,61 +88,6 @@ def mean_over_count(totals: dict) -> dict:
     return {name: value / count for name, value in totals.items() if name != "count"}
 
 
-def _is_torchmetric(obj) -> bool:
-    return all(callable(getattr(obj, m, None)) for m in ("update", "compute", "reset"))
-
-
-def _metric(instance, attribute, value) -> None:
-    if isinstance(value, Mapping):
-        if value and all(_is_torchmetric(m) for m in value.values()):
-            return
-    elif _is_torchmetric(value):
-        return
-    elif callable(value):
-        _check_arity(value, 2, "metric", "fn(outputs, batch) -> {name: per-batch sum}")
-        return
-    raise TypeError(
-        f"loader_evaluator: 'metric' must be fn(outputs, batch) -> {{name: per-batch sum}}, a torchmetrics Metric "
-        f"(or MetricCollection) or a dict of them (got {type(value).__name__}: {value!r:.80})"
-    )
-
-
-def _check_arity(fn, n: int, what: str, shape: str) -> None:
-    """``fn`` can be called with ``n`` positional arguments, else a ``TypeError`` showing its signature."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a signature: trust it
-        return
-    try:
-        signature.bind(*([None] * n))
-    except TypeError:
-        raise TypeError(
-            f"loader_evaluator: {what!r} must be callable as {shape} (got {getattr(fn, '__qualname__', fn)!r} "
-            f"with signature {signature})"
-        ) from None
-
-
-def _loader(instance, attribute, value) -> None:
-    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"loader_evaluator: 'loader' must be a DataLoader (or an iterable of batches) "
-                        f"(got {type(value).__name__}: {value!r:.80})")
-
-
-def _name(instance, attribute, value) -> None:
-    if not isinstance(value, str) or not value:
-        raise TypeError(f"loader_evaluator: 'name' must be a non-empty str (got {value!r:.80})")
-
-
-def _optional_callable(instance, attribute, value) -> None:
-    if value is not None and not callable(value):
-        raise TypeError(f"loader_evaluator: {attribute.name!r} must be None or callable (got {value!r:.80})")
-
-
-def _max_batches(instance, attribute, value) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"loader_evaluator: 'max_batches' must be None or an int >= 1 (got {value!r:.80})")
-
-
 def _device(model) -> torch.device:
     return next((p.device for p in unwrap(model).parameters()), torch.device("cpu"))
 
@@ -165,14 +112,14 @@ def _add(sums: dict, part, name: str) -> None:
 class LoaderEvaluator:
     """An evaluator over a DataLoader; build it with ``loader_evaluator``. Calling it evaluates ``model``."""
 
-    loader: object = attrs.field(validator=_loader)
-    metric: object = attrs.field(validator=_metric)
-    name: str = attrs.field(default="val", validator=_name)
-    forward: object = attrs.field(default=None, validator=_optional_callable)
-    target: object = attrs.field(default=None, validator=_optional_callable)
-    finish: object = attrs.field(default=None, validator=_optional_callable)
+    loader: object = attrs.field(validator=check_loader)
+    metric: object = attrs.field(validator=check_metric)
+    name: str = attrs.field(default="val", validator=check_name)
+    forward: object = attrs.field(default=None, validator=check_optional_callable)
+    target: object = attrs.field(default=None, validator=check_optional_callable)
+    finish: object = attrs.field(default=None, validator=check_optional_callable)
     shard: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    max_batches: int | None = attrs.field(default=None, validator=_max_batches)
+    max_batches: int | None = attrs.field(default=None, validator=check_max_batches)
 
     @property
     def evaluator_name(self) -> str:
@@ -255,7 +202,7 @@ class LoaderEvaluator:
 
 def _plain(metric) -> bool:
     """A per-batch-sums function (not torchmetrics)."""
-    return not isinstance(metric, Mapping) and not _is_torchmetric(metric)
+    return not isinstance(metric, Mapping) and not is_torchmetric(metric)
 
 
 def loader_evaluator(loader, metric, *, name: str = "val", forward=None, target=None, finish=None,

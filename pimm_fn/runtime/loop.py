@@ -12,26 +12,23 @@ run restored from a checkpoint or started fresh. The run itself is a
 
 import warnings
 import weakref
-from pathlib import Path
-
-import torch
 
 from pimm_fn import dist
 from pimm_fn.checkpoint import foreign, sharded, storage
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
+from pimm_fn.core.hook_list import check_hooks
 from pimm_fn.core.effects import Log, WriteBest
 from pimm_fn.core.fold import chain
-from pimm_fn.core.plan import initial_state
-from pimm_fn.core.budget import budget_lines
-from pimm_fn.core.schedule import resume_from
-from pimm_fn.runtime import arguments, options, stateful_objects
+from pimm_fn.runtime import arguments, option_keywords, options, stateful_objects
 from pimm_fn.runtime import lock as save_dir_lock
-from pimm_fn.runtime.advice import Advice, ConfigurationWarning, configuration_messages, nothing_to_train
+from pimm_fn.runtime.advice import Advice, ConfigurationWarning, configuration_messages
 from pimm_fn.runtime.context import Context, unwrap
 from pimm_fn.runtime.control import check_scheduler_hooks
+from pimm_fn.runtime.ddp import wrap_ddp
 from pimm_fn.runtime.device import use_local_cuda_device
 from pimm_fn.runtime.feed import Feed
+from pimm_fn.runtime.first_state import fresh_state, resumed_state
 from pimm_fn.runtime.guard import AgreementGuard
 from pimm_fn.runtime.background_staging import prewarm_staging
 from pimm_fn.runtime.handlers import run_handlers
@@ -45,21 +42,14 @@ from pimm_fn.runtime.locate import locate
 from pimm_fn.runtime.options import Parallel, Preemption, Resuming, Saving, Training, Watching
 from pimm_fn.runtime.preemption import Stopping
 from pimm_fn.runtime.resume import restore
-from pimm_fn.runtime.default_step import NonFinite, train_step
+from pimm_fn.runtime.default_step import train_step
+from pimm_fn.runtime.nonfinite import NonFinite
 from pimm_fn.runtime.configurable_step import loop_scaler
 from pimm_fn.runtime.run import Loop
 from pimm_fn.runtime.sanity import sanity_check
+from pimm_fn.runtime.save_dir_checks import check_fresh_save_dir, check_save_dir
 
 __all__ = ["Loop", "loop"]
-
-
-def _wrap_ddp(model):
-    """``model`` in DistributedDataParallel, when a process group exists and it is not wrapped yet."""
-    if not dist.is_initialized() or isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return model
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    device_ids = [device.index] if device.type == "cuda" else None
-    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
 
 
 def loop(
@@ -227,19 +217,19 @@ def loop(
     """
     # Every argument is checked here, before anything is built, loaded or written (pimm_fn.runtime.arguments).
     if moved:
-        options.refuse_moved(moved)  # a keyword loop() took before its options were values: where it went
-    options.check_options(saving=saving, resuming=resuming, watching=watching, parallel=parallel, training=training,
-                          preemption=preemption)
+        option_keywords.refuse_moved(moved)  # a keyword loop() took before its options were values: where it went
+    option_keywords.check_options(saving=saving, resuming=resuming, watching=watching, parallel=parallel,
+                                  training=training, preemption=preemption)
     max_time = options.seconds(max_time, "max_time") if max_time is not None else None
     arguments.check_model(model)
     arguments.check_optimizer(optimizer)
     arguments.check_train_data(train_data)
-    hooks = protocol.check_hooks(hooks)
+    hooks = check_hooks(hooks)
     arguments.check_best_trackers(hooks)  # one best tracker per metric
     arguments.check_resume(resume)
     arguments.check_arguments(step_fn=step_fn, scheduler=scheduler, handlers=handlers)
     arguments.check_budget(max_epochs, max_steps, fresh=resume is None)
-    arguments.check_save_dir(hooks, save_dir)
+    check_save_dir(hooks, save_dir)
     if storage.is_url(save_dir) and saving.checkpoint_format == "legacy":  # it publishes by a rename, which a store lacks
         raise ValueError(f"loop: Saving(checkpoint_format='legacy') publishes by a rename, which save_dir {save_dir!r} "
                          f"(an fsspec store) does not have; use checkpoint_format='standard' there")
@@ -253,10 +243,10 @@ def loop(
     optimizer, optimizers = stateful_objects.check_optimizers(optimizer, step_fn, sharded=shards)
     arguments.check_trains_model(model, optimizers or {"optimizer": optimizer})  # not another model's parameters
     extra_state = stateful_objects.extra_state(training.extra_state, hooks, sharded=shards)
-    arguments.check_fresh_save_dir(resume, save_dir)  # the arguments are right; is save_dir free for a fresh run?
+    check_fresh_save_dir(resume, save_dir)  # the arguments are right; is save_dir free for a fresh run?
     use_local_cuda_device(model)  # LOCAL_RANK's GPU, before DDP, the guard or DCP allocate on the current one
     if parallel.ddp:
-        model = _wrap_ddp(model)
+        model = wrap_ddp(model)
     feed = Feed(train_data, training.iters_per_epoch, group=getattr(step_fn, "accumulate", 1))  # k micro-batches a step
     # Rank 0 decides, so every hook list is alike; about 200 moves an epoch keep a long epoch's steps quiet.
     shown = (progress_hook(bar_cadence(feed.iters_per_epoch)),) if dist.broadcast_object(show_bar) else ()
@@ -292,23 +282,13 @@ def loop(
         # skipped checkpoints said on the console, as any line; a pimm legacy file takes this run's steps per epoch
         info = locate(resume, save_dir, say=ctx.say, iters_per_epoch=feed.iters_per_epoch,
                       readers=foreign.readers((handlers or {}).values()))  # a plug-in's, with its handlers
-        if info is None:
-            arguments.check_budget(max_epochs, max_steps, fresh=True)  # resume='auto' found nothing: a fresh run
-            if resume == "auto" and arguments.replaced_best(save_dir):  # said, not refused: an 'auto' restart is legal
-                warnings.warn(arguments.replaced_best(save_dir), ConfigurationWarning, stacklevel=2)
-            state = initial_state(
-                hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps,
-                rank=ctx.rank, world_size=ctx.world_size, config=training.config,
-            )
-        else:
-            state = restore(info, ctx, hooks.hooks, strict=resuming.strict_resume,
-                            hyperparameters=resuming.resume_hyperparameters)
-            saved, state = state.progress, resume_from(state, max_epochs=max_epochs, max_steps=max_steps)
-            ctx.say(f"resumed from {info.path} at step {state.progress.global_step}")
-            for line in budget_lines(saved, state.progress, max_steps=max_steps):
-                ctx.say(line)
-            if nothing_to_train(state, info.path) is not None:  # legal, pointless: said once
-                warnings.warn(nothing_to_train(state, info.path), ConfigurationWarning, stacklevel=2)
+        if info is None:  # resume=None, or 'auto' found nothing: a fresh run
+            state = fresh_state(ctx, hooks.hooks, resume=resume, max_epochs=max_epochs, max_steps=max_steps,
+                                config=training.config)
+        else:  # restored here, so what restore() warns is attributed to loop()'s caller
+            state = resumed_state(restore(info, ctx, hooks.hooks, strict=resuming.strict_resume,
+                                          hyperparameters=resuming.resume_hyperparameters),
+                                  info, ctx, max_epochs=max_epochs, max_steps=max_steps)
         writes = info is None or not state.finished  # a finished run opened to be read (run.history) writes nothing
         ctx.lock = lock.settle(writes=writes)  # the refusal raised when it will write; else released at once
         ctx.logs.start(state.progress, resumed=info is not None, writes=writes)  # logs truncated or set aside; history

@@ -9,8 +9,8 @@ DDP wrapper and the agreement guard, ``Training`` by the feed, the step and
 the checkpoint's contents. How to save is ``pimm_fn.checkpoint.saving.Saving``.
 Each field keeps the name the keyword had when ``loop()`` took it, and is
 checked at construction with the same message; the repr is the factory call.
-A keyword that moved (``MOVED``) or went (``GONE``: ``keep_snapshots=``,
-``optimizers=``) is refused with a ``TypeError`` saying what to pass instead.
+A keyword that moved into one of them, or went, is refused with a
+``TypeError`` saying what to pass instead (``pimm_fn.runtime.option_keywords``).
 
 >>> Watching(console=False)
 Watching(console=False, progress=None, log_reduce=None, keep_trace=10000, sanity_check=0)
@@ -32,8 +32,7 @@ from pimm_fn.runtime.arguments import ARGUMENTS, check_on_nonfinite, check_resum
 from pimm_fn.runtime.interpreter import KEEP_TRACE
 from pimm_fn.runtime.loggers import check_loggers
 
-__all__ = ["Saving", "Resuming", "Watching", "Parallel", "Training", "Preemption", "MOVED", "GONE", "refuse_moved",
-           "check_options", "seconds"]
+__all__ = ["Saving", "Resuming", "Watching", "Parallel", "Training", "Preemption", "seconds"]
 
 _BOOL = v.is_bool.with_hint("pass True or False")
 
@@ -154,7 +153,7 @@ class Training:
         on_nonfinite: ``"raise"`` (default; ``NonFiniteLossError`` naming the
             global step), ``"skip"`` (the default step leaves the batch out of
             the update; each occurrence warns; refused with a custom
-            ``step_fn``) or ``"warn"`` (``pimm_fn.runtime.default_step``).
+            ``step_fn``) or ``"warn"`` (``pimm_fn.runtime.nonfinite``).
         scaler: a ``GradScaler`` stepped by the default step and checkpointed.
             With ``None``, a ``TrainStep(precision="fp16")`` makes its own.
         extra_state: ``{name: obj}`` of objects with ``state_dict()`` and
@@ -254,59 +253,3 @@ class Preemption:
     save_on_interrupt: bool = attrs.field(default=False, validator=_BOOL)
     margin: float = attrs.field(default=0.0, converter=_margin)
     check_every: int | None = attrs.field(default=None, validator=v.optional(v.int_at_least(1)))
-
-
-# The keywords loop() took before its options became values: where each went (keep_snapshots went away).
-MOVED = {
-    **{name: ("saving", "Saving") for name in ("checkpoint_format", "keep", "weights_file", "digests")},
-    **{name: ("resuming", "Resuming") for name in ("strict_resume", "resume_hyperparameters")},
-    **{name: ("watching", "Watching") for name in ("console", "progress", "log_reduce", "keep_trace")},
-    **{name: ("parallel", "Parallel") for name in ("ddp", "check_agreement")},
-    **{name: ("training", "Training") for name in ("on_nonfinite", "scaler", "extra_state", "config",
-                                                   "iters_per_epoch")},
-}
-
-# The keywords that went without a value of their own: what to pass instead.
-GONE = {
-    "keep_snapshots": "saving=pimm_fn.Saving(keep=pimm_fn.keep_last(n)), the same policy",
-    "optimizers": "optimizer={name: optimizer, ...}, which a custom step_fn receives as its 'optimizer'",
-}
-
-
-def refuse_moved(given: Mapping) -> None:
-    """Raise the ``TypeError`` for the first keyword ``loop()`` does not take, saying where a moved one went.
-
-    >>> refuse_moved({"checkpoint_format": "legacy"})
-    Traceback (most recent call last):
-    TypeError: loop() no longer takes checkpoint_format=: pass saving=pimm_fn.Saving(checkpoint_format=...)
-    >>> refuse_moved({"keep_snapshots": 3})
-    Traceback (most recent call last):
-    TypeError: loop() no longer takes keep_snapshots=: pass saving=pimm_fn.Saving(keep=pimm_fn.keep_last(n)), the same policy
-    >>> refuse_moved({"optimizers": {}})
-    Traceback (most recent call last):
-    TypeError: loop() no longer takes optimizers=: pass optimizer={name: optimizer, ...}, which a custom step_fn receives as its 'optimizer'
-    """
-    for name in given:
-        if name in GONE:
-            raise TypeError(f"loop() no longer takes {name}=: pass {GONE[name]}")
-        if name in MOVED:
-            keyword, value = MOVED[name]
-            raise TypeError(f"loop() no longer takes {name}=: pass {keyword}=pimm_fn.{value}({name}=...)")
-        raise TypeError(f"loop() got an unexpected keyword argument {name!r}")
-
-
-def check_options(**values) -> None:
-    """Each of loop()'s option values is of its type (``saving=`` a ``Saving``...), refused with the fix otherwise.
-
-    >>> check_options(watching={"console": False})
-    Traceback (most recent call last):
-    TypeError: loop: 'watching' must be a pimm_fn.Watching (got {'console': False}); pass watching=pimm_fn.Watching(...)
-    """
-    for name, value in values.items():
-        kind = _KINDS[name]
-        v.instance_of(kind, expected=f"a pimm_fn.{kind.__name__}").with_hint(
-            f"pass {name}=pimm_fn.{kind.__name__}(...)").check(value, name, owner="loop")
-
-
-_KINDS = {"saving": Saving, "resuming": Resuming, "watching": Watching, "parallel": Parallel, "training": Training,
-          "preemption": Preemption}

@@ -43,24 +43,17 @@ from torch.distributed.checkpoint.api import CheckpointException
 from pimm_fn import checkpoint
 from pimm_fn import dist
 from pimm_fn.checkpoint import choice, sharded
-from pimm_fn.checkpoint.inspection import TRAINER
-from pimm_fn.checkpoint.errors import CheckpointError
 from pimm_fn.checkpoint.contents import SavedState, from_parts
 from pimm_fn.core.slots import SlotMismatch
 from pimm_fn.core.state import State
 from pimm_fn.hooks.progress import BAR_KEY
 from pimm_fn.runtime.context import unwrap
+from pimm_fn.runtime.feed_resume import resume_feed
+from pimm_fn.runtime.resume_checks import ResumeError, changed_classes, check_optimizers, check_sharding, rng_error
 from pimm_fn.runtime import positioning
-from pimm_fn.runtime.rng import restore_rng, rng_problem
+from pimm_fn.runtime.rng import restore_rng
 
-__all__ = ["restore", "ResumeError"]
-
-
-class ResumeError(RuntimeError):
-    """A sound checkpoint cannot be resumed as asked (other hooks, optimizers, world size under ``strict``).
-
-    A damaged one is a ``pimm_fn.CheckpointError`` instead: the fix there is another checkpoint, here another run setup.
-    """
+__all__ = ["restore"]
 
 
 def _with_slots(saved: SavedState, hooks, info) -> tuple[State, tuple[str, ...]]:
@@ -80,7 +73,7 @@ def _contents(loaded, info):
         held, problem = from_parts(loaded.trainer, loaded.local), None
     except ValueError as exc:
         held, problem = None, ResumeError(f"cannot resume from {info.path}: {exc}")
-    problem = problem or _rng_error(held.local, info)
+    problem = problem or rng_error(held.local, info)
     problems = [p for p in dist.all_gather_object(problem) if p is not None]  # every rank's, on every rank
     if problems:
         raise problem or problems[0]
@@ -118,7 +111,7 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
     loaded = info.loaded if isinstance(info, choice.Chosen) else None  # read by locate, on every rank
     loaded = loaded or checkpoint.load_checkpoint(info, weights=not ctx.sharded)  # shards load apart, below
     held = _contents(loaded, info)
-    _check_sharding(held.replicated, ctx, info)
+    check_sharding(held.replicated, ctx, info)
     same_world = info.world_size == ctx.world_size and held.local is not None
     saved, dropped = _with_slots(held.local.state if same_world else held.replicated.state, hooks, info)
     cursor = None if same_world else positioning.main_cursor(held)
@@ -129,8 +122,8 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
             f"batch: resume with the same world size, or pass resuming=pimm_fn.Resuming(strict_resume=False)"
         )
     replicated = held.replicated
-    _check_optimizers(replicated, ctx, info)
-    fresh = _changed_classes(replicated, ctx, info, hyperparameters)  # started fresh under "new", else refused
+    check_optimizers(replicated, ctx, info)
+    fresh = changed_classes(replicated, ctx, info, hyperparameters)  # started fresh under "new", else refused
     fresh_scheduler = any(c.what == "scheduler" for c in fresh)
     horizon = hp.horizon_problem(ctx.scheduler, None if fresh_scheduler else replicated.scheduler, info.path)
     if horizon is not None:  # a scheduler horizon the run outgrew
@@ -160,48 +153,13 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
         state = positioning.new_world(state, ctx, info, offset, why, cursor)
     elif ctx.feed.iters_per_epoch == p.iters_per_epoch:
         restore_rng(held.local.rng)
-        ctx.feed.resume(held.local.cursor, p.epoch, p.iter_in_epoch)
+        resume_feed(ctx.feed, held.local.cursor, p.epoch, p.iter_in_epoch)
     else:
         restore_rng(held.local.rng)
         state = positioning.new_epoch_length(state, ctx, info, held.local.cursor)
     if ctx.feed.iters_per_epoch != state.progress.iters_per_epoch:
         state = attrs.evolve(state, progress=attrs.evolve(state.progress, iters_per_epoch=ctx.feed.iters_per_epoch))
     return state
-
-
-def _check_sharding(replicated, ctx, info) -> None:
-    """What the checkpoint says of its model is what it holds, and fits this run: checked before anything loads.
-
-    A sharded model resumes from shards (written by a sharded model of any
-    world size), never from a weights file; a sharded checkpoint resumes into
-    a replicated model too (its shards read into it). The claim itself is
-    checked against the DCP metadata: shards claimed are there, as tensors.
-    """
-    if info.format != "standard" and replicated.sharded:
-        raise CheckpointError(info.path, info.path.name, "says its model was sharded, but a legacy file holds no "
-                              "shards: its trainer part was altered")
-    if info.format == "standard":
-        sharded.check_claim(info.path, replicated.sharded)
-    if ctx.sharded and not replicated.sharded:
-        raise ResumeError(
-            f"cannot resume this sharded model from {info.path}: that checkpoint was written by a replicated "
-            f"(unsharded) model, whose optimizer state is keyed by parameter position. Resume it with the model "
-            f"unsharded, or start the sharded run from its weights (load_weights({str(info.path)!r}))"
-        )
-    rest = replicated.optimizer
-    if replicated.sharded and not (isinstance(rest, dict) and isinstance(rest.get("state"), dict)
-                                   and isinstance(rest.get("param_groups"), (list, type(None)))):
-        raise CheckpointError(info.path, TRAINER, "says its model was sharded, but its optimizer part is not "
-                              "the state and param groups a sharded save writes: its trainer part was altered")
-
-
-def _rng_error(local, info) -> CheckpointError | None:
-    """This rank's saved RNG states do not restore (tried on scratch generators): the error, before anything loads."""
-    problem = None if local is None else rng_problem(local.rng)
-    if problem is None:
-        return None
-    return CheckpointError(info.path, TRAINER, f"holds RNG states of rank {dist.rank()} that do not restore "
-                           f"({problem}): the checkpoint was not written by pimm_fn, or was altered")
 
 
 def _load_model_and_optimizer(loaded, replicated, ctx, info) -> None:
@@ -232,31 +190,6 @@ def _load_optimizer(optimizer, state, name, info) -> None:
             f"{type(optimizer).__name__} ({type(exc).__name__}: {str(exc)[:160]}). Build the run with the optimizer the "
             f"checkpoint was written with, or start fresh from its weights (load_weights({str(info.path)!r}))"
         ) from None
-
-
-def _check_optimizers(replicated, ctx, info) -> None:
-    """The checkpoint holds one optimizer for a run of one, the same names for a run of several named ones."""
-    saved = None if replicated.optimizers is None else sorted(replicated.optimizers)
-    wanted = None if ctx.optimizers is None else sorted(ctx.optimizers)
-    if saved == wanted:
-        return
-    said = lambda names: "one optimizer (optimizer=)" if names is None else f"optimizers {names} (optimizer={{...}})"
-    raise ResumeError(
-        f"cannot resume from {info.path}: it holds the state of {said(saved)}, this run has {said(wanted)}. "
-        f"Build the run with the optimizers the checkpoint was written with, or start fresh from its weights "
-        f"(load_weights({str(info.path)!r}))"
-    )
-
-
-def _changed_classes(replicated, ctx, info, winner) -> tuple:
-    """The optimizers and scheduler of another class than the checkpoint's: fresh under ``"new"``, else refused."""
-    changed = class_change.changes(replicated, ctx)
-    if changed and winner != "new":
-        raise ResumeError(class_change.refusal(changed, info.path))
-    unfit = None if any(c.what == "scheduler" for c in changed) else class_change.unfit_scheduler_state(replicated, ctx)
-    if unfit is not None:
-        raise ResumeError(f"cannot resume from {info.path}: {unfit}")
-    return changed
 
 
 def _settle_hyperparameters(ctx, built, winner) -> None:

@@ -13,6 +13,7 @@ anything is built, with the fix in the message.
 from collections.abc import Mapping
 
 from pimm_fn.core import hook as protocol
+from pimm_fn.core import hook_list
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.runtime.ema import EmaWeights
 from pimm_fn.runtime.configurable_step import TrainStep
@@ -89,7 +90,7 @@ def extra_state(given, hooks, *, sharded: bool) -> dict:
         for name, obj in given.items():
             _stateful(obj, f"extra_state[{name!r}]")
         found.update(given)
-    averages = protocol.averages(hooks)
+    averages = hook_list.averages(hooks)
     if averages and sharded:
         raise ValueError("loop: ema() of a sharded (FSDP2) model is not supported yet: its average would be sharded too")
     for name in averages:
@@ -102,7 +103,7 @@ def extra_state(given, hooks, *, sharded: bool) -> dict:
 
 def _check_evaluated(hooks, averages) -> None:
     """Each ``weights=`` names an average; the ``ema`` comes before the savers and the evaluators that use it."""
-    for hook_key, name in protocol.evaluated_averages(hooks):
+    for hook_key, name in hook_list.evaluated_averages(hooks):
         if name not in averages:
             known = f"the run keeps {sorted(averages)}" if averages else "add pimm_fn.ema(0.999) to the hooks"
             raise ValueError(f"loop: hook {hook_key} evaluates weights={name!r}, but no ema(name={name!r}) keeps them: {known}")
@@ -110,7 +111,7 @@ def _check_evaluated(hooks, averages) -> None:
     evaluators = {}
     for leaf in protocol.leaves(hooks):
         d = protocol.declared(leaf)
-        for name in protocol.averages([leaf]):
+        for name in hook_list.averages([leaf]):
             late = seen_saver or evaluators.get(name)
             if late is not None:
                 raise ValueError(
@@ -119,5 +120,5 @@ def _check_evaluated(hooks, averages) -> None:
                 )
         if seen_saver is None and d.may_emit(SaveCheckpoint):
             seen_saver = d.key
-        for hook_key, name in protocol.evaluated_averages([leaf]):
+        for hook_key, name in hook_list.evaluated_averages([leaf]):
             evaluators.setdefault(name, hook_key)

@@ -19,9 +19,12 @@ import warnings
 
 from pimm_fn import dist
 from pimm_fn.core import hook as protocol
+from pimm_fn.core import hook_list
+from pimm_fn.core.hook_list import DuplicateHookError, check_hooks
 from pimm_fn.core import slots as keyed_slots
 from attrs import evolve
 from pimm_fn.runtime import arguments, stateful_objects
+from pimm_fn.runtime.save_dir_checks import check_save_dir
 from pimm_fn.runtime.advice import Advice, ConfigurationWarning, saver_before_evaluator
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.ema import EmaWeights
@@ -84,7 +87,7 @@ def _refuse_collision(level: tuple, index: int, old, new) -> None:
     name = protocol.key(new)
     for position, other in enumerate(level):
         if position != index and protocol.key(other) == name:
-            raise protocol.DuplicateHookError(
+            raise DuplicateHookError(
                 f"replace: the new hook {name!r} replacing {protocol.key(old)!r} has the identity of another hook "
                 f"beside it (position {position}): checkpoints keep hook slots by identity, so each needs its own. "
                 f"Name the new hook: pimm_fn.chain(hook, name='...')"
@@ -153,7 +156,7 @@ def replace(run, old, new, *, fresh: bool = False) -> None:
     ...             pf.evaluate_every(4, fixed, name="val")).run()  # doctest: +SKIP
     """
     _refuse_process_group(run, old, new)
-    protocol.check_hooks([new], "replace")
+    check_hooks([new], "replace")
     protocol.declared(new)  # a malformed declaration fails here, not at the next event
     top = run.hooks.hooks
     path = locate(top, old)
@@ -165,7 +168,7 @@ def replace(run, old, new, *, fresh: bool = False) -> None:
     hooks = run.hooks.with_children(with_hook(top, path, bound))
     ctx = run.ctx
     implied = Implied.of(hooks, guarded=ctx.implied.guarded)  # everything the new list implies, as loop() derives it
-    arguments.check_save_dir(hooks.hooks, ctx.save_dir)
+    check_save_dir(hooks.hooks, ctx.save_dir)
     arguments.check_best_trackers(hooks.hooks)
     check_scheduler_hooks(hooks.hooks, ctx.scheduler)
     extra = _extra_state(ctx, top, hooks.hooks)
@@ -183,7 +186,7 @@ def _extra_state(ctx, old: tuple, new: tuple) -> dict:
     apply: no ``ema`` of a sharded model, no name taken by ``extra_state``,
     each ``weights=`` evaluated is kept, the ``ema`` before its savers.
     """
-    before = protocol.averages(old)
+    before = hook_list.averages(old)
     given = {name: obj for name, obj in ctx.extra_state.items() if name not in before}
     try:
         extra = stateful_objects.extra_state(given or None, new, sharded=ctx.sharded)
@@ -223,7 +226,7 @@ def replace_evaluator(run, name: str, fn) -> None:
         TypeError: the hook providing it is not an ``evaluate_every`` hook.
     """
     found = [(p, k, h) for p, k, h in entries(run.hooks.hooks)
-             if protocol.children(h) is None and name in protocol.evaluators([h])]
+             if protocol.children(h) is None and name in hook_list.evaluators([h])]
     if not found:
         raise ValueError(
             f"replace_evaluator: no evaluator named {name!r} in this run (known: {sorted(run.ctx.evaluators)})"

@@ -32,7 +32,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.runtime.ctrl_c import CTRL_C
-from pimm_fn.runtime.default_step import NonFiniteLossError
+from pimm_fn.runtime.nonfinite import NonFiniteLossError
 from pimm_fn.runtime.peers import across_ranks
 
 __all__ = ["Interruption", "Transaction", "Unit", "failing_hook", "effect_phase", "fold_phase"]

@@ -8,9 +8,10 @@ like any hypothesis strategy.
 How they shrink: integers shrink toward their lower bound (world size 1, one
 iteration per epoch, one epoch), tuples of values toward fewer and smaller
 elements (one value, ``0.0``), choices toward the first option listed (all
-ranks see the same metrics; the canonical hook order), resume points and
-preemption signals toward none, step durations toward one second. A counterexample therefore ends at the smallest job, the
-shortest schedule and the plainest inputs that still fail.
+ranks see the same metrics; the canonical hook order), resume points toward
+none. A counterexample therefore ends at the smallest job, the shortest
+schedule and the plainest inputs that still fail. A run's clock and its
+preemption signals are drawn by ``pimm_fn.testing.preemption_strategies``.
 
 >>> from hypothesis import given, settings
 >>> from pimm_fn.testing import simulate, assert_collective_agreement
@@ -37,9 +38,6 @@ __all__ = [
     "metric_streams",
     "rank_local_inputs",
     "hook_stacks",
-    "StepClock",
-    "step_clocks",
-    "preemption_requests",
     "miou",
     "STANDARD_ORDERS",
 ]
@@ -231,40 +229,3 @@ def hook_stacks(draw, *, max_every=6, metric="mIoU", evaluator=miou, orders=STAN
         "log": draw(st.builds(log_every, every)),
     }
     return [hooks[part] for part in draw(st.sampled_from(orders))]
-
-
-@attrs.frozen
-class StepClock:
-    """``clock(step)`` for ``simulate`` and ``plan``: rank 0's seconds at the end of ``step``.
-
-    Step ``i`` (1-based) takes ``durations[(i - 1) % len(durations)]`` seconds.
-
-    >>> StepClock((1.0, 2.0))(3), StepClock()(0)
-    (4.0, 0.0)
-    """
-
-    durations: tuple = attrs.field(default=(1.0,), converter=tuple)
-
-    def __call__(self, step: int) -> float:
-        full, rest = divmod(step, len(self.durations))
-        return full * math.fsum(self.durations) + math.fsum(self.durations[:rest])
-
-
-def step_clocks(*, max_values=4, max_seconds=10.0) -> st.SearchStrategy:
-    """Strategy for ``StepClock``: 1 to ``max_values`` step durations in ``[0.01, max_seconds]``; shrinks to ``(1.0,)``."""
-    seconds = st.one_of(st.just(1.0), st.floats(0.01, max_seconds, allow_nan=False))
-    return st.builds(StepClock, st.lists(seconds, min_size=1, max_size=max_values).map(tuple))
-
-
-@st.composite
-def preemption_requests(draw, *, world_size: int, max_steps: int) -> dict:
-    """Strategy for ``simulate(preempt=...)``: any subset of the ranks, each signalled during a step of its own.
-
-    Shrinks toward no signal, then rank 0 alone at step 1.
-
-    >>> from hypothesis import find
-    >>> find(preemption_requests(world_size=4, max_steps=9), lambda r: len(r) > 1)
-    {0: 1, 1: 1}
-    """
-    ranks = draw(st.lists(st.integers(0, world_size - 1), unique=True, max_size=world_size))
-    return {rank: draw(st.integers(1, max_steps)) for rank in sorted(ranks)}

@@ -18,7 +18,8 @@ import torch
 import pimm_fn as pf
 from pimm_fn.checkpoint import CheckpointError, save_checkpoint, save_checkpoint_async, validate
 from pimm_fn.checkpoint.candidates import candidates
-from pimm_fn.checkpoint.validation import confined, digest
+from pimm_fn.checkpoint.manifest import digest
+from pimm_fn.checkpoint.validation import confined
 from pimm_fn.cli import DAMAGED, OK, main
 
 

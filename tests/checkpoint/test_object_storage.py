@@ -135,14 +135,14 @@ def test_a_damaged_committed_checkpoint_is_never_deleted(url):
 _KILLED_SAVE = """
 import os, signal, sys, torch
 import pimm_fn as pf
-from pimm_fn.checkpoint import _layout
+from pimm_fn.checkpoint import _safe_writes
 model_dir = sys.argv[1]
 pf.checkpoint.save_checkpoint(model_dir, step=1, weights={"w": torch.ones(1000)}, trainer={"t": torch.zeros(1000)},
                               local={})
 def killed(*args, **kwargs):
     print("killed before the marker", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
-_layout.write_marker = killed
+_safe_writes.write_marker = killed
 pf.checkpoint.save_checkpoint(model_dir, step=2, weights={"w": torch.ones(1000)}, trainer={"t": torch.zeros(1000)},
                               local={})
 """

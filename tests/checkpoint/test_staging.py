@@ -10,7 +10,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import _layout, _staging
+from pimm_fn.checkpoint import _layout, _safe_writes, _staging
 
 SENTINEL = 1234.56789  # a value whose bytes appear nowhere else
 
@@ -94,14 +94,14 @@ def test_concurrent_saves_never_share_an_area():
 def test_a_failed_weights_write_publishes_nothing(tmp_path, monkeypatch):
     """When the weights file cannot be written, the error surfaces and the previous checkpoint stays the latest."""
     checkpoint.save_checkpoint(tmp_path, step=1, weights={"w": torch.ones(2)}, trainer={}, local={})
-    real = _layout.durable_write
+    real = _safe_writes.durable_write
 
     def failing(path, write):
         if path.name == _layout.WEIGHTS:
             raise OSError("disk full")
         return real(path, write)
 
-    monkeypatch.setattr(_layout, "durable_write", failing)
+    monkeypatch.setattr(_safe_writes, "durable_write", failing)
     with pytest.raises(OSError, match="disk full"):
         checkpoint.save_checkpoint(tmp_path, step=2, weights={"w": torch.ones(2)}, trainer={}, local={})
     with pytest.raises(OSError, match="disk full"):
@@ -113,7 +113,7 @@ def test_a_failed_weights_write_publishes_nothing(tmp_path, monkeypatch):
 def test_the_marker_comes_after_every_file_and_directory_is_durable(tmp_path, monkeypatch, background):
     """The weights file runs beside DCP, but COMPLETE is written only after both and the trainer directory are durable."""
     events, lock = [], threading.Lock()
-    real_write, real_dir, real_save = _layout.durable_write, _layout.fsync_dir, dcp.save
+    real_write, real_dir, real_save = _safe_writes.durable_write, _safe_writes.fsync_dir, dcp.save
 
     def write(path, fn):
         out = real_write(path, fn)
@@ -132,8 +132,8 @@ def test_the_marker_comes_after_every_file_and_directory_is_durable(tmp_path, mo
             events.append("dcp")
         return out
 
-    monkeypatch.setattr(_layout, "durable_write", write)
-    monkeypatch.setattr(_layout, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(_safe_writes, "durable_write", write)
+    monkeypatch.setattr(_safe_writes, "fsync_dir", fsync_dir)
     monkeypatch.setattr(dcp, "save", save)
     args = dict(step=1, weights={"w": torch.ones(2)}, trainer={"m": torch.zeros(2)}, local={})
     if background:

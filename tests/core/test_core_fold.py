@@ -220,7 +220,7 @@ def test_nested_chain_keeps_a_tuple_of_child_slots():
 
 def test_two_hooks_with_one_identity_are_refused():
     """Slots are kept by identity, so a list holding the same identity twice fails at construction, with the fix."""
-    from pimm_fn.core.hook import DuplicateHookError
+    from pimm_fn.core.hook_list import DuplicateHookError
 
     with pytest.raises(DuplicateHookError, match=r"two hooks with the identity 'test_core_fold.counter'.*name='"):
         chain(counter, counter)

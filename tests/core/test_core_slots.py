@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pimm_fn.core import codec, slots
 from pimm_fn.core.fold import chain
-from pimm_fn.core.hook import DuplicateHookError
+from pimm_fn.core.hook_list import DuplicateHookError
 from pimm_fn.hooks import BestState, LogState, SaveEveryState, best_on, log_every, save_every
 
 

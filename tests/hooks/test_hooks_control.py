@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from pimm_fn.core import codec
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
+from pimm_fn.core import hook_list
 from pimm_fn.core.effects import Evaluate, SaveCheckpoint, StepScheduler, Stop
 from pimm_fn.core.fold import chain
 from pimm_fn.core.plan import plan
@@ -333,6 +334,6 @@ def test_emits_any_finds_a_scheduler_stepping_hook_at_any_depth():
         return state, ()
 
     nested = [save_every(2), chain(undeclared, chain(step_scheduler("epoch")))]
-    assert protocol.emits_any(nested, StepScheduler)
-    assert not protocol.emits_any([save_every(2), undeclared], StepScheduler)
-    assert protocol.emits_any(nested, SaveCheckpoint)
+    assert hook_list.emits_any(nested, StepScheduler)
+    assert not hook_list.emits_any([save_every(2), undeclared], StepScheduler)
+    assert hook_list.emits_any(nested, SaveCheckpoint)

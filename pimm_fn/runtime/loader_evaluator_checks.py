@@ -1,0 +1,70 @@
+"""What ``loader_evaluator``'s arguments must be, each refused at construction with what came and the fix.
+
+A metric is a function ``fn(outputs, batch)`` (its signature checked), a
+torchmetrics ``Metric`` or ``MetricCollection`` (anything with ``update``,
+``compute`` and ``reset``), or a dict of them; the loader an iterable of
+batches; the name a non-empty string; ``max_batches`` an int >= 1.
+"""
+
+import inspect
+from collections.abc import Mapping
+
+__all__ = [
+    "is_torchmetric", "check_metric", "check_arity", "check_loader", "check_name", "check_optional_callable",
+    "check_max_batches",
+]
+
+
+def is_torchmetric(obj) -> bool:
+    return all(callable(getattr(obj, m, None)) for m in ("update", "compute", "reset"))
+
+
+def check_metric(instance, attribute, value) -> None:
+    if isinstance(value, Mapping):
+        if value and all(is_torchmetric(m) for m in value.values()):
+            return
+    elif is_torchmetric(value):
+        return
+    elif callable(value):
+        check_arity(value, 2, "metric", "fn(outputs, batch) -> {name: per-batch sum}")
+        return
+    raise TypeError(
+        f"loader_evaluator: 'metric' must be fn(outputs, batch) -> {{name: per-batch sum}}, a torchmetrics Metric "
+        f"(or MetricCollection) or a dict of them (got {type(value).__name__}: {value!r:.80})"
+    )
+
+
+def check_arity(fn, n: int, what: str, shape: str) -> None:
+    """``fn`` can be called with ``n`` positional arguments, else a ``TypeError`` showing its signature."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: trust it
+        return
+    try:
+        signature.bind(*([None] * n))
+    except TypeError:
+        raise TypeError(
+            f"loader_evaluator: {what!r} must be callable as {shape} (got {getattr(fn, '__qualname__', fn)!r} "
+            f"with signature {signature})"
+        ) from None
+
+
+def check_loader(instance, attribute, value) -> None:
+    if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
+        raise TypeError(f"loader_evaluator: 'loader' must be a DataLoader (or an iterable of batches) "
+                        f"(got {type(value).__name__}: {value!r:.80})")
+
+
+def check_name(instance, attribute, value) -> None:
+    if not isinstance(value, str) or not value:
+        raise TypeError(f"loader_evaluator: 'name' must be a non-empty str (got {value!r:.80})")
+
+
+def check_optional_callable(instance, attribute, value) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"loader_evaluator: {attribute.name!r} must be None or callable (got {value!r:.80})")
+
+
+def check_max_batches(instance, attribute, value) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"loader_evaluator: 'max_batches' must be None or an int >= 1 (got {value!r:.80})")
