@@ -20,8 +20,11 @@ another world size goes on after the last sample consumed on all ranks. The
 cursor records that position, so a later resume mid-epoch continues it too.
 
 The cursor also records the loader's batch size, ``num_workers`` and
-dataset length, so a resume can tell that the loader changed. Putting a
-feed back at a saved cursor: ``pimm_fn.runtime.feed_resume``.
+dataset length. When one of them changed, the loader's own state (which
+describes the old ones) is not loaded: one ``ResumeNotExactWarning`` line
+names the change and the epoch is replayed from its start to the same batch
+(the same samples in the same order when only ``num_workers`` changed; see
+``pimm_fn.runtime.positioning`` for another batch size).
 
 A fetch that raises (an exception, a KeyboardInterrupt) loses no batch: the
 feed rebuilds its iterator at the cursor from before the fetch, the same
@@ -38,6 +41,7 @@ group, so no step ever holds part of a group. An epoch is ``len(data) // k``
 steps by default: the last ``len(data) % k`` batches are left out.
 """
 
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -46,8 +50,9 @@ from pimm_fn.core.validate import int_at_least
 from pimm_fn.runtime import remainder
 from pimm_fn.runtime.batches import MicroBatches
 from pimm_fn.runtime.failed_fetch import ReopenAtCursor
+from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
 from pimm_fn.runtime.rng import capture_rng, restore_rng, torch_rng
-from pimm_fn.runtime.training_data import describe, epoch_sampler, sampler_generators, steps_per_epoch
+from pimm_fn.runtime.training_data import changes, describe, epoch_sampler, sampler_generators, steps_per_epoch
 
 __all__ = ["Feed"]
 
@@ -234,9 +239,96 @@ class Feed:
             cursor.update(loader=self.data.state_dict(), epoch_done=self._epoch_done)
         return cursor
 
+    def resume(self, cursor: dict, epoch: int, iter_in_epoch: int) -> None:
+        """Continue ``epoch`` after ``iter_in_epoch`` consumed batches.
+
+        Call with the process RNG already restored to the checkpoint's.
+        """
+        if cursor.get("generator") is not None or cursor.get("samplers"):
+            self._set_rng({**cursor, "torch": torch.get_rng_state()})
+        boundary = iter_in_epoch == 0 or iter_in_epoch >= self.iters_per_epoch
+        fresh = self._without_stale_loader(cursor, epoch, iter_in_epoch, boundary)
+        if boundary:
+            if fresh is not cursor:
+                return  # the next epoch opens afresh: the warning said so
+            if self.stateful and cursor.get("epoch_done"):
+                self._load_finished(cursor["loader"])  # its sampler's state for the next epoch
+            elif self.stateful and iter_in_epoch:
+                warnings.warn(
+                    f"epoch {epoch} ended after {self.iters_per_epoch} of the loader's {len(self.data)} batches, so "
+                    f"its state does not mark a finished pass and is not restored: later epochs may shuffle "
+                    f"differently from the original run. Leave iters_per_epoch at len(loader) for an exact resume",
+                    ResumeNotExactWarning,
+                    stacklevel=3,
+                )
+            return
+        sampler = epoch_sampler(self.data)
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        cursor, skip = fresh, iter_in_epoch * self.group  # batches, not steps
+        if cursor.get("rest") is not None:  # the epoch was continued at a position: continue it there again
+            offset, first = cursor["rest"]
+            remainder.lend(self.data, epoch, offset)
+            self._rest, skip = (offset, first), (iter_in_epoch - first) * self.group
+        if self.stateful and "loader" in cursor:
+            self.data.load_state_dict(cursor["loader"])
+            self._iterator = self._iter_without_draws()
+            self._source, self._drawn = ("loader", cursor["loader"]), 0
+        elif not self.one_shot and cursor.get("epoch_start") is not None:
+            self._replay(cursor["epoch_start"], skip)
+        else:
+            warnings.warn(
+                f"cannot restore the data position of epoch {epoch} (step {iter_in_epoch} of it): the epoch "
+                f"continues from a fresh iterator, so the batches differ from the original run. Use a DataLoader "
+                f"or torchdata's StatefulDataLoader",
+                ResumeNotExactWarning,
+                stacklevel=3,
+            )
+            self._source, self._drawn = ("rng", self._rng()), 0
+            self._iterator = iter(self.data)
+
+    def _without_stale_loader(self, cursor: dict, epoch: int, iter_in_epoch: int, boundary: bool) -> dict:
+        """``cursor`` without the loader's state when the loader changed since (named in one warning line).
+
+        That state describes the old batch size, workers and dataset: loading
+        it fails inside the loader, or continues at a wrong sample.
+        """
+        changed = changes(cursor.get("data"), describe(self.data))
+        if not changed or (boundary and "loader" not in cursor):
+            return cursor  # nothing of the old loader is loaded, or positioned by
+        then = (f"epoch {epoch + (iter_in_epoch > 0)} opens afresh" if boundary
+                else f"epoch {epoch} is replayed from its start to step {iter_in_epoch}")
+        warnings.warn(
+            f"the training data changed since the checkpoint ({changed}): the loader's saved state (if any) is "
+            f"not loaded; {then}",
+            ResumeNotExactWarning,
+            stacklevel=4,
+        )
+        return {k: v for k, v in cursor.items() if k not in ("loader", "epoch_done")}
+
+    def _load_finished(self, loader_state) -> None:
+        """Load the state a finished epoch left in the loader, drawing no random numbers.
+
+        A StatefulDataLoader rebuilds the finished iterator from a loaded state
+        on its next ``iter()`` (drawing a seed for it) before it opens a fresh
+        one: a draw the uninterrupted run never made. Rebuilding it here, with
+        the RNG put back, leaves the next epoch's ``iter()`` drawing exactly
+        what the uninterrupted run's did.
+        """
+        resumed = capture_rng()
+        self.data.load_state_dict(loader_state)
+        self.data.state_dict()
+        restore_rng(resumed)
+
     def _iter_without_draws(self):
         """A resumed iterator; the seed it draws was drawn at epoch start originally."""
         resumed = capture_rng()
         iterator = iter(self.data)
         restore_rng(resumed)
         return iterator
+
+    def _replay(self, epoch_start: dict, skip: int) -> None:
+        resumed = capture_rng()
+        self._epoch_start = epoch_start
+        self._open(("rng", epoch_start), skip)
+        restore_rng(resumed)

@@ -42,7 +42,6 @@ import attrs
 from pimm_fn import dist
 from pimm_fn.core.state import State
 from pimm_fn.runtime import remainder
-from pimm_fn.runtime.feed_resume import resume_feed
 from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
 from pimm_fn.runtime.training_data import changes, describe
 
@@ -106,7 +105,7 @@ def new_epoch_length(state, ctx, info, cursor) -> State:
         f"{new} now (another batch size, other data or iters_per_epoch); {p.samples_seen} samples consumed in all"
     )
     if not mid_epoch(state) or p.iter_in_epoch == 0:
-        resume_feed(feed, {**cursor, "data": None}, p.epoch, 0)  # between epochs: nothing of an epoch to position
+        feed.resume({**cursor, "data": None}, p.epoch, 0)  # between epochs: nothing of an epoch to position
         ctx.say(f"{head}; resuming at an epoch boundary, global_step stays {p.global_step}")
         return _at_boundary(state, new)
     offset, why = world_offset(p, ctx, info, cursor)  # a DistributedSampler epoch continues by positions
@@ -124,7 +123,7 @@ def new_epoch_length(state, ctx, info, cursor) -> State:
         ResumeNotExactWarning,
         stacklevel=4,
     )
-    resume_feed(feed, {**cursor, "data": None}, p.epoch, index)
+    feed.resume({**cursor, "data": None}, p.epoch, index)
     return _with_length(state, new, index)
 
 

@@ -48,7 +48,6 @@ from pimm_fn.core.slots import SlotMismatch
 from pimm_fn.core.state import State
 from pimm_fn.hooks.progress import BAR_KEY
 from pimm_fn.runtime.context import unwrap
-from pimm_fn.runtime.feed_resume import resume_feed
 from pimm_fn.runtime.resume_checks import ResumeError, changed_classes, check_optimizers, check_sharding, rng_error
 from pimm_fn.runtime import positioning
 from pimm_fn.runtime.rng import restore_rng
@@ -153,7 +152,7 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
         state = positioning.new_world(state, ctx, info, offset, why, cursor)
     elif ctx.feed.iters_per_epoch == p.iters_per_epoch:
         restore_rng(held.local.rng)
-        resume_feed(ctx.feed, held.local.cursor, p.epoch, p.iter_in_epoch)
+        ctx.feed.resume(held.local.cursor, p.epoch, p.iter_in_epoch)
     else:
         restore_rng(held.local.rng)
         state = positioning.new_epoch_length(state, ctx, info, held.local.cursor)
