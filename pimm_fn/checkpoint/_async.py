@@ -26,7 +26,6 @@ and ``prewarm_async_save``.
 from __future__ import annotations
 
 import os
-import pathlib
 import threading
 import time
 

@@ -12,7 +12,6 @@ never read.
 from __future__ import annotations
 
 import os
-import pathlib
 
 from pimm_fn import dist
 

@@ -11,7 +11,6 @@ counterexample reads as a diagnosis.
 from collections.abc import Iterable
 
 from pimm_fn.core import events as ev
-from pimm_fn.core.effects import Scope
 from pimm_fn.testing.simulation import simulate
 from pimm_fn.testing.simulation_inputs import resume_points
 from pimm_fn.testing.simulation_result import SimulationResult
