@@ -108,15 +108,21 @@ def _time_steps(model, optimizer, batches, save_dir, hooks: str, guarded: bool, 
     return float(box[0]) / steps, float(box[1]) / steps
 
 
+def _workload(rank: int, ddp: bool) -> tuple:
+    """The seeded MLP (DDP-wrapped with ``ddp``), its SGD and 16 batches of 32 drawn from seed ``rank``."""
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(_MLP()) if ddp else _MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(32, 32, generator=g), torch.randn(32, generator=g)) for _ in range(16)]
+    return model, optimizer, batches
+
+
 def _rank(rank: int, world: int, port: int, args, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     td.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(_MLP())
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(rank)
-    batches = [(torch.randn(32, 32, generator=g), torch.randn(32, generator=g)) for _ in range(16)]
+    model, optimizer, batches = _workload(rank, ddp=True)
     save_dir = os.path.join(os.path.dirname(out), "never-written")  # the save hooks never fire
     for _ in range(2):  # warm-up of every mode
         for mode in MODES:

@@ -30,7 +30,7 @@ import time
 import uuid
 import warnings
 
-from benchmarks._common import fmt_spread, machine, print_table, spread, write_result
+from benchmarks._common import fmt_spread, free_port, machine, print_table, spread, write_result
 
 SIZES_MB = (100,)
 _SERVER = ("from moto.server import ThreadedMotoServer; import time, sys; "
@@ -41,9 +41,7 @@ _SERVER = ("from moto.server import ThreadedMotoServer; import time, sys; "
 @contextlib.contextmanager
 def s3_server():
     """moto's S3 server in its own process; yields a fresh bucket's name, the environment pointing at it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-c", _SERVER, str(port)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL)
     os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",

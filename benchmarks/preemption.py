@@ -26,11 +26,10 @@ import time
 import torch
 import torch.distributed as td
 import torch.multiprocessing as mp
-from torch import nn
 
 import pimm_fn as pf
 from benchmarks._common import free_port, print_table, spread, write_result
-from benchmarks.guard import _MLP
+from benchmarks.guard import _workload
 
 MODES = {1: (("off", None), ("on", None)), 2: (("off", None), ("on", None), ("on", 10), ("on", 1))}
 
@@ -71,11 +70,7 @@ def _rank(rank: int, world: int, port: int, args, out: str) -> None:
     if world > 1:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         td.init_process_group("gloo", rank=rank, world_size=world)
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(_MLP()) if world > 1 else _MLP()
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    g = torch.Generator().manual_seed(rank)
-    batches = [(torch.randn(32, 32, generator=g), torch.randn(32, generator=g)) for _ in range(16)]
+    model, optimizer, batches = _workload(rank, ddp=world > 1)
     save_dir = os.path.join(os.path.dirname(out), f"never-written-{rank}")
     modes = MODES[world]
     for mode in modes:

@@ -1,13 +1,11 @@
 """A DataLoader evaluated on 1 and 2 gloo ranks: every sample counted once, equal to a reference computed by hand."""
 
-import socket
-
 import pytest
 import torch
 import torch.distributed as td
 
 from _eval_workers import N, classifier, data, evaluate
-from _launch import results, run_ranks
+from _launch import free_port, results, run_ranks
 
 pytestmark = pytest.mark.distributed
 
@@ -45,9 +43,7 @@ def test_on_two_ranks_uneven_shards_count_each_sample_once_and_agree_with_the_re
 
 def test_on_a_one_rank_gloo_group_the_evaluator_agrees_with_the_reference(tmp_path):
     """The same worker in this process, inside a real one-rank gloo group."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
         evaluate(0, 1, tmp_path, save_dir=str(tmp_path / "run"), tag="eval")
