@@ -70,11 +70,11 @@ def _examine(entry: pathlib.Path) -> Candidate | None:
         except CheckpointError as exc:
             return Candidate(entry, _named_step(entry), error=exc, priority=priority)
         return Candidate(entry, info.step, info, priority=priority)
-    if storage.is_store(entry) and not (entry / L.MARKER).exists():
-        return None
     try:
         info, payload = read_marker(entry)
     except CheckpointError as exc:
+        if storage.is_store(entry) and not (entry / L.MARKER).exists():
+            return None  # on a store the marker commits: without it, being written or deleted
         return None if priority == 0 else Candidate(entry, _named_step(entry), error=exc, priority=priority)
     try:
         check_files(entry, payload, False)

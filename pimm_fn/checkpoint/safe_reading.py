@@ -65,9 +65,8 @@ def metadata(directory: pathlib.Path, within: str = L.TRAINER) -> Metadata:
     """
     directory = storage.location(directory)
     name = _name(within, _METADATA)
-    where = directory / within / _METADATA if within else directory / _METADATA
     try:
-        with where.open("rb") as stream:  # a local Path or a StorePath alike
+        with (directory / within / _METADATA).open("rb") as stream:  # a local Path or a StorePath alike
             found = MetadataUnpickler(stream).load()
     except FileNotFoundError:
         raise CheckpointError(directory, name, "is missing") from None
@@ -105,7 +104,7 @@ def load(template: dict, directory: pathlib.Path, *, within: str = L.TRAINER, me
     meta = meta if meta is not None else metadata(directory, within)
     where = _Where(directory, within)
     _check(where, template, meta, plain_values)
-    inside = directory / within if within else directory
+    inside = directory / within
     reader = _StoreReader(inside, meta) if storage.is_store(inside) else _Reader(inside, meta)
     try:
         with warnings.catch_warnings():

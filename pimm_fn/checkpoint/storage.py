@@ -132,6 +132,8 @@ class StorePath:
 
     def __truediv__(self, name: str) -> "StorePath":
         name = str(name).strip("/")
+        if not name:  # as pathlib's ``path / ""``: the path itself
+            return self
         return StorePath(f"{self.url}/{name}", self.fs, f"{self.path}/{name}")
 
     def __lt__(self, other: "StorePath") -> bool:
