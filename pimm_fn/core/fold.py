@@ -244,10 +244,11 @@ class Chain:
         if cls is AfterStep:
             step, outputs = event.step, event.outputs
             called = [call for every, call in self._step_calls if not step % every]
-            for i, every, accumulate in self._accumulators:
-                if step % every and outputs:  # a step the cadence skips: only the outputs count
-                    new_slots = new_slots or list(slots)
-                    new_slots[i] = accumulate(new_slots[i], outputs)
+            if outputs:
+                for i, every, accumulate in self._accumulators:
+                    if step % every:  # a step the cadence skips: only the outputs count
+                        new_slots = new_slots or list(slots)
+                        new_slots[i] = accumulate(new_slots[i], outputs)
         else:
             called = self._calls.get(cls)
             if called is None:

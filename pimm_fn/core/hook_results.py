@@ -25,9 +25,7 @@ def checked_result(hook, result):
         raise TypeError(
             f"hook {hook!r} must return (State, tuple_of_effects) (got {type(result).__name__}: {result!r:.200})"
         )
-    effects = result[1]
-    if not isinstance(effects, tuple) or not all(isinstance(e, Effect) for e in effects):
-        raise TypeError(f"hook {hook!r} must return a tuple of Effect values as effects (got {effects!r:.200})")
+    _check_effects(hook, result[1], " must return")
     return result
 
 
@@ -38,7 +36,10 @@ def checked_update(hook, result):
             f"hook {hook!r}: update(slot, state, event) must return (slot, State, tuple_of_effects) "
             f"(got {type(result).__name__}: {result!r:.200})"
         )
-    effects = result[2]
-    if not isinstance(effects, tuple) or not all(isinstance(e, Effect) for e in effects):
-        raise TypeError(f"hook {hook!r}: update must return a tuple of Effect values as effects (got {effects!r:.200})")
+    _check_effects(hook, result[2], ": update must return")
     return result
+
+
+def _check_effects(hook, effects, must: str) -> None:
+    if not isinstance(effects, tuple) or not all(isinstance(e, Effect) for e in effects):
+        raise TypeError(f"hook {hook!r}{must} a tuple of Effect values as effects (got {effects!r:.200})")
