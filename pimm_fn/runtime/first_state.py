@@ -23,8 +23,8 @@ __all__ = ["fresh_state", "resumed_state"]
 def fresh_state(ctx, hooks, *, resume, max_epochs, max_steps, config) -> State:
     """The first state of a fresh run, its budget checked as a fresh run's."""
     arguments.check_budget(max_epochs, max_steps, fresh=True)  # resume='auto' found nothing: a fresh run
-    if resume == "auto" and replaced_best(ctx.save_dir):  # said, not refused: an 'auto' restart is legal
-        warnings.warn(replaced_best(ctx.save_dir), ConfigurationWarning, stacklevel=3)
+    if resume == "auto" and (said := replaced_best(ctx.save_dir)):  # said, not refused: an 'auto' restart is legal
+        warnings.warn(said, ConfigurationWarning, stacklevel=3)
     return initial_state(
         hooks, iters_per_epoch=ctx.feed.iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps,
         rank=ctx.rank, world_size=ctx.world_size, config=config,
@@ -37,6 +37,6 @@ def resumed_state(restored: State, info, ctx, *, max_epochs, max_steps) -> State
     ctx.say(f"resumed from {info.path} at step {state.progress.global_step}")
     for line in budget_lines(saved, state.progress, max_steps=max_steps):
         ctx.say(line)
-    if nothing_to_train(state, info.path) is not None:  # legal, pointless: said once
-        warnings.warn(nothing_to_train(state, info.path), ConfigurationWarning, stacklevel=3)
+    if (said := nothing_to_train(state, info.path)) is not None:  # legal, pointless: said once
+        warnings.warn(said, ConfigurationWarning, stacklevel=3)
     return state

@@ -34,17 +34,19 @@ effects, logs and metrics is always the one ``evaluate_every`` shows.
 
 import itertools
 from collections.abc import Mapping
+from typing import ClassVar
 
 import attrs
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from pimm_fn import dist
+from pimm_fn.core import validate as v
 from pimm_fn.runtime.batch_to_device import to_device
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.evaluation_ranks import missing_forwards, reduce_sums, shard_of
 from pimm_fn.runtime.loader_evaluator_checks import (
-    check_loader, check_max_batches, check_metric, check_name, check_optional_callable, is_torchmetric,
+    check_loader, check_metric, is_torchmetric,
 )
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
 
@@ -112,14 +114,15 @@ def _add(sums: dict, part, name: str) -> None:
 class LoaderEvaluator:
     """An evaluator over a DataLoader; build it with ``loader_evaluator``. Calling it evaluates ``model``."""
 
+    factory_name: ClassVar[str] = "loader_evaluator"
     loader: object = attrs.field(validator=check_loader)
     metric: object = attrs.field(validator=check_metric)
-    name: str = attrs.field(default="val", validator=check_name)
-    forward: object = attrs.field(default=None, validator=check_optional_callable)
-    target: object = attrs.field(default=None, validator=check_optional_callable)
-    finish: object = attrs.field(default=None, validator=check_optional_callable)
+    name: str = attrs.field(default="val", validator=v.non_empty_str)
+    forward: object = attrs.field(default=None, validator=v.optional(v.is_callable))
+    target: object = attrs.field(default=None, validator=v.optional(v.is_callable))
+    finish: object = attrs.field(default=None, validator=v.optional(v.is_callable))
     shard: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
-    max_batches: int | None = attrs.field(default=None, validator=check_max_batches)
+    max_batches: int | None = attrs.field(default=None, validator=v.optional(v.int_at_least(1)))
 
     @property
     def evaluator_name(self) -> str:

@@ -3,16 +3,13 @@
 A metric is a function ``fn(outputs, batch)`` (its signature checked), a
 torchmetrics ``Metric`` or ``MetricCollection`` (anything with ``update``,
 ``compute`` and ``reset``), or a dict of them; the loader an iterable of
-batches; the name a non-empty string; ``max_batches`` an int >= 1.
+batches. The other arguments take ``pimm_fn.core.validate``'s validators.
 """
 
 import inspect
 from collections.abc import Mapping
 
-__all__ = [
-    "is_torchmetric", "check_metric", "check_arity", "check_loader", "check_name", "check_optional_callable",
-    "check_max_batches",
-]
+__all__ = ["is_torchmetric", "check_metric", "check_arity", "check_loader"]
 
 
 def is_torchmetric(obj) -> bool:
@@ -53,18 +50,3 @@ def check_loader(instance, attribute, value) -> None:
     if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
         raise TypeError(f"loader_evaluator: 'loader' must be a DataLoader (or an iterable of batches) "
                         f"(got {type(value).__name__}: {value!r:.80})")
-
-
-def check_name(instance, attribute, value) -> None:
-    if not isinstance(value, str) or not value:
-        raise TypeError(f"loader_evaluator: 'name' must be a non-empty str (got {value!r:.80})")
-
-
-def check_optional_callable(instance, attribute, value) -> None:
-    if value is not None and not callable(value):
-        raise TypeError(f"loader_evaluator: {attribute.name!r} must be None or callable (got {value!r:.80})")
-
-
-def check_max_batches(instance, attribute, value) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise ValueError(f"loader_evaluator: 'max_batches' must be None or an int >= 1 (got {value!r:.80})")

@@ -15,7 +15,6 @@ instead of pairing values of other names or waiting on each other).
 """
 
 import contextlib
-import hashlib
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import attrs
 
 from pimm_fn.checkpoint import storage
 from pimm_fn.core.effects import Log
-from pimm_fn.runtime.guard import CollectiveDivergenceError
+from pimm_fn.runtime.guard import CollectiveDivergenceError, _digest  # the guard's digest: 63 bits, an int64
 from pimm_fn.runtime.history import POSITION, History
 from pimm_fn.runtime.loggers import LOG_NAME, Opening
 
@@ -172,12 +171,6 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{seconds:02d}s" if minutes < 60 else f"{minutes // 60}h{minutes % 60:02d}m"
 
 
-def _digest(step: int, kind: str, names: list) -> float:
-    """A 52-bit digest of a record's step, kind and names: exact in a float64."""
-    text = repr((step, kind, tuple(names))).encode()
-    return float(int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 12)
-
-
 def same_on_every_rank(step: int, kind: str, names: list) -> None:
     """Check, with one all-reduce (max of ``d`` and ``-d``), that every rank has a record of this step, kind and names.
 
@@ -190,9 +183,9 @@ def same_on_every_rank(step: int, kind: str, names: list) -> None:
     import torch
     import torch.distributed as td
 
-    digest = _digest(step, kind, names)
+    digest = _digest(step, kind, tuple(names))
     device = torch.device("cuda", torch.cuda.current_device()) if td.get_backend() == "nccl" else None
-    extremes = torch.tensor([digest, -digest], dtype=torch.float64, device=device)
+    extremes = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
     td.all_reduce(extremes, op=td.ReduceOp.MAX)
     highest, lowest = extremes.tolist()  # one copy to the host, not one per element
     if highest == -lowest:

@@ -50,12 +50,11 @@ def _best_files(save_dir) -> list[str]:
     """The best-weights files (``model_best*.pth``/``.json``) under ``save_dir/model``, sorted."""
     if storage.is_url(save_dir) or storage.is_store(save_dir):
         names = [p.name for p in (storage.location(save_dir) / "model").iterdir()]
-        return sorted(n for n in names if n.startswith("model_best") and n.endswith((".pth", ".json")))
-    model_dir = os.path.join(os.fspath(save_dir), "model")
-    try:
-        names = os.listdir(model_dir)
-    except OSError:  # no such directory (yet): nothing to keep
-        return []
+    else:
+        try:
+            names = os.listdir(os.path.join(os.fspath(save_dir), "model"))
+        except OSError:  # no such directory (yet): nothing to keep
+            return []
     return sorted(n for n in names if n.startswith("model_best") and n.endswith((".pth", ".json")))
 
 
