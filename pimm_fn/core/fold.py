@@ -186,6 +186,11 @@ class Chain:
                 return True
         return False
 
+    @property
+    def fires_every_step(self) -> bool:
+        """Whether some child is called for every ``AfterStep``: then no step is quiet."""
+        return self._cadences[:1] == (1,)
+
     def next_call(self, step: int) -> int:
         """The first step after ``step`` for whose ``AfterStep`` some child is called (a huge number: none)."""
         return min(((step // every + 1) * every for every in self._cadences), default=_NEVER)

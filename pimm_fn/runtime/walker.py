@@ -62,6 +62,8 @@ class Walker:
     def use(self, implied) -> None:
         """Walk on with the hooks of ``implied`` (``pimm_fn.runtime.implied``): at build, and after ``replace``."""
         self.hooks, self.processed = implied.hooks, dict(implied.processed)
+        # Steps may go quiet: no hook wants a BeforeStep, and none is called on every step's AfterStep.
+        self._quiet_after = not self.processed[ev.BeforeStep] and not implied.hooks.fires_every_step
         self._driver = Driver(
             self.ctx, self.tx, runner(self._step_fn, implied.processed[ev.AfterStep], self.ctx.nonfinite),
             scheduler_in_step=not implied.steps_scheduler,  # else the hooks step it
@@ -185,15 +187,16 @@ class Walker:
                 break
         while self._next_event().__class__ in _CLOSING:
             self._advance()
-        if quiet.last is None and not self.processed[ev.BeforeStep] and self._next_event().__class__ is ev.BeforeStep:
+        if quiet.last is None and self._quiet_after and self._next_event().__class__ is ev.BeforeStep:
             quiet.open(self.hooks, self._state.progress)  # up to the next step a hook is called for
 
     def _next_event(self) -> ev.Event | None:
         """``next_event(self.state)``, computed once per state."""
-        state, event = self._peeked
-        if state is not self.state:
-            event = next_event(self.state)
-            self._peeked = (self.state, event)
+        state = self.state
+        peeked, event = self._peeked
+        if peeked is not state:
+            event = next_event(state)
+            self._peeked = (state, event)
         return event
 
     def _advance(self) -> type | None:

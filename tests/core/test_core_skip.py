@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pimm_fn.core import events as ev
 from pimm_fn.core.fold import chain
 from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
-from pimm_fn.core.schedule import advance, next_event, skip_to
+from pimm_fn.core.schedule import advance, last_quiet_step, next_event, skip_to
 from pimm_fn.core.state import Progress, State
 from pimm_fn.hooks import log_every, save_every
 
@@ -192,3 +192,13 @@ def test_run_schedule_with_no_hooks_jumps_to_each_epochs_last_step():
     assert final.finished and final.progress.global_step == 3000
     assert executor.checked == 2 + 3 * 3 + 1
 
+
+
+@given(cadences=st.sets(st.integers(1, 6), max_size=3))
+def test_fires_every_step_is_exactly_a_chain_with_no_quiet_step(cadences):
+    """``fires_every_step`` (the loop's shortcut past ``last_quiet_step``) holds iff no step of a long epoch is quiet."""
+    hooks = chain(*(save_every(c) for c in sorted(cadences)))
+    never_quiet = all(
+        last_quiet_step(hooks, Progress(100, 1, iter_in_epoch=step, global_step=step)) == step for step in range(40)
+    )
+    assert hooks.fires_every_step == never_quiet == (1 in cadences)
