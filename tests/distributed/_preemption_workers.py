@@ -56,7 +56,7 @@ def _slow(model, ready: pathlib.Path):
         calls.append(1)
         if len(calls) == 2:
             ready.write_text(str(os.getpid()))
-        time.sleep(0.015)
+        time.sleep(0.025)  # 34 steps after the second: longer than a signal's delay and the agent's relay
 
     model.register_forward_pre_hook(pause)
 

@@ -37,15 +37,26 @@ def _start(out: pathlib.Path, save_dir: pathlib.Path) -> subprocess.Popen:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def _signal_when_ready(agent, out: pathlib.Path, victim: str, delay: float, deadline: float) -> None:
-    """``delay`` s after both workers trained two steps, SIGTERM ``victim`` (the agent, or rank 1)."""
-    ready = [out / f"ready-rank{r}" for r in range(2)]
-    while not all(r.exists() and r.read_text() for r in ready):
-        if agent.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"the workers never trained:\n{(out / 'agent.log').read_text()[-6000:]}")
-        time.sleep(0.01)
-    time.sleep(delay)
-    os.kill(agent.pid if victim == "agent" else int(ready[1].read_text()), signal.SIGTERM)
+def _signal_when_ready(agents: dict, tmp_path, delays: dict, deadline: float) -> None:
+    """SIGTERM each case's victim (the agent, or rank 1) ``delays[victim]`` s after both its workers trained two steps.
+
+    The cases are watched together: each one's delay counts from its own workers' second step, not from the
+    other case's signal.
+    """
+    due, waiting = {}, dict(agents)
+    while waiting:
+        now = time.monotonic()
+        for victim, agent in list(waiting.items()):
+            ready = [tmp_path / victim / f"ready-rank{r}" for r in range(2)]
+            if victim not in due:
+                if all(r.exists() and r.read_text() for r in ready):
+                    due[victim] = now + delays[victim]
+                elif agent.poll() is not None or now > deadline:
+                    pytest.fail(f"the workers never trained:\n{(tmp_path / victim / 'agent.log').read_text()[-6000:]}")
+            elif now >= due[victim]:
+                os.kill(agent.pid if victim == "agent" else int(ready[1].read_text()), signal.SIGTERM)
+                del waiting[victim]
+        time.sleep(0.005)
 
 
 def _torchrun_cases(tmp_path, delays: dict) -> dict:
@@ -53,8 +64,7 @@ def _torchrun_cases(tmp_path, delays: dict) -> dict:
     deadline = time.monotonic() + TIMEOUT
     agents = {victim: _start(tmp_path / victim, tmp_path / victim / "run") for victim in delays}
     try:
-        for victim, agent in agents.items():
-            _signal_when_ready(agent, tmp_path / victim, victim, delays[victim], deadline)
+        _signal_when_ready(agents, tmp_path, delays, deadline)
         for victim, agent in agents.items():
             agent.wait(timeout=max(deadline - time.monotonic(), 1))
     except subprocess.TimeoutExpired:
