@@ -24,6 +24,7 @@ __all__ = [
     "all_gather_object",
     "barrier",
     "broadcast_object",
+    "collective_device",
     "gather_object",
     "is_initialized",
     "is_main",
@@ -54,6 +55,15 @@ def world_size() -> int:
 def is_main() -> bool:
     """Whether this process is rank 0, the one that writes shared files."""
     return rank() == 0
+
+
+def collective_device():
+    """Where a tensor a collective on the default group reduces must live: this rank's CUDA device under NCCL, else the CPU."""
+    import torch
+
+    if is_initialized() and "nccl" in str(_td.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def new_gloo_group():

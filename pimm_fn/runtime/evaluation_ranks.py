@@ -44,18 +44,11 @@ def shard_of(loader, rank: int, world: int):
     )
 
 
-def reduction_device() -> torch.device:
-    """Where a sum all-reduced on the default group must live (CUDA for NCCL)."""
-    if dist.is_initialized() and "nccl" in str(torch.distributed.get_backend()):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def missing_forwards(model, done: int, name: str) -> int:
     """How many forwards this rank owes so every rank ran as many: 0 unless the model is sharded over ranks."""
     if not dist.is_initialized() or dist.world_size() == 1 or not sharded.is_sharded(model):
         return 0
-    most = torch.tensor([done], device=reduction_device())
+    most = torch.tensor([done], device=dist.collective_device())
     torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
     missing = int(most.item()) - done
     if missing and not done:
@@ -69,7 +62,7 @@ def reduce_sums(sums: dict) -> dict:
     names = sorted(set().union(*dist.all_gather_object(sorted(sums)))) if dist.is_initialized() else sorted(sums)
     if not names:
         return {}
-    device = reduction_device()
+    device = dist.collective_device()
     totals = torch.stack([torch.as_tensor(sums.get(n, 0.0), dtype=torch.float64).to(device) for n in names])
     if dist.is_initialized():
         torch.distributed.all_reduce(totals)

@@ -60,6 +60,8 @@ import attrs
 import torch
 import torch.distributed as td
 
+from pimm_fn import dist
+
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Scope
 from pimm_fn.runtime.implied import Implied
@@ -114,8 +116,7 @@ class AgreementGuard:
         """``implied``: what the run's hooks imply (``pimm_fn.runtime.implied``), or their ``Chain``, read into one."""
         self.implied = implied if isinstance(implied, Implied) else Implied.of(implied, guarded=True)
         self.hooks = self.implied.hooks
-        backend = td.get_backend()
-        self.device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self.device = dist.collective_device()
         self.watched = self.implied.watched
         self._cadences = self.implied.watched_cadences
         self.comparisons = 0  # per-event comparisons started (the setup's is not counted)

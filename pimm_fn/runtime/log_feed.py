@@ -20,6 +20,7 @@ from pathlib import Path
 
 import attrs
 
+from pimm_fn import dist
 from pimm_fn.checkpoint import storage
 from pimm_fn.core.effects import Log
 from pimm_fn.runtime.guard import CollectiveDivergenceError, _digest  # the guard's digest: 63 bits, an int64
@@ -184,7 +185,7 @@ def same_on_every_rank(step: int, kind: str, names: list) -> None:
     import torch.distributed as td
 
     digest = _digest(step, kind, tuple(names))
-    device = torch.device("cuda", torch.cuda.current_device()) if td.get_backend() == "nccl" else None
+    device = dist.collective_device()
     extremes = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
     td.all_reduce(extremes, op=td.ReduceOp.MAX)
     highest, lowest = extremes.tolist()  # one copy to the host, not one per element
@@ -205,7 +206,7 @@ def mean_over_ranks(values: list) -> list:
     import torch
     import torch.distributed as td
 
-    device = torch.device("cuda", torch.cuda.current_device()) if td.get_backend() == "nccl" else None
+    device = dist.collective_device()
     total = torch.tensor(values, dtype=torch.float64, device=device)
     td.all_reduce(total)
     return (total / td.get_world_size()).tolist()

@@ -32,6 +32,8 @@ import warnings
 
 import torch
 
+from pimm_fn import dist
+
 __all__ = ["NonFinite", "NonFiniteLossError", "NonFiniteLossWarning", "NONFINITE_POLICIES"]
 
 
@@ -102,7 +104,7 @@ class NonFinite:
         """Whether every rank's losses were finite (one all-reduce)."""
         import torch.distributed as td
 
-        device = torch.device("cuda", torch.cuda.current_device()) if td.get_backend() == "nccl" else None
+        device = dist.collective_device()
         flag = torch.tensor([0.0 if finite else 1.0], device=device)
         td.all_reduce(flag, op=td.ReduceOp.MAX)
         return flag.item() == 0.0
