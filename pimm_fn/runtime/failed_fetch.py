@@ -11,11 +11,11 @@ __all__ = ["ReopenAtCursor"]
 class ReopenAtCursor:
     """The iterator of a feed whose last fetch raised: the next fetch first rebuilds it at the cursor.
 
-    It rebuilds the way the failed iterator was opened (``Feed._source``),
-    skips the batches given before, and puts back ``rng``, the torch RNG
-    from before the failed fetch (``None`` when the loader fetches in worker
-    processes, which draw nothing here). If that raises too, it stays in
-    place for the fetch after.
+    The feed rebuilds it the way the failed iterator was opened, past the
+    batches given before (``Feed.reopen_at_cursor``); then ``rng``, the torch
+    RNG from before the failed fetch, is put back (``None`` when the loader
+    fetches in worker processes, which draw nothing here). If that raises
+    too, it stays in place for the fetch after.
     """
 
     def __init__(self, feed, rng):
@@ -23,15 +23,10 @@ class ReopenAtCursor:
         self.rng = rng
 
     def reopen(self):
-        feed = self.feed
-        try:
-            feed._open(feed._source, feed._drawn)
-        except BaseException:
-            feed._iterator = self
-            raise
+        iterator = self.feed.reopen_at_cursor()  # when it raises, this one is still in place
         if self.rng is not None:
             set_torch_rng(self.rng)
-        return feed._iterator
+        return iterator
 
     def __iter__(self):
         return self
@@ -41,5 +36,5 @@ class ReopenAtCursor:
         try:
             return next(iterator)
         except BaseException:
-            self.feed._iterator = self  # the retry starts from this fetch's cursor and RNG again
+            self.feed.put_back(self)  # the retry starts from this fetch's cursor and RNG again
             raise

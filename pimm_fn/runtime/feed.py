@@ -156,6 +156,18 @@ class Feed:
             next(iterator)
         self._iterator, self._source, self._drawn = iterator, source, drawn
 
+    def reopen_at_cursor(self):
+        """The iterator rebuilt at the cursor, the way the one whose fetch raised was opened (``ReopenAtCursor``).
+
+        It takes the place of the one in place only once rebuilt: when this raises, nothing changed.
+        """
+        self._open(self._source, self._drawn)
+        return self._iterator
+
+    def put_back(self, iterator) -> None:
+        """Make ``iterator`` (a ``ReopenAtCursor``) the one the next fetch draws from."""
+        self._iterator = iterator
+
     def next_batch(self):
         """The next batch; an epoch longer than the data restarts the data.
 
