@@ -44,8 +44,9 @@ class CtrlC:
 
     ``open`` is True while the loop runs a piece of work that may stop
     anywhere, ``holding`` while a part of it must not stop (the optimizer
-    step); ``pending`` holds a signal that arrived elsewhere. One per
-    process, as the SIGINT handler is: ``CTRL_C``.
+    step); ``pending`` holds a signal the loop has not stopped at yet: one
+    that arrived elsewhere, or one raised at once that no unit has seen.
+    One per process, as the SIGINT handler is: ``CTRL_C``.
     """
 
     def __init__(self):
@@ -69,9 +70,11 @@ class CtrlC:
             self._previous = None
 
     def _handle(self, signum, frame) -> None:
+        # Pending until the loop stops a step on it (``Transaction.stop``), also when raised at once: where
+        # Python drops an exception (a gc callback, a ``__del__``) the raise is lost, and the next unit raises it.
+        self.pending = True
         if self.open and not self.holding and (frame is None or frame.f_code.co_filename not in OWN_FILES):
             raise KeyboardInterrupt
-        self.pending = True
 
     @contextlib.contextmanager
     def holding_back(self):

@@ -158,7 +158,7 @@ class Transaction:
 
     def stop(self, phase, error: BaseException) -> None:
         """Record where the step stopped on ``error``, agreed across ranks, and say it (see the class docstring)."""
-        self.keys.open = False
+        self.keys.open = self.keys.pending = False  # a Ctrl-C raised in the unit is seen: it stops no other
         phase = phase if phase.__class__ is str else phase(self.step, error)
         step = self.step if self.step is not None else self._last_step()
         advice = error.advice if isinstance(error, NonFiniteLossError) else None  # continuing would raise it again
