@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, TypeVar
 
+import torch
 import torch.distributed as _td
 
 __all__ = [
@@ -59,8 +60,6 @@ def is_main() -> bool:
 
 def collective_device():
     """Where a tensor a collective on the default group reduces must live: this rank's CUDA device under NCCL, else the CPU."""
-    import torch
-
     if is_initialized() and "nccl" in str(_td.get_backend()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")

@@ -61,7 +61,6 @@ import torch
 import torch.distributed as td
 
 from pimm_fn import dist
-
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Scope
 from pimm_fn.runtime.implied import Implied

@@ -118,6 +118,8 @@ class Implied:
             some hook is called for it, or the guard compares it.
         ticks: some hook listens to the run's clock (``Elapsed``:
             ``save_every(minutes=...)``), so it is read at each step boundary.
+        quiet_steps: steps may be trained without a walk (``pimm_fn.runtime.quiet``): no
+            ``BeforeStep`` is processed and no hook is called on every step's ``AfterStep``.
     """
 
     hooks: Chain
@@ -132,6 +134,7 @@ class Implied:
     setups: tuple
     processed: types.MappingProxyType
     ticks: bool = False
+    quiet_steps: bool = True
 
     @classmethod
     def of(cls, hooks: Chain, *, guarded: bool = False) -> "Implied":
@@ -147,7 +150,7 @@ class Implied:
             hooks, named_evaluators(top), best_metrics(top), _readers(top),
             hook_list.saves_in_background(top), hooks_step_scheduler(top), guarded, watched,
             _cadences(hooks, watched), hook_setups(top), types.MappingProxyType(processed),
-            bool(hooks.active(ev.Elapsed)),
+            bool(hooks.active(ev.Elapsed)), not processed[ev.BeforeStep] and not hooks.fires_every_step,
         )
 
     @property

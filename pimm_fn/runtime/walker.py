@@ -62,8 +62,7 @@ class Walker:
     def use(self, implied) -> None:
         """Walk on with the hooks of ``implied`` (``pimm_fn.runtime.implied``): at build, and after ``replace``."""
         self.hooks, self.processed = implied.hooks, dict(implied.processed)
-        # Steps may go quiet: no hook wants a BeforeStep, and none is called on every step's AfterStep.
-        self._quiet_after = not self.processed[ev.BeforeStep] and not implied.hooks.fires_every_step
+        self._quiet_steps = implied.quiet_steps
         self._driver = Driver(
             self.ctx, self.tx, runner(self._step_fn, implied.processed[ev.AfterStep], self.ctx.nonfinite),
             scheduler_in_step=not implied.steps_scheduler,  # else the hooks step it
@@ -187,7 +186,7 @@ class Walker:
                 break
         while self._next_event().__class__ in _CLOSING:
             self._advance()
-        if quiet.last is None and self._quiet_after and self._next_event().__class__ is ev.BeforeStep:
+        if quiet.last is None and self._quiet_steps and self._next_event().__class__ is ev.BeforeStep:
             quiet.open(self.hooks, self._state.progress)  # up to the next step a hook is called for
 
     def _next_event(self) -> ev.Event | None:

@@ -193,7 +193,6 @@ def test_run_schedule_with_no_hooks_jumps_to_each_epochs_last_step():
     assert executor.checked == 2 + 3 * 3 + 1
 
 
-
 @given(cadences=st.sets(st.integers(1, 6), max_size=3))
 def test_fires_every_step_is_exactly_a_chain_with_no_quiet_step(cadences):
     """``fires_every_step`` (the loop's shortcut past ``last_quiet_step``) holds iff no step of a long epoch is quiet."""
