@@ -1,4 +1,9 @@
-"""Warm-start weights read from any file or checkpoint pimm_fn understands (key remapping: ``.remap``)."""
+"""Warm-start weights read from any file or checkpoint pimm_fn understands (key remapping: ``.remap``).
+
+From a checkpoint directory the files read are checked against the SHA-256
+digests its marker records, as a resume checks them: a warm start never
+trains on bytes changed since the save.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from collections.abc import Mapping
 import torch
 
 from . import _layout as L
-from . import _legacy, sharded, storage
+from . import _legacy, sharded, storage, validation
 from ._discovery import find_checkpoint
 
 
@@ -25,14 +30,19 @@ def load_weights_file(path: str | os.PathLike) -> dict:
 
     Raises:
         FileNotFoundError: nothing at ``path``.
+        CheckpointError: (a ``ValueError``) a checkpoint directory that is
+            damaged, or whose files read differ from the SHA-256 its marker records.
         ValueError: the file is not loadable with ``weights_only=True`` or
             holds no recognizable state_dict.
     """
     p, owner = storage.location(path), None
     if p.is_dir():
         info = find_checkpoint(p)
-        if info.format == "standard" and (info.path / L.WEIGHTS_SKIPPED).is_file():
-            return sharded.read_full_weights(info.path)  # a sharded model saved without a weights file
+        skipped = info.format == "standard" and (info.path / L.WEIGHTS_SKIPPED).is_file()
+        if info.format == "standard":  # a sharded model saved without a weights file is read from its shards
+            validation.check_digests(info.path, L.TRAINER if skipped else L.WEIGHTS)
+        if skipped:
+            return sharded.read_full_weights(info.path)
         p, owner = (info.path / L.WEIGHTS if info.format == "standard" else info.path), info.path
     elif not p.exists():
         raise FileNotFoundError(f"load_weights_file: {str(p)!r} does not exist")

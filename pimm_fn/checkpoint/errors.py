@@ -95,8 +95,8 @@ class DiskFullError(CheckpointStorageError, OSError):
 def _advice(path: str) -> str:
     parent = pathlib.PurePath(path).parent
     return (
-        f"Resume from an older checkpoint: list them with `python -m pimm_fn ls {parent}` and pass one as "
-        "resume=<its path>, or pass resume='auto', which skips damaged checkpoints"
+        f"Use an older checkpoint: list them with `python -m pimm_fn ls {parent}` and pass one's path (to resume= "
+        "or to a warm start's load_weights), or resume with resume='auto', which skips damaged checkpoints"
     )
 
 

@@ -51,8 +51,9 @@ class Saving:
             the shards only (``pimm_fn.checkpoint.load_weights_file`` assembles
             them). Replicated models always write ``model.pth``.
         digests: record each checkpoint file's SHA-256 in its ``COMPLETE``
-            marker (standard format); ``resume`` and ``python -m pimm_fn verify``
-            then check them. Off by default: it adds about a third to a
+            marker (standard format); ``resume``, a warm start from the
+            checkpoint (``load_weights``: the files it reads) and
+            ``python -m pimm_fn verify`` then check them. Off by default: it adds about a third to a
             synchronous save (``benchmarks/RESULTS.md``).
     """
 

@@ -16,7 +16,8 @@ Sizes cost a ``stat`` each; digests are recorded when a save asks for them
 when a validation asks (``validate(..., digests=True)``): ``resume="auto"``,
 ``resume=<path>`` and the checkpoint CLI's ``verify`` ask whenever the marker
 records them, so bytes changed at the same size are caught before they are
-trained on. Receipts are not listed: loading never reads them.
+trained on. A read of the weights alone (a warm start, ``load_weights_file``)
+checks the digests of the files it reads (:func:`check_digests`). Receipts are not listed: loading never reads them.
 
 The names a marker lists are untrusted: each must be a relative path
 without ``..`` naming, through real directories (no symbolic link), a
@@ -48,7 +49,7 @@ from ._marker import CheckpointInfo, info_from_marker
 from .errors import CheckpointError, cause
 from .manifest import digest
 
-__all__ = ["check_files", "confined", "read_marker", "validate"]
+__all__ = ["check_digests", "check_files", "confined", "read_marker", "validate"]
 
 _METADATA = f"{L.TRAINER}/.metadata"
 
@@ -161,7 +162,28 @@ def _check_file(path: pathlib.Path, rel: str, record: dict, digests: bool) -> No
     if size != record["size"]:
         how = "cut short" if size < record["size"] else "grown since the save"
         raise CheckpointError(path, rel, f"is {size:,} bytes, the marker records {record['size']:,} ({how})")
-    if digests and "sha256" in record and _digest(path, rel) != record["sha256"]:
+    if digests:
+        _check_digest(path, rel, record)
+
+
+def check_digests(path: pathlib.Path, under: str) -> None:
+    """The files of checkpoint ``path`` at or under ``under`` match the SHA-256 its marker records for them.
+
+    For a read of part of a checkpoint (its weights) that ``validate`` checked
+    by size: only what is read is hashed. A file the marker records no digest
+    for (a save without digests) passes.
+
+    Raises:
+        CheckpointError: naming the file whose bytes changed since the save.
+    """
+    files = read_marker(path)[1].get("files")
+    for rel, record in files.items() if isinstance(files, dict) else ():
+        if (rel == under or rel.startswith(f"{under}/")) and _is_record(record):
+            _check_digest(path, rel, record)
+
+
+def _check_digest(path: pathlib.Path, rel: str, record: dict) -> None:
+    if "sha256" in record and _digest(path, rel) != record["sha256"]:
         raise CheckpointError(path, rel, "does not match the SHA-256 its marker records: its bytes changed since the save")
 
 

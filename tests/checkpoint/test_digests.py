@@ -1,4 +1,4 @@
-"""SHA-256 digests in the marker (``Saving(digests=True)``), checked on resume and by ``verify``; marker paths confined.
+"""SHA-256 digests in the marker (``Saving(digests=True)``), checked on resume, warm start and ``verify``; marker paths confined.
 
 A checkpoint is untrusted input: bytes changed at the same size are refused
 wherever the marker records digests, and a marker naming anything but a
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import CheckpointError, save_checkpoint, save_checkpoint_async, validate
+from pimm_fn.checkpoint import CheckpointError, load_weights_file, save_checkpoint, save_checkpoint_async, validate
 from pimm_fn.checkpoint.candidates import candidates
 from pimm_fn.checkpoint.manifest import digest
 from pimm_fn.checkpoint.validation import confined
@@ -129,6 +129,36 @@ def test_an_explicit_resume_of_the_flipped_checkpoint_raises(flipped):
     """resume=<path> of a checkpoint whose bytes fail their digest is a CheckpointError naming model.pth."""
     with pytest.raises(CheckpointError, match="model.pth does not match the SHA-256"):
         _loop(flipped.parent, resume=flipped / "last", max_epochs=2)
+
+
+def test_a_warm_start_from_the_flipped_checkpoint_raises_before_training(flipped):
+    """load_weights(<flipped checkpoint>) refuses model.pth, whose bytes fail their digest, and trains nothing."""
+    torch.manual_seed(1)
+    model = _Net()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(2, 128)] * 2,
+                  hooks=[pf.load_weights(str(flipped / "last"))], max_epochs=1,
+                  watching=pf.Watching(console=False, progress=False))
+    with pytest.raises(CheckpointError, match="model.pth does not match the SHA-256") as caught:
+        run()
+    assert "load_weights" in str(caught.value)  # the advice names the warm start's way out too
+    assert run.state.progress.global_step == 0
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_load_weights_file_checks_the_digests_of_the_files_it_reads_only(flipped):
+    """A checkpoint (or a model_dir whose newest is) with flipped weights raises; the intact snapshot loads; bytes
+    changed in the optimizer state, which a weights load never reads, leave its weights loadable."""
+    for path in (flipped / "last", flipped):
+        with pytest.raises(CheckpointError, match="model.pth does not match the SHA-256"):
+            load_weights_file(path)
+    intact = flipped / "iter_2"
+    assert set(load_weights_file(intact)) == {"layer.weight", "layer.bias"}
+    data = sorted(p for p in (intact / "trainer").iterdir() if p.suffix == ".distcp")
+    _flip(data[0])
+    with pytest.raises(CheckpointError, match="does not match the SHA-256"):
+        validate(intact, digests=True)
+    assert set(load_weights_file(intact)) == {"layer.weight", "layer.bias"}
 
 
 # -- marker paths confined ------------------------------------------------------------------------

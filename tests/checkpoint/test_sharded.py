@@ -87,6 +87,22 @@ def test_sharded_checkpoint_without_a_weights_file_resumes_exactly_and_its_weigh
     assert all(torch.equal(final[k], v) for k, v in load_weights_file(tmp_path / "run").items())
 
 
+def test_sharded_weights_read_from_shards_whose_bytes_changed_are_refused(one_rank_group, tmp_path):
+    """weights_file=False with digests: the weights come from trainer/'s data files, so their digests are checked."""
+    net = _sharded_net()
+    pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.01), _data(), hooks=[pf.save_every(4)], max_epochs=1,
+            save_dir=tmp_path, saving=pf.Saving(weights_file=False, digests=True),
+            watching=pf.Watching(console=False))()
+    last = tmp_path / "model" / "last"
+    assert set(load_weights_file(last)) == set(_full(net))
+    data = next(p for p in (last / "trainer").iterdir() if p.suffix == ".distcp")
+    content = bytearray(data.read_bytes())
+    content[-8:] = bytes(b ^ 0xFF for b in content[-8:])
+    data.write_bytes(bytes(content))
+    with pytest.raises(pf.checkpoint.CheckpointError, match=f"trainer/{data.name} does not match the SHA-256"):
+        load_weights_file(last)
+
+
 def test_sharded_best_model_is_the_gathered_full_state_dict(one_rank_group, tmp_path):
     net = _sharded_net()
     run = pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.01), _data(), max_epochs=1, save_dir=tmp_path,
