@@ -1,4 +1,10 @@
-"""The best model's files: ``model_best.pth`` and its ``.json``, written atomically by the main rank."""
+"""The best model's files: ``model_best.pth`` and its ``.json``, written atomically by the main rank.
+
+With digests (``Saving(digests=True)``) the ``.json`` records the weights
+file's SHA-256, hashed as it is written, and :func:`check_best` checks it
+wherever the file is read back (``run.test(weights="best")``, a warm start,
+``verify``): bytes changed at the same size are refused.
+"""
 
 from __future__ import annotations
 
@@ -14,11 +20,13 @@ from pimm_fn import dist
 from . import _layout as L
 from . import _safe_writes as W
 from . import storage
-from .errors import storage_errors, tensor_bytes
+from .errors import CheckpointError, cause, storage_errors, tensor_bytes
+from .manifest import digest
 
 
 def write_best(
-    model_dir: str | os.PathLike, weights: dict, *, metric: str, value: float, step: int, per_metric: bool = False
+    model_dir: str | os.PathLike, weights: dict, *, metric: str, value: float, step: int, per_metric: bool = False,
+    digests: bool = False,
 ) -> pathlib.Path:
     """Atomically write ``model_best.pth`` and ``model_best.json`` (main rank only).
 
@@ -36,6 +44,7 @@ def write_best(
         value: its finite value.
         step: the global step the weights come from.
         per_metric: name the files after ``metric``.
+        digests: record the weights file's SHA-256 in the ``.json``.
 
     Returns:
         The path of the weights file written.
@@ -55,9 +64,13 @@ def write_best(
         raise ValueError(f"write_best: 'step' must be an int >= 0 (got {step!r})")
     root = storage.location(model_dir)
     stem = L.best_stem(metric if per_metric else None)
-    meta = json.dumps({"metric": metric, "value": float(value), "step": step}, sort_keys=True).encode()
-    files = {root / f"{stem}.pth": lambda f: torch.save(weights, f), root / f"{stem}.json": lambda f: f.write(meta)}
-    nbytes = lambda: tensor_bytes(weights) + len(meta)
+    record = {"metric": metric, "value": float(value), "step": step}
+    write_weights = lambda f: torch.save(weights, f)
+    if digests:  # the weights file is written first: its digest is in the record before the .json is written
+        write_weights = W.hashed(write_weights, lambda sha256: record.update(sha256=sha256))
+    meta = lambda: json.dumps(record, sort_keys=True).encode()
+    files = {root / f"{stem}.pth": write_weights, root / f"{stem}.json": lambda f: f.write(meta())}
+    nbytes = lambda: tensor_bytes(weights) + len(meta())
     if storage.is_store(root):  # one PUT per object, each atomic: the weights first, as the renames below
         for path, write in files.items():
             W.durable_write(path, write)
@@ -81,3 +94,29 @@ def _stage_all(root: pathlib.Path, files: dict) -> list[pathlib.Path]:
             tmp.unlink(missing_ok=True)
         raise
     return staged
+
+
+def check_best(path: pathlib.Path) -> None:
+    """The best-model file ``path`` matches the SHA-256 its ``.json`` records, if it records one.
+
+    The ``.json`` is untrusted: one that is missing, unreadable or records no
+    digest (a run without digests) checks nothing; the weights file's own
+    read then checks what it can.
+
+    Raises:
+        CheckpointError: naming the file, when its bytes changed since it was written.
+    """
+    try:
+        record = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    recorded = record.get("sha256") if isinstance(record, dict) else None
+    if not isinstance(recorded, str):
+        return
+    try:
+        actual = digest(path)
+    except OSError as exc:
+        raise CheckpointError(path, path.name, f"cannot be read ({cause(exc)})") from None
+    if actual != recorded:
+        problem = f"does not match the SHA-256 {path.with_suffix('.json').name} records: its bytes changed since it was written"
+        raise CheckpointError(path, path.name, problem)

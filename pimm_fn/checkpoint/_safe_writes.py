@@ -24,7 +24,8 @@ from ._layout import MARKER, STAGING, WEIGHTS, WEIGHTS_SKIPPED
 from ._marker import marker_payload
 
 __all__ = [
-    "fsync_dir", "atomic_write", "staged_write", "durable_write", "BackgroundWrite", "weights_write", "write_marker",
+    "fsync_dir", "atomic_write", "staged_write", "durable_write", "hashed", "BackgroundWrite", "weights_write",
+    "write_marker",
 ]
 
 _SKIPPED_NOTE = (
@@ -135,6 +136,16 @@ class _Hashed:
         return getattr(self._file, name)
 
 
+def hashed(write: Callable[[object], None], keep: Callable[[str], None]) -> Callable[[object], None]:
+    """``write`` through a file that hashes the bytes it writes; ``keep`` gets their SHA-256 (hex) once written."""
+    def writing(f) -> None:
+        through = _Hashed(f)
+        write(through)
+        keep(through.sha256.hexdigest())
+
+    return writing
+
+
 class BackgroundWrite:
     """A :func:`durable_write` running on its own thread.
 
@@ -149,17 +160,12 @@ class BackgroundWrite:
         self.path, self.nbytes = path, nbytes  # what it writes, and about how many bytes (for a full disk's error)
         self.sha256: str | None = None
         self._error: BaseException | None = None
-        target = self._hashed(write) if digest else write
+        target = hashed(write, self._keep) if digest else write
         self._thread = threading.Thread(target=self._run, args=(path, target), name=f"pimm_fn-write-{path.name}", daemon=True)
         self._thread.start()
 
-    def _hashed(self, write: Callable[[object], None]) -> Callable[[object], None]:
-        def hashed(f) -> None:
-            through = _Hashed(f)
-            write(through)
-            self.sha256 = through.sha256.hexdigest()
-
-        return hashed
+    def _keep(self, sha256: str) -> None:
+        self.sha256 = sha256
 
     def _run(self, path: pathlib.Path, write: Callable[[object], None]) -> None:
         try:

@@ -1,8 +1,9 @@
 """Warm-start weights read from any file or checkpoint pimm_fn understands (key remapping: ``.remap``).
 
 From a checkpoint directory the files read are checked against the SHA-256
-digests its marker records, as a resume checks them: a warm start never
-trains on bytes changed since the save.
+digests its marker records, as a resume checks them, and a best-model file
+against the digest its ``.json`` records: a warm start never trains on bytes
+changed since the save.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from . import _layout as L
 from . import _legacy, sharded, storage, validation
+from ._best_model import check_best
 from ._discovery import find_checkpoint
 
 
@@ -31,7 +33,8 @@ def load_weights_file(path: str | os.PathLike) -> dict:
     Raises:
         FileNotFoundError: nothing at ``path``.
         CheckpointError: (a ``ValueError``) a checkpoint directory that is
-            damaged, or whose files read differ from the SHA-256 its marker records.
+            damaged, or whose files read differ from the SHA-256 its marker records;
+            a best-model file whose bytes differ from the SHA-256 its ``.json`` records.
         ValueError: the file is not loadable with ``weights_only=True`` or
             holds no recognizable state_dict.
     """
@@ -46,6 +49,8 @@ def load_weights_file(path: str | os.PathLike) -> dict:
         p, owner = (info.path / L.WEIGHTS if info.format == "standard" else info.path), info.path
     elif not p.exists():
         raise FileNotFoundError(f"load_weights_file: {str(p)!r} does not exist")
+    elif p.suffix == ".pth" and p.stem.startswith(L.best_stem()):
+        check_best(p)
     content = _legacy._load(p, mmap=False, checkpoint=owner)  # a checkpoint's damaged file is a CheckpointError
     if isinstance(content, Mapping) and isinstance(content.get("marker"), Mapping) and "weights" in content:
         return content["weights"]

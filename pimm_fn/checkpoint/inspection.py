@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from . import _layout as L
 from . import _safe_writes as W
 from . import _legacy, safe_reading, storage
+from ._best_model import check_best
 from ._pack import tensor_to_skeleton, unpack
 from ._peek import TensorInfo, contents_of, infos_of, numpy_keys, size_of, trainer_without_tensors, weights_without_tensors
 from ._retain import REMOVING
@@ -222,6 +223,7 @@ def _legacy_file(path: pathlib.Path) -> tuple[list[str], list[str]]:
 
 
 def _best(path: pathlib.Path) -> tuple[list[str], list[str]]:
+    check_best(path)  # the SHA-256 its .json records, if any (raises)
     weights = _legacy._load(path, mmap=False)
     notes = [f"{len(weights)} weight entries read"]
     meta = path.with_suffix(".json")

@@ -51,9 +51,9 @@ class Saving:
             the shards only (``pimm_fn.checkpoint.load_weights_file`` assembles
             them). Replicated models always write ``model.pth``.
         digests: record each checkpoint file's SHA-256 in its ``COMPLETE``
-            marker (standard format); ``resume``, a warm start from the
-            checkpoint (``load_weights``: the files it reads) and
-            ``python -m pimm_fn verify`` then check them. Off by default: it adds about a third to a
+            marker (standard format), and the best model's in its ``.json``;
+            ``resume``, a warm start (``load_weights``: the files it reads),
+            ``run.test(weights="best")`` and ``python -m pimm_fn verify`` then check them. Off by default: it adds about a third to a
             synchronous save (``benchmarks/RESULTS.md``).
     """
 

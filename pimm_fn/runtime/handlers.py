@@ -76,7 +76,7 @@ def write_best(effect: WriteBest, state, ctx) -> tuple:
         return ()
     path = checkpoint.write_best(
         ctx.model_dir, weights, metric=effect.metric, value=effect.value, step=effect.step,
-        per_metric=ctx.best_per_metric,
+        per_metric=ctx.best_per_metric, digests=ctx.digests,
     )
     ctx.say(f"new best {effect.metric}={effect.value:.6g} at step {effect.step}: wrote {path}")
     return ()

@@ -161,6 +161,55 @@ def test_load_weights_file_checks_the_digests_of_the_files_it_reads_only(flipped
     assert set(load_weights_file(intact)) == {"layer.weight", "layer.bias"}
 
 
+# -- the best model ---------------------------------------------------------------------------------
+def _best_run(save_dir, *, digests=True):
+    """A run whose evaluation improves at steps 2 and 4: model_best.pth holds step 4's weights."""
+    torch.manual_seed(0)
+    model = _Net()
+    scores = iter([1.0, 2.0])
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), [torch.ones(2, 128)] * 4,
+                  hooks=[pf.evaluate_every(2, lambda m: {"acc": next(scores)}), pf.best_on("acc")], max_epochs=1,
+                  save_dir=save_dir, saving=pf.Saving(digests=digests),
+                  watching=pf.Watching(console=False, progress=False))
+    run()
+    return run, model
+
+
+@pytest.mark.parametrize("digests", [True, False])
+def test_the_best_model_record_holds_the_sha256_of_its_weights_only_with_digests(tmp_path, digests):
+    _best_run(tmp_path, digests=digests)
+    best = tmp_path / "model" / "model_best.pth"
+    record = json.loads(best.with_suffix(".json").read_text())
+    assert record["step"] == 4
+    assert record.get("sha256") == (digest(best) if digests else None)
+
+
+def test_a_best_model_whose_bytes_changed_is_refused_wherever_it_is_read(tmp_path):
+    """run.test(weights="best"), a warm start from model_best.pth and `verify` refuse it; the model is untouched."""
+    run, model = _best_run(tmp_path)
+    best = tmp_path / "model" / "model_best.pth"
+    _flip(best)
+    own = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match="model_best.pth does not match the SHA-256 model_best.json records"):
+        run.test(lambda model: {"acc": 0.0}, weights="best")
+    assert all(torch.equal(v, own[k]) for k, v in model.state_dict().items())
+    with pytest.raises(CheckpointError, match="model_best.pth does not match the SHA-256"):
+        load_weights_file(best)
+    done = _cli("verify", tmp_path / "model", "--json")
+    assert done.returncode == 1, done.stderr
+    status = {e["name"]: (e["status"], " ".join(e["problems"])) for e in json.loads(done.stdout)["entries"]}
+    assert status["model_best.pth"][0] == "damaged" and "SHA-256" in status["model_best.pth"][1]
+
+
+def test_a_best_model_record_without_a_digest_or_unreadable_checks_nothing(tmp_path):
+    """A best file written without digests, or whose .json is not a record, loads as before (its own read checks it)."""
+    _best_run(tmp_path, digests=False)
+    best = tmp_path / "model" / "model_best.pth"
+    for text in ("[1, 2]", "{\"sha256\": 7}", "not json"):
+        best.with_suffix(".json").write_text(text)
+        assert set(load_weights_file(best)) == {"layer.weight", "layer.bias"}
+
+
 # -- marker paths confined ------------------------------------------------------------------------
 def _rewrite_marker(checkpoint, change):
     marker = json.loads((checkpoint / "COMPLETE").read_text())
