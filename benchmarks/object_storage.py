@@ -15,6 +15,11 @@ Each paired round, in alternating order:
 Ratios are pimm_fn / raw DCP of the same round (min/median/max over rounds);
 target <= 1.15x. Every checkpoint is deleted from the server after its round.
 
+Also counted: the S3 requests of one save of a training run with snapshots
+and retention (``save_every(2, snapshots=True)``, ``Saving(keep=keep_last(2))``,
+the save that removes a snapshot), by API operation: on a real store each
+is a round trip, so fewer is faster whatever the size.
+
 Run: ``python -m benchmarks.object_storage [--quick]``.
 """
 
@@ -136,10 +141,55 @@ def measure(mb: float, rounds: int, bucket: str) -> dict:
             **{f"{kind}_ratio": ratio(kind) for kind in ("sync", "async", "load")}}
 
 
+@contextlib.contextmanager
+def counted_requests():
+    """Count the S3 API calls (every one s3fs makes, through aiobotocore) by operation while the block runs."""
+    import collections
+
+    from aiobotocore.client import AioBaseClient
+
+    counts, call = collections.Counter(), AioBaseClient._make_api_call
+
+    async def counting(self, operation, params):
+        counts[operation] += 1
+        return await call(self, operation, params)
+
+    AioBaseClient._make_api_call = counting
+    try:
+        yield counts
+    finally:
+        AioBaseClient._make_api_call = call
+
+
+def save_requests(bucket: str) -> dict:
+    """The S3 requests of the step-6 save of a run saving every 2 steps with two snapshots kept, by operation."""
+    import torch
+
+    import pimm_fn as pf
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(2, 4)] * 12, step_fn=_sgd_step,
+                  hooks=[pf.save_every(2, snapshots=True)], max_epochs=1, saving=pf.Saving(keep=pf.keep_last(2)),
+                  save_dir=f"s3://{bucket}/requests", watching=pf.Watching(console=False, progress=False))
+    run.run(steps=4)  # iter_2 and iter_4 kept
+    with counted_requests() as counts:
+        run.run(steps=2)  # saves step 6, publishes it, snapshots it, removes iter_2
+    return {"total": sum(counts.values()), **dict(sorted(counts.items()))}
+
+
+def _sgd_step(model, optimizer, batch, *, scheduler, scaler) -> dict:
+    optimizer.zero_grad()
+    loss = model(batch).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    return {"loss": loss.detach()}
+
+
 def run(quick: bool = False, rounds: int = 4) -> dict:
     sizes, rounds = ((10,), 1) if quick else (SIZES_MB, rounds)
     with s3_server() as bucket:
-        return {"sizes": [measure(mb, rounds, bucket) for mb in sizes]}
+        return {"sizes": [measure(mb, rounds, bucket) for mb in sizes], "save_requests": save_requests(bucket)}
 
 
 def table(result: dict, file=sys.stdout) -> None:
@@ -151,6 +201,10 @@ def table(result: dict, file=sys.stdout) -> None:
     print_table(f"Object storage: pimm_fn vs raw DCP + FsspecWriter on a local S3 server ({machine()['cpu']}, "
                 f"{machine()['cores']} cores)", ["state", "what", "pimm_fn", "raw DCP", "pimm_fn / DCP (paired)"],
                 rows, file=file)
+    requests = result.get("save_requests")
+    if requests:
+        print_table("S3 requests of one save (snapshots, keep_last(2), one removed)", ["operation", "requests"],
+                    [[op, str(n)] for op, n in requests.items()], file=file)
 
 
 def main(argv=None) -> dict:

@@ -18,7 +18,6 @@ snapshot's ``COMPLETE`` is deleted first, which hides it as the rename does.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 
@@ -38,9 +37,16 @@ def marker_of(path: pathlib.Path) -> dict:
     Raises:
         ValueError / OSError: the checkpoint is not complete or not readable.
     """
-    if path.is_dir():
-        validation.validate(path)
-        return json.loads((path / L.MARKER).read_text(encoding="utf-8"))
+    return _directory_marker(path) if path.is_dir() else _file_marker(path)
+
+
+def _directory_marker(path: pathlib.Path) -> dict:
+    payload = validation.read_marker(path)[1]  # read once, then its files checked
+    validation.check_files(path, payload, False)
+    return payload
+
+
+def _file_marker(path: pathlib.Path) -> dict:
     content = _legacy._load(path, mmap=True)  # the marker only: tensors stay on disk
     marker = content.get("marker") if isinstance(content, dict) else None
     info_from_marker(path, marker, "legacy")
@@ -51,11 +57,12 @@ def on_disk(model_dir: pathlib.Path) -> list[tuple[retention.Snapshot, pathlib.P
     """Each complete snapshot under ``model_dir`` with its path, oldest first (one per step)."""
     found = {}
     for entry in sorted(model_dir.glob("iter_*"), key=lambda p: p.name):
-        match = (L.ITER_DIR if entry.is_dir() else L.ITER_FILE).match(entry.name)
+        directory = entry.is_dir()  # asked once: on a store each question is a request
+        match = (L.ITER_DIR if directory else L.ITER_FILE).match(entry.name)
         if not match:
             continue
         try:
-            marker = marker_of(entry)
+            marker = _directory_marker(entry) if directory else _file_marker(entry)
         except (OSError, ValueError):
             continue  # not complete: never counted, never deleted here (`python -m pimm_fn verify` reports it)
         metrics = marker.get("metrics")  # absent in markers written before metrics were recorded

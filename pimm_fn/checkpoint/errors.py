@@ -93,7 +93,7 @@ class DiskFullError(CheckpointStorageError, OSError):
 
 
 def _advice(path: str) -> str:
-    parent = pathlib.PurePath(path).parent
+    parent = path.rstrip("/").rsplit("/", 1)[0] if "://" in path else pathlib.PurePath(path).parent  # a URL keeps its //
     return (
         f"Use an older checkpoint: list them with `python -m pimm_fn ls {parent}` and pass one's path (to resume= "
         "or to a warm start's load_weights), or resume with resume='auto', which skips damaged checkpoints"

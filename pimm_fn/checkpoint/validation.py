@@ -68,10 +68,7 @@ def confined(path: pathlib.Path, rel: object, *, listed_in: str = L.MARKER) -> p
         CheckpointError: ``listed_in`` (the marker) is damaged, naming the
             entry and why; or the file is missing or unreadable, naming it.
     """
-    parts = rel.split("/") if isinstance(rel, str) else None
-    if not parts or rel.startswith("/") or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
-        raise CheckpointError(path, listed_in, f"lists {rel!r:.200}, which is not a plain relative path inside the "
-                                               "checkpoint directory: a damaged or crafted marker")
+    parts = _plain_parts(path, rel, listed_in)
     if storage.is_store(path):  # no links, FIFOs or devices on a store: the name's syntax was what mattered
         if not (path / rel).is_file():
             raise CheckpointError(path, rel, "is missing")
@@ -92,6 +89,15 @@ def confined(path: pathlib.Path, rel: object, *, listed_in: str = L.MARKER) -> p
                        "checkpoint directory count (a damaged or crafted marker)")
             raise CheckpointError(path, listed_in, problem)
     return here
+
+
+def _plain_parts(path: pathlib.Path, rel: object, listed_in: str) -> list[str]:
+    """The parts of ``rel``, a name the checkpoint ``path`` lists, once sure it is a plain relative POSIX path."""
+    parts = rel.split("/") if isinstance(rel, str) else None
+    if not parts or rel.startswith("/") or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
+        raise CheckpointError(path, listed_in, f"lists {rel!r:.200}, which is not a plain relative path inside the "
+                                               "checkpoint directory: a damaged or crafted marker")
+    return parts
 
 
 def validate(path: str | os.PathLike, *, digests: bool = False) -> CheckpointInfo:
@@ -148,8 +154,9 @@ def check_files(path: pathlib.Path, payload: dict, digests: bool) -> None:
     for needed in (weights, _METADATA):
         if needed not in files:
             raise CheckpointError(path, L.MARKER, f"lists no {needed}: it is not a pimm_fn checkpoint marker")
+    listing = path.files() if storage.is_store(path) else None  # on a store every size in one listing, not a request a file
     for rel, record in files.items():
-        _check_file(path, rel, record, digests)
+        _check_file(path, rel, record, digests, listing)
 
 
 def _is_record(record) -> bool:
@@ -157,8 +164,8 @@ def _is_record(record) -> bool:
     return isinstance(size, int) and not isinstance(size, bool) and size >= 0
 
 
-def _check_file(path: pathlib.Path, rel: str, record: dict, digests: bool) -> None:
-    size = _size(path, rel)
+def _check_file(path: pathlib.Path, rel: str, record: dict, digests: bool, listing: dict | None = None) -> None:
+    size = _size(path, rel) if listing is None else _listed_size(path, rel, listing)
     if size != record["size"]:
         how = "cut short" if size < record["size"] else "grown since the save"
         raise CheckpointError(path, rel, f"is {size:,} bytes, the marker records {record['size']:,} ({how})")
@@ -192,6 +199,14 @@ def _size(path: pathlib.Path, rel: str, listed_in: str = L.MARKER) -> int:
         return confined(path, rel, listed_in=listed_in).stat().st_size
     except OSError as exc:
         raise CheckpointError(path, rel, f"cannot be read ({cause(exc)})") from None
+
+
+def _listed_size(path: pathlib.Path, rel: str, listing: dict) -> int:
+    """The size of ``rel`` in the one listing of a checkpoint on a store (``StorePath.files``), as ``_size`` gives it."""
+    _plain_parts(path, rel, L.MARKER)  # no links, FIFOs or devices on a store: the name's syntax is what matters
+    if rel not in listing:
+        raise CheckpointError(path, rel, "is missing")
+    return listing[rel]
 
 
 def _digest(path: pathlib.Path, rel: str) -> str:

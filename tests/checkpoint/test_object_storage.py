@@ -10,6 +10,7 @@ invisible; the lock is the store's exclusive create; an unknown scheme, or
 """
 
 import gc
+import json
 import os
 import pathlib
 import subprocess
@@ -130,6 +131,34 @@ def test_a_damaged_committed_checkpoint_is_never_deleted(url):
         _small_save(model_dir, step, snapshot=True, keep=pf.keep_last(1))
     assert "iter_1" in _names(model_dir) and (damaged / "COMPLETE").exists()
     assert sorted(n for n in _names(model_dir) if n.startswith("iter_")) == ["iter_1", "iter_4"]
+
+
+def test_a_checkpoint_on_a_store_is_checked_from_one_listing(url, monkeypatch):
+    """Sizes come from one listing of the checkpoint, not a request per file; a missing file and a crafted name
+    are still refused, naming them."""
+    path = _small_save(url + "/model", 1).path
+    stat, is_file = storage.StorePath.stat, storage.StorePath.is_file
+
+    def per_file(name):
+        def refuse(self, *args):
+            raise AssertionError(f"{name} of {self.name}: validation asked the store once per file")
+        return refuse
+
+    monkeypatch.setattr(storage.StorePath, "stat", per_file("stat"))
+    monkeypatch.setattr(storage.StorePath, "is_file", lambda self: not self.path.endswith(".pth") and is_file(self))
+    assert pf.checkpoint.validate(path).step == 1
+    monkeypatch.setattr(storage.StorePath, "stat", stat)
+    monkeypatch.setattr(storage.StorePath, "is_file", is_file)
+    marker = (path / "COMPLETE").read_bytes()
+    crafted = json.loads(marker)
+    crafted["files"] = {"../outside.bin": {"size": 1}, **crafted["files"]}
+    (path / "COMPLETE").write_bytes(json.dumps(crafted).encode())
+    with pytest.raises(pf.checkpoint.CheckpointError, match="not a plain relative path"):
+        pf.checkpoint.validate(path)
+    (path / "COMPLETE").write_bytes(marker)
+    (path / "model.pth").unlink()
+    with pytest.raises(pf.checkpoint.CheckpointError, match=f"model.pth is missing.*ls {url}/model`"):
+        pf.checkpoint.validate(path)
 
 
 _KILLED_SAVE = """
