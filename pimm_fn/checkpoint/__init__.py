@@ -28,6 +28,7 @@ from .background import BackgroundSaver, prewarm_async_save, save_checkpoint_asy
 from ._discovery import find_checkpoint, latest_checkpoint, rolling_checkpoint
 from ._marker import CheckpointInfo
 from .errors import CheckpointError, CheckpointStorageError, DiskFullError
+from .set_aside import SetAsideWarning
 from .validation import validate
 from ._best_model import write_best
 from ._weights_file import load_weights_file
@@ -46,6 +47,7 @@ __all__ = [
     "PerRank",
     "Replicated",
     "SavedState",
+    "SetAsideWarning",
     "TrainerContents",
     "WeightsReport",
     "find_checkpoint",

@@ -153,7 +153,7 @@ def save_checkpoint(
             root.mkdir(parents=True, exist_ok=True)
             _publish.clean_staging(root)
             content = _legacy.payload(step, weights, trainer, locals_by_rank, recorded)
-            return _legacy.write(root / L.LEGACY_LAST, content)
+            return _publish.publish_file(root, content)
 
     def publish_and_retain() -> CheckpointInfo:
         published = publish()

@@ -18,6 +18,7 @@ Layout under a ``model_dir`` (``save_dir/"model"``)::
     model_best_<metric>.pth (+ .json)   the same per metric, when several are tracked
     .staging-*              being written; never read, removed at next save
     .retired-*              the previous ``last/`` during a publish
+    damaged-*               a checkpoint a save found damaged where it writes, kept (:mod:`.set_aside`)
 
 On an fsspec store (``save_dir="s3://..."``, :mod:`.storage`), which has no
 atomic rename, the rolling checkpoint is written under its final name

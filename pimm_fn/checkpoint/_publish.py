@@ -12,7 +12,8 @@ Publishing a standard checkpoint is two renames::
 then the retired directory is deleted. Between the renames there is no
 ``last/`` but the retired one is complete and discovery reads it, so at
 every instant some complete checkpoint at least as new as the previous one
-is discoverable. Legacy files need a single ``os.replace``. On an fsspec
+is discoverable. A ``last/`` (or snapshot of the same step) that does not
+validate is never retired or replaced but set aside (:mod:`.set_aside`). Legacy files need a single ``os.replace``. On an fsspec
 store there is no rename: :mod:`._store_publish` writes under the final name
 and the marker commits (each function here hands a store over to it).
 """
@@ -27,10 +28,10 @@ from pimm_fn import dist
 
 from . import _layout as L
 from . import _safe_writes as W
-from . import _store_publish, storage
+from . import _legacy, _store_publish, storage
 from .errors import CheckpointStorageError, storage_error, storage_errors
 from .manifest import manifest
-from .validation import validate
+from .set_aside import readable_or_set_aside
 
 __all__ = ["CheckpointStorageError"]  # defined in .errors, kept importable from here
 
@@ -91,12 +92,9 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path) -> pathlib.Path:
     if storage.is_store(model_dir):
         return _store_publish.publish(model_dir, staging)
     last = model_dir / L.LAST
-    if last.exists():
-        try:
-            old = str(validate(last).step)
-        except ValueError:
-            old = "incomplete"
-        retired = model_dir / f"{L.RETIRED}{L.LAST}-{old}"
+    old = readable_or_set_aside(last) if last.exists() else None
+    if old is not None:
+        retired = model_dir / f"{L.RETIRED}{L.LAST}-{old.step}"
         L.remove(retired)
         os.rename(last, retired)
     os.rename(staging, last)
@@ -148,12 +146,12 @@ def _staged_bytes(staging: pathlib.Path, weights_file: "W.BackgroundWrite | None
     return sum(p.stat().st_size for p in files) + (weights_file.nbytes if weights_file is not None else 0)
 
 
-def publish_file(model_dir: pathlib.Path, staged: pathlib.Path) -> pathlib.Path:
-    """Make a complete staged legacy file the new ``last.pth``."""
+def publish_file(model_dir: pathlib.Path, content: dict) -> pathlib.Path:
+    """Write ``content`` as the new ``last.pth``, atomically; one there that does not validate is set aside first."""
     last = model_dir / L.LEGACY_LAST
-    os.replace(staged, last)
-    W.fsync_dir(model_dir)
-    return last
+    if last.exists():
+        readable_or_set_aside(last)  # replaced by the write when it validates
+    return _legacy.write(last, content)
 
 
 def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pathlib.Path:
@@ -161,7 +159,8 @@ def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pat
 
     The copy is built under a staging name and renamed, so a crash never
     leaves a half-copied snapshot under a discoverable name. An existing
-    snapshot of the same step (a re-save after resuming) is replaced.
+    snapshot of the same step (a re-save after resuming) is replaced, or,
+    when it does not validate, set aside.
     """
     if storage.is_store(model_dir):
         return _store_publish.snapshot(model_dir, published, step)
@@ -180,8 +179,9 @@ def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pat
             L.remove(staging)
             raise
     target = model_dir / name
-    if published.is_dir():
+    if target.exists() and readable_or_set_aside(target) is not None and published.is_dir():
         L.remove(target)
+    if published.is_dir():
         os.rename(staging, target)
     else:
         os.replace(staging, target)

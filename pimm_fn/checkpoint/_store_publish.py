@@ -27,6 +27,7 @@ import secrets
 from . import _layout as L
 from . import validation
 from .errors import CheckpointError
+from .set_aside import readable_or_set_aside
 from .storage import StorePath
 
 __all__ = ["fresh", "publish", "snapshot"]
@@ -68,10 +69,12 @@ def snapshot(model_dir: StorePath, published: StorePath, step: int) -> StorePath
     """Copy ``published`` to ``iter_<step>/`` on the store (server-side copies), its marker last.
 
     An existing snapshot of that step (a re-save after resuming) loses its
-    marker first, so it is never seen half-replaced.
+    marker first, so it is never seen half-replaced; one that does not
+    validate is set aside instead (:mod:`.set_aside`).
     """
     target = model_dir / f"iter_{step}"
-    L.remove(target)
+    if not (target / L.MARKER).exists() or readable_or_set_aside(target) is not None:
+        L.remove(target)  # uncommitted (invisible, nothing lost), or a readable snapshot replaced
     files = sorted(rel for rel in published.files() if rel != L.MARKER)
     if files:
         published.fs.copy([f"{published.path}/{rel}" for rel in files], [f"{target.path}/{rel}" for rel in files])

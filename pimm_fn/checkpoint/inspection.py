@@ -40,6 +40,7 @@ from ._peek import TensorInfo, contents_of, infos_of, numpy_keys, size_of, train
 from ._retain import REMOVING
 from ._retain import marker_of as marker
 from .contents import from_parts
+from .set_aside import SET_ASIDE
 from .validation import confined, validate
 
 __all__ = [
@@ -77,13 +78,18 @@ def kind_of(path: pathlib.Path) -> tuple[str, int | None] | None:
     """``(kind, step)`` of a model_dir entry by its name; ``None`` for a name nothing pimm_fn writes has.
 
     ``kind``: ``"checkpoint"`` (``last``, ``iter_<step>``, either format),
-    ``"best"``, ``"retired"`` (the previous ``last`` during a publish) or
+    ``"best"``, ``"retired"`` (the previous ``last`` during a publish),
     ``"unfinished"`` (``.staging-*``: a save in progress or interrupted, or a
-    snapshot being removed); ``step``: the step the name says, if any.
+    snapshot being removed) or ``"set aside"`` (``damaged-*``: one a save
+    found damaged where it wrote, kept; :mod:`.set_aside`); ``step``: the
+    step the name says, if any.
     """
     name = path.name
     if name.startswith(L.STAGING):
         return "unfinished", _trailing_step(name)
+    if name.startswith(SET_ASIDE):
+        match = re.match(rf"{SET_ASIDE}iter_(\d+)", name)
+        return "set aside", int(match.group(1)) if match else None
     if name.startswith(L.RETIRED):
         return "retired", _trailing_step(name)
     if is_best_file(path):

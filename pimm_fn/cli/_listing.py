@@ -14,7 +14,7 @@ from pimm_fn.cli import NOT_FOUND, Failure
 __all__ = ["Entry", "entries", "entry_of", "model_dir_of", "is_checkpoint_dir", "is_best_file", "reason"]
 
 # The order ``ls`` lists kinds in.
-KINDS = ("checkpoint", "best", "retired", "unfinished")
+KINDS = ("checkpoint", "best", "retired", "unfinished", "set aside")
 
 
 @attrs.frozen
@@ -25,8 +25,9 @@ class Entry:
         path: where it is.
         kind: ``"checkpoint"`` (``last``, ``iter_<step>``, either format),
             ``"best"`` (``model_best*.pth``), ``"retired"`` (the previous
-            ``last`` during a publish) or ``"unfinished"`` (``.staging-*``:
-            a save in progress or interrupted, or a snapshot being removed).
+            ``last`` during a publish), ``"unfinished"`` (``.staging-*``:
+            a save in progress or interrupted, or a snapshot being removed)
+            or ``"set aside"`` (``damaged-*``: kept by a save that found it damaged).
         step: the step its name says, if any.
     """
 

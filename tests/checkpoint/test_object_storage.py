@@ -16,12 +16,14 @@ import pathlib
 import subprocess
 import sys
 import uuid
+import warnings
 
 import pytest
 import torch
 
 import pimm_fn as pf
 from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint.set_aside import SetAsideWarning
 from pimm_fn.runtime import lock
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -131,6 +133,25 @@ def test_a_damaged_committed_checkpoint_is_never_deleted(url):
         _small_save(model_dir, step, snapshot=True, keep=pf.keep_last(1))
     assert "iter_1" in _names(model_dir) and (damaged / "COMPLETE").exists()
     assert sorted(n for n in _names(model_dir) if n.startswith("iter_")) == ["iter_1", "iter_4"]
+
+
+def test_a_damaged_snapshot_on_a_store_is_set_aside_when_its_step_is_saved_again(url):
+    """A re-save of step 1 (after resuming from an older checkpoint) finds iter_1 damaged: it is copied to
+    damaged-iter_1, bytes and marker kept, before iter_1 is written again; an intact iter_1 is simply replaced."""
+    model_dir = url + "/model"
+    _small_save(model_dir, 1, snapshot=True)
+    snapshot = storage.location(model_dir) / "iter_1"
+    (snapshot / "model.pth").write_bytes(b"cut")
+    marker = (snapshot / "COMPLETE").read_bytes()
+    with pytest.warns(SetAsideWarning, match="model.pth is 3 bytes.*kept as damaged-iter_1"):
+        _small_save(model_dir, 1, snapshot=True)
+    kept = storage.location(model_dir) / "damaged-iter_1"
+    assert (kept / "model.pth").read_bytes() == b"cut" and (kept / "COMPLETE").read_bytes() == marker
+    assert pf.checkpoint.validate(snapshot).step == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SetAsideWarning)
+        _small_save(model_dir, 1, snapshot=True)
+    assert sorted(n for n in _names(model_dir) if "iter_" in n) == ["damaged-iter_1", "iter_1"]
 
 
 def test_a_checkpoint_on_a_store_is_checked_from_one_listing(url, monkeypatch):
