@@ -20,7 +20,6 @@ import pathlib
 from collections.abc import Mapping
 
 import attrs
-import torch
 
 from pimm_fn.core import retention, validate
 from pimm_fn import dist
@@ -182,7 +181,8 @@ def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedChec
     Raises:
         TypeError: ``info`` is not a :class:`CheckpointInfo`.
         CheckpointError: (a ``ValueError``) the checkpoint is incomplete or
-            damaged: naming it, the file and what is wrong.
+            damaged: naming it, the file and what is wrong; its weights are
+            not a state_dict (names to tensors: ``_legacy.weights_problem``).
     """
     if not isinstance(info, CheckpointInfo):
         raise TypeError(
@@ -196,6 +196,8 @@ def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedChec
     weights_path = info.path / L.WEIGHTS
     read = weights and weights_path.is_file()
     found = _legacy._load(weights_path, mmap=True, checkpoint=info.path) if read else None  # mapped: read when used
+    if read:  # what the run loads into its model: a state_dict, or the checkpoint is damaged
+        found = _legacy.checked_weights(found, info.path, L.WEIGHTS)
     trainer, local = _standard.read_trainer(info.path, dist.rank())
     return LoadedCheckpoint(info, found, trainer, local)
 
@@ -216,9 +218,11 @@ def _check_args(step, format, keep_snapshots, *, sharded=None, **parts) -> None:
     for name, value in parts.items():
         if not isinstance(value, Mapping):
             raise TypeError(f"save_checkpoint: {name!r} must be a dict (got {type(value).__name__})")
-    for key, value in parts.get("weights", {}).items():
-        if not isinstance(value, torch.Tensor) and value is not None and not isinstance(value, (bool, int, float, str)):
+    for key, value in parts.get("weights", {}).items():  # what a load refuses as no state_dict is never written
+        if _legacy.weights_problem({key: value}) is not None:
+            found = f" has the key {key!r}" if not isinstance(key, str) else f"[{key!r}] is a {type(value).__name__}"
             raise TypeError(
-                f"save_checkpoint: weights[{key!r}] is a {type(value).__name__}; weights must map names to tensors "
-                "so that they load with weights_only=True; pass extra state in 'trainer' instead"
+                f"save_checkpoint: weights{found}; weights must map names to tensors (a module's "
+                f"'*{_legacy.EXTRA_STATE}' entry may also be None, a bool, a number or a string) so that they load "
+                "with weights_only=True and into a model; pass extra state in 'trainer' instead"
             )

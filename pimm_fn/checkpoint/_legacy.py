@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import pathlib
 import zipfile
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -26,6 +27,9 @@ from . import storage
 from ._marker import CheckpointInfo, info_from_marker, marker_payload
 from ._pack import pack, unpack
 from .errors import CheckpointError, cause, storage_errors, tensor_bytes
+
+EXTRA_STATE = "_extra_state"  # torch's suffix for a module's get_extra_state() entry of a state_dict
+PLAIN = (bool, int, float, str)  # what an extra-state entry may hold beside None and tensors (weights_only loads it)
 
 
 def payload(step: int, weights: dict, trainer: dict, locals_by_rank: list[dict], metrics: dict | None = None) -> dict:
@@ -69,16 +73,73 @@ def read(path: pathlib.Path, rank: int) -> tuple[dict, dict, dict | None]:
     """Load ``(weights, trainer, local)``; ``local`` is ``None`` past the saved ranks.
 
     Raises:
-        CheckpointError: the file is damaged (naming it and how).
+        CheckpointError: the file is damaged (naming it and how), or its
+            ``weights`` are not a state_dict (:func:`weights_problem`).
     """
     content = _load(path, mmap=False, checkpoint=path)
     read_info(path)
     try:
         locals_by_rank = content["local"]
         local = _unpacked(locals_by_rank[rank]) if rank < len(locals_by_rank) else None
-        return content["weights"], _unpacked(content["trainer"]), local
+        trainer = _unpacked(content["trainer"])
     except Exception as exc:  # noqa: BLE001 - overwritten bytes fail in JSON, in unicode, in a lookup
         raise CheckpointError(path, path.name, f"holds trainer state that does not unpack ({cause(exc)})") from None
+    weights = content.get("weights")
+    problem = weights_problem(weights)
+    if problem is not None:
+        raise CheckpointError(path, path.name, f"has a 'weights' entry that {problem} (written by another program, "
+                                               "or altered)")
+    return weights, trainer, local
+
+
+def weights_problem(weights: Any) -> str | None:
+    """Why ``weights`` is not a model state_dict as pimm_fn writes one; ``None`` when it is.
+
+    A state_dict maps names (strings) to tensors; a module's extra state
+    (a key ending in ``_extra_state``, ``Module.get_extra_state``) may also be
+    ``None``, a bool, a number or a string, which ``weights_only`` loads too.
+
+    Example:
+        >>> weights_problem({"w": torch.ones(1), "bn._extra_state": 3}) is None
+        True
+        >>> weights_problem({"w": "x"})
+        "maps 'w' to a str where a state_dict holds a tensor"
+    """
+    if not isinstance(weights, Mapping):
+        return f"holds {_a(weights)} where a state_dict (a dict of tensors) is expected"
+    for key, value in weights.items():
+        if not isinstance(key, str):
+            return f"has a key {_short_repr(key)} ({_a(key)}) where a state_dict has names (strings)"
+        if isinstance(value, torch.Tensor):
+            continue
+        if not (key.endswith(EXTRA_STATE) and (value is None or isinstance(value, PLAIN))):
+            return f"maps {key!r} to {_a(value)} where a state_dict holds a tensor"
+    return None
+
+
+def checked_weights(weights: Any, checkpoint: pathlib.Path, file: str) -> dict:
+    """``weights`` read from ``file`` of ``checkpoint``, once :func:`weights_problem` finds nothing wrong.
+
+    Raises:
+        CheckpointError: naming ``file`` and what it holds instead of a state_dict.
+    """
+    problem = weights_problem(weights)
+    if problem is not None:
+        raise CheckpointError(checkpoint, file, f"{problem} (written by another program, or altered)")
+    return weights
+
+
+def _a(value: Any) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an int too long to print, a tuple nested too deep
+        return "..."
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _load(path: pathlib.Path, *, mmap: bool, checkpoint: pathlib.Path | None = None) -> Any:

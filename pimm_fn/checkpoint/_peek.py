@@ -88,11 +88,11 @@ def trainer_without_tensors(path: pathlib.Path) -> dict:
     meta = safe_reading.metadata(path).state_dict_metadata
     if not isinstance(meta.get("trainer/skeleton"), TensorStorageMetadata):
         raise ValueError(f"{path / L.TRAINER} has no 'trainer/skeleton' tensor: not written by pimm_fn")
-    head = {"trainer/skeleton": torch.empty(meta["trainer/skeleton"].size, dtype=torch.uint8)}
+    head = {"trainer/skeleton": safe_reading.empty(meta["trainer/skeleton"], path, "trainer/skeleton")}
     _read(path, head)
     skeleton = tensor_to_skeleton(head["trainer/skeleton"])
     infos = {k.removeprefix("trainer/t/"): v for k, v in infos_of(meta).items() if k.startswith("trainer/t/")}
-    needed = {f"trainer/t/{k}": torch.empty(meta[f"trainer/t/{k}"].size, dtype=meta[f"trainer/t/{k}"].properties.dtype)
+    needed = {f"trainer/t/{k}": safe_reading.empty(meta[f"trainer/t/{k}"], path, f"trainer/t/{k}")
               for k in numpy_keys(skeleton)}
     _read(path, needed)
     needed = {k.removeprefix("trainer/t/"): v for k, v in needed.items()}
@@ -123,13 +123,18 @@ def weights_without_tensors(path: pathlib.Path) -> dict[str, TensorInfo]:
     """The model weights a checkpoint holds, as :class:`TensorInfo` by name (mapped, not read).
 
     A sharded model saved without ``model.pth`` gives its shards' full shapes.
+
+    Raises:
+        CheckpointError: the weights read are not a state_dict (``_legacy.weights_problem``).
     """
     if path.is_dir() and (path / L.WEIGHTS_SKIPPED).is_file():
         prefix = "sharded/model/"
         return {k.removeprefix(prefix): v for k, v in tensor_infos(path).items() if k.startswith(prefix)}
     if path.is_dir():
-        weights = _legacy._load(path / L.WEIGHTS, mmap=True)
+        weights = _legacy.checked_weights(_legacy._load(path / L.WEIGHTS, mmap=True), path, L.WEIGHTS)
     else:
         content = _legacy._load(path, mmap=True)
         weights = content.get("weights", content) if isinstance(content, dict) else {}
+        if isinstance(content, dict) and "weights" in content:  # a legacy checkpoint's: a state_dict, or damaged
+            weights = _legacy.checked_weights(weights, path, path.name)
     return {k: _info(v.dtype, v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}

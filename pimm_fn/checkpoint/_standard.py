@@ -147,7 +147,7 @@ def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]
         if not isinstance(entry, TensorStorageMetadata):
             problem = f"lists {key!r} as a non-tensor entry, which pimm_fn never writes; refusing to load it"
             raise CheckpointError(directory, _METADATA, problem)
-        state[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
+        state[key] = safe_reading.empty(entry, directory, key)
     try:
         safe_reading.load(state, directory, meta=meta)  # each rank its own entries, no collective
     except CheckpointError:
@@ -187,7 +187,7 @@ def failing_file(directory: pathlib.Path, meta: Metadata, state: dict[str, torch
 
 def _home(meta: Metadata) -> dict[str, str]:
     """``{key: the data file holding it}`` (relative to ``trainer/``)."""
-    return {index.fqn: info.relative_path for index, info in (meta.storage_data or {}).items()}
+    return {index.fqn: info.relative_path for index, info in meta.storage_data.items()}  # types: metadata_checks
 
 
 def _files_of(meta: Metadata, keys) -> list[str]:

@@ -11,7 +11,8 @@ the package for any other ``dcp.load`` or ``FileSystemReader``):
 
 - :func:`metadata` unpickles ``.metadata`` with :class:`.metadata_unpickler.MetadataUnpickler`,
   which admits DCP's own metadata classes and the torch and standard types
-  they hold, as CPython 3.10-3.13 pickle them, and nothing else; the data
+  they hold, as CPython 3.10-3.13 pickle them, and nothing else; every field
+  must then be of the type DCP writes (:mod:`.metadata_checks`), and the data
   files it names must lie in the directory itself.
 - :func:`load` checks its template against that metadata before a byte is
   read: each tensor must be listed as a tensor of the same shape and dtype,
@@ -44,11 +45,11 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, StorageMeta, TensorStorageMetadata
 
 from . import _layout as L
-from . import storage
+from . import metadata_checks, storage
 from .errors import CheckpointError, cause
 from .metadata_unpickler import MetadataUnpickler
 
-__all__ = ["metadata", "load", "plain_globals"]
+__all__ = ["metadata", "load", "empty", "plain_globals"]
 
 NO_GROUP_WARNING = "torch.distributed is disabled, unavailable or uninitialized"
 _METADATA = ".metadata"
@@ -61,7 +62,9 @@ def metadata(directory: pathlib.Path, within: str = L.TRAINER) -> Metadata:
 
     Raises:
         CheckpointError: ``.metadata`` is missing, does not unpickle with
-            :class:`MetadataUnpickler`, or names a data file outside its directory.
+            :class:`MetadataUnpickler`, holds a field of another type or shape
+            than DCP writes (:mod:`.metadata_checks`), or names a data file
+            outside its directory.
     """
     directory = storage.location(directory)
     name = _name(within, _METADATA)
@@ -74,6 +77,9 @@ def metadata(directory: pathlib.Path, within: str = L.TRAINER) -> Metadata:
         raise CheckpointError(directory, name, f"does not load ({cause(exc)})") from None
     if not isinstance(found, Metadata):
         raise CheckpointError(directory, name, f"does not hold DCP metadata (got {type(found).__name__})")
+    wrong = metadata_checks.problem(found)  # every field of the type DCP writes: what follows may trust them
+    if wrong is not None:
+        raise CheckpointError(directory, name, f"{wrong} {_ALTERED}")
     _check_files(directory, name, found)
     if getattr(found, "storage_meta", None) is None:
         found.storage_meta = StorageMeta()
@@ -117,6 +123,21 @@ def load(template: dict, directory: pathlib.Path, *, within: str = L.TRAINER, me
         raise
 
 
+def empty(entry: TensorStorageMetadata, directory: pathlib.Path, key: str, within: str = L.TRAINER) -> torch.Tensor:
+    """An uninitialized tensor of the shape and dtype ``entry`` (of ``directory/within``'s metadata) lists for ``key``.
+
+    Raises:
+        CheckpointError: this process cannot allocate it (a size a damaged or
+            crafted checkpoint claims), naming ``.metadata`` and the entry.
+    """
+    try:
+        return torch.empty(entry.size, dtype=entry.properties.dtype)
+    except (RuntimeError, MemoryError) as exc:  # torch's allocator refuses, or a dtype torch.empty does not make
+        problem = f"lists {key!r} as a {_shown(entry.properties.dtype, entry.size)} tensor, which cannot be made here"
+        raise CheckpointError(storage.location(directory), _name(within, _METADATA),
+                              f"{problem} ({cause(exc)}) {_ALTERED}") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class _Where:
     """The checkpoint a read is from, and its DCP directory relative to it (``""``: itself)."""
@@ -134,8 +155,8 @@ def _name(within: str, file: str) -> str:
 
 def _check_files(directory: pathlib.Path, name: str, meta: Metadata) -> None:
     """Every data file the metadata names is a plain name inside its directory (no path, no ``..``)."""
-    for info in (meta.storage_data or {}).values():
-        file = getattr(info, "relative_path", None)
+    for info in meta.storage_data.values():  # a dict of _StorageInfo: metadata_checks
+        file = info.relative_path
         if not isinstance(file, str) or not file or "/" in file or "\\" in file or file in (".", ".."):
             raise CheckpointError(directory, name, f"names the data file {file!r}, outside its directory {_ALTERED}")
 

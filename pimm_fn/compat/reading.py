@@ -74,22 +74,60 @@ def _lists(tree):
 
 
 def _read_dcp(directory: pathlib.Path) -> dict:
-    """The nested payload pimm's ``dcp.save(payload)`` wrote: tensors and plain values, read without pickle."""
+    """The nested payload pimm's ``dcp.save(payload)`` wrote: tensors and plain values, read without pickle.
+
+    Raises:
+        PimmCheckpointError: no ``.complete`` marker, or the metadata places
+            its entries where no nested payload can hold them.
+        CheckpointError: the DCP directory is damaged (``safe_reading``).
+    """
     if not (directory / MARKER).is_file():
         raise PimmCheckpointError(f"Incomplete DCP checkpoint: {directory} (no {MARKER} marker)")
     meta = safe_reading.metadata(directory, within="")
-    template = {key: torch.empty(md.size, dtype=md.properties.dtype) if isinstance(md, TensorStorageMetadata) else None
-                for key, md in meta.state_dict_metadata.items()}
+    paths = _paths(directory, meta)
+    template = {key: safe_reading.empty(md, directory, key, within="") if isinstance(md, TensorStorageMetadata)
+                else None for key, md in meta.state_dict_metadata.items()}
     safe_reading.load(template, directory, within="", meta=meta, plain_values=True)  # plain values: weights_only
-    paths = meta.planner_data if isinstance(meta.planner_data, Mapping) else {}
     nested: dict = {}
     for key, value in template.items():
-        path = tuple(paths.get(key, (key,)))
+        path = paths[key]
         node = nested
         for part in path[:-1]:
-            node = node.setdefault(part, {})
+            node = node.setdefault(part, {})  # a dict: no path is another's prefix (_paths)
         node[path[-1]] = value
     return _lists(nested)
+
+
+def _paths(directory: pathlib.Path, meta) -> dict[str, tuple]:
+    """Where each entry goes in the nested payload: DCP's ``planner_data`` (``{key: (name or index, ...)}``), else
+    its key; each path a non-empty tuple of strings and ints, none equal to or a prefix of another."""
+    planned = meta.planner_data or {}  # a dict or None: safe_reading's metadata checks
+    paths: dict[str, tuple] = {}
+    for key in meta.state_dict_metadata:
+        path = planned.get(key, (key,))
+        if not isinstance(path, (tuple, list)) or not path or not all(
+                isinstance(p, (str, int)) and not isinstance(p, bool) for p in path):
+            raise PimmCheckpointError(
+                f"{directory / '.metadata'} places {key!r} at {_shown(path)}, where DCP writes a non-empty tuple of "
+                f"names and indices: the checkpoint was not written by pimm's dcp.save, or was altered")
+        paths[key] = tuple(path)
+    owner = {path: key for key, path in paths.items()}
+    for key, path in paths.items():
+        clash = next((owner[path[:n]] for n in range(1, len(path) + 1) if owner.get(path[:n], key) != key), None)
+        if clash is not None:
+            raise PimmCheckpointError(
+                f"{directory / '.metadata'} places {key!r} at {_shown(path)} and {clash!r} at "
+                f"{_shown(paths[clash])}: one would overwrite the other; the checkpoint was not written by pimm's "
+                f"dcp.save, or was altered")
+    return paths
+
+
+def _shown(value) -> str:
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an int too long to print, a tuple nested too deep
+        return f"a {type(value).__name__}"
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def unwrapped(weights: Mapping) -> dict:
@@ -138,7 +176,9 @@ def read_pimm_checkpoint(path) -> PimmCheckpoint:
 
     Raises:
         FileNotFoundError: nothing at ``path``.
-        PimmCheckpointError: an incomplete directory, or a file that does not load safely.
+        PimmCheckpointError: an incomplete directory, a file that does not load safely, or DCP
+            metadata placing its entries where no nested payload can hold them.
+        CheckpointError: a damaged or crafted DCP directory (``pimm_fn.checkpoint.safe_reading``).
     """
     path = pathlib.Path(path)
     if path.is_dir():

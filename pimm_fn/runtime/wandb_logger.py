@@ -30,7 +30,7 @@ def _held_steps(save_dir, name: str, run_id: str) -> dict:
     try:
         saved = json.loads(path.read_text().split("\n", 1)[0])
         return {k: int(v) for k, v in saved.get("steps", {}).items()} if saved.get("id") == run_id else {}
-    except (ValueError, AttributeError, TypeError):
+    except (ValueError, AttributeError, TypeError, OverflowError):  # OverflowError: int() of a step like 1e400 (inf)
         return {}  # a damaged note: the tracker gets the repeated steps, nothing else is lost
 
 
