@@ -77,6 +77,7 @@ _RUNTIME = {
 
 __all__ = [
     "compat",
+    "checkpoint",
     "effects",
     "events",
     "register_slot_type",
@@ -112,10 +113,13 @@ __all__ = [
 ]
 
 
+_SUBPACKAGES = ("compat", "checkpoint")  # ``pf.checkpoint.load_weights_file``: imported when first named
+
+
 def __getattr__(name):
-    """Import the torch-dependent runtime, or the pimm plug-in ``compat``, only when one of its names is used."""
-    if name == "compat":  # a plug-in: imported when asked for, never by pimm_fn itself
-        value = importlib.import_module("pimm_fn.compat")
+    """Import the torch-dependent runtime, ``checkpoint``, or the pimm plug-in ``compat``, only when first used."""
+    if name in _SUBPACKAGES:  # compat, a plug-in, is never imported by pimm_fn itself
+        value = importlib.import_module(f"pimm_fn.{name}")
         globals()[name] = value
         return value
     module = _RUNTIME.get(name)

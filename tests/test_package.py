@@ -19,7 +19,7 @@ from pimm_fn.core.frozen import FrozenMap
 ROOT = pathlib.Path(pimm_fn.__file__).parent
 
 PUBLIC = {
-    "compat", "effects", "events", "register_slot_type", "Scope", "Chain", "TraceEntry", "chain", "FrozenMap", "plan",
+    "compat", "checkpoint", "effects", "events", "register_slot_type", "Scope", "Chain", "TraceEntry", "chain", "FrozenMap", "plan",
     "keep_last", "keep_every", "keep_best", "any_of",
     "Progress", "State", "save_every", "SaveEveryState", "best_on", "BestState", "evaluate_every",
     "load_weights", "log_every", "LogState", "model_hook", "early_stop", "EarlyStopState", "step_scheduler",

@@ -53,7 +53,7 @@ def load_weights_file(path: str | os.PathLike) -> dict:
         check_best(p)
     content = _legacy._load(p, mmap=False, checkpoint=owner)  # a checkpoint's damaged file is a CheckpointError
     if isinstance(content, Mapping) and isinstance(content.get("marker"), Mapping) and "weights" in content:
-        return content["weights"]
+        return _legacy.checked_weights(content["weights"], p, p.name)  # a legacy checkpoint's: a state_dict, or damaged
     if isinstance(content, Mapping):
         for key in ("state_dict", "model"):
             if isinstance(content.get(key), Mapping):
