@@ -48,7 +48,9 @@ from pimm_fn.core.slots import SlotMismatch
 from pimm_fn.core.state import State
 from pimm_fn.hooks.progress import BAR_KEY
 from pimm_fn.runtime.context import unwrap
-from pimm_fn.runtime.resume_checks import ResumeError, changed_classes, check_optimizers, check_sharding, rng_error
+from pimm_fn.runtime.resume_checks import (
+    ResumeError, changed_classes, check_optimizers, check_sharding, check_weights, rng_error,
+)
 from pimm_fn.runtime import positioning
 from pimm_fn.runtime.rng import restore_rng
 
@@ -121,6 +123,8 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
             f"batch: resume with the same world size, or pass resuming=pimm_fn.Resuming(strict_resume=False)"
         )
     replicated = held.replicated
+    if loaded.weights is not None and not replicated.sharded:  # a sharded checkpoint's shards are checked by DCP
+        check_weights(unwrap(ctx.model), loaded.weights, info)
     check_optimizers(replicated, ctx, info)
     fresh = changed_classes(replicated, ctx, info, hyperparameters)  # started fresh under "new", else refused
     fresh_scheduler = any(c.what == "scheduler" for c in fresh)

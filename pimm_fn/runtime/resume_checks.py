@@ -15,7 +15,7 @@ from pimm_fn.checkpoint.inspection import TRAINER
 from pimm_fn.runtime import class_change
 from pimm_fn.runtime.rng import rng_problem
 
-__all__ = ["ResumeError", "check_sharding", "rng_error", "check_optimizers", "changed_classes"]
+__all__ = ["ResumeError", "check_sharding", "check_weights", "rng_error", "check_optimizers", "changed_classes"]
 
 
 class ResumeError(RuntimeError):
@@ -49,6 +49,29 @@ def check_sharding(replicated, ctx, info) -> None:
                                    and isinstance(rest.get("param_groups"), (list, type(None)))):
         raise CheckpointError(info.path, TRAINER, "says its model was sharded, but its optimizer part is not "
                               "the state and param groups a sharded save writes: its trainer part was altered")
+
+
+def check_weights(model, weights, info) -> None:
+    """The checkpoint's weights are this model's names and shapes: else a ``ResumeError`` naming the difference.
+
+    Asked before the optimizers load, so that a model built otherwise than
+    the one that wrote the checkpoint (another layer, another width) leaves
+    the run as it was built, and is said as the setup it is.
+    """
+    own = model.state_dict()
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    shapes = [f"{k}: {list(weights[k].shape)} saved, {list(v.shape)} here" for k, v in own.items()
+              if k in weights and hasattr(v, "shape") and hasattr(weights[k], "shape") and v.shape != weights[k].shape]
+    if not (missing or unexpected or shapes):
+        return
+    parts = [f"{what} {', '.join(map(str, keys[:5]))}{' ...' if len(keys) > 5 else ''}"
+             for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes)) if keys]
+    raise ResumeError(
+        f"cannot resume from {info.path}: its weights do not fit this run's {type(model).__name__} "
+        f"({'; '.join(parts)}). Build the model the checkpoint was written with, or start fresh from its weights "
+        f"(load_weights({str(info.path)!r}, replacements=...) maps renamed keys)"
+    )
 
 
 def rng_error(local, info) -> CheckpointError | None:

@@ -214,3 +214,39 @@ def test_a_scheduler_state_without_what_every_scheduler_keeps_is_refused_not_loa
     _saved_at_3(tmp_path, scheduler="step", handlers={SaveCheckpoint: _altered_scheduler_writer})
     with pytest.raises(pf.ResumeError, match=r"its scheduler state holds \['a'\], without \['last_epoch', 'base_lrs'\]"):
         _run(tmp_path, scheduler="step", resume="auto")
+
+
+
+class _Extra(TinyNet):
+    """TinyNet with a layer more."""
+
+    def __init__(self):
+        super().__init__()
+        self.extra = torch.nn.Linear(2, 2)
+
+
+class _Wider(TinyNet):
+    """TinyNet with two outputs: the same names, two other shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.out = torch.nn.Linear(8, 2)
+
+
+@pytest.mark.parametrize("cls, says", [
+    (_Extra, r"missing extra\.weight, extra\.bias"),
+    (_Wider, r"other shapes out\.weight: \[1, 8\] saved, \[2, 8\] here, out\.bias: \[1\] saved, \[2\] here"),
+], ids=["a layer more", "other shapes"])
+def test_weights_of_another_model_are_refused_before_the_optimizer_loads(tmp_path, cls, says):
+    """A model built otherwise than the checkpoint's: a ResumeError naming the keys and shapes that differ, the fix,
+    and the run's own optimizer left as it was built (before, Adam took the checkpoint's state of the other shapes,
+    then the model's load raised torch's RuntimeError)."""
+    _saved_at_3(tmp_path)
+    torch.manual_seed(0)
+    model = cls()
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with pytest.raises(pf.ResumeError, match=rf"weights do not fit this run's {cls.__name__} \({says}\)\. Build the "
+                                             r"model the checkpoint was written with"):
+        pf.loop(model, opt, loader(), hooks=[pf.save_every(3)], max_epochs=2, save_dir=tmp_path, resume="auto",
+                watching=pf.Watching(console=False))
+    assert not opt.state  # nothing of the checkpoint's optimizer state was loaded
