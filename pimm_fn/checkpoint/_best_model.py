@@ -19,7 +19,7 @@ from pimm_fn import dist
 
 from . import _layout as L
 from . import _safe_writes as W
-from . import storage
+from . import regular_files, storage
 from .errors import CheckpointError, cause, storage_errors, tensor_bytes
 from .manifest import digest
 
@@ -96,21 +96,46 @@ def _stage_all(root: pathlib.Path, files: dict) -> list[pathlib.Path]:
     return staged
 
 
+def best_record(weights_file: pathlib.Path) -> dict:
+    """What :func:`write_best` recorded beside ``weights_file`` (metric, value, step; its SHA-256 with digests), checked.
+
+    The ``.json`` is untrusted: read as :mod:`.regular_files` reads (a FIFO is
+    never waited on), and taken only as the record ``write_best`` writes.
+
+    Raises:
+        FileNotFoundError: there is no record beside it.
+        OSError: it cannot be read, or is no regular file (``regular_files.NotRegularFileError``).
+        ValueError: it is not JSON, or not such a record; the message says what is wrong.
+    """
+    record = regular_files.read_json(weights_file.with_suffix(".json"))
+    if not isinstance(record, dict):
+        raise ValueError(f"holds a JSON {type(record).__name__}, not a record of metric, value and step")
+    metric, value, step = record.get("metric"), record.get("value"), record.get("step")
+    if not isinstance(metric, str):
+        raise ValueError(f"'metric' must be a str (got {metric!r:.80})")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"'value' must be a number (got {value!r:.80})")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"'step' must be an int >= 0 (got {step!r:.80})")
+    return record
+
+
 def check_best(path: pathlib.Path) -> None:
     """The best-model file ``path`` matches the SHA-256 its ``.json`` records, if it records one.
 
-    The ``.json`` is untrusted: one that is missing, unreadable or records no
-    digest (a run without digests) checks nothing; the weights file's own
-    read then checks what it can.
+    The ``.json`` is untrusted: one that is missing, unreadable or not the
+    record :func:`best_record` takes, or that records no digest (a run
+    without digests), checks nothing; the weights file's own read then
+    checks what it can.
 
     Raises:
         CheckpointError: naming the file, when its bytes changed since it was written.
     """
     try:
-        record = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+        record = best_record(path)
     except (OSError, ValueError):
         return
-    recorded = record.get("sha256") if isinstance(record, dict) else None
+    recorded = record.get("sha256")
     if not isinstance(recorded, str):
         return
     try:

@@ -9,15 +9,13 @@ hashing with the same ``digest``.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import pathlib
-import stat
 from concurrent.futures import ThreadPoolExecutor
 
 from . import _layout as L
-from . import storage
+from . import regular_files, storage
 
 __all__ = ["digest", "manifest"]
 
@@ -35,21 +33,12 @@ def digest(path: str | os.PathLike) -> str:
     """
     sha, buffer = hashlib.sha256(), bytearray(_BLOCK)
     view = memoryview(buffer)
-    if storage.is_store(path):  # a store's object, streamed
-        with path.open("rb") as f:
-            while n := f.readinto(buffer):
-                sha.update(view[:n])
-        return sha.hexdigest()
-    # Never through a link, never blocking on a FIFO swapped in after a check: a regular file or an OSError.
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    with open(fd, "rb", buffering=0) as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        while True:
-            n = f.readinto(buffer)
-            if not n:
-                return sha.hexdigest()
+    # A store's object is streamed as it is; a local file only when regular: never through a link, never
+    # blocking on a FIFO swapped in after a check (a NotRegularFileError, an OSError, instead).
+    with path.open("rb") if storage.is_store(path) else regular_files.open_regular(path) as f:
+        while n := f.readinto(buffer):
             sha.update(view[:n])  # hashlib releases the GIL for large updates: the training thread runs on
+    return sha.hexdigest()
 
 
 def manifest(directory: pathlib.Path, *, digests: bool = False, known: dict | None = None) -> dict:

@@ -38,13 +38,12 @@ and holds a valid marker.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import stat
 
 from . import _layout as L
-from . import _legacy, safe_reading, storage
+from . import _legacy, regular_files, safe_reading, storage
 from ._marker import CheckpointInfo, info_from_marker
 from .errors import CheckpointError, cause
 from .manifest import digest
@@ -124,18 +123,19 @@ def validate(path: str | os.PathLike, *, digests: bool = False) -> CheckpointInf
 
 
 def read_marker(path: pathlib.Path) -> tuple[CheckpointInfo, dict]:
-    """The info and payload of ``path``'s ``COMPLETE`` marker."""
+    """The info and payload of ``path``'s ``COMPLETE`` marker, read as untrusted input (:mod:`.regular_files`)."""
     try:
-        text = (path / L.MARKER).read_text(encoding="utf-8")
+        payload = regular_files.read_json(path / L.MARKER)
     except FileNotFoundError:
         problem = "is missing (no COMPLETE marker): it was never finished, or is not a checkpoint"
         raise CheckpointError(path, L.MARKER, problem) from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except regular_files.NotRegularFileError as exc:
+        raise CheckpointError(path, L.MARKER, f"{exc.strerror}: a damaged or crafted checkpoint") from None
+    except OSError as exc:
         raise CheckpointError(path, L.MARKER, f"cannot be read ({cause(exc)})") from None
-    try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CheckpointError(path, L.MARKER, f"is not valid JSON ({exc}): it was cut short or overwritten") from None
+    except ValueError as exc:
+        problem = f"is not valid JSON ({exc}): it was cut short, overwritten or crafted"
+        raise CheckpointError(path, L.MARKER, problem) from None
     try:
         return info_from_marker(path, payload, "standard"), payload
     except ValueError as exc:

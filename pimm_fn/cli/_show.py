@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import pathlib
 
 import attrs
 from torch.distributed.checkpoint.api import CheckpointException
 
-from pimm_fn.checkpoint import find_checkpoint
+from pimm_fn.checkpoint import best_record, find_checkpoint, regular_files
 from pimm_fn.checkpoint.contents import from_parts
 from pimm_fn.checkpoint.inspection import (
     TensorInfo, contents_of, is_marked, is_removal, size_of, trainer_without_tensors, weights_without_tensors,
@@ -31,13 +30,20 @@ def size_text(n: int) -> str:
 
 
 def values_text(values) -> str:
-    """``{"acc": 0.5}`` as ``acc=0.5``."""
-    return " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in (values or {}).items())
+    """``{"acc": 0.5}`` as ``acc=0.5`` (what a damaged marker holds instead of a dict, as it is)."""
+    if not isinstance(values, dict):
+        return "" if values is None else f"{values!r:.200}"
+    return " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
 
-def _best_record(path: pathlib.Path) -> dict:
-    """What ``write_best`` recorded beside a best-model file: metric, value, step."""
-    return json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
+def _unreadable_record(path: pathlib.Path, exc: Exception) -> str:
+    """Why the ``.json`` beside the best-model file ``path`` cannot be shown, naming it."""
+    name = path.with_suffix(".json").name
+    if isinstance(exc, FileNotFoundError):
+        return f"{name} is missing"
+    if isinstance(exc, regular_files.NotRegularFileError):
+        return f"{name} {exc.strerror}"
+    return f"{name} is damaged ({reason(exc)})"
 
 
 def row(entry: Entry) -> dict:
@@ -56,18 +62,22 @@ def row(entry: Entry) -> dict:
     if entry.kind == "best":
         out["status"] = "best"
         try:
-            record = _best_record(entry.path)
+            record = best_record(entry.path)
             out.update(step=record["step"], best={record["metric"]: record["value"]})
-        except (OSError, ValueError, KeyError) as exc:
-            out["problem"] = f"no readable {entry.path.with_suffix('.json').name} ({type(exc).__name__})"
+        except (OSError, ValueError) as exc:
+            out["problem"] = _unreadable_record(entry.path, exc)
         return out
     try:
         marker = marker_of(entry.path)
-        out.update(status="complete", step=marker["step"], metrics=marker.get("metrics") or {})
     except (OSError, ValueError) as exc:
         unmarked = not is_marked(entry.path)
         out.update(status="incomplete" if unmarked else "damaged", problem=reason(exc))
         return out
+    metrics = marker.get("metrics") or {}
+    if not isinstance(metrics, dict):  # the marker is untrusted: its metrics are shown only as the dict a save writes
+        out["problem"] = f"its marker's metrics are a {type(metrics).__name__}, not a dict (damaged or crafted)"
+        metrics = {}
+    out.update(status="complete", step=marker["step"], metrics=metrics)
     try:
         state = contents_of(entry.path).replicated.state.state
         out.update(epoch=state.progress.epoch, best=dict(state.best))
@@ -157,9 +167,9 @@ def _inspect_best(path: pathlib.Path) -> dict:
     except (OSError, ValueError) as exc:
         raise Failure(DAMAGED, str(exc)) from None
     try:
-        record = _best_record(path)
+        record = best_record(path)
     except (OSError, ValueError) as exc:
-        record = {"problem": f"no readable {path.with_suffix('.json').name} ({type(exc).__name__})"}
+        record = {"problem": _unreadable_record(path, exc)}
     return {"path": str(path), "format": "weights", "size": size_of(path), "best": record,
             "weights": {**_tensor_summary(weights), "parameters": _numel(weights)}}
 

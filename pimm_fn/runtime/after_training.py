@@ -13,12 +13,12 @@ Every rank reads the file: ``save_dir`` must be visible to each, as for a resume
 """
 
 import contextlib
-import json
 import pathlib
 
 import torch
 
 from pimm_fn import checkpoint, dist
+from pimm_fn.checkpoint import errors, regular_files
 from pimm_fn.hooks.evaluation import evaluator_name
 from pimm_fn.runtime.batch_to_device import to_device
 from pimm_fn.runtime.context import unwrap
@@ -33,29 +33,47 @@ _WEIGHTS = ("final", "best")
 def best_weights_file(model_dir, metric: str | None = None) -> pathlib.Path:
     """The best weights file of ``metric`` under ``model_dir`` (the only one when ``metric`` is ``None``).
 
+    Each ``model_best*.pth`` counts by the metric its ``.json`` records; the
+    ``.json`` is untrusted (:mod:`pimm_fn.checkpoint.regular_files`: a FIFO is
+    never waited on, crafted JSON never raises from deep inside).
+
     Raises:
         FileNotFoundError: the run wrote no best weights (of ``metric``).
+        CheckpointError: a best weights file whose ``.json`` is damaged, when it may be the one asked for.
         ValueError: several metrics have best weights and ``metric`` is ``None``.
     """
     model_dir = pathlib.Path(model_dir)
-    found = {}
+    found, damaged = {}, []
     for path in sorted(model_dir.glob("model_best*.pth")) if model_dir.is_dir() else ():
-        meta = path.with_suffix(".json")
         try:
-            found[json.loads(meta.read_text())["metric"]] = path
-        except (OSError, ValueError, KeyError, TypeError):
+            found[checkpoint.best_record(path)["metric"]] = path
+        except FileNotFoundError:
             continue  # a weights file without its record is not one the run finished writing
-    if metric is not None:
-        if metric not in found:
-            raise FileNotFoundError(f"no best weights of {metric!r} in {model_dir} (best weights of: {sorted(found)}); "
-                                    f"a best_on({metric!r}) hook writes them when the metric improves")
+        except (OSError, ValueError) as exc:
+            damaged.append(_damaged_record(path, exc))
+    if metric is not None and metric in found:
         return found[metric]
+    if damaged:  # it may hold the weights asked for: say so rather than "no best weights"
+        raise damaged[0]
+    if metric is not None:
+        raise FileNotFoundError(f"no best weights of {metric!r} in {model_dir} (best weights of: {sorted(found)}); "
+                                f"a best_on({metric!r}) hook writes them when the metric improves")
     if not found:
         raise FileNotFoundError(f"no best weights in {model_dir}: the run writes model_best with a best_on(metric) "
                                 f"hook, after an evaluation improved it; pass weights='final' for the model as it is")
     if len(found) > 1:
         raise ValueError(f"{model_dir} holds best weights of {sorted(found)}: pass metric= to say which")
     return next(iter(found.values()))
+
+
+def _damaged_record(path: pathlib.Path, exc: Exception) -> checkpoint.CheckpointError:
+    """The error for best weights ``path`` whose ``.json`` cannot be read: which file, why, and what to do."""
+    why = exc.strerror if isinstance(exc, regular_files.NotRegularFileError) else f"is damaged ({errors.cause(exc)})"
+    record = path.with_suffix(".json").name
+    return checkpoint.CheckpointError(path, record, (
+        f"{why}, so which metric {path.name} is the best of is not known: restore {record} (or delete it; a best_on "
+        f"hook writes both files again when its metric improves), load {path.name} itself with "
+        f"pf.checkpoint.load_weights_file, or pass weights='final' for the model as it is"))
 
 
 @contextlib.contextmanager

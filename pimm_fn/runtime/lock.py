@@ -15,6 +15,10 @@ process, a zombie, or a process started after the lock) is taken over,
 with a console line. One held on another host cannot be told from here:
 refused, with the file to delete if that run is gone. A run rebuilt in the
 holder's own process (a notebook cell run again) takes it over quietly.
+The lock file is untrusted: a record that is not a sane holder (a crafted
+pid or time, JSON nested too deep) is a garbled lock, taken over once older
+than a write takes; one that cannot be read as a regular file (a FIFO, a
+link, another user's file) is never waited on or taken over: refused, naming it.
 
 Ranks of one job share the lock: rank 0 takes it and every rank learns the
 outcome (one broadcast), so all raise or all go on. A run that will not
@@ -48,7 +52,7 @@ import uuid
 import attrs
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint import regular_files, storage
 from pimm_fn.runtime.lock_holder import Holder, read_holder, stale_reason
 
 __all__ = ["LOCK_NAME", "Lock", "SaveDirLockError", "take"]
@@ -156,6 +160,8 @@ def _attempt(path: pathlib.Path, say) -> Holder | SaveDirLockError:
             continue  # released meanwhile: try again
         except ValueError:
             held = None  # unreadable: a taker killed between creating and writing it, or writing it now
+        except OSError as exc:  # a FIFO, a link, a directory or another user's file: no taker of ours made it
+            return _unreadable(path, exc)
         why = stale_reason(path, held, me)
         if why is None:
             return _busy(path, held)
@@ -216,7 +222,7 @@ def _set_aside(path: pathlib.Path, held: Holder | None) -> bool:
         return False
     try:
         moved = read_holder(aside)
-    except ValueError:
+    except (OSError, ValueError):
         moved = None
     if moved != held:  # a fresh lock, taken between our read and our rename: put it back
         try:
@@ -239,6 +245,18 @@ def _busy(path: pathlib.Path, held: Holder | None) -> SaveDirLockError:
         f"save_dir destroy each other's checkpoints, so this run wrote nothing. Wait for that run to end (or stop "
         f"it) and pass resume='auto', or choose another save_dir; {gone}",
         held,
+    )
+
+
+def _unreadable(path: pathlib.Path, exc: OSError) -> SaveDirLockError:
+    """The refusal for a lock file that cannot be read: never taken over, since its holder cannot be told."""
+    if isinstance(exc, regular_files.NotRegularFileError):
+        why = f"{exc.strerror}, which no pimm_fn run leaves there"
+    else:
+        why = f"cannot be read ({exc.strerror or exc}), so whether its run still holds it cannot be told"
+    return SaveDirLockError(
+        f"save_dir {str(path.parent)!r} cannot be locked: its lock file {path} {why}; this run wrote nothing. "
+        f"If no run is using this save_dir, delete {path} and run again, or choose another save_dir",
     )
 
 

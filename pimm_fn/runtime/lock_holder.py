@@ -3,21 +3,34 @@
 A lock whose holder is no longer running (same host, no such process, a
 zombie, or a process started after the lock) may be taken over; one held
 on another host cannot be told from here. ``pimm_fn.runtime.lock`` takes
-and releases the lock itself.
+and releases the lock itself. The file is read as untrusted input: only a
+regular file, and only a record whose pid and time are sane
+(:func:`read_holder`), so nothing crafted reaches ``os.kill`` or ``localtime``.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import time
 
 import attrs
 
+from pimm_fn.checkpoint import regular_files
+
 __all__ = ["Holder", "read_holder", "stale_reason"]
 
 _UNREADABLE_GRACE_S = 10.0  # an unreadable lock younger than this is being written; older, a taker killed mid-write
+_LIMIT = 2**16  # bytes: a holder record is about 120
+_MAX_PID = 2**31 - 1  # pid_t's range: a larger number names no process (and os.kill would overflow)
+_LATEST = 1e11  # a time.time() before the year 5000: a later "since" is crafted (and localtime would overflow)
+# What each field of a holder record must be: a crafted value never reaches os.kill or localtime.
+_FIELDS = {
+    "host": (lambda v: isinstance(v, str), "a str"),
+    "pid": (lambda v: type(v) is int and 1 <= v <= _MAX_PID, f"an int from 1 to {_MAX_PID}"),
+    "since": (lambda v: type(v) in (int, float) and 0 <= v <= _LATEST, f"a time.time() value from 0 to {_LATEST:.0e}"),
+    "token": (lambda v: isinstance(v, str), "a str"),
+}
 
 
 @attrs.frozen
@@ -35,12 +48,24 @@ class Holder:
 
 
 def read_holder(path: pathlib.Path) -> Holder:
-    """The holder a lock file names; ``ValueError`` when it does not parse, ``FileNotFoundError`` when gone."""
+    """The holder a lock file names, read as the untrusted input it is (:mod:`pimm_fn.checkpoint.regular_files`).
+
+    Raises:
+        ValueError: it is not a sane holder record (garbled, cut short, crafted): the message says why.
+        FileNotFoundError: it is gone.
+        NotRegularFileError: it is a FIFO, a link, a directory or a device (never waited on or followed).
+        OSError: it cannot be read.
+    """
     try:
-        fields = json.loads(path.read_bytes())
-        return Holder(str(fields["host"]), int(fields["pid"]), float(fields["since"]), str(fields["token"]))
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-        raise ValueError(f"unreadable lock file {path}") from exc
+        fields = regular_files.read_json(path, limit=_LIMIT)
+    except ValueError as exc:
+        raise ValueError(f"unreadable lock file {path}: {exc}") from exc
+    if not isinstance(fields, dict):
+        raise ValueError(f"unreadable lock file {path}: a JSON {type(fields).__name__}, not a holder record")
+    for name, (sane, expected) in _FIELDS.items():
+        if not sane(fields.get(name)):
+            raise ValueError(f"unreadable lock file {path}: {name!r} must be {expected} (got {fields.get(name)!r:.80})")
+    return Holder(fields["host"], fields["pid"], float(fields["since"]), fields["token"])
 
 
 def stale_reason(path: pathlib.Path, held: Holder | None, me: Holder) -> str | None:

@@ -19,7 +19,8 @@ import tempfile
 import nbformat
 from nbclient import NotebookClient
 
-from _deadline import deadline
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from _stuck import within  # noqa: E402
 
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[2] / "examples" / "notebook.ipynb"
 CELL_TIMEOUT = 30  # seconds per cell; each takes well under one
@@ -128,7 +129,7 @@ def test_the_notebook_runs_headlessly_in_a_kernel_and_shows_every_section(tmp_pa
         resources={"metadata": {"path": str(tmp_path)}},  # the kernel's working directory
     )
     client.on_notebook_start = lambda notebook: launched.append(list(client.km.provisioner.process.args))
-    with deadline(TEST_TIMEOUT, "the notebook"):
+    with within(TEST_TIMEOUT, "the notebook"):
         client.execute()
     assert launched and launched[0][0] == sys.executable, launched  # the kernel runs this venv's python
     check(nb)

@@ -9,11 +9,13 @@ the console lines, with nothing on stderr.
 """
 
 import pathlib
+import sys
 
 import nbformat
 from nbclient import NotebookClient
 
-from _deadline import deadline
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from _stuck import within  # noqa: E402
 
 RUNTIME_TESTS = pathlib.Path(__file__).resolve().parents[1] / "runtime"  # _tiny_workload.py
 CELL_TIMEOUT = 60
@@ -47,7 +49,7 @@ def test_each_cell_shows_its_own_bar_and_a_text_bar_shares_stdout(tmp_path):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
     client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT, startup_timeout=60, record_timing=False,
                             store_widget_state=True, resources={"metadata": {"path": str(tmp_path)}})
-    with deadline(TEST_TIMEOUT, "the progress-bar notebook"):
+    with within(TEST_TIMEOUT, "the progress-bar notebook"):
         client.execute()
     _, first, second, text = nb.cells
     state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]

@@ -1,11 +1,18 @@
 """run.test and run.predict after training, on the final weights or the best ones, which stay apart from the model."""
 
+import os
+import pathlib
+import sys
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import pimm_fn as pf
 from pimm_fn import checkpoint
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from _stuck import within  # noqa: E402
 
 
 def _data():
@@ -93,3 +100,29 @@ def test_unknown_weights_or_a_missing_best_file_are_said_with_the_fix(tmp_path):
     with pytest.raises(FileNotFoundError, match="no best weights in .*: the run writes model_best with a "
                                                 "best_on\\(metric\\) hook"):
         run.test(val, weights="best")
+
+
+@pytest.mark.parametrize("record, problem", [
+    (None, "model_best.json is a FIFO, not a regular file"),
+    ("[" * 100000, "model_best.json is damaged (ValueError: nested too deeply to parse)"),
+    ("[1]", "model_best.json is damaged (ValueError: holds a JSON list"),
+    ('{"metric": ["val/mse"], "step": 3, "value": 1.0}', "model_best.json is damaged (ValueError: 'metric' must be"),
+])
+def test_a_damaged_best_record_is_named_with_the_fix_not_called_missing(trained, tmp_path, record, problem):
+    """model_best.pth beside a FIFO, too deep or not-a-record .json: a CheckpointError naming the .json and what to
+    do, never "the run writes no model_best", never a wait; the final weights still test."""
+    run, val, _ = trained
+    meta = tmp_path / "model" / "model_best.json"
+    meta.unlink()
+    if record is None:
+        os.mkfifo(meta)
+    else:
+        meta.write_text(record)
+    with within(60), pytest.raises(checkpoint.CheckpointError) as caught:
+        run.test(val, weights="best")
+    assert (caught.value.path, caught.value.file) == (str(tmp_path / "model" / "model_best.pth"), "model_best.json")
+    assert f"{caught.value.file} {caught.value.problem}".startswith(problem)
+    assert "restore model_best.json" in caught.value.problem and "weights='final'" in caught.value.problem
+    with within(60), pytest.raises(checkpoint.CheckpointError, match="model_best.json"):
+        run.test(val, weights="best", metric="val/mse")
+    assert run.test(val) == {"val/mse": pytest.approx(run.state.metrics["val/mse"])}
