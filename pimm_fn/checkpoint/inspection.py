@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from . import _layout as L
 from . import _safe_writes as W
 from . import _legacy, safe_reading, storage
-from ._best_model import check_best
+from ._best_model import best_record, check_best
 from ._pack import tensor_to_skeleton, unpack
 from ._peek import TensorInfo, contents_of, infos_of, numpy_keys, size_of, trainer_without_tensors, weights_without_tensors
 from ._retain import REMOVING
@@ -233,6 +233,11 @@ def _best(path: pathlib.Path) -> tuple[list[str], list[str]]:
     weights = _legacy._load(path, mmap=False)
     notes = [f"{len(weights)} weight entries read"]
     meta = path.with_suffix(".json")
-    if not meta.is_file():
+    try:
+        best_record(path)
+    except FileNotFoundError:
         notes.append(f"no {meta.name} beside it: which metric and step it holds is not recorded")
+    except (OSError, ValueError) as exc:  # a FIFO, a crafted record: damage beside the weights
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"is not its record ({exc})"
+        return [f"{meta.name} {why}"], notes
     return [], notes

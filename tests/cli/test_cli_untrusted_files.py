@@ -122,7 +122,8 @@ def test_scripts_get_an_exit_code_and_one_line_not_a_wait_or_a_traceback(run_dir
     ('{"metric": "acc", "value": 1.0}', "model_best.json is damaged (ValueError: 'step' must be an int >= 0"),
 ])
 def test_a_damaged_best_record_is_a_problem_in_ls_and_inspect_and_verify_answers(run_dir, capsys, content, problem):
-    """A FIFO, too deep JSON or not a record as model_best.json: ls and inspect say which file and why; none waits."""
+    """A FIFO, too deep JSON or not a record as model_best.json: ls and inspect say which file and why, verify calls
+    the best model damaged (which metric it is the best of, and its digest, cannot be read); none waits."""
     best = run_dir / "model" / "model_best.pth"
     _replace(best.with_suffix(".json"), content)
     row = _rows(capsys, run_dir)["model_best.pth"]
@@ -130,7 +131,7 @@ def test_a_damaged_best_record_is_a_problem_in_ls_and_inspect_and_verify_answers
     code, out, _ = _main(capsys, "inspect", best, "--json")
     assert code == OK and json.loads(out)["best"]["problem"].startswith(problem)
     code, out, _ = _main(capsys, "verify", best)
-    assert code == OK and out.startswith("OK"), out  # the weights read back
+    assert code == DAMAGED and out.startswith("DAMAGED") and "model_best.json" in out, out
 
 
 @pytest.fixture
