@@ -194,7 +194,15 @@ class Unit:
         keys.open = True
 
     def __exit__(self, kind, error, traceback) -> bool:
-        self._keys.open = False
-        if error is not None:
-            self._tx.stop(self._phase, error)
+        keys = self._keys
+        keys.open = False
+        if error is None:
+            return False
+        if keys.pending and error.__class__ is not KeyboardInterrupt:
+            # The Ctrl-C raised in this unit came back as another error (torch's zip writer, interrupted in its
+            # Python write, raises "unexpected pos"): the step stopped on the interruption, and continues as after one.
+            interrupt = KeyboardInterrupt()
+            self._tx.stop(self._phase, interrupt)
+            raise interrupt from error
+        self._tx.stop(self._phase, error)
         return False
