@@ -1,8 +1,14 @@
-"""Shared helpers for checkpoint tests: exact (bit-level) comparison of trees."""
+"""Shared helpers for checkpoint tests: exact (bit-level) comparison of trees, finished runs to damage copies of."""
+
+import pathlib
+import sys
 
 import numpy as np
 import pytest
 import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
+import _tiny_workload as tw  # noqa: E402
 
 
 def assert_same(a, b, path="obj"):
@@ -36,3 +42,13 @@ def _bits(t):
 def same():
     """The exact tree comparison, as a fixture."""
     return assert_same
+
+
+@pytest.fixture(scope="module")
+def finished_runs(tmp_path_factory):
+    """Finished 10-step runs under ``standard/`` and ``legacy/`` (``tw.finished``): last (step 10), iter_4, iter_8,
+    iter_10; a test damages a copy."""
+    root = tmp_path_factory.mktemp("finished")
+    for fmt in ("standard", "legacy"):
+        tw.finished(root / fmt, fmt)
+    return root

@@ -21,17 +21,7 @@ import _tiny_workload as tw  # noqa: E402
 from _disk_faults import damage, hashes  # noqa: E402
 
 
-def hooks():
-    return [pf.save_every(4, snapshots=True)]
-
-
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """Finished 10-step runs, standard and legacy: last (step 10), iter_4, iter_8, iter_10."""
-    root = tmp_path_factory.mktemp("saved")
-    for fmt in ("standard", "legacy"):
-        tw.build(root / fmt, hooks=hooks(), max_epochs=2, fmt=fmt)[1]()
-    return root
+hooks = tw.snapshotting
 
 
 def resumed(run_dir, fmt="standard"):
@@ -39,18 +29,18 @@ def resumed(run_dir, fmt="standard"):
                     watching=pf.Watching(progress=False))
 
 
-def only_last(saved, tmp_path) -> pathlib.Path:
+def only_last(finished_runs, tmp_path) -> pathlib.Path:
     """A copy of the standard run holding ``last/`` alone (no snapshot to fall back to)."""
     run_dir = tmp_path / "run"
-    shutil.copytree(saved / "standard", run_dir)
+    shutil.copytree(finished_runs / "standard", run_dir)
     for snapshot in (run_dir / "model").glob("iter_*"):
         shutil.rmtree(snapshot)
     return run_dir
 
 
-def test_a_lost_marker_on_the_only_checkpoint_is_refused_not_replaced(saved, tmp_path):
+def test_a_lost_marker_on_the_only_checkpoint_is_refused_not_replaced(finished_runs, tmp_path):
     """last/ without its COMPLETE raises CheckpointError naming it and the fix; nothing under save_dir changes."""
-    run_dir = only_last(saved, tmp_path)
+    run_dir = only_last(finished_runs, tmp_path)
     (run_dir / "model" / "last" / "COMPLETE").unlink()
     before = hashes(run_dir)
     with pytest.raises(pf.CheckpointError) as caught:
@@ -62,10 +52,10 @@ def test_a_lost_marker_on_the_only_checkpoint_is_refused_not_replaced(saved, tmp
     assert hashes(run_dir) == before and sorted(p.name for p in run_dir.iterdir()) == ["log.jsonl", "model"]
 
 
-def test_every_legacy_checkpoint_damaged_is_refused_not_replaced(saved, tmp_path):
+def test_every_legacy_checkpoint_damaged_is_refused_not_replaced(finished_runs, tmp_path):
     """The legacy format alike: every file overwritten, 'auto' raises naming each, and every byte stays."""
     run_dir = tmp_path / "run"
-    shutil.copytree(saved / "legacy", run_dir)
+    shutil.copytree(finished_runs / "legacy", run_dir)
     names = sorted(p.name for p in (run_dir / "model").iterdir() if p.suffix == ".pth" and "best" not in p.name)
     assert names == ["iter_10.pth", "iter_4.pth", "iter_8.pth", "last.pth"]
     for name in names:
@@ -77,9 +67,9 @@ def test_every_legacy_checkpoint_damaged_is_refused_not_replaced(saved, tmp_path
     assert hashes(run_dir) == before
 
 
-def test_a_file_missing_briefly_is_found_on_a_second_look(saved, tmp_path, capsys):
+def test_a_file_missing_briefly_is_found_on_a_second_look(finished_runs, tmp_path, capsys):
     """A weights file that shows up 0.3 s late (a slow NFS mount) is waited for: the run resumes at step 10."""
-    run_dir = only_last(saved, tmp_path)
+    run_dir = only_last(finished_runs, tmp_path)
     weights = run_dir / "model" / "last" / "model.pth"
     away = tmp_path / "model.pth.elsewhere"
     weights.rename(away)
@@ -93,9 +83,9 @@ def test_a_file_missing_briefly_is_found_on_a_second_look(saved, tmp_path, capsy
     assert "skipped checkpoint" not in capsys.readouterr().out
 
 
-def test_a_file_missing_for_good_is_looked_for_about_a_second_then_refused(saved, tmp_path):
+def test_a_file_missing_for_good_is_looked_for_about_a_second_then_refused(finished_runs, tmp_path):
     """The second look is bounded: a file that never comes back is refused after about sum(RECHECK_S) seconds."""
-    run_dir = only_last(saved, tmp_path)
+    run_dir = only_last(finished_runs, tmp_path)
     (run_dir / "model" / "last" / "model.pth").unlink()
     start = time.monotonic()
     with pytest.raises(pf.CheckpointError, match="model.pth is missing"):
@@ -112,11 +102,11 @@ def test_a_mistyped_save_dir_says_there_is_no_checkpoint_and_starts_fresh(tmp_pa
     assert f"no checkpoint in {tmp_path / 'runs' / 'exp1-typo' / 'model'}: starting fresh" in out, out
 
 
-def test_best_weights_and_staging_alone_are_no_checkpoint(saved, tmp_path, capsys):
+def test_best_weights_and_staging_alone_are_no_checkpoint(finished_runs, tmp_path, capsys):
     """model_best and a .staging-* directory are not published checkpoints: 'auto' starts fresh, saying so."""
     run_dir = tmp_path / "run"
     (run_dir / "model" / ".staging-last-12").mkdir(parents=True)
-    shutil.copy(saved / "standard" / "model" / "last" / "model.pth", run_dir / "model" / "model_best.pth")
+    shutil.copy(finished_runs / "standard" / "model" / "last" / "model.pth", run_dir / "model" / "model_best.pth")
     with pytest.warns(pf.ConfigurationWarning, match="model_best.pth"):
         _, run = resumed(run_dir)
     assert run.state.progress.global_step == 0

@@ -33,15 +33,14 @@ NOT_WEIGHTS = {
 }
 
 
-def hooks():
-    return [pf.save_every(4, snapshots=True)]
+hooks = tw.snapshotting
 
 
 @pytest.fixture(scope="module", params=["standard", "legacy"])
 def saved(tmp_path_factory, request):
     """A finished 10-step run in each format: last (step 10), iter_4, iter_8, iter_10."""
     root = tmp_path_factory.mktemp(request.param)
-    tw.build(root / "run", hooks=hooks(), max_epochs=2, fmt=request.param)[1]()
+    tw.finished(root / "run", request.param)
     return request.param, root / "run"
 
 

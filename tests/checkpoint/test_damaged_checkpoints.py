@@ -29,17 +29,14 @@ DAMAGES = ["truncate", "empty", "zeros", "garbage", "delete"]
 HARMLESS = {"receipts/rank0"}  # proof of where a rank wrote: loading never reads it
 
 
-def hooks():
-    return [pf.save_every(4, snapshots=True)]
+hooks = tw.snapshotting
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A finished 10-step run: last/ (step 10), iter_4, iter_8, iter_10, and its final weights."""
     root = tmp_path_factory.mktemp("saved")
-    model, run = tw.build(root / "run", hooks=hooks(), max_epochs=2)
-    run()
-    return root / "run", tw.weights(model)
+    return root / "run", tw.finished(root / "run")
 
 
 def resumed(run_dir, resume):

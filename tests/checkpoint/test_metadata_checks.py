@@ -32,17 +32,14 @@ import _tiny_workload as tw  # noqa: E402
 METADATA = "trainer/.metadata"
 
 
-def hooks():
-    return [pf.save_every(4, snapshots=True)]
+hooks = tw.snapshotting
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """A finished 10-step run: last/ (step 10), iter_4, iter_8, iter_10, and its final weights."""
     root = tmp_path_factory.mktemp("saved")
-    model, run = tw.build(root / "run", hooks=hooks(), max_epochs=2)
-    run()
-    return root / "run", tw.weights(model)
+    return root / "run", tw.finished(root / "run")
 
 
 def craft(checkpoint: pathlib.Path, change) -> None:

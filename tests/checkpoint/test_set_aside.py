@@ -21,22 +21,12 @@ import _tiny_workload as tw  # noqa: E402
 from _disk_faults import damage, hashes  # noqa: E402
 
 
-def hooks():
-    return [pf.save_every(4, snapshots=True)]
+hooks = tw.snapshotting
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    """Finished 10-step runs, standard and legacy: last (step 10), iter_4, iter_8, iter_10."""
-    root = tmp_path_factory.mktemp("saved")
-    for fmt in ("standard", "legacy"):
-        tw.build(root / fmt, hooks=hooks(), max_epochs=2, fmt=fmt)[1]()
-    return root
-
-
-def _copy(saved, tmp_path, fmt="standard") -> pathlib.Path:
+def _copy(finished_runs, tmp_path, fmt="standard") -> pathlib.Path:
     run_dir = tmp_path / "run"
-    shutil.copytree(saved / fmt, run_dir)
+    shutil.copytree(finished_runs / fmt, run_dir)
     return run_dir
 
 
@@ -52,11 +42,11 @@ def _data_file(checkpoint: pathlib.Path) -> pathlib.Path:
     return next(p for p in (checkpoint / "trainer").iterdir() if p.suffix == ".distcp")
 
 
-def test_auto_resume_past_a_damaged_last_and_snapshot_sets_them_aside_when_it_saves_there(saved, tmp_path):
+def test_auto_resume_past_a_damaged_last_and_snapshot_sets_them_aside_when_it_saves_there(finished_runs, tmp_path):
     """last/, iter_10 and iter_8 cut short: resume='auto' takes iter_4; its save of step 8 takes the names iter_8
     and last, whose damaged checkpoints are kept, byte for byte, as damaged-iter_8 and damaged-last, each said
     once; iter_10, whose name no later save takes, is left as it is."""
-    run_dir = _copy(saved, tmp_path)
+    run_dir = _copy(finished_runs, tmp_path)
     model_dir = run_dir / "model"
     for name in ("last", "iter_10", "iter_8"):
         damage(_data_file(model_dir / name), "truncate")
@@ -70,9 +60,9 @@ def test_auto_resume_past_a_damaged_last_and_snapshot_sets_them_aside_when_it_sa
     assert hashes(model_dir / "iter_10") == kept["iter_10"]
 
 
-def test_a_fresh_run_sets_aside_a_damaged_last_instead_of_replacing_it(saved, tmp_path):
+def test_a_fresh_run_sets_aside_a_damaged_last_instead_of_replacing_it(finished_runs, tmp_path):
     """With only a damaged last/ (its marker lost) a fresh run starts (nothing intact to refuse for) and keeps it."""
-    run_dir = _copy(saved, tmp_path)
+    run_dir = _copy(finished_runs, tmp_path)
     model_dir = run_dir / "model"
     for snapshot in model_dir.glob("iter_*"):
         shutil.rmtree(snapshot)
@@ -84,9 +74,9 @@ def test_a_fresh_run_sets_aside_a_damaged_last_instead_of_replacing_it(saved, tm
     assert pf.checkpoint.validate(model_dir / "last").step == 15
 
 
-def test_a_damaged_legacy_last_and_snapshot_are_set_aside_not_replaced(saved, tmp_path):
+def test_a_damaged_legacy_last_and_snapshot_are_set_aside_not_replaced(finished_runs, tmp_path):
     """The one-file format: a garbled last.pth and iter_8.pth are kept as damaged-last.pth and damaged-iter_8.pth."""
-    run_dir = _copy(saved, tmp_path, "legacy")
+    run_dir = _copy(finished_runs, tmp_path, "legacy")
     model_dir = run_dir / "model"
     for name in ("last.pth", "iter_10.pth", "iter_8.pth"):
         damage(model_dir / name, "garbage")
@@ -97,10 +87,10 @@ def test_a_damaged_legacy_last_and_snapshot_are_set_aside_not_replaced(saved, tm
         assert pf.checkpoint.validate(model_dir / name).step == (15 if name == "last.pth" else 8)
 
 
-def test_set_aside_names_never_collide_and_discovery_and_retention_never_see_them(saved, tmp_path):
+def test_set_aside_names_never_collide_and_discovery_and_retention_never_see_them(finished_runs, tmp_path):
     """A second damaged last/ becomes damaged-last-2; discovery skips both, ls lists them as set aside and damaged,
     and retention keeping one snapshot leaves them alone."""
-    run_dir = _copy(saved, tmp_path)
+    run_dir = _copy(finished_runs, tmp_path)
     model_dir = run_dir / "model"
     for n in (1, 2):
         copy = model_dir / f"copy{n}"

@@ -98,6 +98,18 @@ def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt=
     return model, run
 
 
+def snapshotting():
+    """Save every 4 steps with a snapshot each: a 10-step run leaves last (step 10), iter_4, iter_8 and iter_10."""
+    return [pf.save_every(4, snapshots=True)]
+
+
+def finished(save_dir, fmt="standard") -> dict:
+    """A finished 10-step run (2 epochs) in ``save_dir``, saved as ``snapshotting`` says; returns its final weights."""
+    model, run = build(save_dir, hooks=snapshotting(), max_epochs=2, fmt=fmt)
+    run()
+    return weights(model)
+
+
 def weights(model) -> dict:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
