@@ -144,4 +144,6 @@ def check_best(path: pathlib.Path) -> None:
         raise CheckpointError(path, path.name, f"cannot be read ({cause(exc)})") from None
     if actual != recorded:
         problem = f"does not match the SHA-256 {path.with_suffix('.json').name} records: its bytes changed since it was written"
-        raise CheckpointError(path, path.name, problem)
+        advice = (f"Restore it from a copy, or use a checkpoint's weights instead: list them with "
+                  f"`python -m pimm_fn ls {path.parent}` and pass one's path")
+        raise CheckpointError(path, path.name, problem, advice)

@@ -48,22 +48,23 @@ class CheckpointError(ValueError):
         path: the checkpoint (directory, or file for the legacy format).
         file: the damaged file, relative to ``path`` (the file's own name for a legacy file).
         problem: what is wrong with it, e.g. ``"is 0 bytes, the marker records 4,096 (cut short)"``.
+        advice: what to do, when not the default (use an older checkpoint): a best-model file's, say.
 
     Example:
         >>> print(CheckpointError("runs/x/model/last", "model.pth", "is missing").summary())
         checkpoint runs/x/model/last: model.pth is missing
     """
 
-    def __init__(self, path, file: str, problem: str):
-        self.path, self.file, self.problem = str(path), file, problem
-        super().__init__(f"{self.summary()}. {_advice(self.path)}")
+    def __init__(self, path, file: str, problem: str, advice: str | None = None):
+        self.path, self.file, self.problem, self.advice = str(path), file, problem, advice
+        super().__init__(f"{self.summary()}. {advice if advice is not None else _advice(self.path)}")
 
     def summary(self) -> str:
         """The checkpoint, the file and the problem, without the advice."""
         return f"checkpoint {self.path}: {self.file} {self.problem}"
 
     def __reduce__(self):
-        return (type(self), (self.path, self.file, self.problem))
+        return (type(self), (self.path, self.file, self.problem, self.advice))
 
 
 class CheckpointStorageError(RuntimeError):

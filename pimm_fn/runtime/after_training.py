@@ -70,10 +70,12 @@ def _damaged_record(path: pathlib.Path, exc: Exception) -> checkpoint.Checkpoint
     """The error for best weights ``path`` whose ``.json`` cannot be read: which file, why, and what to do."""
     why = exc.strerror if isinstance(exc, regular_files.NotRegularFileError) else f"is damaged ({errors.cause(exc)})"
     record = path.with_suffix(".json").name
-    return checkpoint.CheckpointError(path, record, (
-        f"{why}, so which metric {path.name} is the best of is not known: restore {record} (or delete it; a best_on "
-        f"hook writes both files again when its metric improves), load {path.name} itself with "
-        f"pf.checkpoint.load_weights_file, or pass weights='final' for the model as it is"))
+    return checkpoint.CheckpointError(
+        path, record, f"{why}, so which metric {path.name} is the best of is not known",
+        advice=f"Restore {record} (or delete it; a best_on hook writes both files again when its metric improves), "
+               f"load {path.name} itself with pf.checkpoint.load_weights_file, or pass weights='final' for the model "
+               f"as it is",
+    )
 
 
 @contextlib.contextmanager

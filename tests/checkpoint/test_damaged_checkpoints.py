@@ -168,10 +168,13 @@ def test_a_marker_without_files_still_loads_and_a_short_data_file_is_still_found
 
 def test_checkpoint_error_is_a_value_error_that_pickles():
     """CheckpointError is caught by `except ValueError` and crosses processes unchanged."""
-    error = CheckpointError("runs/x/model/last", "model.pth", "is missing")
-    again = pickle.loads(pickle.dumps(error))
-    assert isinstance(error, ValueError) and pf.CheckpointError is CheckpointError
-    assert (again.path, again.file, again.problem, str(again)) == (error.path, error.file, error.problem, str(error))
+    for error in (CheckpointError("runs/x/model/last", "model.pth", "is missing"),
+                  CheckpointError("runs/x/model/model_best.pth", "model_best.pth", "is cut", advice="Restore it")):
+        again = pickle.loads(pickle.dumps(error))
+        assert isinstance(error, ValueError) and pf.CheckpointError is CheckpointError
+        assert (again.path, again.file, again.problem, again.advice, str(again)) == (
+            error.path, error.file, error.problem, error.advice, str(error))
+    assert str(error) == "checkpoint runs/x/model/model_best.pth: model_best.pth is cut. Restore it"
 
 
 def test_a_sharded_save_records_its_shards_and_a_damaged_one_is_skipped(one_rank_group, tmp_path, capsys):

@@ -122,7 +122,8 @@ def test_a_damaged_best_record_is_named_with_the_fix_not_called_missing(trained,
         run.test(val, weights="best")
     assert (caught.value.path, caught.value.file) == (str(tmp_path / "model" / "model_best.pth"), "model_best.json")
     assert f"{caught.value.file} {caught.value.problem}".startswith(problem)
-    assert "restore model_best.json" in caught.value.problem and "weights='final'" in caught.value.problem
+    assert caught.value.advice.startswith("Restore model_best.json") and "weights='final'" in caught.value.advice
+    assert "python -m pimm_fn ls" not in str(caught.value)  # the fix is the best file's, not a resume's
     with within(60), pytest.raises(checkpoint.CheckpointError, match="model_best.json"):
         run.test(val, weights="best", metric="val/mse")
     assert run.test(val) == {"val/mse": pytest.approx(run.state.metrics["val/mse"])}
