@@ -26,7 +26,7 @@ from . import _safe_writes as W
 from . import storage
 from ._marker import CheckpointInfo, info_from_marker, marker_payload
 from ._pack import pack, unpack
-from .errors import CheckpointError, cause, storage_errors, tensor_bytes
+from .errors import CheckpointError, cause, shown, storage_errors, tensor_bytes
 
 EXTRA_STATE = "_extra_state"  # torch's suffix for a module's get_extra_state() entry of a state_dict
 PLAIN = (bool, int, float, str)  # what an extra-state entry may hold beside None and tensors (weights_only loads it)
@@ -109,7 +109,7 @@ def weights_problem(weights: Any) -> str | None:
         return f"holds {_a(weights)} where a state_dict (a dict of tensors) is expected"
     for key, value in weights.items():
         if not isinstance(key, str):
-            return f"has a key {_short_repr(key)} ({_a(key)}) where a state_dict has names (strings)"
+            return f"has a key {shown(key, 40)} ({_a(key)}) where a state_dict has names (strings)"
         if isinstance(value, torch.Tensor):
             continue
         if not (key.endswith(EXTRA_STATE) and (value is None or isinstance(value, PLAIN))):
@@ -133,13 +133,6 @@ def _a(value: Any) -> str:
     name = type(value).__name__
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
-
-def _short_repr(value: Any) -> str:
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # an int too long to print, a tuple nested too deep
-        return "..."
-    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def _load(path: pathlib.Path, *, mmap: bool, checkpoint: pathlib.Path | None = None) -> Any:

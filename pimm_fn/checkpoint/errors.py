@@ -117,6 +117,19 @@ def no_space(exc: BaseException | None) -> OSError | None:
     return None
 
 
+def shown(value, limit: int = 60) -> str:
+    """A value read from a checkpoint, for a message: its repr cut to ``limit``, never raising.
+
+    >>> shown(list(range(30)), 20)
+    '[0, 1, 2, 3, 4, 5...'
+    """
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):  # an int of more digits than Python prints, a list nested too deep
+        return f"a {type(value).__name__}"
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 def cause(exc: BaseException) -> str:
     """One line saying why a read failed: DCP's first rank failure unwrapped, torch's unsafe advice left out."""
     if isinstance(exc, CheckpointException) and exc.failures:

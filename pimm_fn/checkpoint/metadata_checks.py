@@ -37,6 +37,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from .errors import shown
+
 __all__ = ["problem"]
 
 _MISSING = object()
@@ -73,7 +75,7 @@ def _check(meta: Metadata) -> None:
         _storage_entry(index, info)
     for key, entry in entries.items():
         if not isinstance(key, str):
-            raise _Bad(f"lists an entry named {_shown(key)} where DCP writes a string")
+            raise _Bad(f"lists an entry named {shown(key)} where DCP writes a string")
         if isinstance(entry, TensorStorageMetadata):
             _tensor_entry(key, entry, storage)
         elif isinstance(entry, BytesStorageMetadata):
@@ -85,7 +87,7 @@ def _check(meta: Metadata) -> None:
 
 def _storage_entry(index: Any, info: Any) -> None:
     if not isinstance(index, MetadataIndex):
-        raise _Bad(f"has a storage_data key {_shown(index)} where DCP writes a MetadataIndex")
+        raise _Bad(f"has a storage_data key {shown(index)} where DCP writes a MetadataIndex")
     fqn = _field(index, "fqn", str, "the fqn of a storage_data key")
     where = f"the storage of {fqn!r}"
     offset = _field(index, "offset", (torch.Size, tuple, type(None)), f"the key offset of {where}")
@@ -100,7 +102,7 @@ def _storage_entry(index: Any, info: Any) -> None:
     transforms = _field(info, "transform_descriptors", (list, tuple, type(None)),
                         f"the transform_descriptors of {where}")
     if transforms is not None and not all(isinstance(t, str) for t in transforms):
-        raise _Bad(f"describes {where} with transform_descriptors {_shown(transforms)} where DCP writes strings")
+        raise _Bad(f"describes {where} with transform_descriptors {shown(transforms)} where DCP writes strings")
 
 
 def _tensor_entry(key: str, entry: TensorStorageMetadata, storage: dict) -> None:
@@ -113,7 +115,7 @@ def _tensor_entry(key: str, entry: TensorStorageMetadata, storage: dict) -> None
     _field(properties, "pin_memory", bool, f"the pin_memory of {where}")
     size = _ints(_field(entry, "size", (torch.Size, tuple), f"the size of {where}"), f"the size of {where}")
     if math.prod(size) >= _LIMIT:
-        raise _Bad(f"has the size {_shown(list(size))} of {where}, more elements than a tensor can hold")
+        raise _Bad(f"has the size {shown(list(size))} of {where}, more elements than a tensor can hold")
     chunks = _field(entry, "chunks", list, f"the chunks of {where}")
     total = 0
     for chunk in chunks:
@@ -123,11 +125,11 @@ def _tensor_entry(key: str, entry: TensorStorageMetadata, storage: dict) -> None
                         f"the offsets of a chunk of {where}")
         sizes = _ints(_field(chunk, "sizes", (torch.Size, tuple), f"the sizes of a chunk of {where}"),
                       f"the sizes of a chunk of {where}")
-        at = f"a chunk of {where} at {_shown(list(offsets))} of {_shown(list(sizes))}"
+        at = f"a chunk of {where} at {shown(list(offsets))} of {shown(list(sizes))}"
         if len(offsets) != len(size) or len(sizes) != len(size):
-            raise _Bad(f"lists {at}, not of the tensor's rank {len(size)} (size {_shown(list(size))})")
+            raise _Bad(f"lists {at}, not of the tensor's rank {len(size)} (size {shown(list(size))})")
         if any(o + s > n for o, s, n in zip(offsets, sizes, size)):
-            raise _Bad(f"lists {at}, outside its size {_shown(list(size))}")
+            raise _Bad(f"lists {at}, outside its size {shown(list(size))}")
         info = storage.get(MetadataIndex(key, offsets))
         if info is None:
             raise _Bad(f"lists {at} but no storage for it")
@@ -136,7 +138,7 @@ def _tensor_entry(key: str, entry: TensorStorageMetadata, storage: dict) -> None
             raise _Bad(f"lists {at} ({nbytes:,} bytes) stored in {info.length:,} bytes")
         total += math.prod(sizes)
     if total != math.prod(size):
-        raise _Bad(f"lists chunks of {where} holding {total:,} elements where its size {_shown(list(size))} has "
+        raise _Bad(f"lists chunks of {where} holding {total:,} elements where its size {shown(list(size))} has "
                    f"{math.prod(size):,}")
 
 
@@ -148,7 +150,7 @@ def _field(obj: Any, name: str, types, what: str) -> Any:
     allowed = types if isinstance(types, tuple) else (types,)
     if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
         expected = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
-        raise _Bad(f"has {what} {_shown(value)} where DCP writes {expected}")
+        raise _Bad(f"has {what} {shown(value)} where DCP writes {expected}")
     return value
 
 
@@ -156,19 +158,10 @@ def _ints(values, what: str) -> tuple:
     """``values`` as a tuple, each an ``int`` (not a bool) in ``[0, 2**63)``."""
     for n in values:
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < _LIMIT:
-            raise _Bad(f"has {what} {_shown(values)} where DCP writes integers in [0, 2**63)")
+            raise _Bad(f"has {what} {shown(values)} where DCP writes integers in [0, 2**63)")
     return tuple(values)
 
 
 def _count(n: int, what: str) -> None:
     if not 0 <= n < _LIMIT:
-        raise _Bad(f"has {what} {_shown(n)} where DCP writes an integer in [0, 2**63)")
-
-
-def _shown(value: Any) -> str:
-    """A short repr (the unpickler admits no class whose repr could run code)."""
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # an int of more digits than Python prints, a list nested too deep
-        return f"a {type(value).__name__}"
-    return text if len(text) <= 60 else f"{text[:57]}..."
+        raise _Bad(f"has {what} {shown(n)} where DCP writes an integer in [0, 2**63)")

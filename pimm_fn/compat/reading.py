@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint import inspection, safe_reading
+from pimm_fn.checkpoint.errors import shown
 
 __all__ = [
     "PimmCheckpointError", "PimmCheckpoint", "read_pimm_checkpoint", "latest_pimm_checkpoint", "pimm_source",
@@ -108,7 +109,7 @@ def _paths(directory: pathlib.Path, meta) -> dict[str, tuple]:
         if not isinstance(path, (tuple, list)) or not path or not all(
                 isinstance(p, (str, int)) and not isinstance(p, bool) for p in path):
             raise PimmCheckpointError(
-                f"{directory / '.metadata'} places {key!r} at {_shown(path)}, where DCP writes a non-empty tuple of "
+                f"{directory / '.metadata'} places {key!r} at {shown(path)}, where DCP writes a non-empty tuple of "
                 f"names and indices: the checkpoint was not written by pimm's dcp.save, or was altered")
         paths[key] = tuple(path)
     owner = {path: key for key, path in paths.items()}
@@ -116,18 +117,11 @@ def _paths(directory: pathlib.Path, meta) -> dict[str, tuple]:
         clash = next((owner[path[:n]] for n in range(1, len(path) + 1) if owner.get(path[:n], key) != key), None)
         if clash is not None:
             raise PimmCheckpointError(
-                f"{directory / '.metadata'} places {key!r} at {_shown(path)} and {clash!r} at "
-                f"{_shown(paths[clash])}: one would overwrite the other; the checkpoint was not written by pimm's "
+                f"{directory / '.metadata'} places {key!r} at {shown(path)} and {clash!r} at "
+                f"{shown(paths[clash])}: one would overwrite the other; the checkpoint was not written by pimm's "
                 f"dcp.save, or was altered")
     return paths
 
-
-def _shown(value) -> str:
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):  # an int too long to print, a tuple nested too deep
-        return f"a {type(value).__name__}"
-    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 def unwrapped(weights: Mapping) -> dict:
