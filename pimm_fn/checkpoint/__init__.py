@@ -30,7 +30,7 @@ from ._marker import CheckpointInfo
 from .errors import CheckpointError, CheckpointStorageError, DiskFullError
 from .set_aside import SetAsideWarning
 from .validation import validate
-from ._best_model import best_record, write_best
+from ._best_model import best_record, record_problem, write_best
 from ._weights_file import load_weights_file
 from .remap import KeyRule, WeightsReport, remap_state_dict
 from .contents import PerRank, Replicated, SavedState, TrainerContents, from_parts, saved_state, to_parts
@@ -57,6 +57,7 @@ __all__ = [
     "load_checkpoint",
     "load_weights_file",
     "prewarm_async_save",
+    "record_problem",
     "remap_state_dict",
     "rolling_checkpoint",
     "save_checkpoint",

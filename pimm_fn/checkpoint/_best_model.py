@@ -120,6 +120,15 @@ def best_record(weights_file: pathlib.Path) -> dict:
     return record
 
 
+def record_problem(exc: BaseException) -> str:
+    """Why the record :func:`best_record` raised ``exc`` for cannot be taken: the rest of a sentence about it."""
+    if isinstance(exc, FileNotFoundError):
+        return "is missing"
+    if isinstance(exc, regular_files.NotRegularFileError):
+        return exc.strerror
+    return f"is damaged ({cause(exc)})"
+
+
 def check_best(path: pathlib.Path) -> None:
     """The best-model file ``path`` matches the SHA-256 its ``.json`` records, if it records one.
 

@@ -41,7 +41,7 @@ import shutil
 
 from . import storage
 
-__all__ = ["best_stem", "remove", "link_or_copy"]
+__all__ = ["best_stem", "is_best_name", "remove", "link_or_copy", "copy_on_store"]
 
 LAST = "last"
 LEGACY_LAST = "last.pth"
@@ -71,6 +71,11 @@ ITER_FILE = re.compile(r"^iter_(\d+)\.pth$")
 STORE_LAST = re.compile(r"^last-(\d+)-[0-9a-f]+$")  # the rolling checkpoint on a store, under its final name
 
 
+def is_best_name(path: pathlib.Path) -> bool:
+    """Whether ``path`` is named as a best-model weights file: ``model_best.pth`` or ``model_best_<metric>.pth``."""
+    return path.suffix == ".pth" and path.stem.startswith(best_stem())
+
+
 def remove(path: pathlib.Path) -> None:
     """Delete a checkpoint dir or file; the marker goes first.
 
@@ -94,3 +99,16 @@ def link_or_copy(src: str, dst: str) -> None:
         os.link(src, dst)
     except OSError:
         shutil.copy2(src, dst)
+
+
+def copy_on_store(source, target) -> None:
+    """Copy a checkpoint directory on an fsspec store to ``target`` (server-side copies), its marker last, if any.
+
+    The marker commits on a store: until it is copied, ``target`` is invisible.
+    """
+    listed = source.files()  # one listing: the marker is in it when there is one
+    files = sorted(rel for rel in listed if rel != MARKER)
+    if files:
+        source.fs.copy([f"{source.path}/{rel}" for rel in files], [f"{target.path}/{rel}" for rel in files])
+    if MARKER in listed:
+        source.fs.copy(f"{source.path}/{MARKER}", f"{target.path}/{MARKER}")

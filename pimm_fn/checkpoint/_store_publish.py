@@ -73,10 +73,8 @@ def snapshot(model_dir: StorePath, published: StorePath, step: int) -> StorePath
     validate is set aside instead (:mod:`.set_aside`).
     """
     target = model_dir / f"iter_{step}"
-    if not (target / L.MARKER).exists() or readable_or_set_aside(target) is not None:
+    earlier = target.files()  # one listing: an earlier snapshot of this step, committed or not (usually none)
+    if earlier and (L.MARKER not in earlier or readable_or_set_aside(target) is not None):
         L.remove(target)  # uncommitted (invisible, nothing lost), or a readable snapshot replaced
-    files = sorted(rel for rel in published.files() if rel != L.MARKER)
-    if files:
-        published.fs.copy([f"{published.path}/{rel}" for rel in files], [f"{target.path}/{rel}" for rel in files])
-    published.fs.copy(f"{published.path}/{L.MARKER}", f"{target.path}/{L.MARKER}")
+    L.copy_on_store(published, target)
     return target

@@ -49,7 +49,7 @@ def load_weights_file(path: str | os.PathLike) -> dict:
         p, owner = (info.path / L.WEIGHTS if info.format == "standard" else info.path), info.path
     elif not p.exists():
         raise FileNotFoundError(f"load_weights_file: {str(p)!r} does not exist")
-    elif p.suffix == ".pth" and p.stem.startswith(L.best_stem()):
+    elif L.is_best_name(p):
         check_best(p)
     content = _legacy._load(p, mmap=False, checkpoint=owner)  # a checkpoint's damaged file is a CheckpointError
     if isinstance(content, Mapping) and isinstance(content.get("marker"), Mapping) and "weights" in content:

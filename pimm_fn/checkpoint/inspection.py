@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from . import _layout as L
 from . import _safe_writes as W
 from . import _legacy, safe_reading, storage
-from ._best_model import best_record, check_best
+from ._best_model import best_record, check_best, record_problem
 from ._pack import tensor_to_skeleton, unpack
 from ._peek import TensorInfo, contents_of, infos_of, numpy_keys, size_of, trainer_without_tensors, weights_without_tensors
 from ._retain import REMOVING
@@ -66,7 +66,7 @@ def is_marked(path: pathlib.Path) -> bool:
 
 def is_best_file(path: pathlib.Path) -> bool:
     """A ``model_best.pth`` or ``model_best_<metric>.pth`` file."""
-    return path.is_file() and path.suffix == ".pth" and path.stem.startswith(L.best_stem())
+    return path.is_file() and L.is_best_name(path)
 
 
 def is_removal(path: pathlib.Path) -> bool:
@@ -238,6 +238,5 @@ def _best(path: pathlib.Path) -> tuple[list[str], list[str]]:
     except FileNotFoundError:
         notes.append(f"no {meta.name} beside it: which metric and step it holds is not recorded")
     except (OSError, ValueError) as exc:  # a FIFO, a crafted record: damage beside the weights
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"is not its record ({exc})"
-        return [f"{meta.name} {why}"], notes
+        return [f"{meta.name} {record_problem(exc)}"], notes
     return [], notes

@@ -53,11 +53,7 @@ def set_aside(path: pathlib.Path) -> pathlib.Path:
     """Move the checkpoint at ``path`` to the first free ``damaged-<name>[-<n>]`` beside it; returns where."""
     target = _free_name(path)
     if storage.is_store(path):
-        files = sorted(rel for rel in path.files() if rel != L.MARKER)
-        if files:
-            path.fs.copy([f"{path.path}/{rel}" for rel in files], [f"{target.path}/{rel}" for rel in files])
-        if (path / L.MARKER).exists():
-            path.fs.copy(f"{path.path}/{L.MARKER}", f"{target.path}/{L.MARKER}")
+        L.copy_on_store(path, target)
         L.remove(path)
     else:
         os.rename(path, target)

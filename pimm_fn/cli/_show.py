@@ -7,7 +7,7 @@ import pathlib
 import attrs
 from torch.distributed.checkpoint.api import CheckpointException
 
-from pimm_fn.checkpoint import best_record, find_checkpoint, regular_files
+from pimm_fn.checkpoint import best_record, find_checkpoint, record_problem
 from pimm_fn.checkpoint.contents import from_parts
 from pimm_fn.checkpoint.inspection import (
     TensorInfo, contents_of, is_marked, is_removal, size_of, trainer_without_tensors, weights_without_tensors,
@@ -38,12 +38,7 @@ def values_text(values) -> str:
 
 def _unreadable_record(path: pathlib.Path, exc: Exception) -> str:
     """Why the ``.json`` beside the best-model file ``path`` cannot be shown, naming it."""
-    name = path.with_suffix(".json").name
-    if isinstance(exc, FileNotFoundError):
-        return f"{name} is missing"
-    if isinstance(exc, regular_files.NotRegularFileError):
-        return f"{name} {exc.strerror}"
-    return f"{name} is damaged ({reason(exc)})"
+    return f"{path.with_suffix('.json').name} {record_problem(exc)}"
 
 
 def row(entry: Entry) -> dict:

@@ -18,7 +18,6 @@ import pathlib
 import torch
 
 from pimm_fn import checkpoint, dist
-from pimm_fn.checkpoint import errors, regular_files
 from pimm_fn.hooks.evaluation import evaluator_name
 from pimm_fn.runtime.batch_to_device import to_device
 from pimm_fn.runtime.context import unwrap
@@ -68,10 +67,9 @@ def best_weights_file(model_dir, metric: str | None = None) -> pathlib.Path:
 
 def _damaged_record(path: pathlib.Path, exc: Exception) -> checkpoint.CheckpointError:
     """The error for best weights ``path`` whose ``.json`` cannot be read: which file, why, and what to do."""
-    why = exc.strerror if isinstance(exc, regular_files.NotRegularFileError) else f"is damaged ({errors.cause(exc)})"
     record = path.with_suffix(".json").name
     return checkpoint.CheckpointError(
-        path, record, f"{why}, so which metric {path.name} is the best of is not known",
+        path, record, f"{checkpoint.record_problem(exc)}, so which metric {path.name} is the best of is not known",
         advice=f"Restore {record} (or delete it; a best_on hook writes both files again when its metric improves), "
                f"load {path.name} itself with pf.checkpoint.load_weights_file, or pass weights='final' for the model "
                f"as it is",
