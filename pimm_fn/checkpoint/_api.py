@@ -149,8 +149,6 @@ def save_checkpoint(
         locals_by_rank = dist.gather_object(local)
 
         def publish() -> pathlib.Path:
-            root.mkdir(parents=True, exist_ok=True)
-            _publish.clean_staging(root)
             content = _legacy.payload(step, weights, trainer, locals_by_rank, recorded)
             return _publish.publish_file(root, content)
 

@@ -71,14 +71,19 @@ def write_best(
     meta = lambda: json.dumps(record, sort_keys=True).encode()
     files = {root / f"{stem}.pth": write_weights, root / f"{stem}.json": lambda f: f.write(meta())}
     nbytes = lambda: tensor_bytes(weights) + len(meta())
-    if storage.is_store(root):  # one PUT per object, each atomic: the weights first, as the renames below
-        for path, write in files.items():
-            W.durable_write(path, write)
-        return root / f"{stem}.pth"
     with storage_errors(root, nbytes, f"{stem}.pth and {stem}.json", f"the previous {stem} is intact"):
+        if storage.is_store(root):  # one PUT per object, each atomic: the weights first, as the renames below
+            for path, write in files.items():
+                W.durable_write(path, write)
+            return root / f"{stem}.pth"
         staged = _stage_all(root, files)
-    for tmp, path in zip(staged, files):
-        os.replace(tmp, path)
+        try:
+            for tmp, path in zip(staged, files):
+                os.replace(tmp, path)
+        except BaseException:
+            for tmp in staged:
+                tmp.unlink(missing_ok=True)
+            raise
     W.fsync_dir(root)
     return root / f"{stem}.pth"
 

@@ -20,6 +20,7 @@ and the marker commits (each function here hands a store over to it).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -29,7 +30,7 @@ from pimm_fn import dist
 from . import _layout as L
 from . import _safe_writes as W
 from . import _legacy, _store_publish, storage
-from .errors import CheckpointStorageError, storage_error, storage_errors
+from .errors import CheckpointStorageError, storage_error, storage_errors, tensor_bytes
 from .manifest import manifest
 from .set_aside import readable_or_set_aside
 
@@ -52,10 +53,10 @@ def fresh_staging(model_dir: pathlib.Path, step: int) -> pathlib.Path:
     Raises:
         DiskFullError: not even the directory could be made.
     """
-    if storage.is_store(model_dir):
-        return _store_publish.fresh(model_dir, step)
     staging = model_dir / f"{L.STAGING}{L.LAST}-{step}"
     with storage_errors(model_dir, 0, f"the staging directory {staging.name}", UNPUBLISHED):
+        if storage.is_store(model_dir):
+            return _store_publish.fresh(model_dir, step)
         model_dir.mkdir(parents=True, exist_ok=True)
         clean_staging(model_dir)
         staging.mkdir()
@@ -79,25 +80,44 @@ def clean_staging(model_dir: pathlib.Path) -> None:
         L.remove(entry)
 
 
-def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path) -> pathlib.Path:
+@contextlib.contextmanager
+def _removed_on_error(staging: pathlib.Path):
+    """Remove ``staging`` when what runs inside fails: an unpublished save leaves nothing behind."""
+    try:
+        yield
+    except BaseException:
+        L.remove(staging)
+        raise
+
+
+def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path, step: int) -> pathlib.Path:
     """Make a complete staging directory the new ``last/``.
 
     Args:
         model_dir: the checkpoint root.
         staging: a directory holding a valid ``COMPLETE`` marker.
+        step: its step, for an error.
 
     Returns:
         The path of the published ``last/``.
+
+    Raises:
+        CheckpointStorageError: a rename (or the set-aside of a damaged
+            ``last/``) was refused; the staging directory is removed, and
+            ``last/`` (or its retired copy, which discovery reads) is as it was.
     """
     if storage.is_store(model_dir):
-        return _store_publish.publish(model_dir, staging)
+        return _store_publish.publish(model_dir, staging, step)
     last = model_dir / L.LAST
-    old = readable_or_set_aside(last) if last.exists() else None
-    if old is not None:
-        retired = model_dir / f"{L.RETIRED}{L.LAST}-{old.step}"
-        L.remove(retired)
-        os.rename(last, retired)
-    os.rename(staging, last)
+    what = f"the checkpoint of step {step}"
+    with storage_errors(model_dir, 0, what, removed(staging), doing="publishing"), _removed_on_error(staging):
+        unpublished = f"{what} is not published (its staging directory {staging.name} is removed)"
+        old = readable_or_set_aside(last, otherwise=unpublished) if last.exists() else None
+        if old is not None:
+            retired = model_dir / f"{L.RETIRED}{L.LAST}-{old.step}"
+            L.remove(retired)
+            os.rename(last, retired)
+        os.rename(staging, last)
     W.fsync_dir(model_dir)
     for retired in model_dir.glob(f"{L.RETIRED}*"):
         L.remove(retired)
@@ -135,7 +155,7 @@ def publish_staged(
         if converted is exc:
             raise
         raise converted from exc
-    return publish_dir(model_dir, staging)
+    return publish_dir(model_dir, staging, step)
 
 
 def _staged_bytes(staging: pathlib.Path, weights_file: "W.BackgroundWrite | None") -> int:
@@ -147,11 +167,22 @@ def _staged_bytes(staging: pathlib.Path, weights_file: "W.BackgroundWrite | None
 
 
 def publish_file(model_dir: pathlib.Path, content: dict) -> pathlib.Path:
-    """Write ``content`` as the new ``last.pth``, atomically; one there that does not validate is set aside first."""
+    """Write ``content`` as the new ``last.pth``, atomically; one there that does not validate is set aside first.
+
+    Stale ``.staging-*`` entries (an earlier save's, cut short) are removed first.
+
+    Raises:
+        DiskFullError / CheckpointStorageError: the write (or the set-aside) failed; the previous file is as it was.
+    """
     last = model_dir / L.LEGACY_LAST
-    if last.exists():
-        readable_or_set_aside(last)  # replaced by the write when it validates
-    return _legacy.write(last, content)
+    step = content["marker"]["step"]
+    with storage_errors(model_dir, lambda: tensor_bytes(content), L.LEGACY_LAST, UNPUBLISHED):
+        model_dir.mkdir(parents=True, exist_ok=True)
+        clean_staging(model_dir)
+        if last.exists():  # replaced by the write when it validates
+            unpublished = f"the checkpoint of step {step} is not published (nothing of it was written)"
+            readable_or_set_aside(last, otherwise=unpublished)
+        return _legacy.write(last, content)
 
 
 def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pathlib.Path:
@@ -168,22 +199,20 @@ def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pat
     staging = model_dir / f"{L.STAGING}{name}"
     size = lambda: sum(p.stat().st_size for p in [published, *published.rglob("*")] if p.is_file())
     consequence = f"the checkpoint itself was published as {published.name}, and is intact"
-    with storage_errors(model_dir, size, f"the snapshot {name} (copies where hard links fail)", consequence):
+    copying = f"the snapshot {name} (copies where hard links fail)"
+    with storage_errors(model_dir, size, copying, consequence), _removed_on_error(staging):
         L.remove(staging)
-        try:
-            if published.is_dir():
-                shutil.copytree(published, staging, copy_function=L.link_or_copy)
-            else:
-                L.link_or_copy(str(published), str(staging))
-        except BaseException:
-            L.remove(staging)
-            raise
-    target = model_dir / name
-    if target.exists() and readable_or_set_aside(target) is not None and published.is_dir():
-        L.remove(target)
-    if published.is_dir():
-        os.rename(staging, target)
-    else:
-        os.replace(staging, target)
+        if published.is_dir():
+            shutil.copytree(published, staging, copy_function=L.link_or_copy)
+        else:
+            L.link_or_copy(str(published), str(staging))
+        target = model_dir / name
+        unmade = f"the snapshot {name} is not made (its staging {staging.name} is removed); {consequence}"
+        if target.exists() and readable_or_set_aside(target, otherwise=unmade) is not None and published.is_dir():
+            L.remove(target)
+        if published.is_dir():
+            os.rename(staging, target)
+        else:
+            os.replace(staging, target)
     W.fsync_dir(model_dir)
     return target

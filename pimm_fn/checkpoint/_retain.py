@@ -27,6 +27,7 @@ from . import _layout as L
 from . import _safe_writes as W
 from . import _legacy, storage, validation
 from ._marker import info_from_marker
+from .errors import storage_errors
 
 REMOVING = f"{L.STAGING}removed-"
 
@@ -87,16 +88,19 @@ def retain(model_dir: pathlib.Path, policy, published_step: int) -> list[pathlib
     protect = (newest,) if newest is not None and newest > published_step else ()
     decision = retention.decide(policy, [snapshot for snapshot, _ in snaps], protect=protect)
     doomed = [paths[snapshot.step] for snapshot in decision.remove]
-    if storage.is_store(model_dir):  # no rename there: the marker goes first, which hides it at once
+    what = f"the snapshot(s) the retention policy rules out ({', '.join(p.name for p in doomed)})"
+    kept = f"the checkpoint of step {published_step} is published and intact; a snapshot not yet deleted is kept"
+    with storage_errors(model_dir, 0, what, kept, doing="deleting"):
+        if storage.is_store(model_dir):  # no rename there: the marker goes first, which hides it at once
+            for path in doomed:
+                L.remove(path)
+            return doomed
+        moved = []
         for path in doomed:
-            L.remove(path)
-        return doomed
-    moved = []
-    for path in doomed:
-        hidden = model_dir / f"{REMOVING}{path.name}"
-        L.remove(hidden)
-        os.rename(path, hidden)
-        moved.append(hidden)
+            hidden = model_dir / f"{REMOVING}{path.name}"
+            L.remove(hidden)
+            os.rename(path, hidden)
+            moved.append(hidden)
     if moved:
         W.fsync_dir(model_dir)
     for hidden in moved:

@@ -26,7 +26,7 @@ import secrets
 
 from . import _layout as L
 from . import validation
-from .errors import CheckpointError
+from .errors import CheckpointError, storage_errors
 from .set_aside import readable_or_set_aside
 from .storage import StorePath
 
@@ -40,20 +40,25 @@ def fresh(model_dir: StorePath, step: int) -> StorePath:
     return target
 
 
-def publish(model_dir: StorePath, committed: StorePath) -> StorePath:
+def publish(model_dir: StorePath, committed: StorePath, step: int) -> StorePath:
     """After ``committed``'s marker is written: delete every other rolling checkpoint and any uncommitted leftover.
 
     An older ``last-*`` goes only when it validates (marker first); a
     directory without a marker was never a checkpoint (a save or a deletion
     cut short). A damaged one is left for ``python -m pimm_fn verify``.
+
+    Raises:
+        CheckpointStorageError: a deletion was refused; ``committed`` is published all the same.
     """
-    for entry in model_dir.iterdir():
-        if entry == committed or not (L.STORE_LAST.match(entry.name) or L.ITER_DIR.match(entry.name)):
-            continue
-        if not (entry / L.MARKER).exists():
-            L.remove(entry)  # never committed: invisible to discovery, nothing is lost
-        elif L.STORE_LAST.match(entry.name) and _valid(entry):
-            L.remove(entry)  # superseded by ``committed``, which is complete
+    kept = f"the checkpoint of step {step} is published as {committed.name}, and is intact"
+    with storage_errors(model_dir, 0, "the checkpoints it supersedes", kept, doing="deleting"):
+        for entry in model_dir.iterdir():
+            if entry == committed or not (L.STORE_LAST.match(entry.name) or L.ITER_DIR.match(entry.name)):
+                continue
+            if not (entry / L.MARKER).exists():
+                L.remove(entry)  # never committed: invisible to discovery, nothing is lost
+            elif L.STORE_LAST.match(entry.name) and _valid(entry):
+                L.remove(entry)  # superseded by ``committed``, which is complete
     return committed
 
 
@@ -73,8 +78,11 @@ def snapshot(model_dir: StorePath, published: StorePath, step: int) -> StorePath
     validate is set aside instead (:mod:`.set_aside`).
     """
     target = model_dir / f"iter_{step}"
-    earlier = target.files()  # one listing: an earlier snapshot of this step, committed or not (usually none)
-    if earlier and (L.MARKER not in earlier or readable_or_set_aside(target) is not None):
-        L.remove(target)  # uncommitted (invisible, nothing lost), or a readable snapshot replaced
-    L.copy_on_store(published, target)
+    kept = f"the checkpoint itself was published as {published.name}, and is intact"
+    with storage_errors(model_dir, 0, f"the snapshot {target.name}", kept):
+        earlier = target.files()  # one listing: an earlier snapshot of this step, committed or not (usually none)
+        unmade = f"the snapshot {target.name} is not made; {kept}"
+        if earlier and (L.MARKER not in earlier or readable_or_set_aside(target, otherwise=unmade) is not None):
+            L.remove(target)  # uncommitted (invisible, nothing lost), or a readable snapshot replaced
+        L.copy_on_store(published, target)
     return target

@@ -9,7 +9,9 @@
   none is usable (``choice.NoIntactCheckpointError``).
 - :class:`CheckpointStorageError` (a ``RuntimeError``): a save could not be
   written where it had to go (a ``save_dir`` that is not shared between
-  nodes, a failed write); nothing was published.
+  nodes, a directory this process may not write, a read-only file system,
+  a bucket that does not exist); it names the path and what to do, and
+  says what was kept (nothing was published).
 - :class:`DiskFullError` (a ``CheckpointStorageError`` and an ``OSError``
   with ``errno.ENOSPC``): the same because the disk is full. It says
   ``No space left on device`` and names the directory and the bytes.
@@ -101,20 +103,30 @@ def _advice(path: str) -> str:
     )
 
 
-def no_space(exc: BaseException | None) -> OSError | None:
-    """The ENOSPC (or EDQUOT) ``OSError`` behind ``exc``: itself, its cause or context, or a DCP rank's failure."""
+def _behind(exc: BaseException | None, wanted: Callable[[OSError], bool]) -> OSError | None:
+    """The first ``wanted`` ``OSError`` behind ``exc``: itself, its cause or context, or a DCP rank's failure."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in _FULL:
+        if isinstance(exc, OSError) and wanted(exc):
             return exc
         if isinstance(exc, CheckpointException):
             for failure, _ in exc.failures.values():
-                found = no_space(failure)
+                found = _behind(failure, wanted)
                 if found is not None:
                     return found
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+def no_space(exc: BaseException | None) -> OSError | None:
+    """The ENOSPC (or EDQUOT) ``OSError`` behind ``exc``: itself, its cause or context, or a DCP rank's failure."""
+    return _behind(exc, lambda error: error.errno in _FULL)
+
+
+def os_error(exc: BaseException | None) -> OSError | None:
+    """The ``OSError`` behind ``exc`` (a permission refused, a read-only file system...), as :func:`no_space` finds one."""
+    return _behind(exc, lambda error: True)
 
 
 def shown(value, limit: int = 60) -> str:
@@ -149,11 +161,29 @@ def _own_ctrl_c(exc: CheckpointException) -> KeyboardInterrupt | None:
     return failure if isinstance(failure, KeyboardInterrupt) else None
 
 
-def storage_error(exc: BaseException, directory, nbytes: int | Callable[[], int], what: str, consequence: str):
-    """``exc`` as a :class:`DiskFullError` when space ran out, a :class:`CheckpointStorageError` from DCP, else itself.
+def unwritable_advice(directory) -> str:
+    """What to do when ``directory`` cannot be written: the one fix every such error gives.
 
-    A Ctrl-C that landed inside DCP's write comes back as the ``KeyboardInterrupt`` it was: an
-    interruption (a script's advice, a notebook's exact continuation), not a storage failure.
+    >>> print(unwritable_advice("runs/x/model"))
+    Make runs/x/model writable by this user on every node (its permissions, a read-only mount, an immutable flag, a store's credentials), or choose another save_dir; then continue with resume='auto'
+    """
+    return (
+        f"Make {directory} writable by this user on every node (its permissions, a read-only mount, an immutable "
+        f"flag, a store's credentials), or choose another save_dir; then continue with resume='auto'"
+    )
+
+
+def storage_error(exc: BaseException, directory, nbytes: int | Callable[[], int], what: str, consequence: str, *,
+                  doing: str = "writing"):
+    """``exc`` as a :class:`DiskFullError` when space ran out, a :class:`CheckpointStorageError` when the storage
+    refused (an ``OSError``, or DCP's failure on some rank), else itself.
+
+    The storage error names ``directory``, what failed (``doing`` ``what``:
+    "writing the snapshot iter_8"), the OS's reason, the ``consequence``
+    (what was kept) and, for an ``OSError``, the fix. A Ctrl-C that landed
+    inside DCP's write comes back as the ``KeyboardInterrupt`` it was: an
+    interruption (a script's advice, a notebook's exact continuation), not a
+    storage failure.
     """
     if isinstance(exc, (CheckpointError, CheckpointStorageError)):
         return exc
@@ -161,22 +191,24 @@ def storage_error(exc: BaseException, directory, nbytes: int | Callable[[], int]
         return _own_ctrl_c(exc)
     if no_space(exc) is not None:
         return DiskFullError(directory, nbytes() if callable(nbytes) else nbytes, what, consequence)
-    if isinstance(exc, CheckpointException):
-        ranks = f" on rank(s) {sorted(exc.failures)}" if dist.world_size() > 1 else ""
-        return CheckpointStorageError(f"writing {what} under {directory} failed{ranks}: {cause(exc)}; {consequence}")
+    if isinstance(exc, (CheckpointException, OSError)):
+        several = isinstance(exc, CheckpointException) and dist.world_size() > 1
+        ranks = f" on rank(s) {sorted(exc.failures)}" if several else ""
+        fix = f". {unwritable_advice(directory)}" if os_error(exc) is not None else ""  # the storage refused: say how
+        return CheckpointStorageError(f"{doing} {what} under {directory} failed{ranks}: {cause(exc)}; {consequence}{fix}")
     return exc
 
 
 @contextlib.contextmanager
-def storage_errors(directory, nbytes: int | Callable[[], int], what: str, consequence: str):
+def storage_errors(directory, nbytes: int | Callable[[], int], what: str, consequence: str, *, doing: str = "writing"):
     """Raise what fails inside as :func:`storage_error` says (the OS error kept as the cause)."""
     try:
         yield
     except BaseException as exc:
-        converted = storage_error(exc, directory, nbytes, what, consequence)
+        converted = storage_error(exc, directory, nbytes, what, consequence, doing=doing)
         if converted is exc:
             raise
-        raise converted from no_space(exc)
+        raise converted from (no_space(exc) or os_error(exc))
 
 
 SHARED = (CheckpointError, CheckpointStorageError)

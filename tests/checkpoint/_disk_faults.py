@@ -1,4 +1,5 @@
-"""Disk faults for tests: a file damaged in place, and a full disk injected where the OS reports it.
+"""Disk faults for tests: a file damaged in place, a full disk injected where the OS reports it, and storage
+that refuses writes.
 
 ``damage(path, how)`` cuts a file short, empties it, zeroes or overwrites
 its bytes at the same size, or deletes it, as a copy cut short or a stray
@@ -11,6 +12,17 @@ writing under ``root`` whose path contains ``match`` takes ``room`` bytes,
 then each write raises ``OSError(ENOSPC)``, as a write(2) on a full
 filesystem does. Nothing of pimm_fn is replaced. Importable by the
 distributed workers too (no pytest).
+
+``unwritable(path)`` makes a directory or file refuse every change, by the
+OS itself, for root too (tests run as root here and in CI containers, and
+root's writes pass any mode bits): the immutable flag (``chattr +i``, set
+with the ``FS_IOC_SETFLAGS`` ioctl, no ``chattr`` binary needed). Nothing
+can be created, renamed or deleted in such a directory, and it cannot be
+renamed or deleted itself. Setting the flag needs ``CAP_LINUX_IMMUTABLE``
+(root has it on a host; a container gets it with ``--cap-add
+LINUX_IMMUTABLE``) and a filesystem that keeps it (ext4, xfs, btrfs, tmpfs
+since Linux 6.0): :func:`why_not_unwritable` says why not where it cannot
+be had, for the test to skip with that reason.
 """
 
 from __future__ import annotations
@@ -18,11 +30,13 @@ from __future__ import annotations
 import builtins
 import contextlib
 import errno
+import fcntl
 import hashlib
 import io
 import os
 import pathlib
 import random
+import struct
 
 
 def hashes(root) -> dict:
@@ -96,3 +110,49 @@ def full_disk(root, match: str, room: int = 0):
         yield hits
     finally:
         builtins.open, io.open = real_open, real_open
+
+
+# linux/fs.h: the inode flags ioctls (an int, whatever their declared long) and the immutable flag.
+_GETFLAGS, _SETFLAGS, _IMMUTABLE = 0x80086601, 0x40086602, 0x00000010
+
+
+def _set_immutable(path, on: bool) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        flags = struct.unpack("i", fcntl.ioctl(fd, _GETFLAGS, struct.pack("i", 0)))[0]
+        flags = flags | _IMMUTABLE if on else flags & ~_IMMUTABLE
+        fcntl.ioctl(fd, _SETFLAGS, struct.pack("i", flags))
+    finally:
+        os.close(fd)
+
+
+def why_not_unwritable(scratch) -> str | None:
+    """Why :func:`unwritable` cannot be had under the directory ``scratch`` (``None``: it can), tried on a probe."""
+    probe = pathlib.Path(scratch) / ".immutable-probe"
+    probe.mkdir(exist_ok=True)
+    try:
+        _set_immutable(probe, True)
+    except OSError as exc:
+        return (f"no way to make a directory unwritable here: the immutable flag (chattr +i) was refused "
+                f"({exc.strerror}); it needs CAP_LINUX_IMMUTABLE (a container: --cap-add LINUX_IMMUTABLE) and a "
+                f"filesystem that keeps the flag (ext4, xfs, btrfs, tmpfs)")
+    try:
+        (probe / "x").touch()
+        return "the immutable flag was set but did not stop a write here"
+    except OSError:
+        return None
+    finally:
+        _set_immutable(probe, False)
+        for left in probe.iterdir():
+            left.unlink()
+        probe.rmdir()
+
+
+@contextlib.contextmanager
+def unwritable(path):
+    """While active, ``path`` (a directory or a file) refuses every change, root's too: created, renamed, deleted."""
+    _set_immutable(path, True)
+    try:
+        yield path
+    finally:
+        _set_immutable(path, False)

@@ -3,6 +3,8 @@
 One tiny run is saved once (``last/`` at step 10 and ``iter_4``, ``iter_8``,
 ``iter_10``, in either format); each case copies it, damages the copy and
 trains on it. The store's case is ``tests/checkpoint/test_object_storage.py``.
+A set-aside the storage refuses is real: the damaged checkpoint is made
+immutable (``_disk_faults.unwritable``), which stops root too.
 """
 
 import pathlib
@@ -18,7 +20,7 @@ from pimm_fn.checkpoint.set_aside import SetAsideWarning, set_aside
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402
-from _disk_faults import damage, hashes  # noqa: E402
+from _disk_faults import damage, hashes, unwritable, why_not_unwritable  # noqa: E402
 
 
 hooks = tw.snapshotting
@@ -109,3 +111,48 @@ def test_set_aside_names_never_collide_and_discovery_and_retention_never_see_the
                                   snapshot=True, keep=pf.keep_last(1))
     assert sorted(p.name for p in model_dir.glob("damaged-*")) == [
         "damaged-copy1", "damaged-copy1-2", "damaged-copy2", "damaged-iter_4"]
+
+
+REFUSED = {  # (format, the damaged entry the storage will not move, what the save of step 8 comes to)
+    "last": ("standard", "last", "the checkpoint of step 8 is not published (its staging directory .staging-last-8 is "
+                                 "removed)"),
+    "last.pth": ("legacy", "last.pth", "the checkpoint of step 8 is not published (nothing of it was written)"),
+    "iter_8": ("standard", "iter_8", "the snapshot iter_8 is not made (its staging .staging-iter_8 is removed); the "
+                                     "checkpoint itself was published as last, and is intact"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSED)
+def test_a_set_aside_the_storage_refuses_loses_nothing_and_leaves_no_staging(finished_runs, tmp_path, case):
+    """last, iter_10 and iter_8 damaged, resumed from iter_4; the storage refuses to move the damaged `case`: the
+    save of step 8 raises CheckpointStorageError saying so, the damaged checkpoint is as it was, no .staging-* or
+    damaged-* is left; once the storage allows it, the next run sets it aside as usual."""
+    fmt, name, outcome = REFUSED[case]
+    why = why_not_unwritable(tmp_path)
+    if why:
+        pytest.skip(why)
+    run_dir = _copy(finished_runs, tmp_path, fmt)
+    model_dir = run_dir / "model"
+    suffix = ".pth" if fmt == "legacy" else ""
+    for damaged in ("last", "iter_10", "iter_8"):
+        path = model_dir / f"{damaged}{suffix}"
+        damage(path if fmt == "legacy" else _data_file(path), "truncate")
+    refused = model_dir / name
+    kept = hashes(model_dir / name) if refused.is_dir() else refused.read_bytes()
+    with unwritable(refused), pytest.raises(pf.checkpoint.CheckpointStorageError) as raised:
+        _trained(run_dir, resume="auto", fmt=fmt)
+    message = str(raised.value)
+    assert message.startswith(f"checkpoint {refused}: "), message
+    assert f"so that checkpoint was to be kept as damaged-{name}, which the storage refused (PermissionError" in message
+    assert f"it is left as it was, and {outcome}. Move {refused} out of the way yourself" in message, message
+    assert (hashes(refused) if refused.is_dir() else refused.read_bytes()) == kept
+    assert not list(model_dir.glob(".staging-*")) and not (model_dir / f"damaged-{name}").exists()
+    if case == "iter_8":
+        assert pf.checkpoint.validate(model_dir / "last").step == 8
+    said = _trained(run_dir, resume="auto", fmt=fmt)  # resumes iter_4 again, or (iter_8's case) the new last
+    if case == "iter_8":  # no later save writes iter_8: it stays, damaged, where it is
+        assert not said and hashes(refused) == kept
+        return
+    assert any(f"kept as damaged-{name}" in str(w.message) for w in said)
+    kept_aside = model_dir / f"damaged-{name}"
+    assert (hashes(kept_aside) if kept_aside.is_dir() else kept_aside.read_bytes()) == kept

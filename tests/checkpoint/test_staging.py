@@ -92,7 +92,8 @@ def test_concurrent_saves_never_share_an_area():
 
 
 def test_a_failed_weights_write_publishes_nothing(tmp_path, monkeypatch):
-    """When the weights file cannot be written, the error surfaces and the previous checkpoint stays the latest."""
+    """When the weights file cannot be written, the storage error says so (the OS error its cause) and the previous
+    checkpoint stays the latest."""
     checkpoint.save_checkpoint(tmp_path, step=1, weights={"w": torch.ones(2)}, trainer={}, local={})
     real = _safe_writes.durable_write
 
@@ -102,9 +103,10 @@ def test_a_failed_weights_write_publishes_nothing(tmp_path, monkeypatch):
         return real(path, write)
 
     monkeypatch.setattr(_safe_writes, "durable_write", failing)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(checkpoint.CheckpointStorageError, match="OSError: disk full") as raised:
         checkpoint.save_checkpoint(tmp_path, step=2, weights={"w": torch.ones(2)}, trainer={}, local={})
-    with pytest.raises(OSError, match="disk full"):
+    assert isinstance(raised.value.__cause__, OSError)
+    with pytest.raises(checkpoint.CheckpointStorageError, match="OSError: disk full"):
         checkpoint.save_checkpoint_async(tmp_path, step=3, weights={"w": torch.ones(2)}, trainer={}, local={}).wait()
     assert checkpoint.latest_checkpoint(tmp_path).step == 1
 
