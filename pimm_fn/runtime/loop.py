@@ -14,7 +14,7 @@ import warnings
 import weakref
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import foreign, sharded, storage
+from pimm_fn.checkpoint import foreign, sharded, storage, writable
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.hook_list import check_hooks
@@ -212,6 +212,10 @@ def loop(
             or best weights (``model_best*``).
         SaveDirLockError: (on every rank) another run holds ``save_dir``, or
             it cannot be written and this run would train.
+        CheckpointStorageError: (on every rank) a rank that writes in
+            ``save_dir`` cannot (a probe created, renamed and deleted before
+            the first step: ``pimm_fn.checkpoint.writable``); while training,
+            a save the storage refused, naming the path and the fix.
         CheckpointError: (on every rank) ``resume=<path>`` is damaged, or
             ``resume="auto"`` found checkpoints and none intact (each named).
     """
@@ -291,6 +295,8 @@ def loop(
                                   info, ctx, max_epochs=max_epochs, max_steps=max_steps)
         writes = info is None or not state.finished  # a finished run opened to be read (run.history) writes nothing
         ctx.lock = lock.settle(writes=writes)  # the refusal raised when it will write; else released at once
+        if writes and save_dir is not None:  # every rank that writes can write there, before the first step
+            writable.check_writable(save_dir, every_rank=saving.checkpoint_format == "standard")
         ctx.logs.start(state.progress, resumed=info is not None, writes=writes)  # logs truncated or set aside; history
         prewarm_staging(ctx)  # when a hook saves in the background: its memory, after the first step
         run = Loop(ctx, state, step_fn or train_step, interpreter)

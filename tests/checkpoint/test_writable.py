@@ -1,8 +1,8 @@
-"""Storage that refuses writes: a write the storage refuses during a save is a ``CheckpointStorageError`` naming
-the path and the fix, leaving nothing behind.
+"""Storage that refuses writes: a save_dir a save cannot write is refused before the first step, and a write the
+storage refuses during a save is a ``CheckpointStorageError`` naming the path and the fix, leaving nothing behind.
 
 The refusal is the OS's own, for root too (``_disk_faults.unwritable``: the immutable flag); where the machine
-cannot set it the tests are skipped, saying why.
+cannot set it the tests are skipped, saying why. Several ranks: ``tests/distributed/test_unwritable_ranks.py``.
 """
 
 import pathlib
@@ -30,6 +30,35 @@ def run_dir(tmp_path):
         pytest.skip(why)
     (tmp_path / "run" / "model").mkdir(parents=True)
     return tmp_path / "run"
+
+
+def _entries(directory: pathlib.Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir())
+
+
+@pytest.mark.parametrize("fmt", ["standard", "legacy"])
+def test_a_model_dir_that_cannot_be_written_is_refused_before_the_first_step(run_dir, fmt):
+    """loop() probes model/ (create, rename, delete) and raises naming rank 0, the path, the OS's reason and the
+    fix; no step trains, the lock is released and nothing is left in save_dir."""
+    model_dir = run_dir / "model"
+    with unwritable(model_dir), pytest.raises(CheckpointStorageError) as raised:
+        tw.build(run_dir, hooks=tw.snapshotting(), max_epochs=2, fmt=fmt)
+    message = str(raised.value)
+    assert message.startswith("save_dir cannot hold checkpoints: a save creates, renames and deletes"), message
+    assert f"rank 0 (host " in message and f"at {model_dir}: PermissionError" in message, message
+    assert "trained no step" in message and f"Make {model_dir} {FIX}" in message, message
+    assert _entries(run_dir) == ["model"] and _entries(model_dir) == []
+    tw.build(run_dir, hooks=tw.snapshotting(), max_epochs=2, fmt=fmt)[1]()  # writable again: the run goes on
+    assert pf.checkpoint.latest_checkpoint(model_dir).step == 10
+
+
+def test_a_run_that_writes_nothing_is_not_probed(run_dir):
+    """A finished run opened to be read (run.history) writes nothing, so an unwritable model/ does not stop it."""
+    tw.build(run_dir, hooks=tw.snapshotting(), max_epochs=2)[1]()
+    before = hashes(run_dir)
+    with unwritable(run_dir / "model"), pytest.warns(pf.ConfigurationWarning, match="nothing is left to train"):
+        _, run = tw.build(run_dir, hooks=tw.snapshotting(), max_epochs=2, resume="auto")
+    assert run.finished and hashes(run_dir) == before
 
 
 CASES = {  # the first write of step 8: (hooks, format, what the error names)

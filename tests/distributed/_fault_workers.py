@@ -4,7 +4,8 @@ One launch covers every case, in turn, so the processes start once: a run
 is saved, then for each damage rank 0 copies it and damages one file of the
 copy's ``last/``, and every rank resumes from it (``auto`` and by path);
 then full disks are injected at a write of one rank and every rank must
-raise, and resume exactly once the space is back.
+raise, and resume exactly once the space is back. ``unwritable`` builds a
+run whose save_dir one rank cannot write (test_unwritable_ranks.py).
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ DAMAGES = [("trainer/__1_0.distcp", "garbage"), ("trainer/__1_0.distcp", "delete
 FULL = [("__1_0.distcp", False), ("model.pth", False), ("COMPLETE", True)]
 
 
-def _build(rank, world, save_dir, *, resume=None, async_save=False):
+def _build(rank, world, save_dir, *, resume=None, async_save=False, fmt="standard"):
     torch.manual_seed(0)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     run = pf.loop(model, optimizer, loader(rank, world), hooks=[pf.save_every(4, snapshots=True, async_save=async_save)],
-                  max_epochs=2, save_dir=save_dir, resume=resume,
+                  max_epochs=2, save_dir=save_dir, resume=resume, saving=pf.Saving(checkpoint_format=fmt),
                   watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
     return model, run
 
@@ -100,3 +101,15 @@ def _full(rank, world, run_dir, site, background, final) -> dict:
     resumed()
     found["same"] = _same(_weights(model), final)
     return found
+
+
+def unwritable(rank, world, out, *, save_dirs, tag):
+    """Build a run in each format, each rank at its own ``save_dirs[rank]`` (a node's own mount); what each raised."""
+    result = {"rank": rank}
+    for fmt in ("standard", "legacy"):
+        try:
+            _build(rank, world, save_dirs[rank], fmt=fmt)
+            result[fmt] = None
+        except Exception as exc:  # noqa: BLE001 - the test reads what each rank raised
+            result[fmt] = (type(exc).__name__, str(exc))
+    return _dump(out, tag, rank, result)
