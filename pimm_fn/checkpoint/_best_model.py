@@ -73,6 +73,7 @@ def write_best(
     nbytes = lambda: tensor_bytes(weights) + len(meta())
     with storage_errors(root, nbytes, f"{stem}.pth and {stem}.json", f"the previous {stem} is intact"):
         if storage.is_store(root):  # one PUT per object, each atomic: the weights first, as the renames below
+            root.mkdir(parents=True, exist_ok=True)  # a missing bucket said as such, never created
             for path, write in files.items():
                 W.durable_write(path, write)
             return root / f"{stem}.pth"

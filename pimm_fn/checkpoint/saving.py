@@ -2,12 +2,12 @@
 
 *When* to save is the hooks' (``save_every``); *how* is this value's: the
 checkpoint format, which ``iter_<step>`` snapshots to keep, whether a sharded
-model's full weights are gathered into ``model.pth``, and whether each file's
-SHA-256 is recorded. Each field keeps the name the keyword had when ``loop()``
+model's full weights are gathered into ``model.pth``, whether each file's
+SHA-256 is recorded, and whether a store's missing bucket may be created. Each field keeps the name the keyword had when ``loop()``
 took it directly, and is checked at construction with the same message.
 
 >>> Saving(checkpoint_format="legacy")
-Saving(checkpoint_format='legacy', keep=None, weights_file=True, digests=False)
+Saving(checkpoint_format='legacy', keep=None, weights_file=True, digests=False, create_bucket=False)
 >>> Saving(digests="yes")
 Traceback (most recent call last):
 TypeError: loop: 'digests' must be a bool (got 'yes'); pass True or False
@@ -55,6 +55,12 @@ class Saving:
             ``resume``, a warm start (``load_weights``: the files it reads),
             ``run.test(weights="best")`` and ``python -m pimm_fn verify`` then check them. Off by default: it adds about a third to a
             synchronous save (``benchmarks/RESULTS.md``).
+        create_bucket: with a ``save_dir`` on a store with buckets
+            (``s3://bucket/exp``, ``gs://``), create its bucket when it does
+            not exist. Off by default: a missing bucket is refused before
+            anything is written, naming it, since a mistyped name would
+            otherwise be created and trained into. A store without buckets
+            (``memory://``) has nothing to create.
     """
 
     factory_name: ClassVar[str] = "loop"  # its errors read as loop()'s did: these were loop()'s keywords
@@ -63,3 +69,4 @@ class Saving:
     keep: object = attrs.field(default=None, validator=_policy)
     weights_file: bool = attrs.field(default=True, validator=_BOOL)
     digests: bool = attrs.field(default=False, validator=_BOOL)
+    create_bucket: bool = attrs.field(default=False, validator=_BOOL)

@@ -12,7 +12,16 @@ implemented over fsspec. It has no ``__fspath__``: nothing can hand it to
 An unknown scheme, or one whose package is missing, is refused by
 :func:`check_url` (``loop()`` calls it before anything is written), naming
 what to install: ``pip install 'pimm_fn[s3]'`` for ``s3://``,
-``pimm_fn[gcs]`` for ``gs://``. The store's options (endpoint, credentials)
+``pimm_fn[gcs]`` for ``gs://``.
+
+The top of a store is its bucket (``s3://<bucket>/...``; a container on
+Azure), on stores whose fsspec filesystem names one first (it has
+``split_path``: s3fs, gcsfs, adlfs). fsspec's ``makedirs`` creates a
+missing bucket, so a mistyped name would be created and written into:
+:meth:`StorePath.mkdir` never does that, and :meth:`StorePath.make_bucket`
+creates one only when asked (``loop(saving=Saving(create_bucket=True))``).
+A store without buckets (``memory://``) has no top to check: its first
+write makes the folders. The store's options (endpoint, credentials)
 come from fsspec's own configuration (``~/.config/fsspec``, ``FSSPEC_S3_*``
 variables) or the store's (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``...).
 
@@ -34,6 +43,8 @@ import re
 import types
 
 import attrs
+
+from .errors import CheckpointStorageError
 
 __all__ = ["StorePath", "check_url", "is_store", "is_url", "location"]
 
@@ -240,7 +251,44 @@ class StorePath:
         return len(data)
 
     def mkdir(self, parents: bool = False, exist_ok: bool = False) -> None:
+        """Make this directory, never its bucket: a missing bucket is a ``CheckpointStorageError`` naming it."""
+        bucket = self.bucket
+        if bucket is not None and not bucket.bucket_exists():
+            raise CheckpointStorageError(bucket.missing_bucket(self, done="nothing was written there"))
         self.fs.makedirs(self.path, exist_ok=True)  # object stores have no directories: a no-op there
+
+    # -- the top of the store --------------------------------------------------------------------
+    @property
+    def bucket(self) -> "StorePath | None":
+        """The bucket this path is in, on a store that has buckets (see the module); ``None`` on one that has none."""
+        if not callable(getattr(self.fs, "split_path", None)):
+            return None
+        top = self.path.split("/", 1)[0]
+        return StorePath(f"{self.url.split('://', 1)[0]}://{top}", self.fs, top)
+
+    def bucket_exists(self) -> bool:
+        """Whether this bucket exists; ``True`` when the store will not say (no right to look: a write will tell)."""
+        self._fresh()
+        try:
+            self.fs.info(self.path)
+        except FileNotFoundError:
+            return False
+        except PermissionError:
+            return True
+        return True
+
+    def missing_bucket(self, inside: "StorePath", *, done: str) -> str:
+        """What to say of this bucket, missing, where ``inside`` was to be written; ``done``: what came of it."""
+        return (
+            f"the bucket {self.path!r} of {inside} does not exist, and pimm_fn creates no bucket unless asked (a "
+            f"mistyped name would be created and written into); {done}. Check the name, create the bucket with the "
+            f"store's own tools, or pass loop(..., saving=pimm_fn.Saving(create_bucket=True))"
+        )
+
+    def make_bucket(self) -> None:
+        """Create this bucket (the store's default region and settings)."""
+        self.fs.mkdir(self.path)
+        self._fresh()
 
     def unlink(self, missing_ok: bool = False) -> None:
         try:

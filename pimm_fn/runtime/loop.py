@@ -47,7 +47,7 @@ from pimm_fn.runtime.nonfinite import NonFinite
 from pimm_fn.runtime.configurable_step import loop_scaler
 from pimm_fn.runtime.run import Loop
 from pimm_fn.runtime.sanity import sanity_check
-from pimm_fn.runtime.save_dir_checks import check_fresh_save_dir, check_save_dir
+from pimm_fn.runtime.save_dir_checks import check_bucket, check_fresh_save_dir, check_save_dir
 
 __all__ = ["Loop", "loop"]
 
@@ -212,10 +212,12 @@ def loop(
             or best weights (``model_best*``).
         SaveDirLockError: (on every rank) another run holds ``save_dir``, or
             it cannot be written and this run would train.
-        CheckpointStorageError: (on every rank) a rank that writes in
-            ``save_dir`` cannot (a probe created, renamed and deleted before
-            the first step: ``pimm_fn.checkpoint.writable``); while training,
-            a save the storage refused, naming the path and the fix.
+        CheckpointStorageError: (on every rank) ``save_dir`` is on a store
+            whose bucket does not exist (``Saving(create_bucket=True)``
+            creates it), or a rank that writes there cannot (a probe
+            created, renamed and deleted before the first step:
+            ``pimm_fn.checkpoint.writable``); while training, a save the
+            storage refused, naming the path and the fix.
         CheckpointError: (on every rank) ``resume=<path>`` is damaged, or
             ``resume="auto"`` found checkpoints and none intact (each named).
     """
@@ -281,6 +283,7 @@ def loop(
     epochs = max_epochs if max_steps is None else -(-max_steps // feed.iters_per_epoch)
     for message in configuration_messages(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
         warnings.warn(message, ConfigurationWarning, stacklevel=2)
+    check_bucket(save_dir, create=saving.create_bucket, say=ctx.say)  # a mistyped bucket: refused, never created
     lock = save_dir_lock.take(save_dir, say=ctx.say)  # before anything is written there; rank 0's, told to all
     with lock.released_on_error():
         # skipped checkpoints said on the console, as any line; a pimm legacy file takes this run's steps per epoch

@@ -3,17 +3,21 @@
 A path, not a file; present when a hook writes checkpoints or best weights;
 and for a fresh run, free of an earlier run's best weights, which its first
 evaluation would replace (``resume='auto'`` starting fresh beside them is
-said, not refused). The lock on it is ``pimm_fn.runtime.lock``'s.
+said, not refused); on a store with buckets, in a bucket that exists
+(created only when ``Saving(create_bucket=True)`` asks). The lock on it is
+``pimm_fn.runtime.lock``'s; whether every rank that writes can write there,
+``pimm_fn.checkpoint.writable``'s.
 """
 
 import os
 
-from pimm_fn.checkpoint import storage
+from pimm_fn import dist
+from pimm_fn.checkpoint import CheckpointStorageError, storage
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import validate as v
 from pimm_fn.core.effects import SaveCheckpoint, WriteBest
 
-__all__ = ["check_save_dir", "check_fresh_save_dir", "replaced_best"]
+__all__ = ["check_save_dir", "check_bucket", "check_fresh_save_dir", "replaced_best"]
 
 
 def check_save_dir(hooks, save_dir) -> None:
@@ -44,6 +48,32 @@ def check_save_dir(hooks, save_dir) -> None:
             f"loop: hook(s) {', '.join(writers)} write checkpoints or best weights, but save_dir is None: "
             f"pass save_dir='runs/my_run' (or drop those hooks)"
         )
+
+
+def check_bucket(save_dir, *, create: bool, say) -> None:
+    """A ``save_dir`` on a store with buckets is in one that exists, or one created because ``create`` asks.
+
+    Rank 0 looks (and creates); every rank gets its answer. A store without
+    buckets (``memory://``) and a local path have nothing to check.
+
+    Raises:
+        CheckpointStorageError: (on every rank) the bucket does not exist, naming it; nothing was written.
+    """
+    bucket = save_dir.bucket if storage.is_store(save_dir) else None
+    if bucket is None:
+        return
+
+    def look() -> bool:
+        if bucket.bucket_exists():
+            return False
+        if not create:
+            raise CheckpointStorageError(f"loop: save_dir {str(save_dir)!r}: "
+                                         f"{bucket.missing_bucket(save_dir, done='this run wrote nothing')}")
+        bucket.make_bucket()
+        return True
+
+    if dist.run_on_main(look, shared=(CheckpointStorageError,)):
+        say(f"created the bucket {bucket} for save_dir {save_dir}, as Saving(create_bucket=True) asks")
 
 
 def _best_files(save_dir) -> list[str]:

@@ -6,7 +6,8 @@ a run saves, resumes bit-identical, keeps ``model_best``; retention; a
 checkpoint whose marker is missing is never taken; a process SIGKILLed
 mid-save leaves the previous checkpoint the latest and the half-written one
 invisible; the lock is the store's exclusive create; an unknown scheme, or
-``s3://`` without s3fs, is refused before anything is written.
+``s3://`` without s3fs, or a bucket that does not exist (unless
+``Saving(create_bucket=True)``), is refused before anything is written.
 """
 
 import gc
@@ -244,6 +245,46 @@ def test_s3_without_s3fs_is_refused_naming_the_extra(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"pip install 'pimm_fn\[s3\]'"):
         tw.build("s3://bucket/exp1")
     assert list(tmp_path.iterdir()) == []
+
+
+def _buckets() -> list[str]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem()
+    fs.invalidate_cache()
+    return [name.rstrip("/") for name in fs.ls("")]
+
+
+def test_a_missing_bucket_is_refused_naming_it_and_never_created(s3_endpoint, tmp_path, monkeypatch):
+    """save_dir='s3://<a bucket that does not exist>/exp' is refused by loop() before anything is written, naming
+    the bucket and the opt-in; save_checkpoint there is refused alike; the bucket is never created."""
+    monkeypatch.chdir(tmp_path)
+    typo = f"pimm-typo-{uuid.uuid4().hex[:8]}"
+    refused = rf"the bucket '{typo}' of s3://{typo}/exp\S* does not exist, and pimm_fn creates no bucket unless asked"
+    with pytest.raises(pf.checkpoint.CheckpointStorageError, match=rf"loop: save_dir 's3://{typo}/exp': {refused}") as raised:
+        tw.build(f"s3://{typo}/exp", hooks=[pf.save_every(2)])
+    assert "this run wrote nothing" in str(raised.value)
+    assert str(raised.value).endswith("or pass loop(..., saving=pimm_fn.Saving(create_bucket=True))")
+    with pytest.raises(pf.checkpoint.CheckpointStorageError, match=refused):
+        _small_save(f"s3://{typo}/exp/model", 1)
+    with pytest.raises(pf.checkpoint.CheckpointStorageError, match=refused):
+        pf.checkpoint.write_best(f"s3://{typo}/exp/model", {"w": torch.ones(1)}, metric="acc", value=1.0, step=1)
+    assert typo not in _buckets()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_create_bucket_creates_a_missing_bucket_says_so_and_trains_there(s3_endpoint, tmp_path, monkeypatch, capsys):
+    """loop(saving=Saving(create_bucket=True)) creates the missing bucket, says so, and saves there; a bucket that
+    exists is used as it is, without a word."""
+    monkeypatch.chdir(tmp_path)
+    name = f"pimm-new-{uuid.uuid4().hex[:8]}"
+    url = f"s3://{name}/exp"
+    tw.build(url, hooks=[pf.save_every(5)], saving=pf.Saving(create_bucket=True), console=True)[1]()
+    assert name in _buckets()
+    assert pf.checkpoint.latest_checkpoint(url + "/model").step == 15
+    assert f"created the bucket s3://{name} for save_dir {url}" in capsys.readouterr().out
+    tw.build(f"s3://{name}/again", hooks=[pf.save_every(5)], saving=pf.Saving(create_bucket=True), console=True)[1]()
+    assert "created the bucket" not in capsys.readouterr().out
 
 
 def test_legacy_format_is_refused_on_a_store():

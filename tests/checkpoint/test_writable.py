@@ -7,15 +7,17 @@ cannot set it the tests are skipped, saying why. Several ranks: ``tests/distribu
 
 import pathlib
 import sys
+import uuid
 
 import pytest
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import CheckpointStorageError
+from pimm_fn.checkpoint import CheckpointStorageError, storage, writable
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "runtime"))
+import _s3  # noqa: E402
 import _tiny_workload as tw  # noqa: E402
 from _disk_faults import hashes, unwritable, why_not_unwritable  # noqa: E402
 
@@ -88,3 +90,22 @@ def test_a_write_the_storage_refuses_during_training_is_a_storage_error_with_the
     _, resumed = tw.build(run_dir, hooks=hooks(), fmt=fmt, resume="auto")
     resumed()
     assert resumed.state.progress.global_step == 15
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    with _s3.s3_server() as endpoint:
+        yield endpoint
+
+
+def test_on_a_store_the_probe_is_an_object_written_and_deleted(s3_endpoint):
+    """On S3 each rank's probe is a small object under model/, gone afterwards; a store that refuses it (here:
+    no such bucket) is a CheckpointStorageError naming the place and the store's reason, and creates nothing."""
+    save_dir = storage.location(f"s3://{_s3.new_bucket()}/run")
+    writable.check_writable(save_dir, every_rank=True)
+    assert (save_dir / "model").iterdir() == []
+    missing = f"pimm-missing-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(CheckpointStorageError, match=rf"save_dir cannot hold checkpoints: .* rank 0 \(host .*\) at "
+                                                     rf"s3://{missing}/run/model: FileNotFoundError"):
+        writable.check_writable(storage.location(f"s3://{missing}/run"), every_rank=True)
+    assert not storage.location(f"s3://{missing}").bucket_exists()

@@ -83,8 +83,11 @@ def standard_hooks(save_every=3, evaluate_every=4):
 
 
 def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt="standard", console=False,
-          watching=None, **kwargs):
-    """A fresh model, optimizer, scheduler and loop, seeded identically every time (quiet unless ``console``)."""
+          watching=None, saving=None, **kwargs):
+    """A fresh model, optimizer, scheduler and loop, seeded identically every time (quiet unless ``console``).
+
+    ``saving`` replaces ``Saving(checkpoint_format=fmt)``.
+    """
     torch.manual_seed(0)
     model = TinyNet()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -92,7 +95,7 @@ def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt=
     run = pf.loop(
         model, optimizer, loader(kind), hooks=standard_hooks() if hooks is None else hooks,
         max_epochs=max_epochs, save_dir=save_dir, scheduler=scheduler, resume=resume,
-        saving=pf.Saving(checkpoint_format=fmt), watching=attrs.evolve(watching or pf.Watching(), console=console),
+        saving=saving or pf.Saving(checkpoint_format=fmt), watching=attrs.evolve(watching or pf.Watching(), console=console),
         **kwargs,
     )
     return model, run
