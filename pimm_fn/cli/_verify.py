@@ -4,15 +4,24 @@ Every tensor is really read: the weights file with ``torch.load``, the
 trainer part through DCP in batches of bounded size, then unpacked into the
 values a resume would build. When the marker records the files (``"files":
 {relative path: {"size", "sha256"}}``), each size and digest is checked too.
+
+A local snapshot (``iter_<step>``) is hard links to the files of the
+``last`` it was copied from: one file under two names, so damage to one is
+damage to both. A damaged file with other links says which entries beside
+it hold the same file (``shared``), and how many links are elsewhere.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
+import stat
 
 import attrs
 from torch.distributed.checkpoint.api import CheckpointException
 
+from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint.errors import CheckpointError
 from pimm_fn.checkpoint.inspection import is_marked, read_back
 from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit, location
 from pimm_fn.cli._listing import Entry, entries, entry_of, is_checkpoint_dir, model_dir_of, reason
@@ -26,6 +35,8 @@ class Finding:
 
     ``status``: ``"ok"``, ``"note"`` (a leftover that is no checkpoint), ``"incomplete"`` (never
     finished: no marker, or a save in progress) or ``"damaged"`` (finished, then changed or lost).
+    ``shared``: the entries beside it that hold its damaged file too (hard links), and a
+    ``"<n> link(s) elsewhere"`` for links outside them.
     """
 
     name: str
@@ -33,6 +44,7 @@ class Finding:
     problems: tuple = ()
     notes: tuple = ()
     incomplete: bool = False
+    shared: tuple = ()
 
     @property
     def ok(self) -> bool:
@@ -59,8 +71,51 @@ def check(entry: Entry, *, named: bool = False) -> Finding:
         if entry.kind == "retired" and not named:
             return Finding(entry.name, entry.kind, notes=(f"leftover of an interrupted publish: {reason(exc)}",))
         unmarked = not is_marked(entry.path)
-        return Finding(entry.name, entry.kind, problems=(reason(exc),), incomplete=unmarked)
-    return Finding(entry.name, entry.kind, tuple(problems), tuple(notes))
+        damaged = exc.file if isinstance(exc, CheckpointError) and entry.path.is_dir() else None
+        return Finding(entry.name, entry.kind, problems=(reason(exc),), incomplete=unmarked,
+                       shared=shared_with(entry, damaged))
+    return Finding(entry.name, entry.kind, tuple(problems), tuple(notes),
+                   shared=shared_with(entry) if problems else ())
+
+
+def _links(path: pathlib.Path) -> dict:
+    """``{(device, inode): link count}`` of the regular files at ``path`` (itself, or below it), no link followed."""
+    found = {}
+    for here, _, names in os.walk(path) if path.is_dir() else [(path.parent, (), [path.name])]:
+        for name in names:
+            try:
+                info = os.lstat(os.path.join(here, name))
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                found[(info.st_dev, info.st_ino)] = info.st_nlink
+    return found
+
+
+def shared_with(entry: Entry, file: str | None = None) -> tuple:
+    """The entries beside ``entry`` holding its damaged ``file`` (else any of its files) as a hard link.
+
+    A snapshot is hard links to its ``last``'s files, so a file damaged in
+    one is damaged in the other. Links outside those entries are counted.
+    Local checkpoints only (a store has no links).
+    """
+    if storage.is_store(entry.path):
+        return ()
+    mine = _links(entry.path / file if file and (entry.path / file).exists() else entry.path)
+    linked = {key: count for key, count in mine.items() if count > 1}
+    if not linked:
+        return ()
+    names, seen = [], dict.fromkeys(linked, 1)
+    for other in entries(entry.path.parent):
+        if other.path == entry.path:
+            continue
+        common = linked.keys() & _links(other.path).keys()
+        if common:
+            names.append(other.name)
+            for key in common:
+                seen[key] += 1
+    elsewhere = max(linked[key] - seen[key] for key in linked)
+    return (*names, f"{elsewhere} link(s) elsewhere") if elsewhere > 0 else tuple(names)
 
 
 def _targets(path: pathlib.Path) -> tuple[list[Entry], bool]:
@@ -78,11 +133,18 @@ def _targets(path: pathlib.Path) -> tuple[list[Entry], bool]:
     return found, False
 
 
+def _shared_text(shared: tuple) -> str:
+    """What a damaged file's other links mean, for the text output."""
+    return (f"shares the damaged file(s) with {', '.join(shared)} (hard links: a snapshot and the last it was "
+            f"copied from are the same files), so the damage is theirs too")
+
+
 def _text(findings: list[Finding]) -> str:
     width = max(len(f.name) for f in findings)
     lines = []
     for f in findings:
-        lines.append(f"{f.status.upper():<10} {f.name.ljust(width)}  " + "; ".join(f.problems or f.notes))
+        said = [*(f.problems or f.notes), *([_shared_text(f.shared)] if f.shared else [])]
+        lines.append(f"{f.status.upper():<10} {f.name.ljust(width)}  " + "; ".join(said))
     return "\n".join(lines)
 
 
@@ -90,8 +152,8 @@ def verify(args) -> int:
     """Verify a checkpoint, or every one under a save_dir/model_dir; exit 1 when any is damaged or incomplete."""
     targets, named = _targets(location(args.path))
     findings = [check(e, named=named) for e in targets]
-    data = [{"name": f.name, "kind": f.kind, "status": f.status, "problems": list(f.problems), "notes": list(f.notes)}
-            for f in findings]
+    data = [{"name": f.name, "kind": f.kind, "status": f.status, "problems": list(f.problems), "notes": list(f.notes),
+             "shared_with": list(f.shared)} for f in findings]
     emit({"path": args.path, "ok": all(f.ok for f in findings), "entries": data}, _text(findings), args.json)
     damaged = [f.name for f in findings if not f.ok]
     if damaged:

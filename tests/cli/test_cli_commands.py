@@ -5,6 +5,7 @@ subprocess; the details of each command through ``pimm_fn.cli.main`` in this pro
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -146,6 +147,27 @@ def test_verify_checks_recorded_sizes_and_digests_and_reads_legacy_files(runs, t
     assert main(["verify", str(runs / "legacy")]) == OK
     assert "one file written atomically" in capsys.readouterr().out
     assert main(["verify", str(runs / "broken" / "model" / ".staging-last-14")]) == DAMAGED  # named on its own
+
+
+@pytest.mark.parametrize("fmt", ["standard", "legacy"])
+def test_verify_says_a_damaged_file_is_shared_with_the_snapshot_hard_linked_to_it(tmp_path, capsys, fmt):
+    """A snapshot is hard links to last's files: a file cut short in last is damaged in iter_3 too, and verify says
+    so of both (text and --json), naming the other and counting a link outside; iter_2, of its own files, is ok."""
+    for step in (2, 3):
+        save_checkpoint(tmp_path, step=step, weights={"w": torch.ones(64) * step}, trainer={"lr": 0.1}, local={},
+                        format=fmt, snapshot=True)
+    suffix = ".pth" if fmt == "legacy" else ""
+    weights = tmp_path / f"last{suffix}" if fmt == "legacy" else tmp_path / "last" / "model.pth"
+    weights.write_bytes(weights.read_bytes()[:100])  # in place: the same file under both names
+    os.link(weights, tmp_path.parent / f"outside-{fmt}")  # a third name, outside the model_dir
+    assert main(["verify", str(tmp_path), "--json"]) == DAMAGED
+    found = {e["name"]: e for e in json.loads(capsys.readouterr().out)["entries"]}
+    assert found[f"last{suffix}"]["shared_with"] == [f"iter_3{suffix}", "1 link(s) elsewhere"]
+    assert found[f"iter_3{suffix}"]["shared_with"] == [f"last{suffix}", "1 link(s) elsewhere"]
+    assert found[f"iter_2{suffix}"]["status"] == "ok" and found[f"iter_2{suffix}"]["shared_with"] == []
+    assert main(["verify", str(tmp_path / f"iter_3{suffix}")]) == DAMAGED
+    assert (f"shares the damaged file(s) with last{suffix}, 1 link(s) elsewhere (hard links: a snapshot and the last it was copied from "
+            "are the same files), so the damage is theirs too") in capsys.readouterr().out
 
 
 def test_ls_and_inspect_as_text_for_people(runs, capsys):
