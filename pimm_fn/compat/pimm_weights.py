@@ -39,10 +39,8 @@ def load_pimm_weights(path) -> dict:
         )
     p = pathlib.Path(text)
     if p.is_dir():
-        if (p / "model.safetensors").is_file():
-            from safetensors.torch import load_file  # an optional extra, for exported models only
-
-            return unwrapped(load_file(str(p / "model.safetensors")))
+        if (p / "model.safetensors").is_file():  # read, checked, as any warm start reads safetensors
+            return unwrapped(checkpoint.load_weights_file(p / "model.safetensors"))
         if (p / "model.bin").is_file():
             return unwrapped(state_dict_of(safe_load(p / "model.bin"), p / "model.bin"))
         if is_pimm_fn(p) or holds_pimm_fn(p / "model"):

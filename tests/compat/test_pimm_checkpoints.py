@@ -172,6 +172,23 @@ def test_checkpoint_loader_warm_starts_from_a_pimm_split_checkpoint_with_pimms_r
         run.step()
 
 
+def test_an_exported_models_model_safetensors_is_read_by_pimm_fns_one_checked_reader(tmp_path):
+    """CheckpointLoader's weight=<export dir> reads model.safetensors (keys without module.); one cut short is a
+    CheckpointError naming it, as for any warm start, not an error from inside another library."""
+    from safetensors.torch import save_file
+
+    from pimm_fn.compat.pimm_weights import load_pimm_weights
+
+    source = Net().state_dict()
+    save_file({f"module.{k}": v for k, v in source.items()}, str(tmp_path / "model.safetensors"))
+    read = load_pimm_weights(tmp_path)
+    assert set(read) == set(source) and all(torch.equal(read[k], source[k]) for k in source)
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    (tmp_path / "model.safetensors").write_bytes(raw[:-4])
+    with pytest.raises(pf.CheckpointError, match=r"model.safetensors gives tensor '.*' the bytes .*: cut short"):
+        load_pimm_weights(tmp_path)
+
+
 def test_a_split_checkpoint_reads_back_the_payload_pimm_wrote(tmp_path):
     """Weights without module., the trainer counters, and the FQN-keyed optimizer state come back as written."""
     model = Net()

@@ -235,6 +235,42 @@ def test_load_weights_that_match_no_parameter_fail_loudly(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_load_weights_warm_starts_from_a_hub_safetensors_file_through_the_same_remapping(tmp_path, capsys):
+    """A Hub model's model.safetensors (bf16, under its own prefix) loads through replacements and strict=True as a
+    .pth does, each value converted to the model's dtype."""
+    from safetensors.torch import save_file
+
+    source = TinyNet()
+    save_file({f"model.{k}": v.bfloat16() for k, v in source.state_dict().items()}, str(tmp_path / "model.safetensors"),
+              metadata={"format": "pt"})
+    model = TinyNet()
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(),
+                  hooks=[pf.load_weights(tmp_path / "model.safetensors", replacements={"model.": ""}, strict=True)],
+                  max_epochs=1, save_dir=tmp_path / "run")
+    run.step()
+    assert all(torch.equal(v, source.state_dict()[k].bfloat16().float()) for k, v in model.state_dict().items())
+    assert "model.safetensors: loaded 4/4 target keys; 0 missing; 0 unexpected" in capsys.readouterr().out
+
+
+def test_load_weights_refuses_an_exported_safetensors_file_changed_since_and_trains_nothing(tmp_path):
+    """An exported safetensors file whose tensor bytes changed fails the SHA-256 its header records: a CheckpointError
+    naming it, the model untouched."""
+    from pimm_fn.checkpoint.inspection import write_plain_weights
+
+    path = tmp_path / "w.safetensors"
+    write_plain_weights(path, TinyNet().state_dict(), format="safetensors")
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 1
+    path.write_bytes(bytes(raw))
+    model = TinyNet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(), hooks=[pf.load_weights(path)],
+                  max_epochs=1, watching=pf.Watching(console=False))
+    with pytest.raises(pf.CheckpointError, match="w.safetensors does not match the SHA-256 its header records"):
+        run.step()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
 def test_grad_scaler_state_is_checkpointed(tmp_path):
     """An AMP GradScaler trains under autocast and its state survives a resume."""
 
