@@ -16,7 +16,8 @@ never need the layout's file names or the formats' private modules.
 - **read back**: :func:`read_back` reads every byte of a checkpoint (or
   best-model file) as a resume would and says what it checked.
 - **export**: :func:`write_plain_weights` writes weights as a file anyone
-  can ``torch.load(weights_only=True)``, atomically.
+  can ``torch.load(weights_only=True)``, or as safetensors (no pickle) with
+  what :func:`provenance` says of them in the header, atomically.
 
 Nothing here runs code from a checkpoint: every read goes through
 ``torch.load(weights_only=True)`` or :mod:`.safe_reading`.
@@ -25,6 +26,7 @@ Nothing here runs code from a checkpoint: every read goes through
 from __future__ import annotations
 
 import io
+import json
 import pathlib
 import re
 
@@ -33,8 +35,9 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from . import _layout as L
 from . import _safe_writes as W
-from . import _legacy, safe_reading, storage
+from . import _legacy, safe_reading, safetensors_files, storage
 from ._best_model import best_record, check_best, record_problem
+from ._discovery import find_checkpoint
 from ._pack import tensor_to_skeleton, unpack
 from ._peek import TensorInfo, contents_of, infos_of, numpy_keys, size_of, trainer_without_tensors, weights_without_tensors
 from ._retain import REMOVING
@@ -45,7 +48,7 @@ from .validation import confined, validate
 
 __all__ = [
     "TRAINER", "TensorInfo", "contents_of", "is_best_file", "is_checkpoint_dir", "is_marked", "is_removal", "kind_of", "marker",
-    "read_back", "size_of", "trainer_without_tensors", "weights_without_tensors", "write_plain_weights",
+    "provenance", "read_back", "size_of", "trainer_without_tensors", "weights_without_tensors", "write_plain_weights",
 ]
 
 TRAINER = L.TRAINER
@@ -130,13 +133,58 @@ def read_back(path: pathlib.Path, *, best: bool = False) -> tuple[list[str], lis
     return _standard(path) if path.is_dir() else _legacy_file(path)
 
 
-def write_plain_weights(out: pathlib.Path, weights: dict) -> dict:
-    """Write ``weights`` to ``out`` atomically as plain tensors (contiguous CPU copies); returns what was written."""
-    # Plain tensors only: no storage shared with a mapped file or a larger buffer.
+def write_plain_weights(out: pathlib.Path, weights: dict, *, format: str = "pth", metadata: dict | None = None) -> dict:
+    """Write ``weights`` to ``out`` atomically as plain tensors (contiguous CPU copies); returns what was written.
+
+    ``format="pth"`` writes what ``torch.load(weights_only=True)`` reads;
+    ``"safetensors"`` writes no pickle at all, ``metadata`` (str to str, e.g.
+    :func:`provenance`'s) and the tensors' SHA-256 in its header
+    (:mod:`.safetensors_files`; the ``safetensors`` extra).
+
+    Raises:
+        ImportError: ``"safetensors"`` without the ``safetensors`` package (naming the extra).
+        ValueError: ``"safetensors"`` and a value that is not a tensor, naming its key.
+    """
+    if format == "safetensors":
+        safetensors_files.require()  # before any copy is made
+    # Plain tensors only: no storage shared with a mapped file, a larger buffer or another tensor.
     plain = {k: v.detach().to("cpu").contiguous().clone() if isinstance(v, torch.Tensor) else v
              for k, v in weights.items()}
-    W.atomic_write(out, lambda f: torch.save(plain, f))
+    if format == "safetensors":
+        safetensors_files.write_safetensors(out, plain, metadata)
+    else:
+        W.atomic_write(out, lambda f: torch.save(plain, f))
     return plain
+
+
+def provenance(path) -> dict[str, str]:
+    """What the checkpoint or best-model file at ``path`` records of its weights, as safetensors metadata (str to str).
+
+    A best-model file: ``pimm_fn.step``, ``pimm_fn.metric`` and
+    ``pimm_fn.value`` (its ``.json``'s record); a checkpoint (or a
+    save_dir/model_dir: its newest): ``pimm_fn.step`` and
+    ``pimm_fn.metrics`` (JSON: the metrics its marker records). Either
+    with ``pimm_fn.source_sha256``, the SHA-256 recorded for the weights
+    file read, where digests were on. Anything else (a plain state_dict
+    file, a Hub model): nothing.
+    """
+    p = storage.location(path)
+    try:
+        if is_best_file(p):
+            record = best_record(p)
+            found = {"step": record["step"], "metric": record["metric"], "value": repr(float(record["value"])),
+                     "source_sha256": record.get("sha256") if isinstance(record.get("sha256"), str) else None}
+        else:
+            info = find_checkpoint(p)
+            recorded = marker(info.path)
+            files = recorded.get("files")
+            entry = files.get(L.WEIGHTS) if isinstance(files, dict) and info.format == "standard" else None
+            metrics = recorded.get("metrics")
+            found = {"step": info.step, "metrics": json.dumps(metrics, sort_keys=True) if isinstance(metrics, dict) else None,
+                     "source_sha256": entry.get("sha256") if isinstance(entry, dict) else None}
+    except (OSError, ValueError):  # no record beside it, or no checkpoint: the weights alone
+        return {}
+    return {f"pimm_fn.{key}": str(value) for key, value in found.items() if isinstance(value, (str, int))}
 
 
 def _recorded(record: dict) -> str:

@@ -2,10 +2,11 @@
 
 Commands::
 
-    python -m pimm_fn ls DIR [--json]          every checkpoint under a save_dir or model_dir
-    python -m pimm_fn inspect PATH [--json]    progress, metrics, hook slots, optimizer: no tensor read
-    python -m pimm_fn verify PATH [--json]     complete, every shard read back, sizes and checksums
-    python -m pimm_fn export PATH OUT.pth      the weights alone, for torch.load(weights_only=True)
+    python -m pimm_fn ls DIR [--json]               every checkpoint under a save_dir or model_dir
+    python -m pimm_fn inspect PATH [--json]         progress, metrics, hook slots, optimizer: no tensor read
+    python -m pimm_fn verify PATH [--json]          complete, every shard read back, sizes and checksums
+    python -m pimm_fn export PATH OUT.pth           the weights alone, for torch.load(weights_only=True)
+    python -m pimm_fn export PATH OUT.safetensors   the same without pickle, the step and metrics in its header
     python -m pimm_fn plan HOOKS --iters-per-epoch N (--max-epochs E | --max-steps S)
 
 Exit codes, which scripts may rely on:
@@ -16,7 +17,7 @@ Exit codes, which scripts may rely on:
     3  not found: ``PATH`` does not exist, or holds no checkpoint
 
 ``PATH`` and ``DIR`` may be fsspec URLs (``s3://bucket/exp1``, ``gs://...``),
-as ``loop(save_dir=)`` takes them; ``OUT.pth`` is a local file.
+as ``loop(save_dir=)`` takes them; ``OUT`` is a local file.
 
 Data goes to stdout (``--json``: one JSON document), messages to stderr, an
 error as one line ``pimm_fn <command>: <what is wrong and how to fix it>``.
@@ -59,10 +60,13 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("path", metavar="PATH", help="a checkpoint, or a save_dir/model_dir (all of its checkpoints)")
     for command in (ls, inspect, verify):
         command.add_argument("--json", action="store_true", help="print one JSON document instead of text")
-    export = commands.add_parser("export", help="write a checkpoint's weights as a plain state dict")
+    export = commands.add_parser("export", help="write a checkpoint's weights as a plain state dict or safetensors")
     export.add_argument("path", metavar="PATH", help="a checkpoint, a weights file, or a save_dir/model_dir (newest)")
-    export.add_argument("out", metavar="OUT.pth")
-    export.add_argument("--force", action="store_true", help="overwrite OUT.pth if it exists")
+    export.add_argument("out", metavar="OUT", help="the file to write: OUT.pth, or OUT.safetensors")
+    export.add_argument("--format", choices=("pth", "safetensors"),
+                        help="pth (torch.save) or safetensors (no pickle; needs pip install 'pimm_fn[safetensors]'); "
+                             "by default what OUT's suffix says")
+    export.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     _plan_arguments(commands.add_parser("plan", help="the effects a hook list would execute, step by step"))
     return parser
 

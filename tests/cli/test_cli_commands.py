@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from safetensors import safe_open
 
 import pimm_fn as pf
 from pimm_fn.checkpoint import _publish, _standard, save_checkpoint
@@ -130,6 +131,47 @@ def test_export_refuses_to_overwrite_and_reads_legacy_and_best_files(runs, tmp_p
     assert main(["export", str(runs / "run" / "model" / "model_best_acc.pth"), str(out), "--force"]) == OK
     assert list(torch.load(out, weights_only=True)) == ["layer.weight", "layer.bias"]
     assert main(["export", str(runs / "broken" / "model" / "iter_10"), str(tmp_path / "x.pth")]) == DAMAGED
+
+
+def _bits(tensors: dict) -> dict:
+    """Each tensor as (dtype, shape, its bytes): equal only when bit-identical."""
+    return {k: (v.dtype, tuple(v.shape), v.contiguous().reshape(-1).view(torch.uint8).tolist()) for k, v in tensors.items()}
+
+
+def test_export_as_safetensors_writes_the_same_tensors_and_records_step_metric_and_digest(runs, tmp_path, capsys):
+    """OUT.safetensors holds the .pth export's tensors bit for bit; its header records the best model's step, metric
+    and value, or a checkpoint's step and the SHA-256 its marker records for model.pth."""
+    best = runs / "run" / "model" / "model_best_acc.pth"
+    assert main(["export", str(best), str(tmp_path / "b.pth")]) == OK
+    assert main(["export", str(best), str(tmp_path / "b.safetensors")]) == OK
+    assert capsys.readouterr().out.endswith("(recorded: step=4, metric=acc, value=0.9)\n")
+    with safe_open(str(tmp_path / "b.safetensors"), "pt") as f:
+        metadata, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    assert _bits(tensors) == _bits(torch.load(tmp_path / "b.pth", weights_only=True))
+    assert {k: v for k, v in metadata.items() if k != "pimm_fn.sha256"} == {
+        "format": "pt", "pimm_fn.step": "4", "pimm_fn.metric": "acc", "pimm_fn.value": "0.9"}
+
+    assert main(["export", str(runs / "digest"), str(tmp_path / "d.safetensors"), "--format", "safetensors"]) == OK
+    with safe_open(str(tmp_path / "d.safetensors"), "pt") as f:
+        metadata = f.metadata()
+    marker = json.loads((runs / "digest" / "last" / "COMPLETE").read_text())
+    assert metadata["pimm_fn.step"] == "7"
+    assert metadata["pimm_fn.source_sha256"] == marker["files"]["model.pth"]["sha256"]
+
+
+def test_export_refuses_a_format_its_out_name_contradicts_and_names_the_missing_extra(runs, tmp_path, capsys,
+                                                                                      monkeypatch):
+    """--format against OUT's suffix is a usage error saying the name to use; without the safetensors package the
+    error names the extra to install; nothing is written either way."""
+    best = str(runs / "run" / "model" / "model_best_acc.pth")
+    assert main(["export", best, str(tmp_path / "w.pth"), "--format", "safetensors"]) == USAGE
+    assert "name it w.safetensors" in capsys.readouterr().err
+    assert main(["export", best, str(tmp_path / "w.safetensors"), "--format", "pth"]) == USAGE
+    assert "readers tell a safetensors file by its .safetensors suffix" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)  # as where the package is not installed
+    assert main(["export", best, str(tmp_path / "w.safetensors")]) == USAGE
+    assert "pip install 'pimm_fn[safetensors]'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_verify_checks_recorded_sizes_and_digests_and_reads_legacy_files(runs, tmp_path, capsys):
