@@ -57,6 +57,10 @@ class _LoadWeights:
 def load_weights(path, *, replacements: dict | None = None, strict: bool = False):
     """Warm-start the model from a weights file before a fresh run trains.
 
+    ``path`` is anything ``pimm_fn.checkpoint.load_weights_file`` reads: a
+    state_dict file, a checkpoint, save_dir or best model (their recorded
+    digests checked), a ``.safetensors`` file (exported by pimm_fn, or a
+    Hub model's) or a sharded Hub model's ``model.safetensors.index.json``.
     Keys are rewritten by ``replacements`` (prefix rules, longest match wins;
     ``module.`` prefixes are handled). The report counts loaded, missing and
     unexpected keys; a rule that matched nothing is an error.
