@@ -13,7 +13,7 @@ trains, saves, resumes and exports its best model, and ``pf.plan`` runs
 without torch; ``pip check`` finds every requirement met.
 """
 
-import email
+import email.message
 import importlib.metadata
 import json
 import os
@@ -50,12 +50,20 @@ def _package_files() -> set:
     return {p.relative_to(ROOT).as_posix() for p in (ROOT / "pimm_fn").rglob("*.py")} | {"pimm_fn/py.typed"}
 
 
+def _copied(source, target):
+    """A file of the checkout copied, unless it went while copying (a cache another test process just replaced)."""
+    try:
+        shutil.copy2(source, target)
+    except FileNotFoundError:
+        pass
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """``(sdist, wheel)``: the sdist from a copy of the checkout, the wheel from the unpacked sdist alone."""
     root = tmp_path_factory.mktemp("build")
     source, out = root / "checkout", root / "dist"
-    shutil.copytree(ROOT, source, symlinks=True,
+    shutil.copytree(ROOT, source, symlinks=True, copy_function=_copied,
                     ignore=lambda _, names: {n for n in names if n in NOT_SOURCE or n.endswith(".egg-info")})
     _run(sys.executable, "-m", "build", "--no-isolation", "--sdist", "--outdir", out, source, timeout=300)
     (sdist,) = out.glob("pimm_fn-*.tar.gz")
@@ -74,7 +82,8 @@ def _metadata(wheel: pathlib.Path) -> email.message.Message:
 
 
 def _closure(requirements, extras) -> dict:
-    """The distributions of this environment that ``requirements`` (with ``extras``) pull in, theirs too, by name."""
+    """The distributions of this environment that ``requirements`` (with ``extras``) pull in, theirs too, by name;
+    each of a version its requirement allows (what ``pip check`` leaves out: the extras')."""
     found: dict = {}
     todo = [(Requirement(r), tuple(extras)) for r in requirements]
     while todo:
@@ -82,6 +91,7 @@ def _closure(requirements, extras) -> dict:
         if requirement.marker is not None and not any(requirement.marker.evaluate({"extra": e}) for e in ("", *wanted)):
             continue
         dist = importlib.metadata.distribution(requirement.name)
+        assert requirement.specifier.contains(dist.version, prereleases=True), f"{requirement}: {dist.version} installed"
         name = canonicalize_name(dist.metadata["Name"])
         extras_seen = found.get(name, (None, None))[1]
         if extras_seen is not None and set(requirement.extras) <= extras_seen:
