@@ -165,57 +165,67 @@ def _plain_name(name: str) -> bool:
 
 
 def _read_file(path, where, file: str) -> dict:
-    """One safetensors file's tensors, its header checked first and its recorded SHA-256, if any."""
+    """One safetensors file's tensors: its header read and checked before its data, then its recorded SHA-256, if any."""
 
     def refuse(problem: str, advice: str = _ADVICE):
         return CheckpointError(where, file, problem, advice)
 
     try:
-        data = _file_bytes(path)
+        with _opened(path) as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise refuse(f"is {len(prefix)} bytes: no safetensors file (its first 8 give the header's length)")
+            size = int.from_bytes(prefix, "little")
+            if size > MAX_HEADER:
+                raise refuse(f"gives its header as {size:,} bytes, over the {MAX_HEADER:,} a header may have: "
+                             f"damaged, or no safetensors file")
+            text = f.read(size)
+            if len(text) < size:
+                raise refuse(f"is cut short: its header is {size:,} bytes, {len(text):,} follow the first 8")
+            try:
+                header = json.loads(text, object_pairs_hook=_unique_keys)
+            except (ValueError, RecursionError) as exc:
+                raise refuse(f"has a header that does not parse ({cause(exc)}): damaged, or no safetensors file") from None
+            data = _rest(f, path)
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise refuse(f"cannot be read ({cause(exc)})") from None
-    if len(data) < 8:
-        raise refuse(f"is {len(data)} bytes: no safetensors file (its first 8 bytes give the header's length)")
-    size = int.from_bytes(data[:8], "little")
-    if size > MAX_HEADER or 8 + size > len(data):
-        raise refuse(f"gives its header as {size:,} bytes, in a file of {len(data):,}: cut short, or no safetensors "
-                     f"file (a header may have {MAX_HEADER:,} bytes at most)")
-    try:
-        header = json.loads(bytes(data[8:8 + size]), object_pairs_hook=_unique_keys)
-    except (ValueError, RecursionError) as exc:
-        raise refuse(f"has a header that does not parse ({cause(exc)}): damaged, or no safetensors file") from None
-    start = 8 + size
-    entries, metadata = _checked_header(header, len(data) - start, refuse)
+    entries, metadata = _checked_header(header, len(data), refuse)
     recorded = metadata.get(SHA256)
-    if recorded is not None and hashlib.sha256(memoryview(data)[start:]).hexdigest() != recorded:
+    if recorded is not None and hashlib.sha256(data).hexdigest() != recorded:
         raise refuse(f"does not match the SHA-256 its header records ({SHA256}): its bytes changed since it was "
                      f"written")
     if sys.byteorder != "little":
         raise refuse("holds little-endian tensors, which this big-endian machine does not read", "Read it on another machine")
-    return {name: _tensor(data, start, entry, name, refuse) for name, entry in entries.items()}
+    return {name: _tensor(data, entry, name, refuse) for name, entry in entries.items()}
 
 
-def _file_bytes(path) -> bytearray:
-    """The whole file, writable (tensors view it without a copy); a local one only if a regular file."""
+def _opened(path):
+    """``path`` opened for reading: a store's object as it is, a local file only if regular (never a FIFO waited on)."""
+    return path.open("rb") if storage.is_store(path) else regular_files.open_regular(path)
+
+
+def _rest(f, path) -> bytearray:
+    """The rest of the file, writable (tensors view it without a copy)."""
     if storage.is_store(path):
-        return bytearray(path.read_bytes())
-    with regular_files.open_regular(path) as f:
-        data = bytearray(os.fstat(f.fileno()).st_size)
-        view, got = memoryview(data), 0
-        while got < len(data) and (n := f.readinto(view[got:])):
-            got += n
-    if got != len(data):
-        raise OSError(f"it shrank while read ({got:,} of {len(data):,} bytes)")
+        return bytearray(f.read())
+    data = bytearray(max(0, os.fstat(f.fileno()).st_size - f.tell()))
+    view, got = memoryview(data), 0
+    while got < len(data) and (n := f.readinto(view[got:])):
+        got += n
+    if got != len(data) or f.read(1):
+        raise OSError(f"it changed size while read ({got:,} of {len(data):,} bytes after the header)")
     return data
 
 
 def _unique_keys(pairs) -> dict:
+    """A JSON object that names each key once (a second ``"w"`` would silently replace the first)."""
     out = dict(pairs)
     if len(out) != len(pairs):
-        names = [k for k, _ in pairs]
-        raise ValueError(f"the name {shown(next(k for k in names if names.count(k) > 1))} appears twice")
+        seen: set = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the name {shown(twice)} appears twice")
     return out
 
 
@@ -273,17 +283,16 @@ def _dtype(name: str, tensor: str, refuse) -> torch.dtype:
     return getattr(torch, attr)
 
 
-def _tensor(data: bytearray, start: int, entry: dict, name: str, refuse) -> torch.Tensor:
+def _tensor(data: bytearray, entry: dict, name: str, refuse) -> torch.Tensor:
     """One tensor over ``data`` (no copy unless its bytes are misaligned for its dtype); bools only 0 or 1."""
     dtype, shape = getattr(torch, _DTYPES[entry["dtype"]]), entry["shape"]
     begin, end = entry["data_offsets"]
-    offset = start + begin
     try:
         if begin == end:
             return torch.empty(shape, dtype=dtype)
-        tensor = torch.frombuffer(data, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=offset).reshape(shape)
+        tensor = torch.frombuffer(data, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=begin).reshape(shape)
     except (RuntimeError, ValueError, OverflowError) as exc:  # a shape torch cannot make (too many dimensions)
         raise refuse(f"describes tensor {shown(name)} with a shape torch cannot make ({cause(exc)})") from None
     if dtype == torch.bool and bool((tensor.view(torch.uint8) > 1).any()):
         raise refuse(f"holds bool tensor {shown(name)} with bytes other than 0 and 1")
-    return tensor.clone() if offset % dtype.itemsize else tensor
+    return tensor.clone() if begin % dtype.itemsize else tensor

@@ -134,8 +134,8 @@ def test_an_index_that_does_not_fit_its_shards_is_refused_naming_the_file(tmp_pa
 F32_2 = {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
 CRAFTED = {
     "empty": (b"", None, None, r"is 0 bytes: no safetensors file"),
-    "header-too-large": (b"{}", b"", MAX_HEADER + 1, r"gives its header as 100,000,001 bytes"),
-    "header-past-the-end": (b"{}", b"", 1000, r"gives its header as 1,000 bytes, in a file of 10: cut short"),
+    "header-too-large": (b"{}", b"", MAX_HEADER + 1, r"gives its header as 100,000,001 bytes, over the 100,000,000 a header may have"),
+    "header-past-the-end": (b"{}", b"", 1000, r"is cut short: its header is 1,000 bytes, 2 follow the first 8"),
     "header-not-utf8": (b"\xff\xfe{}", b"", None, r"has a header that does not parse"),
     "header-not-json": (b"{'w': 1}", b"", None, r"has a header that does not parse"),
     "header-nested-deep": (b"[" * 100_000, b"", None, r"has a header that does not parse"),
@@ -240,3 +240,20 @@ def test_a_file_cut_short_or_with_any_byte_changed_reads_whole_or_is_a_checkpoin
     except CheckpointError:
         return
     assert set(tensors) == {"w", "b", "i"}  # only the header's text changed, in a way the format allows
+
+
+def test_a_file_on_an_fsspec_store_reads_and_is_checked_as_a_local_one(tmp_path, same):
+    """A safetensors object on a store (memory://) reads back bit-identical; its recorded digest is checked there too."""
+    import fsspec
+
+    write_safetensors(tmp_path / "w.safetensors", TENSORS)
+    raw = (tmp_path / "w.safetensors").read_bytes()
+    store = fsspec.filesystem("memory")
+    store.pipe(f"/{tmp_path.name}/w.safetensors", raw)
+    store.pipe(f"/{tmp_path.name}/flipped.safetensors", raw[:-1] + bytes([raw[-1] ^ 1]))
+    try:
+        same(dict(sorted(load_weights_file(f"memory://{tmp_path.name}/w.safetensors").items())), TENSORS)
+        with pytest.raises(CheckpointError, match="flipped.safetensors does not match the SHA-256"):
+            load_weights_file(f"memory://{tmp_path.name}/flipped.safetensors")
+    finally:
+        store.rm(f"/{tmp_path.name}", recursive=True)
