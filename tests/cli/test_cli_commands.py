@@ -240,3 +240,16 @@ def test_plan_prints_the_trace_of_an_expression_or_a_pimm_config(tmp_path, capsy
     assert planned["hooks"] == [repr(h) for h in hooks]
     assert [(r["step"], r["effect"]) for r in planned["effects"]] == [(e.step, compact(e.effect)) for e in expected]
     assert main(["plan", "[best_on('m')]", "--iters-per-epoch", "2", "--max-epochs", "1", "--metric", "m=high"]) == USAGE
+
+
+def test_a_folder_named_pimm_fn_where_the_command_runs_is_named_not_an_attribute_error(tmp_path):
+    """From a directory holding a pimm_fn/ folder (a clone's parent), the command works, or (an editable install,
+    which that folder hides) exits 2 naming the folder and the fix, with no traceback."""
+    (tmp_path / "pimm_fn").mkdir()
+    done = subprocess.run([sys.executable, "-m", "pimm_fn", "plan", "[save_every(4)]", "--iters-per-epoch", "4",
+                           "--max-epochs", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    if done.returncode == OK:  # an installed (not editable) package is found before any folder
+        assert done.stdout.endswith("2 effects\n"), done
+        return
+    assert done.returncode == USAGE and "Traceback" not in done.stderr, done.stderr
+    assert str(tmp_path / "pimm_fn") in done.stderr and "another directory" in done.stderr, done.stderr
