@@ -4,6 +4,8 @@ The public reading API of the checkpoint layer for everything that is not
 a training run (the ``python -m pimm_fn`` commands, notebooks): callers
 never need the layout's file names or the formats' private modules.
 
+- **how a run stands**: :func:`newest` is the checkpoint ``resume="auto"``
+  takes, with the newer ones it passes over and why.
 - **list**: :func:`kind_of` names an entry of a model_dir by what it is
   (``checkpoint``, ``best``, ``retired``, ``unfinished``; on an fsspec store
   a ``last-<step>-<token>`` or ``iter_<step>`` directory without its marker is
@@ -35,9 +37,10 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from . import _layout as L
 from . import _safe_writes as W
-from . import _legacy, safe_reading, safetensors_files, storage
+from . import _legacy, candidates, safe_reading, safetensors_files, storage
 from ._best_model import best_record, check_best, record_problem
 from ._discovery import find_checkpoint
+from ._marker import CheckpointInfo
 from ._pack import tensor_to_skeleton, unpack
 from ._peek import TensorInfo, contents_of, infos_of, numpy_keys, size_of, trainer_without_tensors, weights_without_tensors
 from ._retain import REMOVING
@@ -48,7 +51,8 @@ from .validation import confined, validate
 
 __all__ = [
     "TRAINER", "TensorInfo", "contents_of", "is_best_file", "is_checkpoint_dir", "is_marked", "is_removal", "kind_of", "marker",
-    "provenance", "read_back", "size_of", "trainer_without_tensors", "weights_without_tensors", "write_plain_weights",
+    "newest", "provenance", "read_back", "size_of", "trainer_without_tensors", "weights_without_tensors",
+    "write_plain_weights",
 ]
 
 TRAINER = L.TRAINER
@@ -117,6 +121,17 @@ def _trailing_step(name: str) -> int | None:
     """The step in ``.staging-last-<step>``, ``.staging-removed-iter_<step>``, ``.retired-last-<step>``."""
     match = re.search(r"(?:last-|iter_)(\d+)(?:\.pth)?$", name)
     return int(match.group(1)) if match else None
+
+
+def newest(model_dir: pathlib.Path) -> tuple[CheckpointInfo | None, list[tuple]]:
+    """The checkpoint ``resume="auto"`` takes in ``model_dir`` (``None``: none is usable), and the newer ones it passes
+    over, each as ``(path, CheckpointError)``: local, no collectives (:mod:`.candidates`)."""
+    passed = []
+    for found in candidates.candidates(model_dir):
+        if found.info is not None:
+            return found.info, passed
+        passed.append((found.path, found.error))
+    return None, passed
 
 
 def read_back(path: pathlib.Path, *, best: bool = False) -> tuple[list[str], list[str]]:

@@ -2,6 +2,7 @@
 
 Commands::
 
+    python -m pimm_fn status DIR [--json]           how the run in a save_dir ended: finished, to continue, stopped mid-run
     python -m pimm_fn ls DIR [--json]               every checkpoint under a save_dir or model_dir
     python -m pimm_fn inspect PATH [--json]         progress, metrics, hook slots, optimizer: no tensor read
     python -m pimm_fn verify PATH [--json]          complete, every shard read back, sizes and checksums
@@ -11,10 +12,15 @@ Commands::
 
 Exit codes, which scripts may rely on:
 
-    0  success; for ``verify``: every checkpoint checked is complete and readable
-    1  a checkpoint is incomplete or damaged (``verify``; ``inspect``/``export`` of one they cannot read)
+    0  success; for ``verify`` and ``ls``: every checkpoint is complete and readable; for ``status``: the run finished
+    1  a checkpoint is incomplete or damaged (``verify``, ``ls``: one of them; ``inspect``/``export``: the one
+       named; ``status``: every one, so none can be resumed from)
     2  usage error: bad arguments, a hook expression or config that does not build, ``OUT`` exists
     3  not found: ``PATH`` does not exist, or holds no checkpoint
+    4  ``status``: the run stopped mid-run, neither finished nor saved to be continued (a crash, a kill, a
+       Ctrl-C, or still running); ``resume="auto"`` goes on from its newest checkpoint
+   75  ``status``: the run stopped to be continued (a preemption signal, ``max_time``: its checkpoint's
+       ``saved_for``); run it again with ``resume="auto"`` (``EX_TEMPFAIL``, as the run itself exits)
 
 ``PATH`` and ``DIR`` may be fsspec URLs (``s3://bucket/exp1``, ``gs://...``),
 as ``loop(save_dir=)`` takes them; ``OUT`` is a local file.
@@ -32,9 +38,12 @@ import os
 import re
 import sys
 
-__all__ = ["OK", "DAMAGED", "USAGE", "NOT_FOUND", "Failure", "main"]
+from pimm_fn.core.preemption import EX_TEMPFAIL
+
+__all__ = ["OK", "DAMAGED", "USAGE", "NOT_FOUND", "FINISHED", "MID_RUN", "TO_CONTINUE", "Failure", "main"]
 
 OK, DAMAGED, USAGE, NOT_FOUND = 0, 1, 2, 3
+FINISHED, MID_RUN, TO_CONTINUE = OK, 4, EX_TEMPFAIL  # status's: how the run ended
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # an fsspec URL (s3://...): pimm_fn.checkpoint.storage reads it
 
 
@@ -49,16 +58,25 @@ class Failure(Exception):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pimm_fn", description=__doc__.split("\n\n")[0],
-        epilog="exit codes: 0 ok, 1 a checkpoint incomplete or damaged, 2 usage error, 3 not found",
+        epilog="exit codes: 0 ok (status: finished), 1 a checkpoint incomplete or damaged (ls, verify: any of them), "
+               "2 usage error, 3 not found; status: 4 stopped mid-run (a crash, a kill), 75 to continue "
+               "(preempted, max_time)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    status = commands.add_parser(
+        "status", help="how the run in a save_dir ended: finished (0), to continue (75), stopped mid-run (4)",
+        epilog="exit codes: 0 finished, 75 to continue (a preemption signal or max_time saved it: run it again with "
+               "resume=\"auto\"), 4 stopped mid-run (a crash, a kill, a Ctrl-C, or still running), 3 no checkpoint, "
+               "1 none can be read, 2 usage error",
+    )
+    status.add_argument("dir", metavar="DIR", help="a save_dir (or its model/ directory), a path or a URL")
     ls = commands.add_parser("ls", help="list every checkpoint under a save_dir or model_dir")
     ls.add_argument("dir", metavar="DIR")
     inspect = commands.add_parser("inspect", help="what a checkpoint holds, without reading its tensors")
     inspect.add_argument("path", metavar="PATH")
     verify = commands.add_parser("verify", help="check that checkpoints are complete and every shard reads back")
     verify.add_argument("path", metavar="PATH", help="a checkpoint, or a save_dir/model_dir (all of its checkpoints)")
-    for command in (ls, inspect, verify):
+    for command in (status, ls, inspect, verify):
         command.add_argument("--json", action="store_true", help="print one JSON document instead of text")
     export = commands.add_parser("export", help="write a checkpoint's weights as a plain state dict or safetensors")
     export.add_argument("path", metavar="PATH", help="a checkpoint, a weights file, or a save_dir/model_dir (newest)")
@@ -86,6 +104,7 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
 
 
 _COMMANDS = {
+    "status": ("pimm_fn.cli._status", "status"),
     "ls": ("pimm_fn.cli._show", "ls"), "inspect": ("pimm_fn.cli._show", "inspect"),
     "verify": ("pimm_fn.cli._verify", "verify"), "export": ("pimm_fn.cli._export", "export"),
     "plan": ("pimm_fn.cli._plan", "plan"),

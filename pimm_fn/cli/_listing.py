@@ -9,9 +9,10 @@ import attrs
 from pimm_fn.checkpoint import inspection
 from pimm_fn.checkpoint.errors import CheckpointError, cause
 from pimm_fn.checkpoint.inspection import is_best_file, is_checkpoint_dir
-from pimm_fn.cli import NOT_FOUND, Failure
+from pimm_fn.cli import DAMAGED, NOT_FOUND, Failure
 
-__all__ = ["Entry", "entries", "entry_of", "model_dir_of", "is_checkpoint_dir", "is_best_file", "reason"]
+__all__ = ["Entry", "entries", "entry_of", "model_dir_of", "is_checkpoint_dir", "is_best_file", "reason",
+           "some_damaged"]
 
 # The order ``ls`` lists kinds in.
 KINDS = ("checkpoint", "best", "retired", "unfinished", "set aside")
@@ -62,6 +63,11 @@ def model_dir_of(path: pathlib.Path, command: str) -> pathlib.Path:
 def reason(exc: BaseException) -> str:
     """Why reading a checkpoint failed, in one line (DCP's wrapped failure unwrapped)."""
     return exc.summary() if isinstance(exc, CheckpointError) else cause(exc)
+
+
+def some_damaged(names: list[str], total: int) -> Failure:
+    """A listing's failure (exit 1) when some of its ``total`` entries, ``names``, are damaged or incomplete."""
+    return Failure(DAMAGED, f"{len(names)} of {total} damaged or incomplete: {', '.join(names)}")
 
 
 def entry_of(path: pathlib.Path) -> Entry | None:

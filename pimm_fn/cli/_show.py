@@ -14,7 +14,7 @@ from pimm_fn.checkpoint.inspection import (
 )
 from pimm_fn.checkpoint.inspection import marker as marker_of
 from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit, location
-from pimm_fn.cli._listing import Entry, entries, is_best_file, model_dir_of, reason
+from pimm_fn.cli._listing import Entry, entries, is_best_file, model_dir_of, reason, some_damaged
 from pimm_fn.core import slots
 import pimm_fn.compat  # noqa: F401 - the plug-in pimm_fn ships: a pimm run's slots (its savers') decode
 
@@ -103,12 +103,16 @@ def _dash(value) -> str:
 
 
 def ls(args) -> int:
-    """List every checkpoint, best-model file and unfinished save under a save_dir or model_dir."""
+    """List every checkpoint, best-model file and unfinished save under a save_dir or model_dir; exit 1 when a
+    checkpoint is damaged or incomplete (as ``verify``, from the markers alone)."""
     model_dir = model_dir_of(location(args.dir), "ls")
     rows = [row(e) for e in entries(model_dir)]
     if not rows:
         raise Failure(NOT_FOUND, f"no checkpoint under {str(model_dir)!r}; pass a save_dir or its model/ directory")
     emit({"model_dir": str(model_dir), "entries": rows}, _table(rows), args.json)
+    damaged = [r["name"] for r in rows if r["status"] in ("damaged", "incomplete")]
+    if damaged:
+        raise some_damaged(damaged, len(rows))
     return OK
 
 

@@ -23,8 +23,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import CheckpointError
 from pimm_fn.checkpoint.inspection import is_marked, read_back
-from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit, location
-from pimm_fn.cli._listing import Entry, entries, entry_of, is_checkpoint_dir, model_dir_of, reason
+from pimm_fn.cli import NOT_FOUND, OK, Failure, emit, location
+from pimm_fn.cli._listing import Entry, entries, entry_of, is_checkpoint_dir, model_dir_of, reason, some_damaged
 
 __all__ = ["Finding", "check", "verify"]
 
@@ -157,5 +157,5 @@ def verify(args) -> int:
     emit({"path": args.path, "ok": all(f.ok for f in findings), "entries": data}, _text(findings), args.json)
     damaged = [f.name for f in findings if not f.ok]
     if damaged:
-        raise Failure(DAMAGED, f"{len(damaged)} of {len(findings)} damaged or incomplete: {', '.join(damaged)}")
+        raise some_damaged(damaged, len(findings))
     return OK

@@ -27,7 +27,9 @@ from ``s``.
 
 from collections.abc import Mapping
 
-__all__ = ["stop_step", "time_is_up", "lags", "next_cadence", "Boundaries", "CHECK_SECONDS"]
+__all__ = ["stop_step", "time_is_up", "lags", "next_cadence", "Boundaries", "CHECK_SECONDS", "EX_TEMPFAIL"]
+
+EX_TEMPFAIL = 75  # sysexits.h's "try again": a run saved to be continued exits with it (``Preemption.exit_code``)
 
 
 def lags(world_size: int) -> bool:

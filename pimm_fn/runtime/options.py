@@ -28,6 +28,7 @@ import attrs
 
 from pimm_fn.checkpoint.saving import Saving
 from pimm_fn.core import validate as v
+from pimm_fn.core.preemption import EX_TEMPFAIL
 from pimm_fn.runtime.arguments import ARGUMENTS, check_on_nonfinite, check_resume_hyperparameters
 from pimm_fn.runtime.interpreter import KEEP_TRACE
 from pimm_fn.runtime.loggers import check_loggers
@@ -249,7 +250,7 @@ class Preemption:
     factory_name: ClassVar[str] = "loop"
 
     signals: tuple = attrs.field(default=("SIGTERM",), converter=_signals)
-    exit_code: int = attrs.field(default=75, validator=v.int_at_least(0))
+    exit_code: int = attrs.field(default=EX_TEMPFAIL, validator=v.int_at_least(0))
     save_on_interrupt: bool = attrs.field(default=False, validator=_BOOL)
     margin: float = attrs.field(default=0.0, converter=_margin)
     check_every: int | None = attrs.field(default=None, validator=v.optional(v.int_at_least(1)))

@@ -98,9 +98,12 @@ def test_export_assembles_a_sharded_checkpoints_weights_into_a_plain_state_dict(
 
 
 def test_ls_lists_every_checkpoint_with_its_status_step_epoch_and_best_values(runs, capsys):
-    """ls --json: complete, incomplete (no marker), damaged (cut short), unfinished saves and each best file."""
-    assert main(["ls", str(runs / "broken"), "--json"]) == OK
-    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["entries"]}
+    """ls --json: complete, incomplete (no marker), damaged (cut short), unfinished saves and each best file;
+    a damaged or incomplete one makes it exit 1, naming them, as verify does."""
+    assert main(["ls", str(runs / "broken"), "--json"]) == DAMAGED
+    out, err = capsys.readouterr()
+    assert err == "pimm_fn ls: 2 of 7 damaged or incomplete: iter_10, iter_4\n"
+    rows = {r["name"]: r for r in json.loads(out)["entries"]}
     assert [rows[n]["status"] for n in ("last", "iter_12", "iter_10", "iter_4")] == [
         "complete", "complete", "incomplete", "damaged"]
     assert (rows["last"]["step"], rows["last"]["epoch"], rows["last"]["best"]) == (12, 2, {"acc": 0.9, "loss": 1.0})

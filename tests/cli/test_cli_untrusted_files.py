@@ -80,18 +80,19 @@ def _replace(path, content):
         path.write_text(content)
 
 
-def _rows(capsys, save_dir) -> dict:
-    code, out, err = _main(capsys, "ls", save_dir, "--json")
-    assert code == OK, err
+def _rows(capsys, save_dir, code=OK) -> dict:
+    """``ls --json``'s rows by name, its exit code checked: 1 when a row is damaged or incomplete."""
+    found, out, err = _main(capsys, "ls", save_dir, "--json")
+    assert found == code, err
     return {r["name"]: r for r in json.loads(out)["entries"]}
 
 
 @pytest.mark.parametrize("content, problem", [(None, "COMPLETE is a FIFO, not a regular file"),
                                               (DEEP, "COMPLETE is not valid JSON (nested too deeply to parse)")])
 def test_a_fifo_or_too_deep_marker_is_a_damaged_row_in_ls_inspect_and_verify(run_dir, capsys, content, problem):
-    """last/COMPLETE a FIFO or 100,000 brackets deep: ls marks last damaged, inspect and verify exit 1, all at once."""
+    """last/COMPLETE a FIFO or 100,000 brackets deep: ls marks last damaged; ls, inspect and verify exit 1, at once."""
     _replace(run_dir / "model" / "last" / "COMPLETE", content)
-    rows = _rows(capsys, run_dir)
+    rows = _rows(capsys, run_dir, DAMAGED)
     assert rows["last"]["status"] == "damaged" and problem in rows["last"]["problem"]
     assert rows["iter_4"]["status"] == "complete" and rows["model_best.pth"]["best"] == {"acc": 0.5}
     code, _, err = _main(capsys, "inspect", run_dir / "model" / "last")
@@ -102,14 +103,15 @@ def test_a_fifo_or_too_deep_marker_is_a_damaged_row_in_ls_inspect_and_verify(run
 
 
 def test_scripts_get_an_exit_code_and_one_line_not_a_wait_or_a_traceback(run_dir):
-    """Through a real subprocess (bounded): a FIFO marker is exit 1 and one line for inspect; ls exits 0."""
+    """Through a real subprocess (bounded): a FIFO marker is exit 1 and one line for inspect; ls lists both damaged
+    rows and exits 1, naming them."""
     _replace(run_dir / "model" / "last" / "COMPLETE", None)
     _replace(run_dir / "model" / "iter_4" / "COMPLETE", DEEP)
     inspected = _cli("inspect", run_dir / "model" / "last")
     assert inspected.returncode == DAMAGED and inspected.stdout == "" and "Traceback" not in inspected.stderr
     assert "COMPLETE is a FIFO, not a regular file" in inspected.stderr
     listed = _cli("ls", run_dir)
-    assert listed.returncode == OK and "Traceback" not in listed.stderr
+    assert listed.returncode == DAMAGED and listed.stderr == "pimm_fn ls: 2 of 4 damaged or incomplete: last, iter_4\n"
     assert [line.split()[3] for line in listed.stdout.splitlines()[1:3]] == ["DAMAGED", "DAMAGED"]
 
 
