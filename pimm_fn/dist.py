@@ -26,6 +26,7 @@ __all__ = [
     "barrier",
     "broadcast_object",
     "collective_device",
+    "destroy_group",
     "gather_object",
     "is_initialized",
     "is_main",
@@ -71,6 +72,20 @@ def new_gloo_group():
     Collective: every rank of the default group calls it, in the same order.
     """
     return _td.new_group(backend="gloo") if is_initialized() else None
+
+
+def destroy_group(group) -> None:
+    """Destroy a group ``new_gloo_group`` made, nothing of it in flight: torch forgets it, and once the caller drops
+    its last reference its worker threads are joined, so none is left to free a finished collective's tensors (which
+    takes Python's lock) while Python exits. Not collective. ``None``, or a group that went with the default one
+    (``destroy_process_group()``), is left as it is.
+    """
+    if group is None or not is_initialized():
+        return
+    try:
+        _td.destroy_process_group(group)
+    except ValueError:  # "Invalid process group": not torch's any more (the default group it belonged to was remade)
+        pass
 
 
 def barrier() -> None:

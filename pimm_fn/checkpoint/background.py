@@ -6,7 +6,8 @@ between two steps: the save in flight (one at most), the staging prewarm,
 the optimizer hooks that wait for a save's copy and that start the prewarm,
 and the gloo process group the saves' collectives run on (made at the first
 save, when every rank is there). Closing it when the run ends, or stops on
-an error, stops a running prewarm and removes those hooks; the save in
+an error, stops a running prewarm, removes those hooks and, with no save in
+flight, destroys that group (the next save makes another); the save in
 flight is waited for by :meth:`~BackgroundSaver.wait` (the loop waits before
 it closes; after an error, the next ``wait`` tells how the save ended).
 
@@ -103,6 +104,7 @@ class BackgroundSaver:
 
         A save in flight goes on; its copy is finished first, as no hook is
         left to hold the next optimizer step back (:meth:`wait` says how it ended).
+        With none in flight, the saver's process group is destroyed.
         """
         self.wait_staged()
         for hooks in (self.arming, self.gate):
@@ -111,6 +113,9 @@ class BackgroundSaver:
         self.arming = self.gate = None
         if isinstance(self.prewarm, _staging.Prewarm) and not self.prewarm.done():
             self.prewarm.stop()
+        if self.pending is None:  # no save uses the group: destroyed (its threads joined), made anew by the next save
+            group, self._group = self._group, None
+            dist.destroy_group(group)
         self.is_open = False
 
     def _background_group(self):

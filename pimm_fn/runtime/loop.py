@@ -302,7 +302,7 @@ def loop(
             writable.check_writable(save_dir, every_rank=saving.checkpoint_format == "standard")
         ctx.logs.start(state.progress, resumed=info is not None, writes=writes)  # logs truncated or set aside; history
         prewarm_staging(ctx)  # when a hook saves in the background: its memory, after the first step
-        run = Loop(ctx, state, step_fn or train_step, interpreter)
+        run = Loop(ctx, state, step_fn or train_step, interpreter, resume=resume, resumed=info is not None)
         ctx.nonfinite.where = lambda: run.state.progress  # a NaN loss is reported at the step being trained
         if watching.sanity_check and not run.finished:  # every evaluator once, its names checked; nothing published
             sanity_check(ctx, watching.sanity_check)

@@ -19,7 +19,10 @@ The path of a request:
    the step's own save already holds it; rank 0 says one line.
 5. **Exit.** ``Preempted`` (a ``SystemExit``) is raised on every rank with
    ``Preemption.exit_code`` (75 by default): a script exits with it, without a
-   traceback; ``resume="auto"`` continues from the save, bit-identical.
+   traceback; ``resume="auto"`` continues from the save, bit-identical. From
+   then on a script holds the preempting signals until it exits
+   (``Requests.hold``): torchrun's closing SIGTERM or a second ``scancel``
+   cannot turn the 75 into a kill (143).
 
 Cost on a step with no request: one process reads a flag (and the clock,
 under ``max_time``); several ranks start one asynchronous all-reduce of 24
@@ -31,6 +34,7 @@ is and how to continue instead of the loop's traceback
 (``pimm_fn.runtime.ctrl_c_advice``).
 """
 
+import atexit
 import contextlib
 import os
 import signal
@@ -99,6 +103,23 @@ class Requests:
                 signal.signal(sig, previous)
             self._previous.clear()
 
+    def hold(self) -> None:
+        """A preemption stop left ``run()``: until the process exits, the preempting signals are recorded, not obeyed.
+
+        In a script only (a notebook's kernel lives on: its handlers are put
+        back as usual). Python puts its own handlers back to the default at
+        its finalization, so from ``atexit`` on they are ignored: the
+        process's teardown (torch's included) ends with the stop's exit code.
+        """
+        if interactive() or threading.current_thread() is not threading.main_thread():
+            return
+        held = self.signals + ((signal.SIGINT,) if self.interrupt else ())
+        for sig in held:
+            signal.signal(sig, self._handle)
+        if not _HELD:
+            atexit.register(_ignore_held)
+        _HELD.update(held)
+
     def _handle(self, signum, frame) -> None:
         if self.reason is None:
             self.reason = signal.Signals(signum).name
@@ -115,6 +136,15 @@ class Requests:
             previous(signum, frame)
         else:
             raise KeyboardInterrupt
+
+
+_HELD: set = set()  # the signals a preemption stop holds until this process exits (Requests.hold)
+
+
+def _ignore_held() -> None:
+    """At exit (``atexit``, before Python resets its handlers): the held signals are ignored to the end."""
+    for sig in _HELD:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class Stopping:
@@ -220,6 +250,23 @@ class Stopping:
         if self._work is not None:
             self._work.wait()
             self._work = None
+
+    def close(self, *, alike: bool = True) -> None:
+        """The run ended, or left ``run()`` on an error: the reduction in flight waited for, the group destroyed.
+
+        Nothing of pimm_fn's is left running beside the script's own groups
+        once ``run()`` returns; a run that goes on makes a new group at its
+        next comparison (every rank at the same step). Not ``alike`` (the
+        ranks stopped in different places, or it is not known): a reduction in
+        flight may wait for a rank that never starts it, and the ranks must
+        not disagree on whether the group exists, so it is left as it is (to
+        the process group's shutdown, ``pimm_fn.runtime.peers``, or the exit).
+        """
+        if not alike:
+            return
+        self.settle()
+        group, self._group = self._group, None
+        dist.destroy_group(group)
 
 
 def preemption_save(step: int, reason: str) -> SaveCheckpoint:

@@ -17,8 +17,8 @@ from pimm_fn.core.trace import Trace
 from pimm_fn.runtime import after_training, swap
 from pimm_fn.runtime.context import Context
 from pimm_fn.runtime.log_feed import clock
-from pimm_fn.runtime.ctrl_c_advice import advise
-from pimm_fn.runtime.preemption import saved_at
+from pimm_fn.runtime.ctrl_c_advice import advise, newest_checkpoint
+from pimm_fn.runtime.preemption import Preempted
 from pimm_fn.runtime.transaction import Interruption
 from pimm_fn.runtime.walker import Walker
 
@@ -66,26 +66,50 @@ class Loop:
             ``step()`` completes that step; ``None`` otherwise.
     """
 
-    def __init__(self, ctx: Context, state, step_fn, interpreter):
+    def __init__(self, ctx: Context, state, step_fn, interpreter, *, resume=None, resumed: bool = False):
         self.ctx = ctx
         self._step_fn = step_fn
         self._interpreter = interpreter
-        self._walker = Walker(ctx, state, step_fn, interpreter)  # the walk itself; it reads ctx.implied's hooks
+        self._resume = resume  # loop()'s: whether running the script again resumes (a script's Ctrl-C says so)
+        # A resumed run with nothing left to train was warned about by loop(): its first run() says it no more.
+        told = resumed and not state.progress.steps_left
+        self._walker = Walker(ctx, state, step_fn, interpreter, told_finished=told)  # it reads ctx.implied's hooks
         self.hooks = ctx.implied.hooks
         # The preemption signals' handlers while it trains (pimm_fn.runtime.preemption); none on a bare Context.
         self._requests = ctx.stopping.requests if ctx.stopping is not None else contextlib.nullcontext()
 
     @contextlib.contextmanager
-    def _advising(self):
-        """A Ctrl-C leaving ``run()`` in a script carries the advice its exit prints (``ctrl_c_advice.advise``)."""
+    def _training(self):
+        """What ``run()`` and ``step()`` train inside: the Ctrl-C keys, the preemption signals, the log clock.
+
+        Leaving it on an error, pimm_fn's own process group is closed (a run
+        that goes on makes another); in a script, a Ctrl-C carries the advice
+        its exit prints (``ctrl_c_advice.advise``), and a preemption stop
+        holds its signals until the process exits with its code
+        (``Requests.hold``), outermost: after the loop's own handlers were put back.
+        """
         try:
-            yield
-        except KeyboardInterrupt as error:
-            last = self._walker.last_saved()
-            model_dir = self.ctx.model_dir if self.ctx.save_dir is not None else None
-            saved = (last, saved_at(self.ctx, last)) if last is not None and model_dir is not None else None
-            advise(error, self.state.progress.global_step, saved, model_dir)
+            with self._walker.tx.keys, self._requests, clock(self.ctx.logs):
+                yield
+        except Preempted:
+            self.ctx.stopping.requests.hold()  # raised only by a run that has its Stopping
             raise
+        except BaseException as error:
+            if self.ctx.stopping is not None:  # pimm_fn's group closed; a run that goes on makes another
+                stopped = self.interrupted
+                self.ctx.stopping.close(alike=stopped is not None and stopped.continues)
+            if isinstance(error, KeyboardInterrupt):
+                self._advise(error)
+            raise
+
+    def _advise(self, error: KeyboardInterrupt) -> None:
+        """Attach to a script's Ctrl-C the one line its exit prints (``ctrl_c_advice.advise``)."""
+        model_dir = self.ctx.model_dir if self.ctx.save_dir else None
+        stopping, stopped = self.ctx.stopping, self.interrupted
+        advise(error, f"during step {stopped.step} ({stopped.phase})" if stopped is not None else
+               f"after step {self.state.progress.global_step}", newest=newest_checkpoint(model_dir),
+               model_dir=model_dir, auto=self._resume == "auto",
+               saves_on_interrupt=stopping is not None and stopping.requests.interrupt)
 
     def _use(self, implied) -> None:
         """Run on with the hooks of ``implied`` (``pimm_fn.runtime.implied``), as ``replace`` derived it anew."""
@@ -140,7 +164,7 @@ class Loop:
         A Ctrl-C the loop held back (``pimm_fn.runtime.ctrl_c``) is raised
         at the end, where nothing is in flight.
         """
-        with self._walker.tx.keys, self._requests, clock(self.ctx.logs), self._advising():
+        with self._training():
             self._walker.step()
         return self.state
 
@@ -152,7 +176,7 @@ class Loop:
         ``run.run(...)`` shows its summary (progress, metrics, best values,
         slots), as ``print`` does; ``repr`` gives every field.
         """
-        with self._walker.tx.keys, self._requests, clock(self.ctx.logs), self._advising():
+        with self._training():
             return self._walker.run(steps)
 
     def __call__(self):

@@ -32,6 +32,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.runtime.ctrl_c import CTRL_C
+from pimm_fn.runtime.ctrl_c_advice import interactive
 from pimm_fn.runtime.nonfinite import NonFiniteLossError
 from pimm_fn.runtime.peers import across_ranks
 
@@ -115,6 +116,11 @@ def fold_phase(error: BaseException, event) -> str:
     return hook_phase(hook) if hook is not None else f"processing {type(event).__name__}"
 
 
+def _scripts_ctrl_c(error: BaseException) -> bool:
+    """A Ctrl-C in a script: its exit says where it stopped and how to continue (``pimm_fn.runtime.ctrl_c_advice``)."""
+    return error.__class__ is KeyboardInterrupt and not interactive()
+
+
 class Transaction:
     """The protocol of every unit of a step's work, and what an interrupted step left.
 
@@ -127,7 +133,8 @@ class Transaction:
     ``pimm_fn.runtime.peers``), closes the interpreter's handlers (the
     loggers and bar reopen, appending, when the run goes on), prints the
     ``Interruption`` line and lets the exception go on (or the
-    ``PeerFailureError`` that replaces it). The step it names is ``step``,
+    ``PeerFailureError`` that replaces it; a script's Ctrl-C is said once, as
+    it leaves the script: ``pimm_fn.runtime.ctrl_c_advice``). The step it names is ``step``,
     which the walker sets before its units run (``None``: the last step
     trained, ``last_step()``, read only then); ``phase`` is a string, or a
     function of ``(step, error)`` giving one, called only then (it may
@@ -165,13 +172,16 @@ class Transaction:
         self.interrupted = Interruption(step, phase, advice=advice)  # first: an interrupt while the ranks agree keeps it
         self.interrupted, instead = across_ranks(self.interrupted, error)
         self._interpreter.close(on_error=True)
-        self._ctx.say(str(self.interrupted))
+        if not (self.interrupted.continues and _scripts_ctrl_c(error)):  # a script's says one line as it exits
+            self._ctx.say(str(self.interrupted))
         if instead is not None:  # a PeerFailureError: this rank's error came from another rank's failure
             raise instead
 
     def stopped_after(self, step: int) -> None:
         """A Ctrl-C held back to the end of ``step`` is raised there (nothing in flight): close and say so."""
         self._interpreter.close(on_error=True)  # as on any stop: the bar ends above the line
+        if not interactive():  # a script cannot continue: its exit says one line (pimm_fn.runtime.ctrl_c_advice)
+            return
         self._ctx.say(f"interrupted after step {step}; run() continues exactly")
 
 

@@ -45,8 +45,9 @@ class Walker:
         processed: the event classes the hooks must see (some hook wants them, or the guard compares them).
     """
 
-    def __init__(self, ctx, state, step_fn, interpreter):
+    def __init__(self, ctx, state, step_fn, interpreter, *, told_finished: bool = False):
         self.ctx, self._state, self._step_fn, self._interpreter = ctx, state, step_fn, interpreter
+        self._told_finished = told_finished  # loop() said there is nothing to train: the next run() need not
         self.tx = tx = Transaction(ctx, interpreter, last_step=lambda: self.state.progress.global_step)
         # The walker's units of work (the driver has its own): made once, entered on every event.
         self._opening = tx.unit(LOADING)  # an epoch opened, or its loader drained
@@ -99,7 +100,9 @@ class Walker:
         elif self.finished or not p.steps_left:
             # A checkpoint of the last step may predate AfterTrain (its save was the deferred
             # epoch-end one): then only the closing events remain, and no step to train.
-            self.ctx.say(f"training already finished at step {p.global_step}: nothing to do")
+            if not self._told_finished:
+                self.ctx.say(f"training already finished at step {p.global_step}: nothing to do")
+            self._told_finished = False
             if self.finished:
                 return self.state
         # ``finished``, read cheaply: a step that returned left nothing interrupted, and quiet steps never finish.
@@ -307,11 +310,12 @@ class Walker:
         return effect_phase(entry.effect) if entry is not None else fold_phase(error, work.next_followup)
 
     def _close(self) -> None:
-        """Training ended (or stops for a preemption): no agreement left in flight, every rank learns of a divergence
-        in the last events, every save and record is written (the loggers and the bar closed), and ``save_dir``'s
-        lock released (``pimm_fn.runtime.lock``)."""
+        """Training ended (or stops for a preemption): no agreement left in flight (pimm_fn's own process groups
+        destroyed), every rank learns of a divergence in the last events, every save and record is written (the
+        loggers, the bar and the background saver closed), and ``save_dir``'s lock released
+        (``pimm_fn.runtime.lock``)."""
         if self._stopping is not None:
-            self._stopping.settle()
+            self._stopping.close()
         self._interpreter.settle()
         self.ctx.wait_for_save()
         self._interpreter.close()

@@ -27,6 +27,7 @@ import torch.distributed as td
 
 import pimm_fn as pf
 from _workers import Net, _dump, _snapshot, loader
+from pimm_fn.core import events as ev
 
 MAX_EPOCHS = 6  # 6 steps an epoch on 2 ranks: 36 steps
 
@@ -64,7 +65,6 @@ def _slow(model, ready: pathlib.Path):
 def torchrun_main(out: str, save_dir: str) -> None:
     rank = int(os.environ["RANK"])
     threading.Timer(90, lambda: os._exit(3)).start()  # never outlive the test (torchrun gives us our own session)
-    signal.signal(signal.SIGTERM, lambda *args: None)  # outside run(): torchrun's late SIGTERM after our exit
     td.init_process_group("gloo")
     model, run = build(rank, td.get_world_size(), save_dir)
     _slow(model, pathlib.Path(out) / f"ready-rank{rank}")
@@ -91,6 +91,75 @@ def finish(rank, world, out, *, save_dirs, tag):
     reference()
     found["reference"] = _snapshot(reference)
     _dump(out, tag, rank, found)
+
+
+# -- pimm_fn's own process groups once run() ends (test_preemption_ranks) ------------------------------------
+
+
+def _groups() -> int:
+    """The process groups torch holds in this process (the default one included)."""
+    return len(td.distributed_c10d._world.pg_map)
+
+
+def _threads() -> int:
+    """This process's threads, the C++ ones included (each gloo group has a loop thread and two workers)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+class _StopAt:
+    """A hook that stops training early at ``AfterStep(step)`` (``pf.effects.Stop``), alike on every rank."""
+
+    events = (ev.AfterStep,)
+
+    def __init__(self, step):
+        self.step = step
+
+    def __call__(self, state, event):
+        return state, ((pf.effects.Stop(event.step, "stop_at"),) if event.step == self.step else ())
+
+    def __repr__(self):
+        return f"stop_at({self.step})"
+
+
+def groups_after_run(rank, world, out, *, save_dir, ending, tag):
+    """A run with pimm_fn's own groups (the preemption agreement's, a background save's) that ends ``ending``:
+    ``"finished"``, ``"preempted"`` (SIGTERM to rank 1 during step 5), ``"early stop"`` (at step 5) or ``"exception"``
+    (a hook raising at step 5 on every rank, then continued to the end): the groups torch holds and this process's
+    threads before the run, the most groups during it, and both after each run()."""
+    from _workers import _RaiseAt
+
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    hooks = [pf.save_every(3, async_save=True), *([_StopAt(5)] if ending == "early stop" else []),
+             *([_RaiseAt(5, (0, 1))] if ending == "exception" else [])]
+    seen = {"before": (_groups(), _threads()), "during": 0, "after": []}
+
+    def count(module, args):
+        seen["during"] = max(seen["during"], _groups())
+        if ending == "preempted" and rank == 1 and module.training and len(calls) == 4:
+            os.kill(os.getpid(), signal.SIGTERM)
+        calls.append(1)
+
+    calls = []
+    model.register_forward_pre_hook(count)
+    run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=2, save_dir=save_dir,
+                  parallel=pf.Parallel(ddp=True), watching=pf.Watching(console=False, progress=False),
+                  preemption=pf.Preemption(check_every=1))
+    for _ in range(2):  # an exception leaves run(), which is then continued; the others end at once
+        try:
+            run()
+            ended = "finished" if run.state.stop is None else "early stop"
+        except pf.Preempted:
+            ended = "preempted"
+        except ValueError:
+            ended = "exception"
+        seen.setdefault("ended", ended)
+        seen["after"].append((_groups(), _threads()))
+        if ended != "exception":
+            break
+    seen["finished"] = run.finished
+    _dump(out, tag, rank, seen)
 
 
 if __name__ == "__main__":

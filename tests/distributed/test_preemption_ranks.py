@@ -117,3 +117,18 @@ def test_sigterm_to_one_worker_or_to_the_agent_saves_one_agreed_step_and_resumes
             resumed = rank[save_dir]
             assert resumed.pop("resumed_at") == step
             _same(resumed, rank["reference"])
+
+
+@pytest.mark.parametrize("ending", ["finished", "preempted", "early stop", "exception"])
+def test_pimm_fns_own_groups_are_destroyed_when_run_ends_on_every_path(tmp_path, ending):
+    """Finished, preempted, stopped early, or left on an exception alike on both ranks and continued to the end: once
+    run() is done, torch holds only the script's default group, and the gloo threads of pimm_fn's groups are gone.
+    Left on the exception, only the group of the background save still in flight is kept (its save goes on)."""
+    run_ranks("_preemption_workers:groups_after_run", 2, tmp_path, timeout=TIMEOUT, save_dir=str(tmp_path / "run"),
+              ending=ending, tag="groups").check()
+    for rank, seen in enumerate(results(tmp_path, "groups", 2)):
+        before, during, after = seen["before"], seen["during"], seen["after"]
+        assert seen["ended"] == ending and during == 3 and before[0] == 1, (rank, seen)  # two groups of pimm_fn's
+        assert after[-1] == before and seen["finished"] == (ending != "preempted"), (rank, seen)
+        if ending == "exception":  # the preemption agreement's group destroyed; the saver's, with its save, kept
+            assert after[0][0] == 2, (rank, seen)

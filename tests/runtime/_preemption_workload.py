@@ -1,6 +1,6 @@
 """A script that trains the tiny workload slowly, for real signals from outside (the preemption tests).
 
-    python _preemption_workload.py <save_dir> <ready_file> [--save-on-interrupt] [--max-epochs N]
+    python _preemption_workload.py <save_dir> <ready_file> [--save-on-interrupt] [--resume]
 
 It writes ``ready_file`` once two steps trained, then trains on, about
 15 ms a step, as any user script would: ``run()`` at the top level, nothing
@@ -45,8 +45,9 @@ def main():
     parser.add_argument("save_dir")
     parser.add_argument("ready")
     parser.add_argument("--save-on-interrupt", action="store_true")
+    parser.add_argument("--resume", action="store_true", help='build the loop with resume="auto"')
     args = parser.parse_args()
-    model, run = build(args.save_dir, console=True,
+    model, run = build(args.save_dir, console=True, resume="auto" if args.resume else None,
                        preemption=pf.Preemption(save_on_interrupt=args.save_on_interrupt))
     slow_steps(model, pathlib.Path(args.ready))
     run()

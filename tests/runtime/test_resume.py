@@ -59,18 +59,26 @@ def test_fresh_start_refuses_a_save_dir_with_checkpoints(tmp_path):
 
 
 def test_resuming_a_finished_run_runs_nothing_and_writes_nothing(tmp_path, capsys):
-    """A finished run resumed with the same max_epochs trains no step, writes no file and says so."""
+    """A finished run resumed with the same max_epochs trains no step, writes no file and says so once."""
     _, run = build(tmp_path, max_epochs=2)
     run()
     files = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
-    model, resumed = build(tmp_path, resume="auto", max_epochs=2, )
-    resumed.ctx.console = True
+    with pytest.warns(pf.ConfigurationWarning) as said:
+        model, resumed = build(tmp_path, resume="auto", max_epochs=2, console=True)
     before = weights(model)
     state = resumed()
     assert state.progress.global_step == 10 and resumed.trace == []
     assert same_weights(weights(model), before)
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == files
-    assert "already finished at step 10: nothing to do" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert [str(w.message) for w in said if "nothing is left to train" in str(w.message)] and "nothing to do" not in out
+    assert "already finished at step 10: nothing to do" in _said_by(resumed, capsys)  # a second run() says it
+
+
+def _said_by(run, capsys) -> str:
+    """What ``run()`` says on the console."""
+    run()
+    return capsys.readouterr().out
 
 
 def test_finished_run_whose_last_save_was_the_deferred_epoch_end_one_also_does_nothing(tmp_path, capsys):
@@ -80,14 +88,14 @@ def test_finished_run_whose_last_save_was_the_deferred_epoch_end_one_also_does_n
     run()
     assert [e.effect.deferred for e in run.trace if isinstance(e.effect, pf.effects.SaveCheckpoint)][-1]
     files = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()}
-    model, resumed = build(tmp_path, hooks=hooks, resume="auto", max_epochs=3)
-    resumed.ctx.console = True
+    with pytest.warns(pf.ConfigurationWarning, match="nothing is left to train"):
+        model, resumed = build(tmp_path, hooks=hooks, resume="auto", max_epochs=3, console=True)
     before = weights(model)
     state = resumed()
     assert state.finished and state.progress.global_step == 15 and resumed.trace == []
     assert same_weights(weights(model), before)
     assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*") if p.is_file()} == files
-    assert "already finished at step 15: nothing to do" in capsys.readouterr().out
+    assert "nothing to do" not in capsys.readouterr().out  # loop() said it: once
 
 
 def test_resuming_a_finished_run_with_more_epochs_continues(tmp_path):
