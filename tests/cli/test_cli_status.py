@@ -2,7 +2,6 @@
 preempted, stopped early or were killed, on a file system and on a store."""
 
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -10,12 +9,12 @@ import sys
 import uuid
 
 import pytest
-import torch
 
 import pimm_fn as pf
 from pimm_fn.cli import DAMAGED, FINISHED, MID_RUN, NOT_FOUND, TO_CONTINUE, main
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
+import _preemption_workload as pw  # noqa: E402
 import _tiny_workload as tw  # noqa: E402
 
 TIMEOUT = 120
@@ -26,22 +25,9 @@ def _status(capsys, target) -> tuple[int, dict]:
     return code, json.loads(capsys.readouterr().out)
 
 
-def _sigterm_during(model, step: int) -> None:
-    """SIGTERM to this process from inside the training forward of ``step``."""
-    calls = []
-
-    def send(module, args):
-        if module.training and torch.is_grad_enabled():
-            calls.append(1)
-            if len(calls) == step:
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    model.register_forward_pre_hook(send)
-
-
 def _preempted(save_dir, step: int = 4) -> pf.Preempted:
     model, run = tw.build(save_dir, hooks=[pf.save_every(3)], max_epochs=2)
-    _sigterm_during(model, step)
+    pw.signal_at_forward(model, step)
     with pytest.raises(pf.Preempted) as caught:
         run()
     return caught.value

@@ -8,9 +8,13 @@ caught. What the test sends it (SIGTERM, SIGINT) decides how it ends.
 """
 
 import argparse
+import os
 import pathlib
+import signal
 import sys
 import time
+
+import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
@@ -31,6 +35,19 @@ def slow_steps(model, ready: pathlib.Path | None = None, seconds: float = 0.015)
         time.sleep(seconds)
 
     return model.register_forward_pre_hook(pause)
+
+
+def signal_at_forward(model, n: int, sig=signal.SIGTERM):
+    """Send ``sig`` to this process from inside the ``n``-th training forward (1-based): during step ``n``."""
+    calls = []
+
+    def send(module, args):
+        if module.training and torch.is_grad_enabled():
+            calls.append(1)
+            if len(calls) == n:
+                os.kill(os.getpid(), sig)
+
+    return model.register_forward_pre_hook(send)
 
 
 def build(save_dir, *, resume=None, max_epochs=6, preemption=None, console=False, **kwargs):

@@ -31,19 +31,6 @@ def reference(tmp_path_factory):
     return tw.weights(model), [repr(e) for e in run.trace]
 
 
-def _signal_at_forward(model, n: int, sig=signal.SIGTERM):
-    """Send ``sig`` to this process from inside the ``n``-th training forward (1-based): during step ``n``."""
-    calls = []
-
-    def send(module, args):
-        if module.training and torch.is_grad_enabled():
-            calls.append(1)
-            if len(calls) == n:
-                os.kill(os.getpid(), sig)
-
-    return model.register_forward_pre_hook(send)
-
-
 def _marker(save_dir) -> dict:
     return json.loads((save_dir / "model" / "last" / "COMPLETE").read_text())
 
@@ -67,7 +54,7 @@ def _resume_and_compare(save_dir, before, reference):
 def test_a_sigterm_during_a_step_saves_that_step_and_the_resume_ends_bit_identical(tmp_path, reference, step):
     """SIGTERM during step k: the step completes, step k is saved (marker: SIGTERM), Preempted(75), exact resume."""
     model, run = pw.build(tmp_path, max_epochs=MAX_EPOCHS)
-    _signal_at_forward(model, step)
+    pw.signal_at_forward(model, step)
     stopped = _preempted(run)
     assert (stopped.code, stopped.step, stopped.reason) == (75, step, "SIGTERM")
     marker = _marker(tmp_path)
@@ -120,7 +107,7 @@ def test_a_sigterm_during_a_save_is_honoured_right_after_it(tmp_path, async_save
 def test_save_on_interrupt_turns_a_scripts_ctrl_c_into_a_save_and_exit(tmp_path, reference):
     """With save_on_interrupt (not in a notebook), a Ctrl-C during step 6 saves step 6 and stops: Preempted."""
     model, run = pw.build(tmp_path, max_epochs=MAX_EPOCHS, preemption=pf.Preemption(save_on_interrupt=True))
-    _signal_at_forward(model, 6, signal.SIGINT)
+    pw.signal_at_forward(model, 6, signal.SIGINT)
     stopped = _preempted(run)
     assert (stopped.step, stopped.reason) == (6, "SIGINT")
     assert _marker(tmp_path)["saved_for"] == "SIGINT"
@@ -130,7 +117,7 @@ def test_save_on_interrupt_turns_a_scripts_ctrl_c_into_a_save_and_exit(tmp_path,
 def test_sigusr1_counts_only_when_named(tmp_path, reference):
     """Preemption(signals=("SIGUSR1",)) (Slurm's early warning): SIGUSR1 during step 3 saves step 3."""
     model, run = pw.build(tmp_path, max_epochs=MAX_EPOCHS, preemption=pf.Preemption(signals=("SIGUSR1",)))
-    _signal_at_forward(model, 3, signal.SIGUSR1)
+    pw.signal_at_forward(model, 3, signal.SIGUSR1)
     stopped = _preempted(run)
     assert (stopped.step, stopped.reason) == (3, "SIGUSR1")
     _resume_and_compare(tmp_path, [repr(e) for e in run.trace], reference)

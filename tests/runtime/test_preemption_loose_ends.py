@@ -1,36 +1,21 @@
 """Preemption's loose ends: the stop line names the checkpoint written; a clock hook swapped in hears the clock."""
 
-import os
-import signal
 import uuid
 
 import pytest
-import torch
 
+import _preemption_workload as pw
 import _tiny_workload as tw
 import pimm_fn as pf
 from pimm_fn.checkpoint import storage
 from pimm_fn.core.effects import SaveCheckpoint
 
 
-def _sigterm_at_forward(model, n: int):
-    """SIGTERM to this process from inside the ``n``-th training forward: during step ``n``."""
-    calls = []
-
-    def send(module, args):
-        if module.training and torch.is_grad_enabled():
-            calls.append(1)
-            if len(calls) == n:
-                os.kill(os.getpid(), signal.SIGTERM)
-
-    return model.register_forward_pre_hook(send)
-
-
 def test_on_a_store_the_stop_line_names_the_checkpoint_written(capsys):
     """save_dir=memory://...: Preempted.path and the line are model/last-<step>-<token>, which exists, committed."""
     url = f"memory://pimm-{uuid.uuid4().hex[:12]}/run"
     model, run = tw.build(url, hooks=[pf.save_every(100)], max_epochs=2, console=True)
-    _sigterm_at_forward(model, 3)
+    pw.signal_at_forward(model, 3)
     with pytest.raises(pf.Preempted) as caught:
         run()
     path = caught.value.path
@@ -43,7 +28,7 @@ def test_on_a_store_the_stop_line_names_the_checkpoint_written(capsys):
 def test_on_a_file_system_the_stop_line_names_last(tmp_path):
     """A local save_dir: the path is model/last, as before."""
     model, run = tw.build(tmp_path, hooks=[pf.save_every(100)], max_epochs=2)
-    _sigterm_at_forward(model, 2)
+    pw.signal_at_forward(model, 2)
     with pytest.raises(pf.Preempted) as caught:
         run()
     assert caught.value.path == tmp_path / "model" / "last"
