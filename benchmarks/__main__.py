@@ -4,7 +4,8 @@
 ``python -m benchmarks.loop_overhead``. The simulation, guard and FSDP2
 checkpoint benchmarks and the digests one (``benchmarks.simulation``, ``benchmarks.guard``,
 ``benchmarks.fsdp_io``, which starts its own ranks, ``benchmarks.digests``, ``benchmarks.object_storage``,
-which starts its own S3 server) run as processes of their
+which starts its own S3 server, ``benchmarks.preemption``, ``benchmarks.exit_codes``, which launches
+torchrun) run as processes of their
 own when present; their figures are read back from ``results/<name>.json``.
 """
 
@@ -22,7 +23,7 @@ from benchmarks import _common
 
 HERE = pathlib.Path(__file__).resolve().parent
 OURS = ("loop_overhead", "checkpoint_io", "async_save")
-OTHERS = ("simulation", "guard", "fsdp_io", "digests", "object_storage", "preemption")
+OTHERS = ("simulation", "guard", "fsdp_io", "digests", "object_storage", "preemption", "exit_codes")
 
 
 def _run_other(name: str, quick: bool) -> str | None:

@@ -84,3 +84,13 @@ def test_soak_history_measures_under_50_bytes_a_logged_step():
     fed, looped = soak.history_fed(20_000), soak.history_in_a_run(2_000)
     assert fed["records"] == 20_000 + 2 * 20 and fed["bytes_per_step"] < soak.GOAL_HISTORY_BYTES, fed
     assert looped["records"] >= 2_000 and looped["bytes_per_step"] < soak.GOAL_HISTORY_BYTES, looped
+
+
+def test_the_exit_code_benchmark_runs_each_kind_once_under_torchrun():
+    """One finished 2-rank run of the plain torch script and one of pimm_fn's, each counted by its exit code."""
+    from benchmarks import exit_codes
+
+    result = exit_codes.measure(runs=1, busy=0)
+    for kind in exit_codes.KINDS:
+        assert sum(result[kind]["exit_codes"].values()) == 1 and result[kind]["ranks_finished"] == 2, result
+    assert result["pimm_fn"]["status_codes"] == {"0": 1}, result  # finished, whatever torchrun's exit code
