@@ -46,3 +46,8 @@ def test_the_documented_update_hook_counts_steps_with_its_slot_handed_apart():
     assert final.slots == (8,) and declared(CountSteps()).update is not None
     state, effects = CountSteps()(final.with_slot(8), pf.events.AfterStep(9))
     assert state.slot == 9 and effects == ()
+
+
+def test_the_documented_order_of_effects_is_the_plans():
+    """The order docs/hooks.md shows for a step with an evaluation, a new best and a stop is what plan gives."""
+    assert _blocks()["at_20"] == ["Log", "Evaluate", "Log", "WriteBest", "Stop", "Log"]

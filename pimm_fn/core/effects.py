@@ -9,6 +9,9 @@ Every effect has a ``scope``:
 
 Effects hold numbers, strings and tuples only, so they compare, hash, pickle
 and digest identically on every rank. A callable is named, never carried.
+
+The order the effects of one event run in is ``pimm_fn.core.processing``'s:
+an effect says only which group it belongs to (``runs_first``, ``runs_last``).
 """
 
 import enum
@@ -49,8 +52,13 @@ class Effect:
     scope: ClassVar[Scope] = Scope.LOCAL
 
     @property
+    def runs_first(self) -> bool:
+        """True for a record of the event (a ``Log``): it runs before the event's other effects."""
+        return False
+
+    @property
     def runs_last(self) -> bool:
-        """True for an effect that waits until the event's other effects ran."""
+        """True for an effect that closes its event: it waits until the event's other effects ran."""
         return False
 
 
@@ -89,10 +97,9 @@ class WriteBest(Effect):
 
     ``weights`` names the average (``pimm_fn.ema``) whose weights were
     evaluated, so the file holds what earned the metric; ``None``: the model's own.
-    It runs after the other effects of its event (``runs_last``): the write is
-    a consequence of the evaluation, so the evaluation's log line (``log_every``
-    reacts to the same ``MetricsPublished``) comes before the "new best" line,
-    wherever the two hooks stand in the list.
+    It runs in its hook's place; the evaluation's log line (``log_every``
+    reacts to the same ``MetricsPublished``) is a record, which runs first,
+    so it comes before the "new best" line wherever the two hooks stand.
     """
 
     scope: ClassVar[Scope] = Scope.MAIN
@@ -102,10 +109,6 @@ class WriteBest(Effect):
     weights: str | None = None
 
     __repr__ = repr_unless_none("weights")
-
-    @property
-    def runs_last(self) -> bool:
-        return True
 
 
 @attrs.frozen(repr=False)
@@ -135,12 +138,21 @@ def _keeps_its_fields(log, attribute, values: FrozenMap) -> None:
 
 @attrs.frozen
 class Log(Effect):
-    """A record for the console and the run's JSON-lines log; no value under its own ``step`` or ``kind``."""
+    """A record for the console and the run's JSON-lines log; no value under its own ``step`` or ``kind``.
+
+    It runs before the other effects of its event (``runs_first``): it holds
+    only what its hook knew when it saw the event, so it reports what has
+    happened, ahead of what the event causes (a new best, a stop, a save).
+    """
 
     scope: ClassVar[Scope] = Scope.MAIN
     step: int
     kind: str
     values: FrozenMap = attrs.field(converter=freeze, validator=_keeps_its_fields)
+
+    @property
+    def runs_first(self) -> bool:
+        return True
 
 
 @attrs.frozen

@@ -19,9 +19,8 @@ finds its slot in ``state.slot``, put there by a copy when another is there. Wha
 hook returns is checked by ``pimm_fn.core.hook_results``.
 
 ``fold`` applies the core's bookkeeping for an event and folds the hooks
-over it, returning the new state and the effects in the order they run:
-(hook position, emission order), with effects that say they ``runs_last``
-after the others. Executing those effects, resumably, is
+over it, returning the new state and the effects in (hook position,
+emission order). The order they run in, and executing them resumably, is
 ``pimm_fn.core.processing``'s.
 """
 
@@ -342,8 +341,6 @@ def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
     else:
         state = advance(state, event)
         state, slots, emitted = hooks._fold(state, event, state.slots)
-    if len(emitted) > 1 and any(e.runs_last for _, e in emitted):
-        emitted.sort(key=lambda pair: pair[1].runs_last)  # stable: positions kept within each group
     if slots is not state.slots:
         state = state.moved(state.progress, state.position, slots, None)
     elif state.slot is not None:

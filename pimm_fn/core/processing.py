@@ -1,14 +1,26 @@
-"""Processing an event's effects in order, resumably: ``process``, ``start``, ``finish``.
+"""Processing an event's effects in their one order, resumably: ``process``, ``start``, ``finish``.
 
-``process`` is the one deterministic pass the design rests on: fold every
-hook for the event (``pimm_fn.core.fold``), then hand the collected effects,
-in (hook position, emission order), to an executor, dispatching any
-follow-up events the executor returns depth-first before the next effect.
-Effects that say they ``runs_last`` (a deferred epoch-end save, the final
-save, a best-model write) keep that order among themselves but come after
-the event's other effects: the logs of an epoch's end or of an evaluation
-come first. The order depends on the effects' values alone, so it is the
-same on every rank.
+The order of effects, the one the loop, ``plan`` and ``simulate`` share
+(``docs/hooks.md``, *The order of effects*, says it for users):
+
+1. Every hook sees the event first (``pimm_fn.core.fold``, in list order);
+   only then do the effects they emitted run.
+2. An event's effects run in three groups, each in (hook position,
+   emission order): first its records (``Log``, ``runs_first``), which hold
+   only what the hooks knew when they saw the event, so the lines that
+   report an event come before what it causes; then its other effects;
+   last the effects that close it (``runs_last``: a save deferred to an
+   epoch's end, the final save), so that checkpoint records all the event did.
+3. The follow-up events an effect returns (``Evaluate`` ->
+   ``MetricsPublished``, ``Stop`` -> ``StopRequested``) are processed in
+   full, by the same rules, right after it and before the event's next
+   effect. So an evaluation's line comes before the new best and the stop
+   it causes (records first, within its follow-up), and a save later in
+   the event records the hooks' reaction to the evaluation.
+
+The order reads the hook positions, the emission order, the follow-up
+structure and each effect's group (a property of its value), never timing,
+the rank or a rank-local dict, so it is the same on every rank.
 
 The pass is resumable: ``start`` folds the event and returns the work left
 as a ``Pending`` value (an explicit stack of events with the effects and
@@ -29,7 +41,27 @@ from pimm_fn.core.fold import Chain, fold
 from pimm_fn.core.state import State
 from pimm_fn.core.trace import TraceEntry
 
-__all__ = ["Executor", "Frame", "Pending", "start", "finish", "process"]
+__all__ = ["Executor", "Frame", "Pending", "in_order", "start", "finish", "process"]
+
+
+def _group(pair) -> int:
+    effect = pair[1]
+    return 0 if effect.runs_first else 2 if effect.runs_last else 1
+
+
+def in_order(emitted: list) -> list:
+    """``emitted`` (``(hook index, effect)`` pairs, as the fold gives them) in the order they run; see the module.
+
+    >>> from pimm_fn.core.effects import Log, SaveCheckpoint, Stop
+    >>> emitted = [(0, SaveCheckpoint(4, deferred=True)), (1, Stop(4)), (2, Log(4, "epoch", {}))]
+    >>> [(i, type(effect).__name__) for i, effect in in_order(emitted)]
+    [(2, 'Log'), (1, 'Stop'), (0, 'SaveCheckpoint')]
+    """
+    if len(emitted) > 1:
+        groups = [_group(pair) for pair in emitted]
+        if groups != sorted(groups):
+            return [pair for _, pair in sorted(zip(groups, emitted), key=lambda g: g[0])]  # stable: positions kept
+    return emitted
 
 
 class Executor(Protocol):
@@ -99,6 +131,7 @@ class Pending:
         if top.followups:
             follow = top.followups[0]
             state, emitted = fold(hooks, state, follow)
+            emitted = in_order(emitted)
             executor.check(state, follow, emitted)
             frames = below + (Frame(top.event, top.effects, top.followups[1:]),)
             if emitted:
@@ -118,6 +151,7 @@ def start(hooks: Chain, state: State, event: Event, executor: "Executor") -> tup
     Raises what a hook raises, with nothing changed: the fold is pure.
     """
     state, emitted = fold(hooks, state, event)
+    emitted = in_order(emitted)
     # Called on every event, even one this rank emitted nothing for: another
     # rank may have, and the run-time guard must compare them all.
     executor.check(state, event, emitted)
@@ -134,10 +168,11 @@ def finish(hooks: Chain, work: Pending, executor: "Executor") -> State:
 def process(hooks: Chain, state: State, event: Event, executor: Executor) -> State:
     """Fold ``event`` through ``hooks`` and execute its effects, follow-ups included.
 
-    Effects run after *all* hooks have seen the event. A follow-up event an
-    effect produces (``MetricsPublished`` after ``Evaluate``) is processed in
-    full before the next effect, so a save after an evaluation records the
-    hooks' reaction to it. The work is ``start`` then ``finish``: a driver
+    Effects run after *all* hooks have seen the event, in the order the
+    module describes (``in_order``); a follow-up event an effect produces
+    (``MetricsPublished`` after ``Evaluate``) is processed in full before
+    the next effect, so a save after an evaluation records the hooks'
+    reaction to it. The work is ``start`` then ``finish``: a driver
     that must survive an exception anywhere calls them itself, keeping the
     ``Pending`` value to continue from.
     """

@@ -205,7 +205,7 @@ STANDARD_ORDERS = tuple(
 
 
 @st.composite
-def hook_stacks(draw, *, max_every=6, metric="mIoU", evaluator=miou, orders=STANDARD_ORDERS):
+def hook_stacks(draw, *, max_every=6, metric="mIoU", evaluator=miou, orders=STANDARD_ORDERS, broadcast=None):
     """Strategy for the standard stack: ``evaluate_every``, ``save_every``, ``best_on``, ``log_every``.
 
     Cadences are drawn in ``[1, max_every]`` (``evaluate_every`` may also be
@@ -215,6 +215,11 @@ def hook_stacks(draw, *, max_every=6, metric="mIoU", evaluator=miou, orders=STAN
     every cadence 1 (``evaluate_every(0, ...)`` first), broadcast, no
     snapshots, ``max`` and the canonical order.
 
+    ``broadcast=True`` draws only evaluations every rank publishes alike,
+    as a hook that decides a collective effect from a metric needs
+    (``early_stop`` refuses a rank-local metric); ``False`` only rank-local
+    ones; ``None`` (default) both.
+
     >>> from hypothesis import find
     >>> find(hook_stacks(), lambda stack: True)
     [evaluate_every(0, miou), save_every(1), best_on('mIoU'), log_every(1)]
@@ -223,7 +228,7 @@ def hook_stacks(draw, *, max_every=6, metric="mIoU", evaluator=miou, orders=STAN
     every = st.integers(1, max_every)
     hooks = {
         "evaluate": draw(st.builds(evaluate_every, st.integers(0, max_every), st.just(evaluator),
-                                   broadcast=st.sampled_from((True, False)))),
+                                   broadcast=st.sampled_from((True, False) if broadcast is None else (broadcast,)))),
         "save": draw(st.builds(save_every, every, snapshots=st.booleans())),
         "best": draw(st.builds(best_on, st.just(metric), mode=st.sampled_from(("max", "min")))),
         "log": draw(st.builds(log_every, every)),

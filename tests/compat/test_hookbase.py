@@ -90,15 +90,15 @@ class SaveOnLowLoss(HookBase):
 
 
 def test_returned_effects_come_out_of_the_plan_in_order():
-    """Effects a method returns are executed like any hook's, at the event of that method."""
+    """Effects a method returns are executed like any hook's, at the event of that method (a record first)."""
     _, trace = _run([adapt(SaveOnLowLoss())], iters_per_epoch=3, max_epochs=2, outputs=lambda step: {"loss": 1 / step})
     assert [(e.step, type(e.event), e.effect) for e in trace] == [
-        (4, ev.AfterStep, SaveCheckpoint(4)),
         (4, ev.AfterStep, Log(4, "low", {"epoch": 1})),
-        (5, ev.AfterStep, SaveCheckpoint(5)),
+        (4, ev.AfterStep, SaveCheckpoint(4)),
         (5, ev.AfterStep, Log(5, "low", {"epoch": 1})),
-        (6, ev.AfterStep, SaveCheckpoint(6)),
+        (5, ev.AfterStep, SaveCheckpoint(5)),
         (6, ev.AfterStep, Log(6, "low", {"epoch": 1})),
+        (6, ev.AfterStep, SaveCheckpoint(6)),
         (6, ev.AfterTrain, SaveCheckpoint(6, final=True)),
     ]
 

@@ -116,10 +116,10 @@ def test_trace_displays_as_a_table_with_hooks_by_identity():
     assert lines[:4] == [
         "Trace: 5 effects, step 2",
         "  step  hook                                     event                                        effect",
+        "  2     log_every(2)                             AfterStep(step=2, ...)                       "
+        "Log(step=2, kind='train', values={'epoch': 0, 'iter': 2, 'of': 2, 'loss': 0})",
         "  2     evaluate_every(2, accuracy, name='val')  AfterStep(step=2, ...)                       "
         "Evaluate(evaluator='val', step=2)",
-        "  2     log_every(2)                             MetricsPublished(source='val', step=2, ...)  "
-        "Log(step=2, kind='eval/val', values={'acc': 0.5})",
     ]
     assert pretty(trace) == str(trace) and trace._repr_html_().count("<tr>") == 6
     assert "best_on(&#x27;acc&#x27;)" in trace._repr_html_()

@@ -104,9 +104,10 @@ def check(nb) -> None:
     extended = stdout(cell["extend"])
     assert lines_in_order(extended, "resumed from runs/demo/model/last at step 12", r"max_epochs 3 -> max_epochs 4")
     assert "progress: step 15/16" in result(cell["extend"])
-    # 7. The log order of the last step: evaluation, new best, train, epoch, the deferred save.
-    assert lines_in_order(stdout(cell["log-order"]), r"step 16 eval/val: neg_mse=", r"new best neg_mse=\S+ at step 16",
-                          r"step 16 train:", r"step 16 epoch:", r"saved checkpoint of step 16", r"^finished: True$")
+    # 7. The log order of the last step: train (a record, first), evaluation, new best, epoch, the deferred save.
+    assert lines_in_order(stdout(cell["log-order"]), r"step 16 train:", r"step 16 eval/val: neg_mse=",
+                          r"new best neg_mse=\S+ at step 16", r"step 16 epoch:", r"saved checkpoint of step 16",
+                          r"^finished: True$")
     assert result(cell["log-order"]).startswith("History(16 records, steps 2-16: train x8")
 
 

@@ -10,6 +10,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Log, SaveCheckpoint, Scope, StepScheduler, Stop
 from pimm_fn.runtime import control
 from pimm_fn.testing import simulate
+from pimm_fn.testing.plan_check import matches_plan
 from _tiny_workload import TinyNet, loader, same_weights, weights
 
 ITERS = 5  # the tiny loader: 40 samples in batches of 8
@@ -78,6 +79,26 @@ def test_early_stop_ends_a_real_run_where_plan_and_simulation_end(tmp_path):
     p = run.state.progress
     assert (p.global_step, p.epoch, p.iter_in_epoch, run.state.position) == (12, 2, 2, "AfterTrain")
     assert run.state.stop.startswith("early_stop('score', patience=3): score has not improved on 0.3")
+
+
+def test_the_console_says_the_evaluation_before_the_best_write_and_the_stop_it_causes(tmp_path, capsys):
+    """log_every listed last: step 6's lines are its record, the evaluation, the new best, the stop, in the plan's order."""
+    scores = [0.1, 0.15, 0.18]  # each a new best; none beats the one before by early_stop's min_delta
+    hooks = [pf.evaluate_every(2, Scripted(scores), name="val"), pf.best_on("score"),
+             pf.early_stop("score", patience=2, min_delta=0.1), pf.log_every(2)]
+    torch.manual_seed(0)
+    model = TinyNet()
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), hooks=hooks, max_epochs=4,
+                  save_dir=tmp_path, watching=pf.Watching(progress=False))
+    run()
+    said = [line.removeprefix("[pimm_fn] ").split(":")[0] for line in capsys.readouterr().out.splitlines()
+            if "step 6" in line]
+    assert said == ["step 6 train", "step 6 eval/val", "new best score=0.18 at step 6", "stopping early at step 6",
+                    "step 6 epoch"]
+    planned = pf.plan(hooks, iters_per_epoch=ITERS, max_epochs=4, metrics={2: {"score": 0.1}, 4: {"score": 0.15},
+                                                                          6: {"score": 0.18}})
+    assert matches_plan(run.trace, hooks, iters_per_epoch=ITERS, max_epochs=4)
+    assert [type(e.effect).__name__ for e in planned if e.step == 6][:5] == ["Log", "Evaluate", "Log", "WriteBest", "Stop"]
 
 
 def test_run_returns_at_the_stop_and_a_second_run_does_nothing(tmp_path):

@@ -103,7 +103,7 @@ def test_csv_rows_widen_for_new_names_and_resume_drops_the_rows_past_it(tmp_path
 
     expected = rows(tmp_path / "whole" / "log.csv")
     assert list(expected[0])[:2] == ["step", "kind"] and "score" in expected[0]
-    assert [(r["step"], r["kind"]) for r in expected][:3] == [("2", "train"), ("4", "eval/val"), ("4", "train")]
+    assert [(r["step"], r["kind"]) for r in expected][:3] == [("2", "train"), ("4", "train"), ("4", "eval/val")]
     assert rows(tmp_path / "run" / "log.csv") == expected
 
 
