@@ -1,19 +1,22 @@
-"""The examples in docs/hooks.md run as written."""
+"""The examples in docs/hooks.md and docs/testing.md run as written."""
 
 import pathlib
 import re
 
+import pytest
+
 import pimm_fn as pf
 from pimm_fn.core.hook import declared
 
-DOC = pathlib.Path(__file__).parent.parent / "docs" / "hooks.md"
+DOCS = pathlib.Path(__file__).parent.parent / "docs"
+DOC = DOCS / "hooks.md"
 
 
-def _blocks() -> dict:
+def _blocks(doc=DOC) -> dict:
     """The doc's python code blocks, run in one namespace, as a reader would paste them."""
-    namespace = {"__name__": "docs_hooks"}
-    for code in re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S):
-        exec(compile(code, str(DOC), "exec"), namespace)  # noqa: S102 - the project's own doc
+    namespace = {"__name__": f"docs_{doc.stem}"}
+    for code in re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S):
+        exec(compile(code, str(doc), "exec"), namespace)  # noqa: S102 - the project's own doc
     return namespace
 
 
@@ -51,3 +54,18 @@ def test_the_documented_update_hook_counts_steps_with_its_slot_handed_apart():
 def test_the_documented_order_of_effects_is_the_plans():
     """The order docs/hooks.md shows for a step with an evaluation, a new best and a stop is what plan gives."""
     assert _blocks()["at_20"] == ["Log", "Evaluate", "Log", "WriteBest", "Stop", "Log"]
+
+
+def _count_steps(state, event):
+    if isinstance(event, pf.events.AfterStep):
+        return state.with_slot((state.slot or 0) + 1), ()
+    return state, ()
+
+
+@pytest.mark.parametrize("my_hook", [lambda: _count_steps, lambda: pf.early_stop("mIoU", patience=1)],
+                         ids=["a hook that counts", "a hook that stops early"])
+def test_the_documented_property_test_of_your_own_hook_passes_as_written(my_hook):
+    """docs/testing.md's test_my_hook passes for a plain hook and for one that stops training early."""
+    namespace = _blocks(DOCS / "testing.md")
+    namespace["my_hook"] = my_hook
+    namespace["test_my_hook"]()

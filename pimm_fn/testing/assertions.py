@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from pimm_fn.core import events as ev
 from pimm_fn.testing.simulation import simulate
-from pimm_fn.testing.simulation_inputs import resume_points
+from pimm_fn.testing.simulation_inputs import past_the_end, resume_points
 from pimm_fn.testing.simulation_result import SimulationResult
 
 __all__ = ["assert_collective_agreement", "assert_resume_continuity"]
@@ -140,7 +140,10 @@ def assert_resume_continuity(hooks, *, resume_at, **simulate_kwargs) -> None:
     the checkpoint of ``k`` and resumed (see ``simulate``), and compares, per
     rank, the entries after the resume point with the uninterrupted run's
     from that point on, then the final states. Entries of the resume's own
-    ``BeforeTrain(resumed=True)`` have no counterpart and are skipped.
+    ``BeforeTrain(resumed=True)`` have no counterpart and are skipped. When a
+    hook stops the uninterrupted run early (``early_stop``), the steps after
+    the one it ended at have no checkpoint to resume from and are left out,
+    so ``resume_at=range(1, max_steps + 1)`` checks every step the run reaches.
 
     Args:
         hooks: the hook list.
@@ -152,6 +155,8 @@ def assert_resume_continuity(hooks, *, resume_at, **simulate_kwargs) -> None:
         AssertionError: naming the rank, the resume step and the first entry
             at which the two runs part (each side's entry), or the final
             state fields that differ.
+        ValueError: a step outside the run's steps, or every step of
+            ``resume_at`` after the step a hook stopped the run at.
 
     >>> from pimm_fn.hooks import best_on, evaluate_every, save_every
     >>> def f(model): return None
@@ -160,13 +165,18 @@ def assert_resume_continuity(hooks, *, resume_at, **simulate_kwargs) -> None:
     ...                          max_epochs=2, metrics=lambda step, rank: {"mIoU": step % 3})
     """
     baseline = simulate(hooks, **simulate_kwargs)
-    max_steps = baseline.states[0].progress.max_steps
+    ended = baseline.states[0]  # where a stop ended the run: the same step on every rank (Stop is collective)
+    max_steps = ended.progress.max_steps
     if isinstance(resume_at, Iterable) and not isinstance(resume_at, (str, bytes)):
         points = tuple(resume_at)
     else:
         points = (resume_at,)
     for k in points:
         resume_points(k, max_steps)  # validates
+    reached = tuple(k for k in points if ended.stop is None or k <= ended.progress.global_step)
+    if points and not reached:
+        raise ValueError(past_the_end(points[0], ended))
+    for k in reached:
         resumed = simulate(hooks, resume_at=k, **simulate_kwargs)
         for rank in range(baseline.world_size):
             _check_rank(rank, k, baseline.traces[rank], resumed.traces[rank], resumed.resume_index[rank][0],

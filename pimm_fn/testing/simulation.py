@@ -26,7 +26,9 @@ from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
 from pimm_fn.core.processing import process
 from pimm_fn.core.state import State
 from pimm_fn.core.validate import is_bool
-from pimm_fn.testing.simulation_inputs import check_count, hook_list, metric_source, outputs_of, resume_points, stops_of
+from pimm_fn.testing.simulation_inputs import (
+    check_count, hook_list, metric_source, outputs_of, past_the_end, resume_points, stops_of,
+)
 from pimm_fn.testing.simulation_result import SimEntry, SimulationResult
 
 __all__ = ["simulate"]
@@ -71,9 +73,10 @@ def _run_rank(hooks: Chain, state: State, executor: _SimExecutor, outputs, point
     for k in points:
         executor.target, executor.captured = k, None
         # visit=k: a jump over quiet steps ends before step k, whose checkpoint point ends the segment.
-        run_schedule(hooks, state, executor, outputs, stop=executor.at_checkpoint, visit=k, skip_quiet=skip_quiet)
+        ended = run_schedule(hooks, state, executor, outputs, stop=executor.at_checkpoint, visit=k,
+                             skip_quiet=skip_quiet)
         if executor.captured is None:
-            raise AssertionError(f"simulate: the run ended before the checkpoint of step {k}")
+            raise ValueError(past_the_end(k, ended))
         index.append(len(executor.entries))
         # A real resume: restore the checkpoint's state, dispatch BeforeTrain(resumed=True), go on.
         state = process(hooks, executor.captured, _RESUMED, executor)
@@ -144,7 +147,8 @@ def simulate(
             of that step was written with, or, when no hook saved it, the
             state after ``AfterStep(k)`` (after ``AfterEpoch`` when ``k`` ends
             an epoch). Each trace is then the stitched run: up to the
-            checkpoint, ``BeforeTrain(resumed=True)``, and on.
+            checkpoint, ``BeforeTrain(resumed=True)``, and on. A step after
+            the one a hook stopped the run at (``early_stop``) is refused.
         skip_quiet: cross runs of steps on which no hook is called in one
             jump (see ``pimm_fn.core.plan.run_schedule``); the traces and
             states are the same either way, ``False`` walks every event
@@ -171,7 +175,9 @@ def simulate(
         A ``SimulationResult`` with ``traces`` and ``states``, one per rank.
 
     Raises:
-        ValueError, TypeError: on an invalid argument, naming it.
+        ValueError, TypeError: on an invalid argument, naming it; a
+            ``resume_at`` step the run never reaches (a hook stopped it
+            first), naming the step it ended at.
 
     >>> from pimm_fn.hooks import save_every
     >>> result = simulate([save_every(4)], world_size=2, iters_per_epoch=10, max_epochs=3)

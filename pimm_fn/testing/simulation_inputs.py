@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pimm_fn.core.preemption import Boundaries
 from pimm_fn.core.validate import int_at_least
 
-__all__ = ["check_count", "metric_source", "outputs_of", "resume_points", "stops_of", "hook_list"]
+__all__ = ["check_count", "metric_source", "outputs_of", "resume_points", "past_the_end", "stops_of", "hook_list"]
 
 
 def check_count(name, value, minimum):
@@ -82,6 +82,16 @@ def resume_points(resume_at, max_steps: int) -> tuple:
     if any(a >= b for a, b in zip(points, points[1:])):
         raise ValueError(f"simulate: 'resume_at' must be strictly increasing (got {resume_at!r})")
     return points
+
+
+def past_the_end(k: int, ended) -> str:
+    """What to say of ``resume_at=k`` in a run that a hook stopped at an earlier step, ending in state ``ended``."""
+    step = ended.progress.global_step
+    return (
+        f"simulate: resume_at holds step {k}, but the run ended at step {step} before reaching it: a hook stopped "
+        f"it ({ended.stop}). Resume at steps up to {step} (assert_resume_continuity leaves out the steps after "
+        f"the run's end itself)"
+    )
 
 
 def stops_of(preempt, world_size, every, clock, max_time, margin, points):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pimm_fn.core.effects import SaveCheckpoint
-from pimm_fn.hooks import best_on, evaluate_every, log_every, save_every
+from pimm_fn.hooks import best_on, early_stop, evaluate_every, log_every, save_every
 from pimm_fn.testing import assert_collective_agreement, assert_resume_continuity, simulate
 from pimm_fn.testing.strategies import metric_streams, miou, schedules
 
@@ -125,3 +125,27 @@ def test_the_tutorial_in_the_docs_shows_the_real_report():
     text = same_fields(docs.read_text())
     assert same_fields(f"AssertionError: {info.value}") in text
     assert repr(schedule) in text
+
+
+STOPS_AT_4 = dict(world_size=2, iters_per_epoch=4, max_epochs=3, metrics={2: {"mIoU": 0.5}, 4: {"mIoU": 0.4}})
+
+
+def test_resume_continuity_checks_every_step_a_run_stopped_early_reaches_and_leaves_out_the_rest():
+    """early_stop ends the run at step 4: resume_at=range(1, 13) checks steps 1 to 4 and passes."""
+    hooks = [evaluate_every(2, miou), early_stop("mIoU", patience=1), save_every(2), log_every(1)]
+    assert simulate(hooks, **STOPS_AT_4).states[0].progress.global_step == 4
+    assert_resume_continuity(hooks, resume_at=range(1, 13), **STOPS_AT_4)
+
+
+def test_resume_continuity_still_fails_at_a_step_before_an_early_stop():
+    """Leaving out the steps after the stop hides nothing before it: a saver before its evaluator still fails."""
+    hooks = [save_every(2), evaluate_every(2, miou), best_on("mIoU"), early_stop("mIoU", patience=1)]
+    with pytest.raises(AssertionError, match="resumed from the checkpoint of step 2"):
+        assert_resume_continuity(hooks, resume_at=range(1, 13), **STOPS_AT_4)
+
+
+def test_resume_continuity_with_every_step_after_an_early_stop_is_refused():
+    """resume_at holding only steps the run never reaches checks nothing, so it is a ValueError saying so."""
+    hooks = [evaluate_every(2, miou), early_stop("mIoU", patience=1), save_every(2)]
+    with pytest.raises(ValueError, match=r"resume_at holds step 5, but the run ended at step 4 .* up to 4"):
+        assert_resume_continuity(hooks, resume_at=(5, 6), **STOPS_AT_4)

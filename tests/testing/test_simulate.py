@@ -10,7 +10,7 @@ import pytest
 import pimm_fn.testing as kit
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Evaluate, Log, SaveCheckpoint, Scope, WriteBest
-from pimm_fn.hooks import best_on, evaluate_every, log_every, save_every
+from pimm_fn.hooks import best_on, early_stop, evaluate_every, log_every, save_every
 from pimm_fn.testing import SimEntry, simulate
 
 from _kit_hooks import miou
@@ -88,6 +88,19 @@ def test_several_kills_in_one_run():
     plain, resumed = simulate(stack, **kwargs), simulate(stack, resume_at=[2, 3, 6], **kwargs)
     assert [len(i) for i in resumed.resume_index] == [3, 3]
     assert resumed.traces == plain.traces  # no hook emits on BeforeTrain(resumed=True)
+
+
+def test_a_resume_point_after_an_early_stop_is_refused_naming_where_the_run_ended_and_the_fix():
+    """resume_at past the step early_stop ended the run at is a ValueError: that step, why, and what to pass."""
+    hooks = [evaluate_every(2, miou), early_stop("mIoU", patience=1), save_every(2)]
+    with pytest.raises(ValueError) as info:
+        simulate(hooks, world_size=2, iters_per_epoch=4, max_epochs=3, metrics={2: {"mIoU": 0.5}, 4: {"mIoU": 0.4}},
+                 resume_at=6)
+    message = str(info.value)
+    assert message.startswith("simulate: resume_at holds step 6, but the run ended at step 4 before reaching it: "
+                              "a hook stopped it (early_stop('mIoU', patience=1): mIoU has not improved")
+    assert message.endswith("Resume at steps up to 4 (assert_resume_continuity leaves out the steps after the "
+                            "run's end itself)")
 
 
 def test_a_checkpoint_holds_the_state_its_save_was_written_with():
