@@ -69,3 +69,28 @@ def test_the_documented_property_test_of_your_own_hook_passes_as_written(my_hook
     namespace = _blocks(DOCS / "testing.md")
     namespace["my_hook"] = my_hook
     namespace["test_my_hook"]()
+
+
+def test_the_documented_effect_of_your_own_runs_through_its_handler_in_a_real_run(tmp_path, capsys):
+    """SamplesEvery emits SaveSamples on its cadence; plan shows it and a real run's handler says its line on rank 0."""
+    import torch
+
+    blocks = _blocks()
+    SamplesEvery, SaveSamples, save_samples = blocks["SamplesEvery"], blocks["SaveSamples"], blocks["save_samples"]
+    assert [e.effect for e in pf.plan([SamplesEvery(2)], iters_per_epoch=4, max_epochs=1)] == [
+        SaveSamples(2), SaveSamples(4)]
+    model = torch.nn.Linear(2, 1)
+    data = [{"x": torch.ones(2)}] * 4
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), data, hooks=[SamplesEvery(2)], max_epochs=1,
+                  step_fn=lambda model, optimizer, batch, scheduler=None, scaler=None: {},
+                  handlers={SaveSamples: save_samples}, watching=pf.Watching(progress=False))
+    run()
+    said = [line for line in capsys.readouterr().out.splitlines() if "samples of step" in line]
+    assert said == ["[pimm_fn] 16 samples of step 2 from Linear", "[pimm_fn] 16 samples of step 4 from Linear"]
+
+
+def test_the_documented_call_is_in_the_plan():
+    """ask_for_samples' Call names show_samples in its module and carries its argument, at steps 500 and 1000."""
+    calls = _blocks()["calls"]
+    assert [(c.function, c.step, c.args, c.scope) for c in calls] == [
+        ("docs_hooks:show_samples", 500, (16,), pf.Scope.MAIN), ("docs_hooks:show_samples", 1000, (16,), pf.Scope.MAIN)]

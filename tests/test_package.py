@@ -148,6 +148,7 @@ EFFECTS = [
     fx.LoadWeights("w.pth", (("a.", "b."),), strict=True),
     fx.Stop(7, "plateau"), fx.StepScheduler(7), fx.StepScheduler(8, "loss", 0.5),
     fx.UpdateEma("ema", 8, 0.999), fx.Evaluate("val", 8, weights="ema"), fx.WriteBest("miou", 0.5, 8, "ema"),
+    fx.Call("math:hypot", 7, (3, 4)), fx.Call("mylib.viz:show", 2, ("a", {"n": [1]}), {"k": None}, fx.Scope.LOCAL),
 ]
 
 

@@ -8,13 +8,15 @@ Every effect has a ``scope``:
 * ``LOCAL``: each rank executes its own (loading warm-start weights).
 
 Effects hold numbers, strings and tuples only, so they compare, hash, pickle
-and digest identically on every rank. A callable is named, never carried.
+and digest identically on every rank. A callable is named, never carried:
+``Call`` asks for a function of yours by its ``"module:qualname"``.
 
 The order the effects of one event run in is ``pimm_fn.core.processing``'s:
 an effect says only which group it belongs to (``runs_first``, ``runs_last``).
 """
 
 import enum
+from collections.abc import Mapping
 from typing import ClassVar
 
 import attrs
@@ -33,6 +35,7 @@ __all__ = [
     "Stop",
     "StepScheduler",
     "UpdateEma",
+    "Call",
 ]
 
 
@@ -219,3 +222,111 @@ class UpdateEma(Effect):
     name: str
     step: int
     decay: float
+
+
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _plain(value, where: str):
+    """``value`` as a plain value: lists become tuples, mappings ``FrozenMap``s; anything else is refused."""
+    if isinstance(value, _PLAIN):
+        return value
+    if isinstance(value, (tuple, list)):
+        return tuple(_plain(v, f"{where}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, Mapping):
+        return FrozenMap({_plain(k, f"{where} key"): _plain(v, f"{where}[{k!r}]") for k, v in value.items()})
+    raise TypeError(
+        f"Call: {where} is a {type(value).__name__} ({value!r:.80}), not a plain value: pass numbers, strings, "
+        f"None, and tuples or dicts of them (an effect compares, pickles and digests alike on every rank); "
+        f"let the function read what it needs from the run (ctx.model, state.metrics) itself"
+    )
+
+
+def _plain_args(args) -> tuple:
+    return _plain(tuple(args), "args")
+
+
+def _plain_kwargs(kwargs) -> FrozenMap:
+    kwargs = _plain(freeze(kwargs), "kwargs")
+    for name in kwargs:
+        if not (isinstance(name, str) and name.isidentifier()):
+            raise TypeError(f"Call: kwargs names must be identifiers, as a call's keywords are (got {name!r})")
+    return kwargs
+
+
+def _function_name(call, attribute, name) -> None:
+    """``"module:qualname"``: a module path, then a path of names inside it, neither made by a call."""
+    module, colon, qualname = name.partition(":") if isinstance(name, str) else ("", "", "")
+    parts = [*module.split("."), *qualname.split(".")]
+    if not colon or not all(part.isidentifier() for part in parts):
+        raise ValueError(
+            f"Call: 'function' must name a function defined at the top level of a module (or a class in it) as "
+            f"'module:qualname', e.g. 'mylib.viz:show_samples' (got {name!r}); Call.of(fn, step) writes it for you"
+        )
+
+
+def _a_scope(call, attribute, scope) -> None:
+    if not isinstance(scope, Scope):
+        raise TypeError(f"Call: 'scope' must be Scope.MAIN, Scope.LOCAL or Scope.COLLECTIVE (got {scope!r})")
+
+
+@attrs.frozen(repr=False)
+class Call(Effect):
+    """Call a function of yours, named, with plain arguments: a side effect without an effect class of its own.
+
+    The handler imports ``function`` (``"module:qualname"``) and calls it as
+    ``fn(state, ctx, *args, **kwargs)``, as Ignite calls an event handler with
+    its engine: ``state`` is the run's ``State``, ``ctx`` the handler's context
+    (``docs/hooks.md`` lists what it holds). What it returns is not used, so
+    ``plan`` stays the run's. A name that does not resolve to a callable is a
+    ``LookupError`` naming it. The function is named, never carried, and
+    ``args``/``kwargs`` are plain values (lists arrive as tuples, dicts as
+    read-only mappings), so the effect compares, pickles and digests alike on
+    every rank. ``scope``: ``Scope.MAIN`` (rank 0, the default: a console
+    line, a tracker's image), ``Scope.LOCAL`` (every rank, each its own), or
+    ``Scope.COLLECTIVE`` (every rank, in the same order, compared by the
+    agreement guard: a function that communicates across ranks).
+
+    >>> def show(state, ctx, text): ...
+    >>> Call("mylib.viz:show", 4, ("hello",))
+    Call('mylib.viz:show', 4, args=('hello',))
+    >>> Call("show", 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: Call: 'function' must name a function defined at the top level of a module (or a class in it) as ...
+    """
+
+    function: str = attrs.field(validator=_function_name)
+    step: int
+    args: tuple = attrs.field(default=(), converter=_plain_args)
+    kwargs: FrozenMap = attrs.field(factory=FrozenMap, converter=_plain_kwargs)
+    scope: Scope = attrs.field(default=Scope.MAIN, validator=_a_scope)
+
+    @classmethod
+    def of(cls, fn, step: int, *, args=(), kwargs=None, scope: Scope = Scope.MAIN) -> "Call":
+        """A ``Call`` of ``fn``, named by its module and qualified name; see the class.
+
+        Raises:
+            ValueError: ``fn`` has no name another process can find: a
+                lambda, a function defined inside another, a bound method.
+
+        >>> import math
+        >>> Call.of(math.hypot, 7, args=(3, 4), scope=Scope.LOCAL)
+        Call('math:hypot', 7, args=(3, 4), scope=Scope.LOCAL)
+        """
+        module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+        bound = getattr(fn, "__self__", None)
+        if not (isinstance(module, str) and isinstance(qualname, str)) or "<" in qualname or (
+            bound is not None and type(bound).__name__ != "module"
+        ):
+            raise ValueError(
+                f"Call.of: {fn!r:.80} has no name another process can find it by (a lambda, a function defined "
+                f"inside another, a bound method or a callable object): define a function at the top level of a "
+                f"module and pass what varies in args= or kwargs="
+            )
+        return cls(f"{module}:{qualname}", step, args, kwargs or {}, scope)
+
+    def __repr__(self):
+        extra = (f", args={self.args!r}" if self.args else "") + (f", kwargs={self.kwargs!r}" if self.kwargs else "")
+        extra += f", scope={self.scope!r}" if self.scope is not Scope.MAIN else ""
+        return f"Call({self.function!r}, {self.step!r}{extra})"

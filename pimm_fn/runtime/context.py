@@ -32,7 +32,15 @@ def unwrap(model):
 class Context:
     """The impure objects of one run, shared by the interpreter's handlers.
 
-    Only handlers touch it; hooks never see it.
+    Only handlers touch it; hooks never see it. A handler of your own
+    (``loop(handlers={Effect: fn})``, or a function a ``Call`` names) may
+    rely on these, kept stable (``docs/hooks.md``, *Effects of your own*):
+    ``model`` (inside DDP under ``Parallel(ddp=True)``: ``unwrap(ctx.model)``
+    is yours, ``weights()`` its state_dict), ``optimizer`` (``named_optimizers()``
+    for several), ``scheduler``, ``scaler``, ``rank``, ``world_size``,
+    ``save_dir`` (``None`` without one), ``say(message)`` (a console line from
+    rank 0, above the progress bar), ``evaluators`` and ``extra_state``.
+    Every other field is the runtime's own and may change.
     """
 
     model: Any

@@ -4,10 +4,12 @@ A handler is ``handler(effect, state, ctx) -> follow-up events``; it is the
 only code that touches files, process groups, the console and the model.
 """
 
+import importlib
+
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint import sharded
 from pimm_fn.checkpoint.contents import to_parts
-from pimm_fn.core.effects import Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
+from pimm_fn.core.effects import Call, Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.runtime.background_staging import gate_optimizers
 from pimm_fn.runtime.context import unwrap
 from pimm_fn.runtime.ema import EMA_HANDLERS
@@ -18,8 +20,8 @@ from pimm_fn.runtime.interpreter import MissingHandlerError
 from pimm_fn.runtime.save_contents import saved_weights, trainer_contents, weights_for_background
 
 __all__ = [
-    "DEFAULT_HANDLERS", "save_checkpoint", "write_best", "evaluate", "log", "load_weights", "RecordedLog",
-    "run_handlers",
+    "DEFAULT_HANDLERS", "save_checkpoint", "write_best", "evaluate", "log", "load_weights", "call", "resolve",
+    "RecordedLog", "run_handlers",
 ]
 
 
@@ -178,6 +180,43 @@ def load_weights(effect: LoadWeights, state, ctx) -> tuple:
     return ()
 
 
+_MISSING = object()
+
+
+def resolve(effect: Call):
+    """The callable ``effect.function`` names (``"module:qualname"``), its module imported if need be.
+
+    Raises:
+        LookupError: the module cannot be imported, holds no such name, or
+            the name is not callable; saying which, and the fix.
+    """
+    module, _, qualname = effect.function.partition(":")
+    fix = "name a function defined at the top level of a module; Call.of(fn, step) writes its name"
+    try:
+        found = importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        raise LookupError(f"{effect!r}: module {module!r} cannot be imported ({error}): {fix}") from None
+    for name in qualname.split("."):
+        inner = getattr(found, name, _MISSING)
+        if inner is _MISSING:
+            raise LookupError(
+                f"{effect!r}: {getattr(found, '__name__', found)!r} has no attribute {name!r}, so "
+                f"{effect.function!r} names nothing: {fix}"
+            )
+        found = inner
+    if not callable(found):
+        raise LookupError(
+            f"{effect!r}: {effect.function!r} names {found!r:.60} ({type(found).__name__}), not a function: {fix}"
+        )
+    return found
+
+
+def call(effect: Call, state, ctx) -> tuple:
+    """``fn(state, ctx, *args, **kwargs)`` of the function ``effect`` names; what it returns is not used (see ``Call``)."""
+    resolve(effect)(state, ctx, *effect.args, **effect.kwargs)
+    return ()
+
+
 from pimm_fn.runtime.control import CONTROL_HANDLERS  # noqa: E402 - Stop and StepScheduler, in their own module
 from pimm_fn.hooks.progress import ShowProgress  # noqa: E402 - the progress bar's effect, with its hook
 from pimm_fn.runtime.progress_bar import show_progress  # noqa: E402
@@ -189,6 +228,7 @@ DEFAULT_HANDLERS = {
     Evaluate: evaluate,
     Log: log,
     LoadWeights: load_weights,
+    Call: call,
     **CONTROL_HANDLERS,
     **EMA_HANDLERS,
     ShowProgress: show_progress,
