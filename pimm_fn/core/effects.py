@@ -287,7 +287,6 @@ class Call(Effect):
     ``Scope.COLLECTIVE`` (every rank, in the same order, compared by the
     agreement guard: a function that communicates across ranks).
 
-    >>> def show(state, ctx, text): ...
     >>> Call("mylib.viz:show", 4, ("hello",))
     Call('mylib.viz:show', 4, args=('hello',))
     >>> Call("show", 4)

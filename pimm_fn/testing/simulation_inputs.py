@@ -1,8 +1,9 @@
 """``simulate``'s arguments, checked and made into what each simulated rank is fed.
 
 Metrics (``metric_source``), step outputs (``outputs_of``), the steps to
-resume at (``resume_points``) and each process's preemption boundaries
-(``stops_of``): every one refused with an error naming the argument.
+resume at (``resume_points``; one a stopped run never reaches: ``past_the_end``)
+and each process's preemption boundaries (``stops_of``): every one refused
+with an error naming the argument.
 """
 
 from collections.abc import Callable, Iterable, Mapping
