@@ -19,6 +19,7 @@ ValueError: save_every: 'every' must be an int >= 1 (got 0)
 optional(int_at_least(0))
 """
 
+import inspect
 import math
 import numbers
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 import attrs
 
 __all__ = [
-    "Validator", "invalid", "shown", "finite",
+    "Validator", "invalid", "shown", "finite", "refused_call",
     "int_at_least", "number", "one_of", "instance_of", "subclass_of", "has_methods", "optional", "mapping_of",
     "is_bool", "is_callable", "non_empty_str",
 ]
@@ -44,6 +45,29 @@ def finite(value) -> bool:
         return math.isfinite(value)
     except OverflowError:  # an int too large for a float
         return False
+
+
+def refused_call(fn, *args, **kwargs) -> inspect.Signature | None:
+    """``fn``'s signature when ``fn(*args, **kwargs)`` could not bind to it, else ``None``.
+
+    What lets a callable the loop will call later (an evaluator, a metric, a
+    step) be refused when it is handed over, with its signature shown,
+    instead of at its first call hours in. A callable without a signature to
+    read (a builtin) is trusted: ``None``.
+
+    >>> def evaluate(model, loader): ...
+    >>> refused_call(evaluate, None), refused_call(evaluate, None, None)
+    (<Signature (model, loader)>, None)
+    """
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: trust it
+        return None
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError:
+        return signature
+    return None
 
 
 def invalid(owner, name: str, expected: str, value, *, hint: str | None = None, error=ValueError) -> Exception:

@@ -1,6 +1,5 @@
 """A hook that requests evaluations on a step or epoch cadence."""
 
-import inspect
 from typing import Any, ClassVar
 
 import attrs
@@ -9,7 +8,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Evaluate
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.hook_list import hook_factory
-from pimm_fn.core.validate import int_at_least, is_bool, is_callable, non_empty_str
+from pimm_fn.core.validate import int_at_least, is_bool, is_callable, non_empty_str, refused_call
 
 __all__ = ["evaluate_every", "evaluator_name"]
 
@@ -26,18 +25,13 @@ def evaluator_name(fn) -> str:
 def _takes_the_model(instance, attribute, fn) -> None:
     """An evaluator is called as ``fn(model)``: one taking ``(model, loader)`` is refused now, not at step 5000."""
     is_callable(instance, attribute, fn)
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a signature: trust it
-        return
-    try:
-        signature.bind(None)
-    except TypeError:
+    signature = refused_call(fn, None)
+    if signature is not None:
         raise TypeError(
             f"evaluate_every: the evaluator {evaluator_name(fn)}{signature} cannot be called as fn(model): the loop "
             f"passes the model alone. Bind the rest first (functools.partial(fn, loader=val_loader)), or let the "
             f"loop iterate the loader: pimm_fn.loader_evaluator(val_loader, metric_fn)"
-        ) from None
+        )
 
 
 @attrs.frozen(repr=False)

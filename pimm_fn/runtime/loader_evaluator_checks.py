@@ -6,8 +6,9 @@ torchmetrics ``Metric`` or ``MetricCollection`` (anything with ``update``,
 batches. The other arguments take ``pimm_fn.core.validate``'s validators.
 """
 
-import inspect
 from collections.abc import Mapping
+
+from pimm_fn.core.validate import refused_call
 
 __all__ = ["is_torchmetric", "check_metric", "check_arity", "check_loader"]
 
@@ -33,17 +34,12 @@ def check_metric(instance, attribute, value) -> None:
 
 def check_arity(fn, n: int, what: str, shape: str) -> None:
     """``fn`` can be called with ``n`` positional arguments, else a ``TypeError`` showing its signature."""
-    try:
-        signature = inspect.signature(fn)
-    except (TypeError, ValueError):  # a builtin without a signature: trust it
-        return
-    try:
-        signature.bind(*([None] * n))
-    except TypeError:
+    signature = refused_call(fn, *([None] * n))
+    if signature is not None:
         raise TypeError(
             f"loader_evaluator: {what!r} must be callable as {shape} (got {getattr(fn, '__qualname__', fn)!r} "
             f"with signature {signature})"
-        ) from None
+        )
 
 
 def check_loader(instance, attribute, value) -> None:
