@@ -30,7 +30,7 @@ __all__ = [
 # (pimm_fn.runtime.options); the others are checked by the functions below.
 ARGUMENTS = {
     "step_fn": v.optional(v.is_callable.with_hint(
-        "pass step_fn(model, optimizer, batch, *, scheduler, scaler) -> outputs, or pimm_fn.TrainStep(...)")),
+        "pass step_fn(model, optimizer, batch, *, scheduler=None, scaler=None) -> outputs, or pimm_fn.TrainStep(...)")),
     "scheduler": v.optional(v.has_methods(
         "step", "state_dict", "load_state_dict", expected="a learning-rate scheduler",
     ).with_hint("pass a torch.optim.lr_scheduler instance built on the optimizer")),
@@ -55,7 +55,7 @@ def check_arguments(**arguments) -> None:
     ValueError: loop: 'iters_per_epoch' must be None or an int >= 1 (got 0); leave it None for len(train_data)
     >>> check_arguments(step_fn="train_step")
     Traceback (most recent call last):
-    TypeError: loop: 'step_fn' must be None or callable (got 'train_step'); pass step_fn(model, optimizer, batch, *, scheduler, scaler) -> outputs, or pimm_fn.TrainStep(...)
+    TypeError: loop: 'step_fn' must be None or callable (got 'train_step'); pass step_fn(model, optimizer, batch, *, scheduler=None, scaler=None) -> outputs, or pimm_fn.TrainStep(...)
     """
     for name, value in arguments.items():
         validator = ARGUMENTS.get(name)
@@ -142,10 +142,11 @@ def check_budget(max_epochs, max_steps, *, fresh: bool) -> None:
 
 
 def check_on_nonfinite(on_nonfinite, *, custom_step: bool) -> None:
-    """``on_nonfinite`` is ``"raise"``, ``"skip"`` or ``"warn"``; ``"skip"`` needs the default step.
+    """``on_nonfinite`` is ``"raise"``, ``"skip"`` or ``"warn"``; ``"skip"`` needs a built-in step.
 
-    A custom ``step_fn`` reports its loss after its optimizer step ran, too
-    late to leave the batch out of the update.
+    The default step and a ``TrainStep`` read the loss before the update; a
+    custom ``step_fn`` reports it after its optimizer step ran, too late to
+    leave the batch out of the update.
 
     >>> check_on_nonfinite("ignore", custom_step=False)
     Traceback (most recent call last):
@@ -155,9 +156,9 @@ def check_on_nonfinite(on_nonfinite, *, custom_step: bool) -> None:
         raise ValueError(f"loop: 'on_nonfinite' must be 'raise', 'skip' or 'warn' (got {on_nonfinite!r:.80})")
     if on_nonfinite == "skip" and custom_step:
         raise ValueError(
-            "loop: on_nonfinite='skip' needs the default step: a custom step_fn has already applied its "
-            "optimizer step when the loop sees its 'loss'. Skip inside your step_fn (check the loss before "
-            "optimizer.step()), or pass Training(on_nonfinite='raise') or 'warn'"
+            "loop: on_nonfinite='skip' needs a built-in step (the default one, or pimm_fn.TrainStep(...)): a custom "
+            "step_fn has already applied its optimizer step when the loop sees its 'loss'. Skip inside your step_fn "
+            "(check the loss before optimizer.step()), or pass Training(on_nonfinite='raise') or 'warn'"
         )
 
 

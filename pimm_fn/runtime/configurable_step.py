@@ -7,8 +7,17 @@ One call is one optimizer step, in this order: batches moved to ``device``;
 for each micro-batch a forward under autocast (``precision``) and a
 backward of ``loss / k`` (gradient sync between ranks only on the last
 one); the gradients unscaled (fp16) and clipped; the optimizer, scaler and
-scheduler stepped once. The model computes its loss as for the default
-step: ``model(batch)`` returns a mapping with a ``"loss"``.
+scheduler stepped once. The loss is the default step's, ``model(batch)``
+returning a mapping with a ``"loss"``; or, with ``loss_fn`` (the supervised
+step, Ignite's ``create_supervised_trainer``), ``loss_fn(model(input),
+target)`` of ``(input, target)`` batches (``pimm_fn.runtime.step_contract``).
+
+Under ``loop(training=Training(on_nonfinite="skip"))`` the loop hands the
+step its ``NonFinite`` policy: after the backward, before the gradients are
+unscaled or clipped, the step's loss is read (one host sync a step; with
+several ranks one all-reduce agrees on it), and a NaN or infinite one
+leaves the update out: the gradients are zeroed, and neither the optimizer,
+the scaler nor the scheduler steps, as the default step skips.
 
 Accumulation is handed its micro-batches by the loop: with
 ``accumulate=k`` the feed draws ``k`` batches per step and gives them as
@@ -32,11 +41,13 @@ from typing import ClassVar
 import attrs
 import torch
 
-from pimm_fn.core.validate import int_at_least, is_bool, number, one_of, optional
+from pimm_fn.core.validate import int_at_least, is_bool, is_callable, number, one_of, optional
+from pimm_fn.runtime import step_contract
 from pimm_fn.runtime.batch_to_device import to_device
 from pimm_fn.runtime.batches import MicroBatches
+from pimm_fn.runtime.default_step import train_step
 
-__all__ = ["TrainStep", "loop_scaler", "PRECISIONS"]
+__all__ = ["TrainStep", "loop_scaler", "built_in", "PRECISIONS"]
 
 PRECISIONS = {"32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -52,6 +63,24 @@ def _device_name(value):
 
 
 _clip = optional(number(above=0))  # a finite norm or value to clip to
+
+
+def _keys(value):
+    """``keys=`` as a tuple (a list reads as one), so the step compares and hashes by value."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _two_names(instance, attribute, value) -> None:
+    if value is None:
+        return
+    if not (isinstance(value, tuple) and len(value) == 2 and all(isinstance(k, str) and k for k in value)):
+        raise ValueError(f"TrainStep: 'keys' must be None or (input_key, target_key), two non-empty str "
+                         f"(got {value!r:.80})")
+
+
+def _name(fn) -> str:
+    """A loss function as the call that makes it reads: ``cross_entropy``, ``CrossEntropyLoss()``."""
+    return fn.__qualname__ if hasattr(fn, "__qualname__") else repr(fn)
 
 
 def _gradient_sync(model, sync: bool):
@@ -82,12 +111,22 @@ def _total_norm(parameters) -> torch.Tensor:
 
 @attrs.frozen(kw_only=True, repr=False)
 class TrainStep:
-    """A training step set by its options: device, precision, accumulation, clipping.
+    """A training step set by its options: the loss, device, precision, accumulation, clipping.
 
     Called as any ``step_fn``: ``step(model, optimizer, batch, *,
     scheduler=None, scaler=None)``, one optimizer step per call.
 
     Args:
+        loss_fn: the supervised step: batches are ``(input, target)`` (a
+            tuple or list of two, or a mapping, see ``keys``) and the step
+            trains on ``loss_fn(model(input), target)``, a one-element tensor
+            (``torch.nn.functional.cross_entropy``, ``torch.nn.MSELoss()``).
+            ``None`` (default): ``model(batch)`` with the whole batch returns
+            ``{"loss": loss, ...}``, as for the default step.
+        keys: with ``loss_fn``, where a mapping batch holds the input and the
+            target, ``(input_key, target_key)``; ``None`` takes the first of
+            ``"input"``, ``"inputs"``, ``"x"`` and of ``"target"``,
+            ``"targets"``, ``"label"``, ``"labels"``, ``"y"`` it holds.
         device: where batches go (``"cuda"``, ``"cuda:1"``, a ``torch.device``),
             moved with ``non_blocking=True``; ``None`` leaves them where they
             are. The model is not moved: put it there before ``loop``.
@@ -104,17 +143,23 @@ class TrainStep:
 
     Returns (of a call):
         ``{"loss", "grad_norm" (when clipping: the total norm before
-        clipping), "lr", ...}``: the model's other one-element outputs
-        too. Tensors stay detached on the device (the step reads no value):
+        clipping), "lr", ...}``: without ``loss_fn``, the model's other
+        one-element outputs too. Tensors stay detached on the device (the
+        step reads no value):
         each scalar is the mean over the micro-batches; other outputs are the
         last micro-batch's.
 
     Raises:
         ValueError: at construction, for an option outside what is allowed
             (each message names the option, what it accepts and the value).
+        TypeError: (of a call) a batch or a model output the step cannot use,
+            naming the contract and the fix (``pimm_fn.runtime.step_contract``).
     """
 
     factory_name: ClassVar[str] = "TrainStep"
+    loss_fn: object = attrs.field(default=None, validator=optional(is_callable.with_hint(
+        "pass loss_fn(output, target) -> loss, e.g. torch.nn.functional.cross_entropy")))
+    keys: tuple | None = attrs.field(default=None, converter=_keys, validator=_two_names)
     device: str | None = attrs.field(default=None, converter=_device_name)
     precision: str = attrs.field(default="32", validator=one_of(*PRECISIONS))
     accumulate: int = attrs.field(default=1, validator=int_at_least(1))
@@ -123,6 +168,9 @@ class TrainStep:
     grad_scaler: bool = attrs.field(default=True, validator=is_bool)
 
     def __attrs_post_init__(self):
+        if self.keys is not None and self.loss_fn is None:
+            raise ValueError(f"TrainStep: keys={self.keys!r} name the input and target of a supervised step: pass "
+                             f"loss_fn= too (TrainStep(loss_fn=..., keys={self.keys!r}))")
         if self.clip_grad_norm is not None and self.clip_grad_value is not None:
             raise ValueError(
                 f"TrainStep: pass clip_grad_norm or clip_grad_value, not both "
@@ -131,8 +179,8 @@ class TrainStep:
 
     def __repr__(self):
         """The call that builds this step, with the options that differ from the defaults."""
-        options = [f"{f.name}={getattr(self, f.name)!r}" for f in attrs.fields(type(self))
-                   if getattr(self, f.name) != f.default]
+        options = [f"{f.name}={_name(value) if f.name == 'loss_fn' else repr(value)}"
+                   for f in attrs.fields(type(self)) if (value := getattr(self, f.name)) != f.default]
         return f"TrainStep({', '.join(options)})"
 
     def device_type(self, model) -> str:
@@ -155,8 +203,12 @@ class TrainStep:
                 f"(it makes its own scaler) or leave loop(training=pimm_fn.Training(scaler=None))"
             )
 
-    def __call__(self, model, optimizer, batch, *, scheduler=None, scaler=None) -> dict:
-        """One optimizer step over ``batch`` (its micro-batches under ``accumulate``)."""
+    def __call__(self, model, optimizer, batch, *, scheduler=None, scaler=None, nonfinite=None) -> dict:
+        """One optimizer step over ``batch`` (its micro-batches under ``accumulate``).
+
+        ``nonfinite``: the loop's ``NonFinite`` policy under ``"skip"``, which
+        leaves the update of a NaN or infinite loss out (the module docstring).
+        """
         self.check_scaler(scaler)
         if self.precision == "fp16" and self.grad_scaler and scaler is None:
             raise ValueError(
@@ -166,6 +218,10 @@ class TrainStep:
         parts = self._micro_batches(batch)
         optimizer.zero_grad(set_to_none=True)
         outputs = self._backward(model, parts, scaler)
+        if nonfinite is not None and self._skipped(outputs, nonfinite):
+            optimizer.zero_grad(set_to_none=True)  # no optimizer, scaler or scheduler step: the update is left out
+            outputs["lr"] = optimizer.param_groups[0]["lr"]
+            return outputs
         grad_norm = self._clip(optimizer, scaler)
         if scaler is not None:
             scaler.step(optimizer)
@@ -191,16 +247,29 @@ class TrainStep:
             )
         return batch
 
+    @staticmethod
+    def _skipped(outputs: dict, nonfinite) -> bool:
+        """Whether the step's loss (read here, agreed by every rank) is NaN or infinite and its update left out."""
+        loss = outputs["loss"]
+        value = float(loss.item()) if isinstance(loss, torch.Tensor) else float(loss)
+        if nonfinite.finite(value, None) or nonfinite(value):
+            return False
+        outputs["loss"] = value
+        return True
+
     def _forward(self, model, batch, device_type: str) -> Mapping:
         dtype = PRECISIONS[self.precision]
         context = torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
         with context:
-            outputs = model(batch)
+            if self.loss_fn is not None:
+                inputs, target = step_contract.supervised(batch, self.keys, self)
+                return {"loss": step_contract.check_loss(self.loss_fn(model(inputs), target), self)}
+            try:
+                outputs = model(batch)
+            except TypeError as error:
+                raise step_contract.forward_refused(error, batch, self)
         if not isinstance(outputs, Mapping) or "loss" not in outputs:
-            raise TypeError(
-                f"{self!r} expects model(batch) to return a mapping with a 'loss' entry "
-                f"(got {type(outputs).__name__}); return {{'loss': loss, ...}}"
-            )
+            raise step_contract.no_loss(outputs, self)
         return outputs
 
     def _backward(self, model, parts, scaler) -> dict:
@@ -244,6 +313,16 @@ def _add_scalars(sums: dict, outputs: Mapping) -> None:
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         sums[name] = sums[name] + value if name in sums else value
+
+
+def built_in(step_fn) -> bool:
+    """Whether ``step_fn`` is one of the library's steps (``None``, the default, or a ``TrainStep``).
+
+    A built-in step trains one optimizer and can leave a NaN loss's update
+    out (``on_nonfinite="skip"``); a custom one has stepped its optimizer by
+    the time the loop sees its loss.
+    """
+    return step_fn is None or step_fn is train_step or isinstance(step_fn, TrainStep)
 
 
 def loop_scaler(step_fn, scaler, model):

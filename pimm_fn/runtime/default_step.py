@@ -4,7 +4,9 @@
 ``runner`` is how the loop calls a step function, with the outputs read at
 once or left on the device (``pimm_fn.runtime.outputs``). What the loop does
 with a NaN or infinite loss is the ``NonFinite`` policy the default step is
-handed: ``pimm_fn.runtime.nonfinite``.
+handed (a ``TrainStep`` too, under ``"skip"``): ``pimm_fn.runtime.nonfinite``.
+What each kind of step is handed and returns, and the errors naming it:
+``pimm_fn.runtime.step_contract``.
 """
 
 import contextlib
@@ -12,10 +14,13 @@ from collections.abc import Mapping
 
 import torch
 
+from pimm_fn.runtime import step_contract
 from pimm_fn.runtime.nonfinite import NonFinite
 from pimm_fn.runtime.outputs import device_outputs
 
 __all__ = ["train_step", "train_step_scalars", "scalar_outputs", "runner"]
+
+_DEFAULT = "the default step (no step_fn)"
 
 
 def _autocast(model, scaler):
@@ -33,16 +38,16 @@ def _optimize(model, optimizer, batch, scheduler=None, scaler=None, nonfinite=No
     policies sum the losses on the device: ``NonFinite.watch``).
     """
     optimizer.zero_grad(set_to_none=True)
-    if scaler is None:
-        outputs = model(batch)
-    else:
-        with _autocast(model, scaler):
+    try:
+        if scaler is None:
             outputs = model(batch)
+        else:
+            with _autocast(model, scaler):
+                outputs = model(batch)
+    except TypeError as error:  # torch refusing a (input, target) batch: the contract, not "must be Tensor"
+        raise step_contract.forward_refused(error, batch, _DEFAULT)
     if not (outputs.__class__ is dict or isinstance(outputs, Mapping)) or "loss" not in outputs:
-        raise TypeError(
-            f"the default step expects model(batch) to return a mapping with a 'loss' entry "
-            f"(got {type(outputs).__name__}); return {{'loss': loss, ...}} or pass step_fn= to loop()"
-        )
+        raise step_contract.no_loss(outputs, _DEFAULT)
     loss = outputs["loss"]
     value = None
     if nonfinite is not None:
@@ -105,7 +110,9 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
     reads them, and at each epoch's end. When no hook listens to
     ``AfterStep`` (``read`` False) they are only the loss a ``nonfinite``
     policy checks later (``"raise"``, ``"warn"``); ``"skip"`` has the default
-    step read its loss before the backward.
+    step read its loss before the backward, and a ``TrainStep`` (the only
+    other step ``loop()`` allows it with) is handed the policy
+    (``nonfinite=``) to read its loss before the update.
     """
     later = nonfinite is not None and not nonfinite.before_backward  # the loss, read with the outputs
     if step_fn is train_step:
@@ -119,8 +126,16 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
             return device_outputs({**outputs, "loss": loss if value is None else value, "lr": lr})
         return run
 
+    skip = nonfinite if nonfinite is not None and nonfinite.before_backward else None  # a TrainStep's, then
+
     def run(model, optimizer, batch, scheduler, scaler):
-        outputs = step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
+        try:
+            if skip is None:
+                outputs = step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
+            else:
+                outputs = step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler, nonfinite=skip)
+        except TypeError as error:  # a step whose signature loop() could not read: the contract it broke
+            raise step_contract.call_refused(error, step_fn)
         if read:
             return device_outputs(outputs)
         loss = _loss(outputs) if later else None

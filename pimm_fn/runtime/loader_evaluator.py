@@ -49,6 +49,7 @@ from pimm_fn.runtime.loader_evaluator_checks import (
     check_loader, check_metric, is_torchmetric,
 )
 from pimm_fn.runtime.rng import set_torch_rng, torch_rng
+from pimm_fn.runtime.step_contract import TARGET_KEYS
 
 __all__ = ["LoaderEvaluator", "loader_evaluator", "default_forward", "default_target", "mean_over_count"]
 
@@ -61,11 +62,14 @@ def default_forward(model, batch):
 
 
 def default_target(batch):
-    """The target of an ``(inputs, target)`` pair, or a mapping's ``"target"``/``"label"``/``"y"``."""
+    """The target of an ``(inputs, target)`` pair, or a mapping's ``"target"``/``"label"``/``"y"``.
+
+    The names are the supervised train step's (``step_contract.TARGET_KEYS``).
+    """
     if isinstance(batch, (list, tuple)) and len(batch) == 2:
         return batch[1]
     if isinstance(batch, Mapping):
-        for name in ("target", "label", "labels", "y"):
+        for name in TARGET_KEYS:
             if name in batch:
                 return batch[name]
     raise TypeError(

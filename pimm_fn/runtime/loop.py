@@ -44,10 +44,11 @@ from pimm_fn.runtime.preemption import Stopping
 from pimm_fn.runtime.resume import restore
 from pimm_fn.runtime.default_step import train_step
 from pimm_fn.runtime.nonfinite import NonFinite
-from pimm_fn.runtime.configurable_step import loop_scaler
+from pimm_fn.runtime.configurable_step import built_in, loop_scaler
 from pimm_fn.runtime.run import Loop
 from pimm_fn.runtime.sanity import sanity_check
 from pimm_fn.runtime.save_dir_checks import check_bucket, check_fresh_save_dir, check_save_dir
+from pimm_fn.runtime.step_contract import check_step_fn
 
 __all__ = ["Loop", "loop"]
 
@@ -114,10 +115,15 @@ def loop(
             puts the checkpoints on that fsspec store
             (``pimm_fn.checkpoint.storage``; ``pip install 'pimm_fn[s3]'``);
             the logs then stay local: no ``log.jsonl`` is written there.
-        step_fn: ``step_fn(model, optimizer, batch, *, scheduler, scaler)``
-            returning a mapping of outputs; default ``train_step``. A
-            ``TrainStep`` configures device, precision, accumulation and
-            clipping; with ``accumulate=k`` each step is fed ``k`` batches.
+        step_fn: ``step_fn(model, optimizer, batch, *, scheduler=None,
+            scaler=None)``, one optimizer step returning its outputs
+            (``{"loss": loss, ...}``); one that cannot take those keywords is
+            refused here. Default ``train_step``: ``model(batch)`` with the
+            whole batch returns ``{"loss": loss, ...}``. A ``TrainStep``
+            configures device, precision, accumulation and clipping; with
+            ``loss_fn`` it trains on ``loss_fn(model(input), target)`` of
+            ``(input, target)`` batches (``pimm_fn.runtime.step_contract``);
+            with ``accumulate=k`` each step is fed ``k`` batches.
         scheduler: stepped by the default step and checkpointed. When a hook
             steps the scheduler (``step_scheduler(...)``, or any hook declaring
             it emits ``StepScheduler``), the step function is handed
@@ -190,7 +196,8 @@ def loop(
             the scheduler with ``scheduler=None`` or after a saver, an unknown
             ``on_nonfinite`` or ``resume_hyperparameters``, ``"skip"`` with a
             custom ``step_fn``; a model that is not a ``Module``, an optimizer,
-            scheduler or scaler of the wrong kind, a non-callable ``step_fn``,
+            scheduler or scaler of the wrong kind, a non-callable ``step_fn``
+            or one whose signature cannot take ``scheduler=``/``scaler=``,
             ``handlers`` not mapping effect types to callables
             (``pimm_fn.runtime.arguments``); no optimizer, or a dict of them
             with the built-in step; an option that is not its value
@@ -239,7 +246,9 @@ def loop(
     if storage.is_url(save_dir) and saving.checkpoint_format == "legacy":  # it publishes by a rename, which a store lacks
         raise ValueError(f"loop: Saving(checkpoint_format='legacy') publishes by a rename, which save_dir {save_dir!r} "
                          f"(an fsspec store) does not have; use checkpoint_format='standard' there")
-    arguments.check_on_nonfinite(training.on_nonfinite, custom_step=step_fn not in (None, train_step))
+    if not built_in(step_fn):
+        check_step_fn(step_fn)  # it takes the loop's call: step_fn(model, optimizer, batch, *, scheduler, scaler)
+    arguments.check_on_nonfinite(training.on_nonfinite, custom_step=not built_in(step_fn))
     check_scheduler_hooks(hooks, scheduler)
     show_bar = progress_bar.wanted(watching.progress, watching.console)  # this process's wish; rank 0's decides, below
     loggers = check_loggers(loggers, watching.log_reduce)
@@ -266,7 +275,7 @@ def loop(
         model=model, optimizer=optimizer, feed=feed, save_dir=save_dir, scheduler=scheduler, scaler=scaler,
         checkpoint_format=saving.checkpoint_format, keep=saving.keep, rank=dist.rank(), world_size=dist.world_size(),
         console=watching.console, implied=implied, advice=Advice(implied, world_size=dist.world_size()),
-        nonfinite=NonFinite(training.on_nonfinite, world_size=dist.world_size()),
+        nonfinite=NonFinite(training.on_nonfinite, world_size=dist.world_size(), can_skip=built_in(step_fn)),
         sharded=shards, weights_file=saving.weights_file, digests=saving.digests,
         everywhere=((WriteBest,) if shards else ()) + ((Log,) if averaged else ()),
         optimizers=optimizers, extra_state=extra_state,

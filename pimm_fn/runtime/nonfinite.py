@@ -5,26 +5,29 @@ policy, carried by a ``NonFinite`` value:
 
 * ``"raise"`` (the default): ``NonFiniteLossError`` naming the global step
   and the batch of the epoch;
-* ``"skip"``: the default step leaves that batch out of the update (no
-  backward, no optimizer, scaler or scheduler step: the gradients stay
-  zeroed) but the step counts: progress advances and the batch is consumed.
-  Refused with a custom ``step_fn``, whose loss is seen only after its step ran;
+* ``"skip"``: a built-in step (the default one, or a ``TrainStep``) leaves
+  that batch out of the update (no optimizer, scaler or scheduler step: the
+  gradients are zeroed) but the step counts: progress advances and the
+  batch is consumed. The default step reads the loss before the backward
+  and runs none; a ``TrainStep`` reads it after the backward of its
+  micro-batches, before unscaling or clipping. Refused with a custom
+  ``step_fn``, whose loss is seen only after its step ran;
 * ``"warn"``: a ``NonFiniteLossWarning``, and the step goes on as usual.
 
 Each occurrence under ``"skip"``/``"warn"`` is a warning with the count so
-far.
+far. The error's advice names only what works for the step in use: with a
+custom ``step_fn``, not ``"skip"``, which ``loop()`` would refuse.
 
-``"skip"`` must decide before the backward, so the default step reads the
-loss there (``loss.item()``: one host sync per step on GPU) and a custom
-``step_fn`` is refused. ``"raise"`` and ``"warn"`` read nothing per step:
-the losses wait on their device with the other outputs and are read with
-them (``pimm_fn.runtime.outputs``), where a hook reads the outputs and at
-each epoch's end (``NonFinite.read``). So the error names the step, comes
-before any checkpoint of a later step is written, and finds the weights in
-memory already updated from the non-finite loss: resume from the last
-checkpoint. With several ranks each read is agreed by one all-reduce of a
-flag, so every rank skips, warns or raises alike instead of one rank
-leaving a collective.
+``"skip"`` must decide before the update, so the step reads the loss there
+(``loss.item()``: one host sync per step on GPU). ``"raise"`` and ``"warn"``
+read nothing per step: the losses wait on their device with the other
+outputs and are read with them (``pimm_fn.runtime.outputs``), where a hook
+reads the outputs and at each epoch's end (``NonFinite.read``). So the error
+names the step, comes before any checkpoint of a later step is written, and
+finds the weights in memory already updated from the non-finite loss:
+resume from the last checkpoint. With several ranks each read is agreed by
+one all-reduce of a flag, so every rank skips, warns or raises alike instead
+of one rank leaving a collective.
 """
 
 import math
@@ -40,20 +43,29 @@ __all__ = ["NonFinite", "NonFiniteLossError", "NonFiniteLossWarning", "NONFINITE
 NONFINITE_POLICIES = ("raise", "skip", "warn")
 
 
+_RESUME = ("the weights already hold the update from that loss, so run() would raise this again: build the run anew "
+           "from the last checkpoint (pimm_fn.loop(..., resume='auto')) with a lower lr")
+_ADVICE = {  # by whether the step in use can skip: a built-in step can, a custom step_fn cannot
+    True: f"{_RESUME}, or with training=pimm_fn.Training(on_nonfinite='skip') to leave such batches out of the update",
+    False: f"{_RESUME}, or have your step_fn leave optimizer.step() out when its loss is not finite",
+}
+_FIX = {
+    True: "Pass loop(training=pimm_fn.Training(on_nonfinite='skip')) to leave such batches out of the update, "
+          "or on_nonfinite='warn' to warn and go on",
+    False: "Pass loop(training=pimm_fn.Training(on_nonfinite='warn')) to warn and go on",
+}
+
+
 class NonFiniteLossError(FloatingPointError):
     """The training loss is NaN or infinite, under ``loop(training=Training(on_nonfinite="raise"))`` (the default).
 
     Read after its step ran, so the weights in memory already hold that
     step's update and the losses stay unread: ``run()`` would raise it
     again. ``advice`` is what the run's interruption line says instead of
-    "run() continues exactly from here".
+    "run() continues exactly from here": what works for the step in use.
     """
 
-    advice = (
-        "the weights already hold the update from that loss, so run() would raise this again: build the run anew "
-        "from the last checkpoint (pimm_fn.loop(..., resume='auto')) with a lower lr, or with "
-        "training=pimm_fn.Training(on_nonfinite='skip') to leave such batches out of the update"
-    )
+    advice = _ADVICE[True]
 
 
 class NonFiniteLossWarning(RuntimeWarning):
@@ -67,12 +79,15 @@ class NonFinite:
         policy: ``"raise"``, ``"skip"`` or ``"warn"``.
         world_size: ranks that must agree on the decision (one all-reduce a step when > 1).
         where: ``() -> Progress`` before the step being trained (``loop()`` sets it).
+        can_skip: the step in use can leave an update out (a built-in step), so
+            the error's advice may name ``"skip"``.
     """
 
-    def __init__(self, policy: str = "raise", *, world_size: int = 1, where=None):
+    def __init__(self, policy: str = "raise", *, world_size: int = 1, where=None, can_skip: bool = True):
         self.policy = policy
         self.world_size = world_size
         self.where = where
+        self.can_skip = can_skip
         self.count = 0  # occurrences so far in this process
 
     @property
@@ -134,11 +149,10 @@ class NonFinite:
             place = "this step"
         which = f"is {value}" if not math.isfinite(value) else f"is not finite on another rank (here {value})"
         if self.policy == "raise":
-            raise NonFiniteLossError(
-                f"the training loss {which} at {place}. Pass loop(training=pimm_fn.Training(on_nonfinite='skip')) to leave "
-                f"such batches out of the update, or on_nonfinite='warn' to warn and go on; "
-                f"{NonFiniteLossError.advice}"
-            )
+            advice = _ADVICE[self.can_skip]
+            error = NonFiniteLossError(f"the training loss {which} at {place}. {_FIX[self.can_skip]}; {advice}")
+            error.advice = advice  # kept when pickled (an exception's __dict__ is)
+            raise error
         if self.policy == "skip" and not ran:
             action = "its optimizer step was skipped (the step still counts)"
         else:

@@ -16,15 +16,9 @@ from pimm_fn.core import hook as protocol
 from pimm_fn.core import hook_list
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.runtime.ema import EmaWeights
-from pimm_fn.runtime.configurable_step import TrainStep
-from pimm_fn.runtime.default_step import train_step
+from pimm_fn.runtime.configurable_step import built_in
 
 __all__ = ["check_optimizers", "extra_state"]
-
-
-def _steps_one_optimizer(step_fn) -> bool:
-    """Whether ``step_fn`` is a built-in step, which trains with one optimizer."""
-    return step_fn is None or step_fn is train_step or isinstance(step_fn, TrainStep)
 
 
 def _names(value, argument: str) -> None:
@@ -61,7 +55,7 @@ def check_optimizers(optimizer, step_fn, *, sharded: bool) -> tuple:
     _names(optimizer, "optimizer")
     for name, opt in optimizer.items():
         _stateful(opt, f"optimizer[{name!r}]")
-    if _steps_one_optimizer(step_fn):
+    if built_in(step_fn):  # a built-in step trains one optimizer
         raise ValueError(
             f"loop: the built-in train step steps one optimizer, but optimizer= names {sorted(optimizer)}: "
             f"pass step_fn=your_step (it receives the dict as its 'optimizer'), or one optimizer"

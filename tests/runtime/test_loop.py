@@ -152,7 +152,8 @@ def test_default_step_explains_a_model_without_loss(tmp_path):
     model = NoLoss()
     run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), max_epochs=1,
                   watching=pf.Watching(console=False))
-    with pytest.raises(TypeError, match="mapping with a 'loss' entry"):
+    with pytest.raises(TypeError, match=r"trains on model\(batch\)\['loss'\], but model\(batch\) returned a Tensor: "
+                                        r"return \{'loss': loss, ...\}.*TrainStep\(loss_fn=...\)"):
         run.step()
 
 

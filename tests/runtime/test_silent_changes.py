@@ -144,7 +144,7 @@ def test_bad_resume_hyperparameters_and_on_nonfinite_are_refused_at_construction
         _run(tmp_path, resuming=pf.Resuming(resume_hyperparameters="user"))
     with pytest.raises(ValueError, match="'on_nonfinite' must be 'raise', 'skip' or 'warn' \\(got 'ignore'\\)"):
         _run(tmp_path, training=pf.Training(on_nonfinite="ignore"))
-    with pytest.raises(ValueError, match="on_nonfinite='skip' needs the default step"):
+    with pytest.raises(ValueError, match="on_nonfinite='skip' needs a built-in step"):
         _run(tmp_path, rows=[], training=pf.Training(on_nonfinite="skip"))
 
 

@@ -246,8 +246,10 @@ def test_accumulating_step_called_with_a_plain_batch_says_what_it_takes():
         pf.TrainStep(accumulate=3)(model, torch.optim.SGD(model.parameters(), lr=0.1), data(12))
 
 
-def test_an_exception_inside_an_accumulation_then_run_again_ends_as_the_uninterrupted_run():
-    """A forward raising on the 2nd micro-batch of a step: run() again retrains that step whole, bit-identically."""
+@pytest.mark.parametrize("loss_fn", [None, torch.nn.functional.mse_loss], ids=["model's loss", "loss_fn"])
+def test_an_exception_inside_an_accumulation_then_run_again_ends_as_the_uninterrupted_run(loss_fn):
+    """A forward raising on the 2nd micro-batch of a step: run() again retrains that step whole, bit-identically
+    (the model returning its loss, or a plain one under the supervised step)."""
 
     class FailsOnce(Linear):
         def __init__(self, at):
@@ -258,13 +260,14 @@ def test_an_exception_inside_an_accumulation_then_run_again_ends_as_the_uninterr
             self.calls += 1
             if self.calls == self.at:
                 raise KeyboardInterrupt("inside the accumulation")
-            return super().forward(batch)
+            return super().forward(batch) if loss_fn is None else self.layer(batch)  # a plain model takes x alone
 
     def build(at):
         torch.manual_seed(0)
         model = FailsOnce(at)
         return model, pf.loop(model, torch.optim.Adam(model.parameters(), lr=0.01), loader(40, 4), max_epochs=2,
-                              watching=pf.Watching(console=False), hooks=[pf.log_every(1)], step_fn=pf.TrainStep(accumulate=3))
+                              watching=pf.Watching(console=False), hooks=[pf.log_every(1)],
+                              step_fn=pf.TrainStep(accumulate=3, loss_fn=loss_fn))
 
     reference, run = build(at=0)
     run()

@@ -16,6 +16,7 @@ CONFIGS = {
     "accumulate": ("--accumulate", 3),  # 10 batches an epoch: 3 steps of 3, one batch left out
     "accumulate-stateful": ("--accumulate", 3, "--kind", "stateful"),
     "bf16-clip": ("--precision", "bf16", "--accumulate", 2, "--clip", 0.05),
+    "supervised": ("--supervised", "--accumulate", 3, "--kind", "stateful", "--clip", 0.05),  # TrainStep(loss_fn=)
 }
 
 
@@ -43,6 +44,7 @@ def uninterrupted(tmp_path_factory):
     ("accumulate", 5),  # mid-epoch 1, one step after the checkpoint of step 4
     ("accumulate-stateful", 7),  # after the deferred checkpoint of the epoch-ending step 6
     ("bf16-clip", 9),
+    ("supervised", 5),
 ])
 def test_sigkilled_configured_step_resumes_to_identical_weights_and_trace(tmp_path, uninterrupted, config, kill_at):
     """SIGKILL after an optimizer step, then resume='auto': same final weights and the same effects from the resume."""
