@@ -259,9 +259,10 @@ def best_on(metric: str, *, mode: str | None = None):
 
     Raises:
         ValueError: a loss-like ``metric`` without ``mode``; a bad ``mode``.
-            A misspelt ``metric`` is refused by the run once every evaluator
-            has published (``pimm_fn.runtime.advice``), at once with
-            ``Watching(sanity_check=...)``.
+            A ``metric`` no evaluator publishes (misspelt, or ``"acc"`` for a
+            ``loader_evaluator``'s ``"val/acc"``) is refused by the run once
+            every evaluator has published (``pimm_fn.runtime.advice``), and
+            before the first step by the sanity check of its loader evaluators.
 
     >>> best_on("mIoU"), best_on("loss", mode="min")
     (best_on('mIoU'), best_on('loss', mode='min'))

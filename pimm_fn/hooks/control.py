@@ -117,8 +117,8 @@ def early_stop(metric: str, *, patience: int, mode: str | None = None, min_delta
 
     Emits:
         ``Stop(step, reason)`` (collective), once, when the count reaches
-        ``patience``. (A misspelt ``metric`` is refused by the run once every
-        evaluator has published: ``pimm_fn.runtime.advice``.)
+        ``patience``. (A ``metric`` no evaluator publishes is refused by the
+        run once every evaluator has published: ``pimm_fn.runtime.advice``.)
 
     State:
         ``EarlyStopState(best, without_improvement)``.
@@ -223,8 +223,9 @@ def step_scheduler(interval: str | None = None, *, on: str | None = None):
 
     Emits:
         ``StepScheduler(step)``, or ``StepScheduler(step, metric, value)`` for
-        ``on`` (each rank steps its own). (A misspelt ``on`` is refused by
-        the run once every evaluator has published: ``pimm_fn.runtime.advice``.)
+        ``on`` (each rank steps its own). (An ``on`` no evaluator publishes is
+        refused by the run once every evaluator has published:
+        ``pimm_fn.runtime.advice``.)
 
     Raises:
         ValueError: neither or both of ``interval`` and ``on``, an unknown

@@ -1,17 +1,23 @@
-"""Mistakes a run can make without failing, each said once as a ``ConfigurationWarning``.
+"""Mistakes a run can make without failing at once: each said once, or refused once it is sure.
 
-A hook list can be valid and still do nothing useful: ``best_on("acc")``
-when the evaluators publish ``"accuracy"``, an evaluator that returns
-``None`` in a single process (so nothing is ever published), a saver placed
-before an evaluator on the same steps (so the checkpoint misses that
-evaluation). None of these is an error, since each can be intended, but
-none should pass in silence. A metric a hook reads that no evaluator
-publishes while one publishes a near-miss of it (``"miou"`` beside
-``"mIoU"``) is a typo and an error, raised once every evaluator has
-published (so a name another evaluator publishes never counts as one), on
-every rank alike. A non-finite value of a metric a hook reads
-(``best_on`` never makes it the best) is said each time, with its step, as a
-``NonFiniteMetricWarning``: training goes on.
+A hook list can be valid and still do nothing useful: an evaluator that
+returns ``None`` in a single process (so nothing is ever published), a
+saver placed before an evaluator on the same steps (so the checkpoint
+misses that evaluation). None of these is an error, since each can be
+intended, but none should pass in silence: each is a ``ConfigurationWarning``.
+
+A metric a hook reads (``best_on("acc")``) that no evaluator publishes is
+an error once every evaluator has published (so a name another evaluator
+publishes later never counts as missing), naming the published names and
+the closest of them: a typo (``"miou"`` beside ``"mIoU"``), or the bare name
+of a namespaced one (``"acc"`` beside ``"val/acc"``: ``loader_evaluator``
+puts its name before each metric). The sanity check before the first step
+(``pimm_fn.runtime.sanity``) meets it there. It is raised on every rank
+alike, from values every rank holds (broadcast, or a sanity check's); with
+rank-local values (``broadcast=False``) only some ranks could see it, so it
+is a ``ConfigurationWarning`` instead of a lone raising rank. A non-finite
+value of a metric a hook reads (``best_on`` never makes it the best) is said
+each time, with its step, as a ``NonFiniteMetricWarning``: training goes on.
 """
 
 import difflib
@@ -26,7 +32,7 @@ from pimm_fn.core.validate import finite
 
 __all__ = [
     "ConfigurationWarning", "NonFiniteMetricWarning", "Advice", "configuration_messages", "saver_before_evaluator",
-    "unpublished_metrics", "nothing_to_train", "near_miss",
+    "unpublished_metrics", "nothing_to_train", "near_miss", "namespaced",
 ]
 
 
@@ -120,6 +126,16 @@ def near_miss(metric: str, names) -> str | None:
                                                None)
 
 
+def namespaced(metric: str, names) -> str | None:
+    """The one name among ``names`` that is ``metric`` under an evaluator's name (``"val/acc"`` for ``"acc"``).
+
+    >>> namespaced("acc", ["val/acc", "val/loss"]), namespaced("acc", ["val/acc", "test/acc"])
+    ('val/acc', None)
+    """
+    found = [name for name in names if name.rpartition("/")[2].lower() == metric.lower() and "/" in name]
+    return found[0] if len(found) == 1 else None
+
+
 class Advice:
     """Watches evaluations for the run-time mistakes above; warns once for each."""
 
@@ -129,17 +145,20 @@ class Advice:
         self.evaluators = set(implied.evaluators)
         self.world_size = world_size
         self.published: dict[str, set] = {}  # evaluator -> the metric names it published
+        self.rank_local: set = set()  # evaluators whose values differ by rank (broadcast=False): names may too
         self.said: set = set()
 
     def evaluated(self, evaluator: str, values, step: int | None = None, consistent: bool = False) -> None:
         """Note what one evaluation published (``None``: nothing on this rank) at global step ``step``.
 
-        ``consistent``: every rank holds these same values (broadcast), so a typo may raise.
+        ``consistent``: every rank holds these same values (broadcast). A
+        missing metric raises only when every evaluator's values were so:
+        the names judged are then alike on every rank, and every rank raises.
 
         Raises:
             ValueError: once every evaluator has published, a metric some hook
-                reads is missing and a near-miss of it is published (with
-                ``consistent`` values only; else a ``ConfigurationWarning``).
+                reads is missing (with ``consistent`` values only; else a
+                ``ConfigurationWarning``).
         """
         if values is None and self.world_size == 1:
             self._say(
@@ -147,11 +166,13 @@ class Advice:
                 f"evaluator {evaluator!r} returned None in a single-process run, so it published nothing; "
                 f"return a mapping of metric names to numbers (None is for ranks that computed nothing)",
             )
+        if not consistent:
+            self.rank_local.add(evaluator)
         if values:
             self.published.setdefault(evaluator, set()).update(values)
             self._non_finite(evaluator, values, step)
         if self.evaluators and self.evaluators <= set(self.published):
-            self._check_readers(consistent)
+            self._check_readers(consistent=not self.rank_local)  # the names alike on every rank: it may raise
 
     def _check_readers(self, consistent: bool) -> None:
         """Once every evaluator has published: a metric some hook reads that none publishes."""
@@ -159,11 +180,14 @@ class Advice:
         for metric, readers in self.readers_of.items():
             if metric in names:
                 continue
-            typo = near_miss(metric, names)
-            close = typo or next(iter(difflib.get_close_matches(metric, names, n=1, cutoff=0.5)), None)
+            prefixed = namespaced(metric, names)
+            close = prefixed or near_miss(metric, names) or next(
+                iter(difflib.get_close_matches(metric, names, n=1, cutoff=0.5)), None)
             message = (f"{', '.join(readers)} waits for metric {metric!r}, but the evaluators publish {names}"
-                       + (f": did you mean {close!r}?" if close else ""))
-            if typo is not None and consistent:
+                       + (f": did you mean {close!r}?" if close else
+                          ": read one of these, or have an evaluator publish it")
+                       + (" (a loader_evaluator puts its name before each metric it publishes)" if prefixed else ""))
+            if consistent:
                 raise ValueError(message)
             self._say(("unread", metric), message)
 

@@ -33,7 +33,7 @@ effects, logs and metrics is always the one ``evaluate_every`` shows.
 """
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import ClassVar
 
 import attrs
@@ -137,8 +137,14 @@ class LoaderEvaluator:
         """This evaluator publishing under ``name`` (``"name/<metric>"``): what ``evaluate_every(name=)`` runs."""
         return self if name == self.name else attrs.evolve(self, name=name)
 
-    def limited(self, batches: int) -> "LoaderEvaluator":
-        """This evaluator over the first ``batches`` batches of each rank's shard (a sanity check)."""
+    def limited(self, batches: int) -> "LoaderEvaluator | None":
+        """This evaluator over the first ``batches`` batches of each rank's shard (a sanity check).
+
+        ``None`` for a one-shot iterable (an iterator): the batches it ran
+        would be missing from the next evaluation.
+        """
+        if isinstance(self.loader, Iterator):  # asked of the type: iter() of a DataLoader draws from the RNG
+            return None
         return attrs.evolve(self, max_batches=batches)
 
     def batches(self):

@@ -153,7 +153,8 @@ def loop(
             ``strict_resume``, ``resume_hyperparameters``).
         watching: what is shown and kept of the run (``pimm_fn.Watching``:
             ``console``, ``progress``, ``log_reduce``, ``keep_trace``,
-            ``sanity_check``: every evaluator once before the first step).
+            ``sanity_check``: each loader_evaluator on 2 batches before the
+            first step, by default).
         parallel: how the run spreads over ranks (``pimm_fn.Parallel``:
             ``ddp``, ``check_agreement``).
         training: what trains beside the model and optimizer, and how long
@@ -171,8 +172,8 @@ def loop(
         ConfigurationWarning: once each, when a saver precedes an evaluator
             acting on the same mid-epoch step, when an evaluator returns
             ``None`` in a single-process run, and when a metric a hook reads
-            (``best_on``, ``early_stop``) is not among what the evaluators
-            publish. With several ``best_on`` metrics each keeps its own
+            (``best_on``, ``early_stop``) is not among what rank-local
+            evaluators (``broadcast=False``) publish. With several ``best_on`` metrics each keeps its own
             ``model_best_<metric>.pth``. On resume, for each optimizer
             hyper-parameter that differs from the checkpoint's. When a hook
             reads a metric and no hook evaluates anything; when a resumed
@@ -208,10 +209,12 @@ def loop(
             (``Training(iters_per_epoch=0)``).
         ValueError: two hooks writing the best weights of one metric (two
             ``best_on`` of it, or pimm's ``CheckpointSaver`` beside one); an
-            optimizer holding none of the model's parameters; with
-            ``Watching(sanity_check=n)``, a misspelt metric (and whatever an
-            evaluator raises) before the first step; while training, such a
-            metric once every evaluator has published (``pimm_fn.runtime.advice``).
+            optimizer holding none of the model's parameters; in the sanity
+            check before the first step (``Watching(sanity_check=)``), a
+            metric a hook reads that no evaluator publishes
+            (``best_on("acc")`` beside ``"val/acc"``), and whatever an
+            evaluator raises; while training, such a metric once every
+            evaluator has published (``pimm_fn.runtime.advice``).
         NotADirectoryError: ``save_dir`` is a file.
         NonFiniteLossError: (while training) a NaN or infinite loss under
             ``on_nonfinite="raise"``.
@@ -313,7 +316,7 @@ def loop(
         prewarm_staging(ctx)  # when a hook saves in the background: its memory, after the first step
         run = Loop(ctx, state, step_fn or train_step, interpreter, resume=resume, resumed=info is not None)
         ctx.nonfinite.where = lambda: run.state.progress  # a NaN loss is reported at the step being trained
-        if watching.sanity_check and not run.finished:  # every evaluator once, its names checked; nothing published
+        if watching.sanity_check != 0 and not run.finished:  # evaluators once, their names checked; nothing published
             sanity_check(ctx, watching.sanity_check)
         if info is not None and not run.finished:  # a finished run resumed with its own budget runs no hook at all
             run._dispatch(ev.BeforeTrain(resumed=True))

@@ -13,7 +13,7 @@ A keyword that moved into one of them, or went, is refused with a
 ``TypeError`` saying what to pass instead (``pimm_fn.runtime.option_keywords``).
 
 >>> Watching(console=False)
-Watching(console=False, progress=None, log_reduce=None, keep_trace=10000, sanity_check=0)
+Watching(console=False, progress=None, log_reduce=None, keep_trace=10000, sanity_check=None)
 >>> Resuming(resume_hyperparameters="user")
 Traceback (most recent call last):
 ValueError: loop: 'resume_hyperparameters' must be 'checkpoint' (the checkpoint's optimizer hyper-parameters win) or 'new' (this run's optimizer's win) (got 'user')
@@ -99,14 +99,18 @@ class Watching:
         keep_trace: how many executed effects ``run.trace`` keeps, the newest
             (default 10 000, so a long run's memory stays flat); ``None`` keeps
             every one.
-        sanity_check: ``n`` > 0 runs every evaluator once when ``loop()``
-            builds the run, before the first step (as Lightning's sanity
-            check): a ``loader_evaluator`` on its first ``n`` batches per rank,
-            an ``fn(model)`` evaluator as it is. What they return is checked
-            (a misspelt metric some hook reads is a ``ValueError`` in seconds,
-            not at the first evaluation) and then dropped: no best, no log,
-            and the training's RNG streams are as they were. ``0`` (default): off
-            (``pimm_fn.runtime.sanity``).
+        sanity_check: evaluators run once when ``loop()`` builds the run,
+            before the first step (as Lightning's ``num_sanity_val_steps=2``).
+            ``None`` (default): each ``loader_evaluator`` on its first 2
+            batches per rank (an ``fn(model)`` evaluator cannot be shortened,
+            so it is left to its first evaluation); ``n`` > 0: every
+            evaluator, a ``loader_evaluator`` on its first ``n`` batches, an
+            ``fn(model)`` one as it is; ``0``: off. What they return is
+            checked (a metric some hook reads that none publishes, such as
+            ``best_on("acc")`` beside ``"val/acc"``, is a ``ValueError`` in
+            seconds, not at the first evaluation) and then dropped: no best,
+            no log; the model, the training's RNG streams and its data are as
+            they were (``pimm_fn.runtime.sanity``).
     """
 
     factory_name: ClassVar[str] = "loop"
@@ -116,8 +120,9 @@ class Watching:
         "pass None (a bar where someone watches), True or False")))
     log_reduce: str | None = attrs.field(default=None, validator=_log_reduce)
     keep_trace: int | None = attrs.field(default=KEEP_TRACE, validator=ARGUMENTS["keep_trace"])
-    sanity_check: int = attrs.field(default=0, validator=v.int_at_least(0).with_hint(
-        "pass the number of batches each loader_evaluator runs before the first step, or 0 (off)"))
+    sanity_check: int | None = attrs.field(default=None, validator=v.optional(v.int_at_least(0).with_hint(
+        "pass the number of batches each loader_evaluator runs before the first step, 0 (off), or None "
+        "(2 batches of each loader_evaluator)")))
 
 
 @attrs.frozen

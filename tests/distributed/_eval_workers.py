@@ -64,7 +64,8 @@ def _padded_loader(rank, world):
 
 
 def evaluate(rank, world, out, *, save_dir, tag):
-    """The sums, torchmetrics, a loop with best_on and a sanity check, test on the best weights, a typo refused."""
+    """The sums, torchmetrics, a loop with best_on and a sanity check, test on the best weights, a typo refused,
+    and best_on of a bare name ('correct' for 'val/correct') refused by the sanity check or the first evaluation."""
     result = {}
     model = classifier()
     totals = pf.loader_evaluator(_padded_loader(rank, world), sums, forward=forward, finish=dict)
@@ -96,6 +97,27 @@ def evaluate(rank, world, out, *, save_dir, tag):
         result["typo"] = None
     except ValueError as error:
         result["typo"] = str(error)
+    result["bare"] = {}
+    for sanity in (None, 0):  # the default sanity check refuses it in loop(); without, the first evaluation does
+        bare = classifier()
+        watching = pf.Watching(console=False, progress=False, sanity_check=sanity)
+        try:
+            run = pf.loop(bare, torch.optim.SGD(bare.parameters(), lr=0.5), train, step_fn=step,
+                          hooks=[pf.evaluate_every(2, val), pf.best_on("correct")], max_epochs=1,
+                          save_dir=f"{save_dir}-bare-{sanity}", watching=watching)
+            run()
+            result["bare"][sanity] = None
+        except ValueError as error:
+            result["bare"][sanity] = (str(error), run.state.progress.global_step if sanity == 0 else None)
+    if world > 1:  # rank 0 alone has an evaluator: both ranks refuse in the sanity check, neither waits in it
+        other = classifier()
+        try:
+            pf.loop(other, torch.optim.SGD(other.parameters(), lr=0.5), train, step_fn=step, max_epochs=1,
+                    hooks=[pf.evaluate_every(1, val)] if rank == 0 else [], save_dir=f"{save_dir}-diverged",
+                    watching=pf.Watching(console=False, progress=False))()
+            result["diverged"] = None
+        except pf.CollectiveDivergenceError as error:
+            result["diverged"] = str(error)
     _dump(out, tag, rank, result)
 
 

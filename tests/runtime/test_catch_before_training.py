@@ -122,5 +122,92 @@ def test_the_sanity_check_publishes_nothing_and_leaves_training_as_it_was(tmp_pa
 
 def test_the_sanity_check_option_is_checked():
     """A negative number of batches is refused by Watching, with what to pass."""
-    with pytest.raises(ValueError, match="'sanity_check' must be an int >= 0 \\(got -1\\); pass the number of batches"):
+    with pytest.raises(ValueError, match="'sanity_check' must be None or an int >= 0 \\(got -1\\); pass the number of "
+                                         "batches"):
         pf.Watching(sanity_check=-1)
+
+
+class Counted:
+    """A re-iterable validation set that counts the batches drawn from it."""
+
+    def __init__(self, n=4):
+        self.data, self.drawn = [next(iter(loader(batch_size=10))) for _ in range(n)], 0
+
+    def __iter__(self):
+        for batch in self.data:
+            self.drawn += 1
+            yield batch
+
+
+def _sums(outputs, batch):
+    return {"acc": -outputs["loss"] * len(batch[0]), "count": len(batch[0])}
+
+
+def _val(data=None):
+    return pf.loader_evaluator(data or Counted(), _sums, forward=lambda model, batch: model(batch))  # "val/acc"
+
+
+def test_the_sanity_check_refuses_a_bare_name_of_a_loader_evaluators_metric_before_step_1(tmp_path):
+    """best_on('acc') beside a loader_evaluator publishing 'val/acc': loop() itself raises, naming 'val/acc' and
+    the prefix, after two batches and before any step or any file of a checkpoint."""
+    model, data = TinyNet(), Counted()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError) as raised:
+        _loop(model, hooks=[pf.evaluate_every(4, _val(data)), pf.save_every(4), pf.best_on("acc")], save_dir=tmp_path)
+    assert str(raised.value) == ("best_on('acc') waits for metric 'acc', but the evaluators publish ['val/acc']: did "
+                                 "you mean 'val/acc'? (a loader_evaluator puts its name before each metric it publishes)")
+    assert data.drawn == 2 and not (tmp_path / "model").exists()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_without_the_sanity_check_a_missing_metric_is_refused_once_every_evaluator_has_published(tmp_path):
+    """sanity_check=0: best_on('acc') trains through val's first evaluation (step 2, other has not published yet)
+    and is refused at step 3, when other has, naming every published name."""
+    run = _loop(hooks=[pf.evaluate_every(2, _val()), pf.evaluate_every(3, val2), pf.best_on("acc")],
+                save_dir=tmp_path, watching=pf.Watching(console=False, progress=False, sanity_check=0))
+    with pytest.raises(ValueError, match=r"^best_on\('acc'\) waits for metric 'acc', but the evaluators publish "
+                                         r"\['val/acc', 'val2/mIoU'\]: did you mean 'val/acc'\?"):
+        run()
+    assert run.state.progress.global_step == 3 and run.state.best == {}
+    with pytest.raises(ValueError, match="waits for metric 'nowhere', but the evaluators publish "
+                                         r"\['val/mIoU'\]: read one of these, or have an evaluator publish it$"):
+        _loop(hooks=[pf.evaluate_every(2, val), pf.best_on("nowhere")], save_dir=tmp_path / "b",
+              watching=pf.Watching(console=False, progress=False, sanity_check=0))()
+
+
+def test_the_default_sanity_check_runs_two_batches_and_leaves_the_run_as_it_was(tmp_path):
+    """Watching() by default draws 2 validation batches in loop(), publishes nothing, and the run then trains to the
+    same weights, trace, history and metrics as with sanity_check=0 (dropout and a shuffled loader draw alike)."""
+
+    def trained(sanity):
+        torch.manual_seed(0)
+        model, data = TinyNet(), Counted()
+        watching = pf.Watching(console=False, progress=False) if sanity is None else pf.Watching(
+            console=False, progress=False, sanity_check=sanity)
+        run = _loop(model, hooks=[pf.evaluate_every(3, _val(data)), pf.best_on("val/acc"), pf.log_every(1)],
+                    save_dir=tmp_path / str(sanity), watching=watching, max_epochs=2)
+        drawn = data.drawn
+        assert run.state.best == {} and len(run.history) == 0 and run.state.metrics == {}
+        run()
+        return drawn, run, [p.detach().clone() for p in model.parameters()]
+
+    checked, with_it, weights_with = trained(None)
+    unchecked, without, weights_without = trained(0)
+    assert (checked, unchecked) == (2, 0)
+    assert all(torch.equal(a, b) for a, b in zip(weights_with, weights_without))
+    assert [repr(e) for e in with_it.trace] == [repr(e) for e in without.trace]
+    assert with_it.history.columns("train") == without.history.columns("train")
+    assert with_it.state.best == without.state.best and with_it.state.metrics == without.state.metrics
+
+
+def test_the_default_sanity_check_leaves_an_fn_evaluator_and_an_iterator_to_their_first_evaluation(tmp_path):
+    """A plain fn(model) cannot be shortened and an iterator would lose its batches: the default runs neither."""
+    calls = []
+
+    def evaluate(model):
+        calls.append(1)
+        return {"val/mIoU": 0.5}
+
+    batches = iter(Counted().data)
+    _loop(hooks=[pf.evaluate_every(4, evaluate), pf.evaluate_every(4, _val(batches), name="it")], save_dir=tmp_path)
+    assert calls == [] and len(list(batches)) == 4

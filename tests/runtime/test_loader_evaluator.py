@@ -72,7 +72,7 @@ def test_in_a_loop_the_evaluator_runs_in_eval_mode_and_publishes_namespaced_metr
                                         pf.best_on("val/acc")],
                   max_epochs=1, save_dir=tmp_path, watching=pf.Watching(console=False, progress=False))
     state = run()
-    assert seen == [False] * 3 and model.training
+    assert seen == [False] * (2 + 3) and model.training  # the sanity check's 2 batches, then an evaluation's 3
     assert state.best == {"val/acc": pytest.approx(_by_hand(model, data))}
 
 

@@ -73,14 +73,14 @@ def test_savers_meeting_evaluators_only_at_epoch_ends_are_not_warned_about(tmp_p
               save_dir=tmp_path, max_epochs=2)
 
 
-def test_a_best_on_metric_no_evaluator_publishes_is_warned_about_once(tmp_path):
-    """best_on('accuracy') while the evaluator publishes 'acc': one warning, with the guess."""
+def test_a_best_on_metric_no_evaluator_publishes_is_refused_with_the_guess(tmp_path):
+    """best_on('accuracy') while the evaluator publishes 'acc': a ValueError at its first evaluation, with the guess."""
     run = _loop(hooks=[pf.evaluate_every(1, acc), pf.best_on("accuracy")], save_dir=tmp_path, max_epochs=1)
-    with pytest.warns(pf.ConfigurationWarning) as caught:
+    with pytest.raises(ValueError) as raised:
         run.run(steps=3)
-    messages = [str(w.message) for w in caught if w.category is pf.ConfigurationWarning]
-    assert messages == ["best_on('accuracy') waits for metric 'accuracy', but the evaluators publish ['acc']: "
-                        "did you mean 'acc'?"]
+    assert str(raised.value) == ("best_on('accuracy') waits for metric 'accuracy', but the evaluators publish "
+                                 "['acc']: did you mean 'acc'?")
+    assert run.state.progress.global_step == 1
 
 
 def test_two_best_on_metrics_keep_one_best_file_each(tmp_path):
