@@ -1,12 +1,15 @@
 """The progress bar of a run, on the main rank: the handler side of ``pimm_fn.hooks.progress``.
 
-One bar for the whole run, as tqdm draws it::
+One bar, counting the epoch its label names, as Lightning's and Ignite's
+bars do, drawn by tqdm::
 
     epoch 2:  40%|████      | 120/300 [00:03<00:04, 35.1it/s, loss=0.38, score=0.404]
 
-the global step out of the run's last, it/s and the time left, and beside
-them the latest value of each output read (``log_every``'s cadence) and of
-each metric published. A step only moves a counter: tqdm redraws at most
+the steps done in epoch 2 (counting from 0, as ``Progress.epoch`` and the
+log lines do) out of its length (shorter where ``max_steps`` ends it), it/s
+and the epoch's time left, and beside them the latest value of each output
+read (``log_every``'s cadence) and of each metric published. A new epoch
+starts the count again. A step only moves a counter: tqdm redraws at most
 ten times a second. In a notebook with ``ipywidgets`` the bar is a widget
 in the cell that runs: a later cell's ``run()`` sets the earlier cell's
 bar aside (drawn where it stopped, not as failed) and shows its own. In a
@@ -97,19 +100,23 @@ class ProgressBar:
         """Move to ``effect.step``, with ``effect.values`` the latest beside the bar."""
         if self._bar is not None and self._cell != _cell():  # a later notebook cell runs: a bar of its own
             self._set_aside()
-        bar = self._bar if self._bar is not None else self._open(progress)
+        start = progress.global_step - progress.iter_in_epoch  # the global step the epoch started after
+        bar = self._bar if self._bar is not None else self._open(progress, start)
         if effect.values:
             self._values.update(effect.values)
             bar.set_postfix({k: _short(v) for k, v in self._values.items()}, refresh=False)
-        if progress.epoch != self._epoch:
+        if progress.epoch != self._epoch:  # a new epoch: its own count, from 0 (reset redraws: the label first)
             self._epoch = progress.epoch
             bar.set_description_str(f"epoch {progress.epoch}", refresh=False)
-        bar.update(effect.step - bar.n)  # tqdm redraws when its interval has passed
+            bar.reset(total=progress.epoch_end_step - start)
+        bar.update(effect.step - start - bar.n)  # tqdm redraws when its interval has passed
+        if bar.n == bar.total:
+            bar.refresh()  # the epoch's end is drawn, whatever the interval, before the next epoch's count
 
-    def _open(self, progress):
-        self._epoch, self._cell = None, _cell()
-        self._bar = _tqdm()(total=progress.global_step + progress.steps_left, initial=progress.global_step,
-                            dynamic_ncols=True, leave=True)
+    def _open(self, progress, start: int):
+        self._epoch, self._cell = progress.epoch, _cell()
+        self._bar = _tqdm()(total=progress.epoch_end_step - start, initial=progress.iter_in_epoch,
+                            desc=f"epoch {progress.epoch}", dynamic_ncols=True, leave=True)
         return self._bar
 
     def write(self, line: str) -> None:

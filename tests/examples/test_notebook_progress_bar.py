@@ -2,9 +2,9 @@
 
 nbclient executes a notebook in an ipykernel with ipywidgets installed
 (the ``notebook`` extra) and keeps the widgets' final state. Two cells each
-train 3 steps: each cell must display its own bar widget, ending at its own
-step (3 of 9, then 6 of 9), and the first cell's bar is not painted as
-failed. A third cell hides ipywidgets: its bar is text, on stdout beside
+train 3 steps of epochs of 5 and 4 (``max_steps=9``): each cell must display
+its own bar widget, counting the epoch it shows (3 of epoch 0's 5, then 1
+of epoch 1's 4), and the first cell's bar is not painted as failed. A third cell hides ipywidgets: its bar is text, on stdout beside
 the console lines, with nothing on stderr.
 """
 
@@ -43,7 +43,8 @@ def _stream(cell, name: str) -> str:
 
 
 def test_each_cell_shows_its_own_bar_and_a_text_bar_shares_stdout(tmp_path):
-    """Cell 2 and cell 3 each show one bar widget, at 3/9 and 6/9; without ipywidgets the bar is on stdout."""
+    """Cell 2 and cell 3 each show one bar widget, at 3/5 (epoch 0) and 1/4 (epoch 1); without ipywidgets the bar is
+    on stdout."""
     cells = [SETUP.format(runtime=str(RUNTIME_TESTS)), "state = run.run(steps=3)", "state = run.run(steps=3)",
              "sys.modules['ipywidgets'] = None  # as if not installed\nstate = run.run(steps=3)"]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
@@ -60,8 +61,8 @@ def test_each_cell_shows_its_own_bar_and_a_text_bar_shares_stdout(tmp_path):
         return {"value": progress["value"], "max": progress["max"], "style": progress.get("bar_style", "")}
 
     (first_bar,), (second_bar,) = _widgets(first), _widgets(second)
-    assert bar(first_bar) == {"value": 3, "max": 9, "style": ""}  # set aside where it stopped, not 'danger'
-    assert bar(second_bar)["value"] == 6 and bar(second_bar)["max"] == 9
+    assert bar(first_bar) == {"value": 3, "max": 5, "style": ""}  # set aside where it stopped, not 'danger'
+    assert bar(second_bar)["value"] == 1 and bar(second_bar)["max"] == 4  # step 6: epoch 1's first of 4
     assert _widgets(text) == [] and _stream(text, "stderr") == ""
     out = _stream(text, "stdout")
-    assert "step 9 train: epoch=1" in out and "9/9 [" in out, out
+    assert "step 9 train: epoch=1" in out and "epoch 1: 100%" in out and "4/4 [" in out, out

@@ -17,13 +17,26 @@ def _hooks():
 
 
 def test_the_bar_shows_epoch_steps_rate_loss_and_metrics(tmp_path, capsys):
-    """progress=True: tqdm's bar on stderr with the epoch, step/total, it/s, the logged loss and the metric."""
+    """progress=True: tqdm's bar on stderr with the epoch, its steps of its length, it/s, the logged loss and the metric."""
     _, run = build(tmp_path, hooks=_hooks(), max_epochs=2, watching=pf.Watching(progress=True))
     assert repr(run.hooks.hooks[-1]) == "progress_bar()"
     run()
     err = capsys.readouterr().err
-    assert re.search(r"epoch 1: 100%\|.*\| 10/10 \[.*it/s, loss=\S+, lr=\S+, score=\S+\]", err)
+    assert re.search(r"epoch 0: 100%\|.*\| 5/5 \[", err)
+    assert re.search(r"epoch 1: 100%\|.*\| 5/5 \[.*it/s, loss=\S+, lr=\S+, score=\S+\]", err)
     assert not run.ctx.bar.showing  # closed when training ended
+
+
+def test_the_bar_counts_the_epoch_its_label_names(tmp_path, capsys):
+    """Each draw labelled 'epoch e' counts e's steps of e's length: 10 steps in epochs of 4 are 4, 4 and 2 (max_steps)."""
+    model = TinyNet()
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(dataset(), batch_size=10),
+                  max_steps=10, watching=pf.Watching(progress=True))
+    run()
+    draws = re.findall(r"epoch (\d+):\s+\d+%\|[^|]*\| (\d+)/(\d+) ", capsys.readouterr().err)
+    assert {(int(e), int(total)) for e, _, total in draws} == {(0, 4), (1, 4), (2, 2)}, draws
+    assert all(int(n) <= int(total) for _, n, total in draws)
+    assert ("2", "2", "2") in draws and ("0", "4", "4") in draws
 
 
 def test_the_trace_and_the_weights_are_those_of_a_run_without_bar(tmp_path):
