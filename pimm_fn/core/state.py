@@ -75,7 +75,9 @@ class Progress:
     """Where training stands; identical on every rank.
 
     ``global_step`` counts completed optimizer steps (the first step is 1),
-    ``iter_in_epoch`` the steps completed in the current ``epoch`` (0-based).
+    ``iter_in_epoch`` the steps completed in the current ``epoch`` (0-based),
+    ``samples_seen`` the samples this rank trained on (every rank's alike:
+    a state's summary shows the run's, times the world size).
 
     The budget is ``max_epochs`` epochs, or, with ``step_limit`` (from
     ``loop(max_steps=N)``), ``N`` global steps: the epoch in progress at

@@ -121,18 +121,24 @@ def hook_label(hook) -> str:
     return name
 
 
-def progress_line(progress) -> str:
+def progress_line(progress, world_size: int = 1) -> str:
     """Where training stands, in one line: step of total, epoch, iteration in it, budget, samples.
 
-    ``epoch`` counts from 0, as ``Progress.epoch`` and the log lines do.
+    ``epoch`` counts from 0, as ``Progress.epoch`` and the log lines do. The
+    samples are the whole run's, every rank's together (as the console's
+    samples/s), where ``Progress.samples_seen`` counts one rank's (every
+    rank's alike): with ``world_size`` ranks, that times ``world_size``.
 
     >>> from pimm_fn.core.state import Progress
     >>> progress_line(Progress(5, 2, epoch=1, iter_in_epoch=3, global_step=8, samples_seen=64))
     'step 8/10, epoch 1 (iter 3/5), max_epochs=2, 64 samples'
+    >>> progress_line(Progress(5, 2, epoch=1, iter_in_epoch=3, global_step=8, samples_seen=64), world_size=2)
+    'step 8/10, epoch 1 (iter 3/5), max_epochs=2, 128 samples on 2 ranks'
     """
     p = progress
     budget = f"max_steps={p.step_limit}" if p.step_limit is not None else f"max_epochs={p.max_epochs}"
-    samples = f", {p.samples_seen} samples" if p.samples_seen else ""
+    ranks = f" on {world_size} ranks" if world_size > 1 else ""
+    samples = f", {p.samples_seen * world_size} samples{ranks}" if p.samples_seen else ""
     return (f"step {p.global_step}/{p.global_step + p.steps_left}, epoch {p.epoch} "
             f"(iter {p.iter_in_epoch}/{p.iters_per_epoch}), {budget}{samples}")
 
@@ -153,7 +159,7 @@ def state_rows(state, hooks=None) -> list:
     identity, every hook listed; without, by its position (``#1``), and hooks
     keeping no slot (``None``) are left out.
     """
-    rows = [("progress", f"{progress_line(state.progress)}; {_where(state)}")]
+    rows = [("progress", f"{progress_line(state.progress, state.world_size)}; {_where(state)}")]
     if state.world_size > 1:
         rows.append(("rank", f"{state.rank} of {state.world_size}"))
     rows += [("metrics", pairs(state.metrics) or "none yet"), ("best", pairs(state.best) or "none yet")]

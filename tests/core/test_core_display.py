@@ -45,6 +45,12 @@ def test_state_str_is_a_short_summary_of_progress_metrics_best_and_slots():
     assert len(text.splitlines()) == 7 and max(map(len, text.splitlines())) <= 120  # a 1000-value slot is cut
 
 
+def test_a_state_of_several_ranks_says_the_samples_of_every_rank():
+    """samples_seen counts one rank's (64): the summary of a 2-rank state says the run's 128, and on how many ranks."""
+    text = str(_state(rank=1, world_size=2))
+    assert "  progress: step 8/10, epoch 1 (iter 3/5), max_epochs=2, 128 samples on 2 ranks; after AfterStep" in text
+
+
 def test_state_repr_keeps_every_field_exactly():
     """repr(State) keeps every field, every digit included, one field a line, for debugging and run comparisons."""
     text = repr(_state())

@@ -44,3 +44,39 @@ def accumulate(rank, world, out, *, k, tag):
         "calls": counter["calls"], "buckets": _buckets_per_backward(rank, world), "optimizer_steps": len(stepped), "global_step": run.state.progress.global_step,
         "weights": {name: t.detach().clone() for name, t in model.module.state_dict().items()},
     })
+
+
+def mse(output, target):
+    """The supervised step's loss: a regression's, one number a batch."""
+    return torch.nn.functional.mse_loss(output.squeeze(-1), target)
+
+
+def supervised(rank, world, out, *, tag):
+    """TrainStep(loss_fn=) under DDP with accumulation, clipping and on_nonfinite='skip', one NaN sample in the data."""
+    import warnings
+
+    from torch.utils.data import DistributedSampler, TensorDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    from _workers import BATCH, dataset
+
+    x, y = dataset().tensors
+    x = x.clone()
+    x[5, 0] = float("nan")  # one sample of 48: on one rank's shard each epoch, so one rank's loss only
+    data = TensorDataset(x, y)
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=7)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), StatefulDataLoader(data, batch_size=BATCH,
+                                                                                          sampler=sampler),
+                  step_fn=pf.TrainStep(loss_fn=mse, accumulate=2, clip_grad_norm=1.0), max_epochs=MAX_EPOCHS,
+                  training=pf.Training(on_nonfinite="skip"), parallel=pf.Parallel(ddp=True),
+                  watching=pf.Watching(console=False, progress=False))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        state = run()
+    _dump(out, tag, rank, {
+        "skips": [str(w.message) for w in said if issubclass(w.category, pf.NonFiniteLossWarning)],
+        "global_step": state.progress.global_step, "summary": str(state),
+        "weights": {name: t.detach().clone() for name, t in model.state_dict().items()},
+    })
