@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pimm_fn.core import records
 from pimm_fn.core.effects import Log
-from pimm_fn.runtime.loggers import Opening, keep_lines, local_path, resolve_path, set_aside
+from pimm_fn.runtime.loggers import LogFile, Opening, keep_lines, local_path, resolve_path, set_aside
 
 __all__ = ["CSVLogger"]
 
@@ -43,7 +43,7 @@ class CSVLogger:
         path.parent.mkdir(parents=True, exist_ok=True)
         header = _header(path)  # a resumed or continued file keeps its columns
         self._columns = next(csv.reader([header])) if header else []
-        self._file = open(path, "a", newline="")
+        self._file = LogFile(path, newline="")
 
     def write(self, record: Log) -> None:
         row = records.row(record.step, record.kind, record.values)
@@ -65,7 +65,7 @@ class CSVLogger:
             writer.writerows(rows)
         os.replace(temp, self._where)
         self._columns = columns
-        self._file = open(self._where, "a", newline="")
+        self._file = LogFile(self._where, newline="")
 
     def close(self) -> None:
         if self._file is not None:

@@ -17,12 +17,14 @@ A logger is any object with three methods, called on the main rank only:
 (``save_dir/log.jsonl``, the source ``run.history`` is rebuilt from on
 resume) is always among them when there is a ``save_dir``. Each is opened
 once when the run is built, and kept open: a record is one write and a
-flush, not a file opened per record. ``pimm_fn.runtime.log_feed`` feeds them;
+flush, not a file opened per record (a file of its own, a :class:`LogFile`,
+is closed too when a run is dropped unfinished). ``pimm_fn.runtime.log_feed`` feeds them;
 ``CSVLogger`` lives in ``pimm_fn.runtime.csv_logger``, TensorBoard and MLflow
 loggers in ``pimm_fn.runtime.trackers``, W&B's in ``pimm_fn.runtime.wandb_logger``.
 """
 
 import os
+import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -33,8 +35,8 @@ from pimm_fn.core.effects import Log
 from pimm_fn.runtime.jsonl import keep_upto, line_of
 
 __all__ = [
-    "Opening", "JsonlLogger", "check_loggers", "run_loggers", "resolve_path", "local_path", "keep_lines", "set_aside",
-    "LOG_NAME",
+    "Opening", "JsonlLogger", "LogFile", "check_loggers", "run_loggers", "resolve_path", "local_path", "keep_lines",
+    "set_aside", "LOG_NAME",
 ]
 
 LOG_NAME = "log.jsonl"  # the run's own record in save_dir
@@ -51,6 +53,25 @@ class Opening:
     say: Callable = print  # a console line on the main rank (what a logger set aside or dropped)
     store: str | None = None  # the run's save_dir when it is a URL: logs stay local, so ``save_dir`` is None
     history: object = None  # a resumed run's records up to ``step`` (``run.history``): what a tracker may lack
+
+
+class LogFile:
+    """A logger's file open to append, closed by ``close()``, or when the logger goes unclosed with its run.
+
+    ``loop()`` opens the loggers as it builds the run, and a run keeps them
+    open between ``run()`` calls: a run built and never run, or left half-way
+    and dropped, would leave its file to the garbage collector (a
+    ``ResourceWarning``). Its file is closed as this object is collected.
+
+    Args:
+        path: the file, created when missing.
+        **options: ``open``'s (``newline=""`` for csv).
+    """
+
+    def __init__(self, path, **options):
+        file = open(path, "a", **options)
+        self.write, self.flush = file.write, file.flush
+        self.close = weakref.finalize(self, file.close)  # close(): now, once; else when this object is collected
 
 
 def set_aside(path: Path, say) -> None:
@@ -104,7 +125,7 @@ class JsonlLogger:
         elif not opening.continued:
             set_aside(path, opening.say)
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(path, "a")
+        self._file = LogFile(path)
 
     def write(self, record: Log) -> None:
         self._file.write(line_of(record))

@@ -1,9 +1,11 @@
 """Loggers: opened once per run, fed every Log record, closed at the end and on an error, exact on resume."""
 
 import csv
+import gc
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,19 @@ def test_the_jsonl_file_is_opened_once_and_closed_at_the_end(tmp_path):
     assert _open_files(path) == 1 and len(path.read_text().splitlines()) == 6  # 5 steps and the epoch mean
     run()
     assert _open_files(path) == 0
+
+
+@pytest.mark.parametrize("steps", [0, 2], ids=["never run", "dropped half-way"])
+def test_a_run_dropped_unfinished_closes_its_log_files_without_a_resource_warning(tmp_path, steps):
+    """A loop() built and dropped, never run or left half-way, closes log.jsonl and log.csv: no ResourceWarning."""
+    _, run = build(tmp_path, hooks=[pf.log_every(1)], max_epochs=2, loggers=[CSVLogger()])
+    run.run(steps=steps)
+    with warnings.catch_warnings(record=True) as caught:  # one warned inside gc.collect() is recorded, not raised
+        warnings.simplefilter("always", ResourceWarning)
+        del run
+        gc.collect()
+    assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []
+    assert [_open_files(tmp_path / name) for name in ("log.jsonl", "log.csv")] in ([0, 0], [-1, -1])
 
 
 class Flaky:
