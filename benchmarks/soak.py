@@ -34,6 +34,20 @@ mean and an evaluation every 1 000 steps). Both under ``tracemalloc``: the
 bytes the history holds (the real run: traced memory with the history,
 minus after it is dropped), per step. Goal: under 50 bytes a step.
 Writes ``results/soak_history.json``.
+
+``--whole`` measures what the whole run holds a step, not its history
+alone: a real ``pf.loop`` (the tiny model, its real step) with
+``log_every(1)``, an evaluation every 250 steps and ``save_every(500,
+snapshots=True)`` under ``keep_last(3)``, for ``Watching(keep_trace=)`` at
+its default (10 000), 1 000 and 0. ``tracemalloc`` starts before ``loop()``
+builds the run; after ``--fill`` steps (12 000: every bounded buffer full)
+it trains on to ``--steps`` (default 1 000 000: some minutes a
+configuration), sampling the traced memory after ``gc.collect()``. Goal:
+under 50 bytes a step, the history included. ``--traced-after-fill``
+starts tracing after the fill instead, which reads a full buffer's
+turnover as growth (each entry it drops was never counted, each new one
+is): the misreading, for comparison. Writes ``results/soak_whole.json``
+(``soak_whole_after_fill.json``).
 """
 
 from __future__ import annotations
@@ -268,6 +282,91 @@ def history(records: int = 1_000_000, loop_steps: int = 1_000_000) -> dict:
     return result
 
 
+GOAL_RUN_BYTES = 50
+WHOLE_EVALUATE_EVERY, WHOLE_SAVE_EVERY, WHOLE_FILL = 250, 500, 12_000
+KEEP_TRACES = ("default", 1_000, 0)  # Watching(keep_trace=): the default (10 000), fewer, none
+
+
+def whole_run(steps: int = 1_000_000, keep_trace="default", *, fill: int = WHOLE_FILL, samples: int = 10,
+              traced_after_fill: bool = False) -> dict:
+    """Bytes per step the whole run holds once every bounded buffer is full, under ``tracemalloc``.
+
+    A real ``pf.loop`` (the tiny model, its real step) with ``log_every(1)``,
+    an evaluation every 250 steps and ``save_every(500, snapshots=True)``
+    under ``keep_last(3)``: ``fill`` steps fill the trace (``keep_trace``)
+    and every other bounded buffer, then it trains on to ``steps``, sampling
+    the memory ``tracemalloc`` counts (after ``gc.collect()``) ``samples``
+    times. Tracing starts before ``loop()`` builds the run, so that an entry
+    a full buffer drops was counted when it was made: its replacement then
+    costs nothing. ``traced_after_fill`` starts it after the fill instead, the
+    way that misreads a full buffer's turnover as growth (each dropped entry
+    was never counted, each new one is): for comparison only. The history
+    (unbounded by design) is measured apart, by dropping it at the end.
+    """
+    import tracemalloc
+
+    import pimm_fn as pf
+    from pimm_fn.runtime.history import History
+
+    if not 0 < fill < steps:
+        raise ValueError(f"soak: 'fill' must be > 0 and < steps={steps} (got {fill})")
+    model, optimizer, batches, score = _workload()
+    watching = pf.Watching(console=False) if keep_trace == "default" else pf.Watching(console=False,
+                                                                                      keep_trace=keep_trace)
+    hooks = [pf.log_every(1), pf.evaluate_every(WHOLE_EVALUATE_EVERY, score, name="score"),
+             pf.save_every(WHOLE_SAVE_EVERY, snapshots=True)]
+
+    def traced() -> int:
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0]
+
+    with tempfile.TemporaryDirectory(prefix="pimm_fn_soak_") as save_dir:
+        if not traced_after_fill:
+            tracemalloc.start()
+        started = time.perf_counter()
+        run = pf.loop(model, optimizer, batches, hooks=hooks, max_steps=steps + 1, save_dir=save_dir,
+                      saving=pf.Saving(keep=pf.keep_last(KEEP)), watching=watching)
+        run.run(steps=fill)
+        if traced_after_fill:
+            tracemalloc.start()
+        full, taken = traced(), []
+        every = max((steps - fill) // samples, 1)
+        while (done := run.state.progress.global_step) < steps:
+            run.run(steps=min(every, steps - done))
+            step, held = run.state.progress.global_step, traced()
+            taken.append({"step": step, "traced_mb": round(held / 1e6, 2),
+                          "bytes_per_step": round((held - full) / (step - fill), 2),
+                          "elapsed_s": round(time.perf_counter() - started, 1)})
+        end, trace, records = traced(), len(run.trace), len(run.history)
+        run.ctx.logs.history = History()
+        history = end - traced()
+        run()  # the last step and the final save: the run closes what it opened
+        tracemalloc.stop()
+    held = end - full
+    return {"steps": steps, "fill_steps": fill, "keep_trace": keep_trace, "traced_after_fill": traced_after_fill,
+            "trace": trace, "records": records, "samples": taken,
+            "bytes_per_step": round(held / (steps - fill), 2),
+            "history_bytes_per_step": round(history / steps, 2),
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def whole(steps: int = 1_000_000, fill: int = WHOLE_FILL, keep_traces=KEEP_TRACES,
+          traced_after_fill: bool = False) -> dict:
+    """``whole_run`` for each ``keep_trace``; prints the table and writes ``results/soak_whole.json``."""
+    runs = [whole_run(steps, k, fill=fill, traced_after_fill=traced_after_fill) for k in keep_traces]
+    result = {"goal_bytes": GOAL_RUN_BYTES, "runs": runs,
+              "ok": all(r["bytes_per_step"] < GOAL_RUN_BYTES for r in runs)}
+    rows = [[str(r["keep_trace"]), str(r["steps"]), str(r["trace"]), str(r["bytes_per_step"]),
+             str(r["history_bytes_per_step"]), str(r["seconds"])] for r in runs]
+    print_table(f"The whole run: bytes held a step after {fill} steps, log_every(1), evaluate_every"
+                f"({WHOLE_EVALUATE_EVERY}), save_every({WHOLE_SAVE_EVERY}, snapshots=True), keep_last({KEEP})"
+                + (" (traced from after the fill: turnover read as growth)" if traced_after_fill else ""),
+                ["keep_trace", "steps", "trace", "bytes/step", "of which history", "s"], rows)
+    print(f"goal: < {GOAL_RUN_BYTES} bytes/step: {result['ok']}")
+    write_result("soak_whole_after_fill" if traced_after_fill else "soak_whole", result)
+    return result
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="500 steps: checks that everything runs")
@@ -275,8 +374,15 @@ def main(argv=None) -> None:
     parser.add_argument("--history", action="store_true", help="bytes a step run.history holds with log_every(1)")
     parser.add_argument("--records", type=int, default=1_000_000, help="--history: records fed to History")
     parser.add_argument("--loop-steps", type=int, default=1_000_000, help="--history: steps of the real run")
+    parser.add_argument("--whole", action="store_true",
+                        help="bytes a step the whole run holds with log_every(1), for keep_trace default, 1000, 0")
+    parser.add_argument("--fill", type=int, default=WHOLE_FILL, help="--whole: steps that fill the bounded buffers")
+    parser.add_argument("--traced-after-fill", action="store_true",
+                        help="--whole: start tracemalloc after the fill (reads a full buffer's turnover as growth)")
     args = parser.parse_args(argv)
-    if args.history:
+    if args.whole:
+        whole(args.steps or 1_000_000, args.fill, traced_after_fill=args.traced_after_fill)
+    elif args.history:
         history(args.records, args.loop_steps)
     else:
         run(quick=args.quick, steps=args.steps)

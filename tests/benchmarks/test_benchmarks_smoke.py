@@ -94,3 +94,12 @@ def test_the_exit_code_benchmark_runs_each_kind_once_under_torchrun():
     for kind in exit_codes.KINDS:
         assert sum(result[kind]["exit_codes"].values()) == 1 and result[kind]["ranks_finished"] == 2, result
     assert result["pimm_fn"]["status_codes"] == {"0": 1}, result  # finished, whatever torchrun's exit code
+
+
+def test_soak_whole_run_holds_under_50_bytes_a_step_once_its_trace_is_full():
+    """--whole, small: a run logging every step, evaluating and saving snapshots holds < 50 B a step, history included."""
+    from benchmarks import soak
+
+    result = soak.whole_run(4_500, keep_trace=500, fill=1_500, samples=1)
+    assert result["trace"] == 500 and result["records"] >= 4_500, result
+    assert result["bytes_per_step"] < soak.GOAL_RUN_BYTES, result  # an AfterStep and its Log kept: ~750 B a step

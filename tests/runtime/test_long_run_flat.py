@@ -1,9 +1,13 @@
 """What a run keeps does not grow with its steps unless asked: the trace holds the newest keep_trace effects."""
 
+import gc
+
 import pytest
 
 import pimm_fn as pf
-from _tiny_workload import build
+from pimm_fn.core.effects import Log
+from pimm_fn.core.events import AfterStep
+from _tiny_workload import build, negative_mse
 
 
 def _kinds(trace):
@@ -13,12 +17,34 @@ def _kinds(trace):
 def test_the_trace_keeps_only_the_newest_effects_it_is_asked_to():
     """keep_trace=3 over a run that logs every step: run.trace holds the last three effects the full run would."""
     hooks = [pf.log_every(1)]
-    _, full = build(None, hooks=hooks, max_epochs=2, watching=pf.Watching(keep_trace=None))
+    _, full = build(None, hooks=hooks, max_epochs=2, watching=pf.Watching(keep_trace=50))
     full()
     _, kept = build(None, hooks=hooks, max_epochs=2, watching=pf.Watching(keep_trace=3))
     kept()
     assert len(full.trace) == 12  # 2 epochs of 5 steps, and 2 epoch means
     assert _kinds(kept.trace) == _kinds(full.trace)[-3:]
+
+
+def _alive(*types) -> list:
+    """How many objects of each of ``types`` are alive (after a collection)."""
+    gc.collect()
+    found = dict.fromkeys(types, 0)
+    for value in gc.get_objects():
+        kind = type(value)  # not value.__class__: a deprecated torch object warns when asked
+        if kind in found:
+            found[kind] += 1
+    return list(found.values())
+
+
+def test_a_full_trace_holds_the_only_events_and_records_a_run_keeps_of_its_steps():
+    """Logging every step, the live AfterStep events and Log records stay where a full trace of keep_trace puts them."""
+    hooks = [pf.log_every(1), pf.evaluate_every(20, negative_mse, name="val")]
+    _, run = build(None, hooks=hooks, max_epochs=200, watching=pf.Watching(keep_trace=50))
+    run.run(steps=200)
+    full = _alive(AfterStep, Log)
+    run.run(steps=600)
+    assert len(run.trace) == 50 and full[0] <= 50 and full[1] <= 50, full
+    assert _alive(AfterStep, Log) == full
 
 
 @pytest.mark.parametrize("keep_trace", [-1, 2.5, "all"])
