@@ -107,7 +107,7 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
 
     The outputs are the step's numeric scalars as they are, device tensors
     included (``pimm_fn.runtime.outputs``): the loop reads them where a hook
-    reads them, and at each epoch's end. When no hook listens to
+    reads them, at each epoch's end, and every ``WAIT_AT_MOST`` steps. When no hook listens to
     ``AfterStep`` (``read`` False) they are only the loss a ``nonfinite``
     policy checks later (``"raise"``, ``"warn"``); ``"skip"`` has the default
     step read its loss before the backward, and a ``TrainStep`` (the only

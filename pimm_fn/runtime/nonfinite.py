@@ -22,12 +22,13 @@ custom ``step_fn``, not ``"skip"``, which ``loop()`` would refuse.
 (``loss.item()``: one host sync per step on GPU). ``"raise"`` and ``"warn"``
 read nothing per step: the losses wait on their device with the other
 outputs and are read with them (``pimm_fn.runtime.outputs``), where a hook
-reads the outputs and at each epoch's end (``NonFinite.read``). So the error
-names the step, comes before any checkpoint of a later step is written, and
-finds the weights in memory already updated from the non-finite loss:
-resume from the last checkpoint. With several ranks each read is agreed by
-one all-reduce of a flag, so every rank skips, warns or raises alike instead
-of one rank leaving a collective.
+reads the outputs, at each epoch's end, and every 1 000 steps at the latest
+(``NonFinite.read``). So the error names the step, comes before any
+checkpoint of a later step is written, and finds the weights in memory
+already updated from the non-finite loss: resume from the last checkpoint.
+With several ranks each read is agreed by one all-reduce of a flag, so
+every rank skips, warns or raises alike instead of one rank leaving a
+collective.
 """
 
 import math
@@ -36,6 +37,7 @@ import warnings
 import torch
 
 from pimm_fn import dist
+from pimm_fn.runtime.outputs import WAIT_AT_MOST
 
 __all__ = ["NonFinite", "NonFiniteLossError", "NonFiniteLossWarning", "NONFINITE_POLICIES"]
 
@@ -142,7 +144,8 @@ class NonFinite:
         self.count += 1
         p = self.where() if self.where is not None else None
         if step is not None:
-            place = f"global step {step} (read where a hook reads the step's outputs, or at the epoch's end)"
+            place = (f"global step {step} (read where a hook reads the step's outputs, at the epoch's end, or every "
+                     f"{WAIT_AT_MOST} steps)")
         elif p is not None:
             place = f"global step {p.global_step + 1} (batch index {p.iter_in_epoch} of epoch {p.epoch}, counting from 0)"
         else:

@@ -3,21 +3,27 @@
 Reading a tensor's value (``item()``, ``float()``, ``.cpu()``) makes the
 host wait for the device. A step's outputs are read only where a hook that
 reads them is called for its ``AfterStep`` (its cadence fires,
-``reads_outputs``), and at each epoch's end. The outputs of the steps in
-between wait, untouched, in an :class:`Unread` batch; at the next read all
-of them are converted in one transfer and handed, in step order, to the
-hooks that accumulate them (``log_every``'s epoch sums) and to the NaN
-check, exactly as if each had been read on its own step: the same floats,
-added in the same order. A quiet step does no per-hook work at all.
+``reads_outputs``), at each epoch's end, and at the end of every
+``WAIT_AT_MOST``-th step (1 000: one read where an epoch is long and no hook
+reads them, so what waits stays bounded and a NaN loss is seen within as
+many steps). The outputs of the steps in between wait, untouched, in an
+:class:`Unread` batch; at the next read all of them are converted in one
+transfer and handed, in step order, to the hooks that accumulate them
+(``log_every``'s epoch sums) and to the NaN check, exactly as if each had
+been read on its own step: the same floats, added in the same order. A
+quiet step does no per-hook work at all.
 """
 
 from collections.abc import Mapping
 
 import torch
 
-__all__ = ["device_outputs", "Unread"]
+__all__ = ["device_outputs", "Unread", "WAIT_AT_MOST"]
 
 _Tensor = torch.Tensor
+# Steps whose outputs may wait unread: each one's (~0.75 KB of host memory, and a tensor on its device) is held until
+# read, so a long epoch no hook reads the outputs of is read at the end of every such step (alike on every rank).
+WAIT_AT_MOST = 1_000
 
 
 def device_outputs(outputs) -> dict:

@@ -4,7 +4,8 @@ A step is *quiet* when no hook is called for its events (``last_quiet_step``
 in ``pimm_fn.core.schedule`` says how far the next stretch goes). The loop
 trains it and counts it here; the state takes every counted step at once
 (``skip_to``) when it is next read, and the steps' outputs wait, untouched,
-until a hook reads outputs or an epoch ends (``pimm_fn.runtime.outputs``):
+until a hook reads outputs, an epoch ends, or ``WAIT_AT_MOST`` steps have
+passed (``pimm_fn.runtime.outputs``):
 then all of them are read in one transfer, checked for NaN, and handed in
 step order to the hooks that accumulate them, exactly as if each had been
 read on its own step.
@@ -13,7 +14,7 @@ read on its own step.
 import attrs
 
 from pimm_fn.core.schedule import last_quiet_step, skip_to
-from pimm_fn.runtime.outputs import Unread
+from pimm_fn.runtime.outputs import WAIT_AT_MOST, Unread
 
 __all__ = ["QuietSteps"]
 
@@ -54,6 +55,10 @@ class QuietSteps:
         state = skip_to(state, self.last, samples=self.samples)
         self.last, self.samples = None, 0
         return state
+
+    def due(self, step: int) -> bool:
+        """Whether the outputs waiting are read at the end of ``step``: every ``WAIT_AT_MOST``-th, when some wait."""
+        return not step % WAIT_AT_MOST and bool(self.unread.steps)
 
     def open(self, hooks, progress) -> None:
         """Where a step begins that no hook wants, the steps up to the next one a hook is called for are quiet."""

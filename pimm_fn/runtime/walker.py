@@ -116,11 +116,14 @@ class Walker:
     def step(self) -> None:
         """One step (``Loop.step``), then a Ctrl-C held back until its end raised, where nothing is in flight.
 
-        Then the step's boundary: a preemption request or the time budget
+        Every ``WAIT_AT_MOST``-th step's end reads the outputs that wait
+        (``pimm_fn.runtime.outputs``). Then the step's boundary: a preemption request or the time budget
         agreed on by every rank saves and stops (``pimm_fn.runtime.preemption``).
         """
-        tx = self.tx
+        tx, quiet = self.tx, self._quiet
         self._continue() if tx.interrupted is not None else self._step()
+        if quiet.due(quiet.last if quiet.last is not None else self._state.progress.global_step):
+            self._read()  # a long epoch no hook reads the outputs of: what waits stays bounded (WAIT_AT_MOST)
         if tx.keys.pending:  # every unit closed behind it: only a held Ctrl-C makes this a safe point to act at
             try:
                 tx.keys.safe_point()

@@ -71,6 +71,11 @@ def loader(kind="plain", batch_size=8):
     return StatefulDataLoader(data, batch_size=batch_size, shuffle=True, generator=generator)
 
 
+def one_long_epoch(steps, batch_size=8):
+    """An epoch of ``steps`` batches, cheaply: one batch, repeated."""
+    return [dataset(batch_size).tensors] * steps
+
+
 def negative_mse(model):
     """An evaluator: higher is better, changes every evaluation."""
     x, y = dataset(16, seed=1).tensors

@@ -1,13 +1,16 @@
 """What a run keeps does not grow with its steps unless asked: the trace holds the newest keep_trace effects."""
 
 import gc
+import itertools
+import tracemalloc
 
 import pytest
+import torch
 
 import pimm_fn as pf
 from pimm_fn.core.effects import Log
 from pimm_fn.core.events import AfterStep
-from _tiny_workload import build, negative_mse
+from _tiny_workload import TinyNet, build, negative_mse, one_long_epoch
 
 
 def _kinds(trace):
@@ -45,6 +48,31 @@ def test_a_full_trace_holds_the_only_events_and_records_a_run_keeps_of_its_steps
     run.run(steps=600)
     assert len(run.trace) == 50 and full[0] <= 50 and full[1] <= 50, full
     assert _alive(AfterStep, Log) == full
+
+
+def test_a_long_epoch_whose_outputs_no_hook_reads_holds_them_only_so_many_steps():
+    """One 5 000-step epoch, no hook reading the step's outputs: what waits unread stops growing (< 50 B a step)."""
+    from pimm_fn.runtime.outputs import WAIT_AT_MOST
+
+    first, last = 1.5 * WAIT_AT_MOST, 4.5 * WAIT_AT_MOST  # the same number of steps waits at both (if bounded)
+    calls, held = itertools.count(1), {}
+
+    def step(model, optimizer, batch, *, scheduler=None, scaler=None):
+        """The default step, sampling the traced memory as the steps ``first`` and ``last`` begin."""
+        if next(calls) in (first, last):
+            gc.collect()
+            held[len(held)] = tracemalloc.get_traced_memory()[0]
+        return pf.train_step(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
+
+    torch.manual_seed(0)
+    model = TinyNet()
+    tracemalloc.start()
+    try:
+        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), one_long_epoch(5 * WAIT_AT_MOST), hooks=[],
+                max_epochs=1, step_fn=step, watching=pf.Watching(console=False))()
+    finally:
+        tracemalloc.stop()
+    assert (held[1] - held[0]) / (last - first) < 50, held  # each step's waiting: ~0.75 KB
 
 
 @pytest.mark.parametrize("keep_trace", [-1, 2.5, "all"])

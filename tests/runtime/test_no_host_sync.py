@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader
 
 import pimm_fn as pf
 from _sync_count import quiet_steps, reads_per_step
-from _tiny_workload import TinyNet, dataset, negative_mse
+from _tiny_workload import TinyNet, dataset, negative_mse, one_long_epoch
 
 CADENCES = (7, 25, 10)  # evaluate_every, save_every, log_every
 IPE = 5
@@ -51,6 +51,22 @@ def test_epoch_means_from_device_sums_equal_those_of_a_run_reading_every_step(tm
 
     quiet, read = epoch_means(tmp_path / "quiet"), epoch_means(tmp_path / "read")
     assert len(quiet) == 8 and quiet == read[::2]  # the second log_every logs each epoch again
+
+
+def test_a_long_epoch_read_every_wait_at_most_steps_has_the_epoch_mean_of_one_read_every_step():
+    """A 2 500-step epoch whose outputs are read at steps 1 000, 2 000 and its end: the epoch mean, bit for bit."""
+    from pimm_fn.runtime.outputs import WAIT_AT_MOST
+
+    def epoch_mean(*hooks):
+        torch.manual_seed(0)
+        model = TinyNet()
+        run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), one_long_epoch(5 * WAIT_AT_MOST // 2),
+                      hooks=[pf.log_every(10 * WAIT_AT_MOST), *hooks], max_epochs=1,
+                      watching=pf.Watching(console=False))
+        run()
+        return run.history.columns("epoch")["loss"]
+
+    assert epoch_mean() == epoch_mean(pf.chain(pf.log_every(1), name="every"))[:1]
 
 
 def test_a_weight_average_called_every_step_reads_no_outputs(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from _tiny_workload import NaNAt, TinyNet, dataset, loader, same_weights, weights
+from _tiny_workload import NaNAt, TinyNet, dataset, loader, one_long_epoch, same_weights, weights
 
 
 def _recording(rows):
@@ -169,6 +169,19 @@ def test_a_nan_loss_raises_where_the_losses_are_next_read_naming_its_step():
     assert run.state.progress.global_step == 10 and not run.finished
     with pytest.raises(pf.NonFiniteLossError, match="global step 8 "):
         run()  # the losses are kept unread: a retry raises again
+
+
+def test_a_nan_loss_in_a_long_epoch_no_hook_reads_is_raised_within_wait_at_most_steps():
+    """One 3 000-step epoch with no hook reading the outputs: a NaN loss at step 3 raises at step 1 000, not 3 000."""
+    from pimm_fn.runtime.outputs import WAIT_AT_MOST
+
+    torch.manual_seed(0)
+    model = NaNAt(3)
+    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), one_long_epoch(3 * WAIT_AT_MOST), hooks=[],
+                  max_epochs=1, watching=pf.Watching(console=False))
+    with pytest.raises(pf.NonFiniteLossError, match="global step 3 "):
+        run()
+    assert run.state.progress.global_step == WAIT_AT_MOST and not run.finished
 
 
 def test_a_nan_loss_read_every_step_names_its_step():
