@@ -48,6 +48,12 @@ starts tracing after the fill instead, which reads a full buffer's
 turnover as growth (each entry it drops was never counted, each new one
 is): the misreading, for comparison. Writes ``results/soak_whole.json``
 (``soak_whole_after_fill.json``).
+
+``--long-epoch`` measures a run whose outputs no hook reads, in one epoch of
+``--steps`` (default 1 000 000): the step's outputs wait on the device until
+read, so what waits must stay bounded within the epoch. The step function
+samples the traced memory inside the one ``run()``. Goal: under 50 bytes a
+step. Writes ``results/soak_long_epoch.json``.
 """
 
 from __future__ import annotations
@@ -367,6 +373,51 @@ def whole(steps: int = 1_000_000, fill: int = WHOLE_FILL, keep_traces=KEEP_TRACE
     return result
 
 
+def long_epoch(steps: int = 1_000_000, *, fill: int = 10_500) -> dict:
+    """Bytes per step a run holds in one epoch of ``steps`` steps whose outputs no hook reads.
+
+    Nothing but the step runs (``hooks=[]``): its outputs (the default step's
+    loss, gradient norm and learning rate, left on the device) wait unread,
+    read every ``WAIT_AT_MOST`` steps (before: only at the epoch's end). The
+    step function samples the traced memory as the steps ``fill`` and
+    ``steps - WAIT_AT_MOST // 2`` begin (as many outputs wait at both when
+    what waits is bounded), inside the one ``run()`` (whose end reads what waits).
+    """
+    import itertools
+    import tracemalloc
+
+    import pimm_fn as pf
+    from pimm_fn.runtime.outputs import WAIT_AT_MOST
+
+    last = steps - WAIT_AT_MOST // 2
+    if not 0 < fill < last or (last - fill) % WAIT_AT_MOST:
+        raise ValueError(f"soak: 'fill' must be < {last} and differ from it by a multiple of {WAIT_AT_MOST} (got {fill})")
+    model, optimizer, batches, _ = _workload()
+    epoch = (batches * -(-steps // len(batches)))[:steps]  # the batches repeated: one epoch of ``steps``
+    calls, held = itertools.count(1), {}
+
+    def sampling(model, optimizer, batch, *, scheduler=None, scaler=None):
+        """The default step, sampling the traced memory as the steps ``fill`` and ``last`` begin."""
+        step = next(calls)
+        if step in (fill, last):
+            gc.collect()
+            held[step] = tracemalloc.get_traced_memory()[0]
+        return pf.train_step(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
+
+    tracemalloc.start()
+    started = time.perf_counter()
+    pf.loop(model, optimizer, epoch, hooks=[], max_epochs=1, step_fn=sampling, watching=pf.Watching(console=False))()
+    tracemalloc.stop()
+    result = {"steps": steps, "fill_steps": fill, "measured_to": last,
+              "bytes_per_step": round((held[last] - held[fill]) / (last - fill), 2),
+              "seconds": round(time.perf_counter() - started, 1), "goal_bytes": GOAL_RUN_BYTES}
+    print_table("One epoch no hook reads the outputs of: bytes held a step", ["steps", "from step", "to step",
+                "bytes/step", "s"], [[str(steps), str(fill), str(last), str(result["bytes_per_step"]),
+                                      str(result["seconds"])]])
+    write_result("soak_long_epoch", result)
+    return result
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="500 steps: checks that everything runs")
@@ -379,8 +430,12 @@ def main(argv=None) -> None:
     parser.add_argument("--fill", type=int, default=WHOLE_FILL, help="--whole: steps that fill the bounded buffers")
     parser.add_argument("--traced-after-fill", action="store_true",
                         help="--whole: start tracemalloc after the fill (reads a full buffer's turnover as growth)")
+    parser.add_argument("--long-epoch", action="store_true",
+                        help="bytes a step one epoch of --steps holds when no hook reads the step's outputs")
     args = parser.parse_args(argv)
-    if args.whole:
+    if args.long_epoch:
+        long_epoch(args.steps or 1_000_000)
+    elif args.whole:
         whole(args.steps or 1_000_000, args.fill, traced_after_fill=args.traced_after_fill)
     elif args.history:
         history(args.records, args.loop_steps)
