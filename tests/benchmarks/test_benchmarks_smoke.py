@@ -103,3 +103,11 @@ def test_soak_whole_run_holds_under_50_bytes_a_step_once_its_trace_is_full():
     result = soak.whole_run(4_500, keep_trace=500, fill=1_500, samples=1)
     assert result["trace"] == 500 and result["records"] >= 4_500, result
     assert result["bytes_per_step"] < soak.GOAL_RUN_BYTES, result  # an AfterStep and its Log kept: ~750 B a step
+
+
+def test_soak_long_epoch_holds_under_50_bytes_a_step():
+    """--long-epoch, small: one epoch whose outputs no hook reads holds < 50 B a step (each step's kept: ~360 B)."""
+    from benchmarks import soak
+
+    result = soak.long_epoch(3_000, fill=1_500)
+    assert result["measured_to"] == 2_500 and result["bytes_per_step"] < soak.GOAL_RUN_BYTES, result
