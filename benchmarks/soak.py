@@ -358,18 +358,22 @@ def whole_run(steps: int = 1_000_000, keep_trace="default", *, fill: int = WHOLE
 
 def whole(steps: int = 1_000_000, fill: int = WHOLE_FILL, keep_traces=KEEP_TRACES,
           traced_after_fill: bool = False) -> dict:
-    """``whole_run`` for each ``keep_trace``; prints the table and writes ``results/soak_whole.json``."""
-    runs = [whole_run(steps, k, fill=fill, traced_after_fill=traced_after_fill) for k in keep_traces]
-    result = {"goal_bytes": GOAL_RUN_BYTES, "runs": runs,
-              "ok": all(r["bytes_per_step"] < GOAL_RUN_BYTES for r in runs)}
+    """``whole_run`` for each ``keep_trace``; prints the table and writes ``results/soak_whole.json``.
+
+    The file is written again after each configuration: a 1M-step run takes long on a busy machine.
+    """
+    result = {"goal_bytes": GOAL_RUN_BYTES, "runs": []}
+    for keep_trace in keep_traces:
+        result["runs"].append(whole_run(steps, keep_trace, fill=fill, traced_after_fill=traced_after_fill))
+        result["ok"] = all(r["bytes_per_step"] < GOAL_RUN_BYTES for r in result["runs"])
+        write_result("soak_whole_after_fill" if traced_after_fill else "soak_whole", result)
     rows = [[str(r["keep_trace"]), str(r["steps"]), str(r["trace"]), str(r["bytes_per_step"]),
-             str(r["history_bytes_per_step"]), str(r["seconds"])] for r in runs]
+             str(r["history_bytes_per_step"]), str(r["seconds"])] for r in result["runs"]]
     print_table(f"The whole run: bytes held a step after {fill} steps, log_every(1), evaluate_every"
                 f"({WHOLE_EVALUATE_EVERY}), save_every({WHOLE_SAVE_EVERY}, snapshots=True), keep_last({KEEP})"
                 + (" (traced from after the fill: turnover read as growth)" if traced_after_fill else ""),
                 ["keep_trace", "steps", "trace", "bytes/step", "of which history", "s"], rows)
     print(f"goal: < {GOAL_RUN_BYTES} bytes/step: {result['ok']}")
-    write_result("soak_whole_after_fill" if traced_after_fill else "soak_whole", result)
     return result
 
 
@@ -428,6 +432,8 @@ def main(argv=None) -> None:
     parser.add_argument("--whole", action="store_true",
                         help="bytes a step the whole run holds with log_every(1), for keep_trace default, 1000, 0")
     parser.add_argument("--fill", type=int, default=WHOLE_FILL, help="--whole: steps that fill the bounded buffers")
+    parser.add_argument("--keep-trace", nargs="+", default=list(KEEP_TRACES),
+                        help="--whole: the keep_trace values to measure ('default' or a count), in order")
     parser.add_argument("--traced-after-fill", action="store_true",
                         help="--whole: start tracemalloc after the fill (reads a full buffer's turnover as growth)")
     parser.add_argument("--long-epoch", action="store_true",
@@ -436,7 +442,8 @@ def main(argv=None) -> None:
     if args.long_epoch:
         long_epoch(args.steps or 1_000_000)
     elif args.whole:
-        whole(args.steps or 1_000_000, args.fill, traced_after_fill=args.traced_after_fill)
+        keep = [k if k == "default" else int(k) for k in args.keep_trace]
+        whole(args.steps or 1_000_000, args.fill, keep, traced_after_fill=args.traced_after_fill)
     elif args.history:
         history(args.records, args.loop_steps)
     else:
