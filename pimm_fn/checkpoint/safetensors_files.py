@@ -7,8 +7,9 @@ the header is capped at :data:`MAX_HEADER` bytes and every field checked (a
 dtype torch has, a shape whose bytes fill its range, ranges that tile the
 data exactly, no name twice) before a tensor is made, so a damaged or
 crafted file is a :class:`CheckpointError` naming it, never a failure deep
-in torch. A file pimm_fn wrote records the SHA-256 of its tensors' bytes in
-the header's ``__metadata__`` (:data:`SHA256`), checked on every read.
+in torch. A file pimm_fn wrote records the SHA-256 of its header and its
+tensors' bytes in the header's ``__metadata__`` (:data:`SHA256`), checked on
+every read: a changed byte, a renamed tensor or another dtype is refused.
 
 Reading needs nothing beyond torch: one of ours, a Hub model's
 ``model.safetensors`` (``__metadata__`` ``{"format": "pt"}`` or none), or a
@@ -39,7 +40,8 @@ __all__ = ["MAX_HEADER", "SHA256", "INDEX", "SINGLE", "in_directory", "is_safete
 MAX_HEADER = 100_000_000
 """The largest header read, in bytes: the ``safetensors`` package's own limit (a header of 100,000 tensors is ~10 MB)."""
 SHA256 = "pimm_fn.sha256"
-"""The ``__metadata__`` key of the SHA-256 (hex) of the bytes after the header, which a read checks."""
+"""The ``__metadata__`` key of the SHA-256 (hex) a read checks: of the header (every tensor's name, dtype, shape and
+offsets, and the other metadata) and of the bytes after it, so a changed name or dtype is caught as a changed byte."""
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 """A Hub model's weights in a downloaded directory: one file, or the index of its shards."""
 
@@ -79,7 +81,7 @@ def write_safetensors(out: pathlib.Path, tensors: dict, metadata: dict | None = 
     The ``safetensors`` package lays the file out; the header's
     ``__metadata__`` gets ``format: pt`` (what the Hub's readers expect),
     ``metadata`` (str to str) and :data:`SHA256`, the digest of the
-    tensors' bytes that :func:`read_safetensors` checks.
+    header and the tensors' bytes that :func:`read_safetensors` checks.
 
     Raises:
         ImportError: the ``safetensors`` package is missing (naming the extra).
@@ -94,7 +96,7 @@ def write_safetensors(out: pathlib.Path, tensors: dict, metadata: dict | None = 
     start = 8 + int.from_bytes(blob[:8], "little")
     header = json.loads(blob[8:start])
     data = memoryview(blob)[start:]
-    header["__metadata__"][SHA256] = hashlib.sha256(data).hexdigest()
+    header["__metadata__"][SHA256] = _digest(header, data)
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)  # the data stays 8-byte aligned, as the package lays it out
 
@@ -193,12 +195,20 @@ def _read_file(path, where, file: str) -> dict:
         raise refuse(f"cannot be read ({cause(exc)})") from None
     entries, metadata = _checked_header(header, len(data), refuse)
     recorded = metadata.get(SHA256)
-    if recorded is not None and hashlib.sha256(data).hexdigest() != recorded:
-        raise refuse(f"does not match the SHA-256 its header records ({SHA256}): its bytes changed since it was "
-                     f"written")
+    if recorded is not None and _digest(header, data) != recorded:
+        raise refuse(f"does not match the SHA-256 its header records ({SHA256}): its header or its bytes changed "
+                     f"since it was written")
     if sys.byteorder != "little":
         raise refuse("holds little-endian tensors, which this big-endian machine does not read", "Read it on another machine")
     return {name: _tensor(data, entry, name, refuse) for name, entry in entries.items()}
+
+
+def _digest(header: dict, data) -> str:
+    """The SHA-256 of ``header`` (as canonical JSON, without the digest itself) and then of ``data``."""
+    described = {**header, "__metadata__": {k: v for k, v in header.get("__metadata__", {}).items() if k != SHA256}}
+    digest = hashlib.sha256(json.dumps(described, sort_keys=True, separators=(",", ":")).encode())
+    digest.update(data)
+    return digest.hexdigest()
 
 
 def _opened(path):

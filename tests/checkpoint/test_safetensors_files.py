@@ -48,8 +48,8 @@ def test_a_written_file_reads_back_bit_identical_in_every_dtype(tmp_path, same):
     same(dict(sorted(theirs.items())), dict(sorted(EVERY_DTYPE.items())))
 
 
-def test_a_written_file_records_format_metadata_and_the_digest_of_its_tensor_bytes(tmp_path):
-    """__metadata__ holds format 'pt', the metadata given and the SHA-256 of every byte after the header."""
+def test_a_written_file_records_format_metadata_and_the_digest_of_its_header_and_tensor_bytes(tmp_path):
+    """__metadata__ holds format 'pt', the metadata given and the SHA-256 of the header (without it) and every byte after."""
     path = tmp_path / "w.safetensors"
     write_safetensors(path, {"w": torch.ones(3)}, {"pimm_fn.step": "4"})
     with safe_open(str(path), "pt") as f:
@@ -57,7 +57,10 @@ def test_a_written_file_records_format_metadata_and_the_digest_of_its_tensor_byt
     raw = path.read_bytes()
     start = 8 + struct.unpack("<Q", raw[:8])[0]
     assert start % 8 == 0  # the tensors stay aligned
-    assert metadata == {"format": "pt", "pimm_fn.step": "4", SHA256: hashlib.sha256(raw[start:]).hexdigest()}
+    header = json.loads(raw[8:start])
+    header["__metadata__"].pop(SHA256)
+    described = hashlib.sha256(json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + raw[start:])
+    assert metadata == {"format": "pt", "pimm_fn.step": "4", SHA256: described.hexdigest()}
 
 
 def test_a_value_that_is_no_tensor_is_refused_naming_it(tmp_path):
@@ -213,9 +216,12 @@ def test_a_missing_file_is_file_not_found(tmp_path):
         load_weights_file(tmp_path)
 
 
+FUZZED = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.tensor([True, False]), "i": torch.arange(3)}
+
+
 def _written(tmp_path_factory):
     path = tmp_path_factory.mktemp("fuzz") / "w.safetensors"
-    write_safetensors(path, {"w": torch.arange(6.0).reshape(2, 3), "b": torch.tensor([True, False]), "i": torch.arange(3)})
+    write_safetensors(path, FUZZED)
     return path.read_bytes()
 
 
@@ -239,7 +245,20 @@ def test_a_file_cut_short_or_with_any_byte_changed_reads_whole_or_is_a_checkpoin
         tensors = read_safetensors(path)
     except CheckpointError:
         return
-    assert set(tensors) == {"w", "b", "i"}  # only the header's text changed, in a way the format allows
+    assert set(tensors) == set(FUZZED)  # only the header's layout changed (its whitespace): the same tensors
+    assert all(tensors[k].dtype == v.dtype and torch.equal(tensors[k], v) for k, v in FUZZED.items())
+
+
+@pytest.mark.parametrize("change", [(b'"i":', b'"h":'), (b'"I64"', b'"F64"'), (b'"shape":[2,3]', b'"shape":[3,2]')],
+                         ids=["renamed", "other-dtype", "other-shape"])
+def test_a_header_changed_where_the_format_still_allows_it_is_refused_by_the_digest(tmp_path_factory, change):
+    """A tensor renamed, given another dtype of its size or another shape of its numel: the SHA-256 refuses it."""
+    raw = _written(tmp_path_factory)
+    assert raw.count(change[0]) == 1
+    path = tmp_path_factory.mktemp("changed") / "w.safetensors"
+    path.write_bytes(raw.replace(*change))
+    with pytest.raises(CheckpointError, match="header or its bytes changed"):
+        read_safetensors(path)
 
 
 def test_a_file_on_an_fsspec_store_reads_and_is_checked_as_a_local_one(tmp_path, same):
