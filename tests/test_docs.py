@@ -1,5 +1,7 @@
-"""The examples in docs/hooks.md and docs/testing.md run as written."""
+"""The examples of the manual run as written: every python block of every page, and what docs/hooks.md and
+docs/testing.md define behaves as they say."""
 
+import doctest
 import pathlib
 import re
 
@@ -94,3 +96,48 @@ def test_the_documented_call_is_in_the_plan():
     calls = _blocks()["calls"]
     assert [(c.function, c.step, c.args, c.scope) for c in calls] == [
         ("docs_hooks:show_samples", 500, (16,), pf.Scope.MAIN), ("docs_hooks:show_samples", 1000, (16,), pf.Scope.MAIN)]
+
+
+PAGES = sorted(path for path in DOCS.rglob("*.md") if "reference" not in path.relative_to(DOCS).parts)
+# A block fenced ```python runs; ```pycon runs as a doctest; ```python no-run (a cluster, a store, a pimm config:
+# kept few) and any other fence are shown only.
+FENCE = re.compile(r"^```(python|pycon)\n(.*?)^```", flags=re.S | re.M)
+
+
+def _run_page(page: pathlib.Path) -> dict:
+    """Each example of the page in order, in one namespace, as a reader would paste them."""
+    namespace = {"__name__": f"docs_{page.stem.replace('-', '_')}"}
+    text = page.read_text(encoding="utf-8")
+    for block in FENCE.finditer(text):
+        kind, code = block.groups()
+        code = "\n" * text.count("\n", 0, block.start(2)) + code  # a traceback names the page's own line
+        if kind == "python":
+            exec(compile(code, str(page), "exec"), namespace)  # noqa: S102 - the project's own manual
+            continue
+        said = []
+        test = doctest.DocTestParser().get_doctest(code, namespace, page.stem, str(page), 0)
+        runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+        runner.run(test, out=said.append, clear_globs=False)
+        assert not runner.failures, "".join(said)
+    return namespace
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(DOCS)))
+def test_every_example_of_the_page_runs_as_written(page, tmp_path, monkeypatch):
+    """The page's python blocks run in one namespace in a fresh folder, and its doctests print what it shows."""
+    import torch
+
+    monkeypatch.chdir(tmp_path)  # runs/... of the examples land here
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is fastest, and a busy machine's cores stay free
+    try:
+        _run_page(page)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_pages_leave_few_examples_unrun():
+    """Only a handful of blocks are shown without running (they need a cluster, a store or a pimm config)."""
+    unrun = {str(page.relative_to(DOCS)): page.read_text(encoding="utf-8").count("```python no-run") for page in PAGES}
+    assert sum(unrun.values()) <= 6, unrun
