@@ -72,7 +72,7 @@ def one_run(mb: float, async_save: bool) -> dict:
 
     import pimm_fn as pf
     from pimm_fn.core.effects import SaveCheckpoint
-    from pimm_fn.runtime import handlers
+    from pimm_fn.runtime.handlers import checkpointing as handlers
 
     model, batches = _setup(mb)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)

@@ -49,7 +49,7 @@ def _async(model_dir, step, model, opt, digests: bool) -> tuple[float, float]:
 
 
 def _hash_rate(directory: pathlib.Path) -> float:
-    from pimm_fn.checkpoint.manifest import digest
+    from pimm_fn.checkpoint.files import digest
 
     files = [p for p in directory.rglob("*") if p.is_file()]
     t = time.perf_counter()

@@ -97,8 +97,8 @@ def _local(tensor):
 def _context(model, optimizer):
     """The run's context as the save handler reads it: a sharded model, its optimizer, no scheduler, no hooks."""
     from pimm_fn.core.fold import chain
-    from pimm_fn.runtime.context import Context
-    from pimm_fn.runtime.implied import Implied
+    from pimm_fn.runtime.engine.interpreter import Context
+    from pimm_fn.runtime.engine.implied import Implied
 
     cursor = {"epoch_start": 0, "generator": None, "samplers": [], "rest": None, "data": "benchmark"}
     return Context(model=model, optimizer=optimizer, feed=types.SimpleNamespace(state_dict=lambda: cursor),
@@ -108,10 +108,10 @@ def _context(model, optimizer):
 def pimm_save(model_dir: pathlib.Path, model, optimizer, weights_file: bool):
     """The save handler's path: ``trainer_contents``, then ``save_checkpoint`` with the shards."""
     from pimm_fn import checkpoint
-    from pimm_fn.checkpoint import sharded
+    from pimm_fn.checkpoint.formats import sharded
     from pimm_fn.checkpoint.contents import to_parts
     from pimm_fn.core.state import Progress, State
-    from pimm_fn.runtime.save_contents import trainer_contents
+    from pimm_fn.runtime.handlers.checkpointing import trainer_contents
 
     state = State(Progress(iters_per_epoch=10, max_epochs=1, global_step=1, iter_in_epoch=1))
     contents = trainer_contents(_context(model, optimizer), state)
@@ -124,7 +124,7 @@ def pimm_save(model_dir: pathlib.Path, model, optimizer, weights_file: bool):
 def pimm_load(info, model, optimizer) -> None:
     """The resume's path: the trainer parts without the weights file, then the shards into the model."""
     from pimm_fn import checkpoint
-    from pimm_fn.checkpoint import sharded
+    from pimm_fn.checkpoint.formats import sharded
     from pimm_fn.checkpoint.contents import from_parts
 
     loaded = checkpoint.load_checkpoint(info, weights=False)
@@ -154,7 +154,7 @@ def dcp_load(directory: pathlib.Path, model, optimizer) -> None:
 
 def gather(model) -> None:
     """The consolidated weights' gather alone (collective)."""
-    from pimm_fn.checkpoint import sharded
+    from pimm_fn.checkpoint.formats import sharded
 
     sharded.full_weights(model)
 

@@ -227,7 +227,7 @@ def history_fed(records: int = 1_000_000, epoch: int = EPOCH) -> dict:
     import tracemalloc
 
     from pimm_fn.core.frozen import FrozenMap
-    from pimm_fn.runtime.history import History
+    from pimm_fn.runtime.logs.history import History
 
     tracemalloc.start()
     history, before, started = History(), tracemalloc.get_traced_memory()[0], time.perf_counter()
@@ -251,7 +251,7 @@ def history_in_a_run(steps: int = 100_000) -> dict:
     import torch
 
     import pimm_fn as pf
-    from pimm_fn.runtime.history import History
+    from pimm_fn.runtime.logs.history import History
 
     model, optimizer, batches, score = _workload()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -312,7 +312,7 @@ def whole_run(steps: int = 1_000_000, keep_trace="default", *, fill: int = WHOLE
     import tracemalloc
 
     import pimm_fn as pf
-    from pimm_fn.runtime.history import History
+    from pimm_fn.runtime.logs.history import History
 
     if not 0 < fill < steps:
         raise ValueError(f"soak: 'fill' must be > 0 and < steps={steps} (got {fill})")
@@ -385,7 +385,7 @@ def long_epoch(steps: int = 1_000_000, *, fill: int = 10_500) -> dict:
     import tracemalloc
 
     import pimm_fn as pf
-    from pimm_fn.runtime.outputs import WAIT_AT_MOST
+    from pimm_fn.runtime.engine.outputs import WAIT_AT_MOST
 
     last = steps - WAIT_AT_MOST // 2
     if not 0 < fill < last or (last - fill) % WAIT_AT_MOST:

@@ -16,7 +16,8 @@ import importlib
 
 __version__ = "0.1.0"
 
-from pimm_fn.core import effects, events
+from pimm_fn.core import events
+from pimm_fn.core import effects
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Scope
 from pimm_fn.core.fold import Chain, TraceEntry, chain
@@ -43,36 +44,36 @@ from pimm_fn.hooks import (
 )
 
 _RUNTIME = {
-    "loop": "pimm_fn.runtime.loop",
-    "Loop": "pimm_fn.runtime.loop",
-    "train_step": "pimm_fn.runtime.default_step",
-    "EmaWeights": "pimm_fn.runtime.ema",
-    "TrainStep": "pimm_fn.runtime.configurable_step",
-    "CollectiveDivergenceError": "pimm_fn.runtime.guard",
-    "ResumeError": "pimm_fn.runtime.resume_checks",
+    "loop": "pimm_fn.runtime.engine.loop",
+    "Loop": "pimm_fn.runtime.engine.loop",
+    "train_step": "pimm_fn.runtime.step.train_step",
+    "EmaWeights": "pimm_fn.runtime.handlers.ema",
+    "TrainStep": "pimm_fn.runtime.step.configurable",
+    "CollectiveDivergenceError": "pimm_fn.runtime.engine.guard",
+    "ResumeError": "pimm_fn.runtime.resume.checks",
     "CheckpointError": "pimm_fn.checkpoint.errors",
-    "SaveDirLockError": "pimm_fn.runtime.lock",
-    "ResumeNotExactWarning": "pimm_fn.runtime.resume_warning",
-    "MissingHandlerError": "pimm_fn.runtime.interpreter",
-    "ConfigurationWarning": "pimm_fn.runtime.advice",
-    "PeerFailureError": "pimm_fn.runtime.peers",
-    "NonFiniteLossError": "pimm_fn.runtime.nonfinite",
-    "NonFiniteLossWarning": "pimm_fn.runtime.nonfinite",
-    "History": "pimm_fn.runtime.history",
-    "JsonlLogger": "pimm_fn.runtime.loggers",
-    "CSVLogger": "pimm_fn.runtime.csv_logger",
-    "TensorBoardLogger": "pimm_fn.runtime.trackers",
-    "WandbLogger": "pimm_fn.runtime.wandb_logger",
-    "MLFlowLogger": "pimm_fn.runtime.trackers",
+    "SaveDirLockError": "pimm_fn.checkpoint.lock",
+    "ResumeNotExactWarning": "pimm_fn.runtime.errors",
+    "MissingHandlerError": "pimm_fn.runtime.engine.interpreter",
+    "ConfigurationWarning": "pimm_fn.runtime.errors",
+    "PeerFailureError": "pimm_fn.runtime.engine.peers",
+    "NonFiniteLossError": "pimm_fn.runtime.step.nonfinite",
+    "NonFiniteLossWarning": "pimm_fn.runtime.step.nonfinite",
+    "History": "pimm_fn.runtime.logs.history",
+    "JsonlLogger": "pimm_fn.runtime.logs.loggers",
+    "CSVLogger": "pimm_fn.runtime.logs.loggers",
+    "TensorBoardLogger": "pimm_fn.runtime.logs.trackers",
+    "WandbLogger": "pimm_fn.runtime.logs.trackers",
+    "MLFlowLogger": "pimm_fn.runtime.logs.trackers",
     "Saving": "pimm_fn.checkpoint.saving",
-    "Resuming": "pimm_fn.runtime.options",
-    "Watching": "pimm_fn.runtime.options",
-    "Parallel": "pimm_fn.runtime.options",
-    "Training": "pimm_fn.runtime.options",
-    "loader_evaluator": "pimm_fn.runtime.loader_evaluator",
-    "LoaderEvaluator": "pimm_fn.runtime.loader_evaluator",
-    "Preemption": "pimm_fn.runtime.options",
-    "Preempted": "pimm_fn.runtime.preemption",
+    "Resuming": "pimm_fn.runtime.engine.options",
+    "Watching": "pimm_fn.runtime.engine.options",
+    "Parallel": "pimm_fn.runtime.engine.options",
+    "Training": "pimm_fn.runtime.engine.options",
+    "loader_evaluator": "pimm_fn.runtime.evaluation.loader_evaluator",
+    "LoaderEvaluator": "pimm_fn.runtime.evaluation.loader_evaluator",
+    "Preemption": "pimm_fn.runtime.engine.options",
+    "Preempted": "pimm_fn.runtime.engine.preemption",
 }
 
 __all__ = [

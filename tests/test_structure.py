@@ -96,10 +96,10 @@ def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
 def test_the_scan_sees_function_level_and_relative_imports(tmp_path):
     """An import inside a function counts, relative imports resolve, and a cycle of three is one component."""
     module = tmp_path / "mod.py"
-    module.write_text("from . import validation\n\ndef f():\n    from pimm_fn.checkpoint import _layout as L\n")
+    module.write_text("from . import validation\n\ndef f():\n    from pimm_fn.checkpoint import files as L\n")
     known = _modules()
     found = _imported("pimm_fn.checkpoint.mod", module, known)
-    assert found == {"pimm_fn.checkpoint.validation", "pimm_fn.checkpoint._layout"}
+    assert found == {"pimm_fn.checkpoint.validation", "pimm_fn.checkpoint.files"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
 
 

@@ -5,9 +5,9 @@ Procedural scenes (:mod:`.data`), a tiny PointNet-style network
 Everything is CPU-friendly and needs no download.
 """
 
-from .data import CLASSES, FEAT_DIM, NUM_CLASSES, SyntheticScenes, collate, make_loaders, shard
-from .metrics import Evaluator, confusion_matrix, iou_per_class, miou
-from .model import PointSegNet
+from pointcloud.data import CLASSES, FEAT_DIM, NUM_CLASSES, SyntheticScenes, collate, make_loaders, shard
+from pointcloud.metrics import Evaluator, confusion_matrix, iou_per_class, miou
+from pointcloud.model import PointSegNet
 
 __all__ = [
     "CLASSES", "FEAT_DIM", "NUM_CLASSES", "SyntheticScenes", "collate", "make_loaders",

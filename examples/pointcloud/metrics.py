@@ -16,7 +16,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
-from .data import NUM_CLASSES, collate
+from pointcloud.data import NUM_CLASSES, collate
 
 __all__ = ["confusion_matrix", "iou_per_class", "miou", "Evaluator"]
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data import FEAT_DIM, NUM_CLASSES
+from pointcloud.data import FEAT_DIM, NUM_CLASSES
 
 __all__ = ["PointSegNet"]
 

@@ -1,4 +1,6 @@
-"""What a trainer checkpoint holds, as one value, and the one code that writes and reads it.
+"""What a trainer checkpoint holds, as one value, checked as it is read, and the one code that writes and reads it.
+
+What a trainer checkpoint holds, as one value, and the one code that writes and reads it.
 
 A checkpoint is the model's weights file beside the trainer state this
 module describes. The trainer state has three parts, by who holds them:
@@ -41,6 +43,14 @@ position.
 >>> back = from_parts(*to_parts(held))
 >>> back.local.state.restored([log_every(5), save_every(4)])[0].slots
 (LogState(sums=FrozenMap({}), count=0, counts=FrozenMap({})), SaveEveryState(last_saved=4, deferred=None))
+
+What each part of a trainer checkpoint must hold, checked as it is read: a checkpoint is untrusted input.
+
+The validators of ``pimm_fn.checkpoint.contents``' values: a state dict
+where pimm_fn writes one, the recorded optimizer and scheduler classes
+matching the states held, shards only where the replicated part says the
+model is sharded. Each refusal says the checkpoint was not written by
+pimm_fn, or was altered.
 """
 
 from typing import Any
@@ -50,9 +60,63 @@ import attrs
 from pimm_fn.core import codec, slots
 from pimm_fn.core.state import State
 
-from .contents_checks import holding, recorded_classes, shards_given
+__all__ = [
+    "holding", "recorded_classes", "shards_given", "LAYOUT", "SavedState", "Replicated", "PerRank",
+    "TrainerContents", "saved_state", "to_parts", "from_parts",
+]
 
-__all__ = ["LAYOUT", "SavedState", "Replicated", "PerRank", "TrainerContents", "saved_state", "to_parts", "from_parts"]
+
+def _names(value) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+def recorded_classes(instance, attribute, value) -> None:
+    """``Replicated.classes`` holds qualified class names, one for each state held: a checkpoint is untrusted input."""
+    if value is None:
+        return
+    plain = {k: v for k, v in value.items() if k != "optimizers"} if isinstance(value, dict) else None
+    if not (_names(plain) and set(plain) <= {"optimizer", "scheduler"} and _names(value.get("optimizers", {}))):
+        raise ValueError(
+            f"the checkpoint's record of its optimizer and scheduler classes is malformed (got {value!r:.120}); "
+            f"expected {{'optimizer': name}} or {{'optimizers': {{name: name}}}}, and 'scheduler': name, qualified names"
+        )
+    recorded = ("optimizer" in value, "scheduler" in value, sorted(value.get("optimizers", {})))
+    held = (instance.optimizer is not None, instance.scheduler is not None, sorted(instance.optimizers or {}))
+    if recorded != held:  # the writer records a class for each state it writes, and only then
+        raise ValueError(
+            f"the checkpoint records the classes of {_objects(*recorded)}, but holds the states of "
+            f"{_objects(*held)}: it was not written by pimm_fn, or was altered"
+        )
+
+
+def _objects(optimizer: bool, scheduler: bool, named: list) -> str:
+    optimizers = f"optimizers {named}" if named else ("an optimizer" if optimizer else "no optimizer")
+    return f"{optimizers} and {'a scheduler' if scheduler else 'no scheduler'}"
+
+
+def holding(kind: type, *, optional: bool = True):
+    """A validator: a part read from a checkpoint holds a ``kind`` (or ``None``); a checkpoint is untrusted input."""
+
+    def check(instance, attribute, value) -> None:
+        if isinstance(value, kind) or (optional and value is None):
+            return
+        raise ValueError(
+            f"the checkpoint's {attribute.name!r} is a {type(value).__name__}, where pimm_fn writes a "
+            f"{kind.__name__}{' or None' if optional else ''}: it was not written by pimm_fn, or was altered"
+        )
+
+    return check
+
+
+def shards_given(instance, attribute, value):
+    if value is not None and not isinstance(value, dict):
+        raise TypeError(
+            "TrainerContents: 'sharded' holds a sharded model's and optimizer's shards as "
+            f"pimm_fn.checkpoint.formats.sharded.state gives them (a dict), or None (got {type(value).__name__})"
+        )
+    if value is not None and not instance.replicated.sharded:
+        raise ValueError("TrainerContents: shards given, but the replicated part does not say so (Replicated.sharded)")
+
 
 LAYOUT = 2  # 1: the State as one JSON, slots by position; 2: slots by hook identity
 

@@ -1,4 +1,6 @@
-"""What a model_dir holds and what each checkpoint in it holds, for tools: list, describe, read back, export.
+"""What a model_dir holds and what each checkpoint in it holds, read without its tensors, for tools: list, describe, read back, export.
+
+What a model_dir holds and what each checkpoint in it holds, for tools: list, describe, read back, export.
 
 The public reading API of the checkpoint layer for everything that is not
 a training run (the ``python -m pimm_fn`` commands, notebooks): callers
@@ -23,6 +25,16 @@ never need the layout's file names or the formats' private modules.
 
 Nothing here runs code from a checkpoint: every read goes through
 ``torch.load(weights_only=True)`` or :mod:`.safe_reading`.
+
+What a checkpoint holds, read without its tensors: for listing and inspecting from the shell.
+
+The trainer part is a packed tree (``_pack``): a JSON skeleton that names
+its tensors. Reading the skeleton alone, with a :class:`TensorInfo` (shape,
+dtype, bytes: from DCP's metadata, or from a legacy file mapped, not read)
+in place of each tensor, gives the whole tree — progress, metrics, hook
+slots, optimizer hyper-parameters — at the cost of a few kilobytes, whatever
+the model's size. ``contents_of`` turns it into the ``TrainerContents`` the
+loader would build (``local`` left out).
 """
 
 from __future__ import annotations
@@ -32,32 +44,152 @@ import json
 import pathlib
 import re
 
+import attrs
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from . import _layout as L
-from . import _safe_writes as W
-from . import _legacy, candidates, safe_reading, safetensors_files, storage
-from ._best_model import best_record, check_best, record_problem
-from ._discovery import find_checkpoint
-from ._marker import CheckpointInfo
-from ._pack import tensor_to_skeleton, unpack
-from ._peek import TensorInfo, contents_of, infos_of, numpy_keys, size_of, trainer_without_tensors, weights_without_tensors
-from ._retain import REMOVING
-from ._retain import marker_of as marker
-from .contents import from_parts
-from .set_aside import SET_ASIDE
-from .validation import confined, validate
+from pimm_fn.checkpoint import discovery as candidates
+from pimm_fn.checkpoint import files as L
+from pimm_fn.checkpoint import files as W
+from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint.contents import TrainerContents, from_parts
+from pimm_fn.checkpoint.discovery import find_checkpoint
+from pimm_fn.checkpoint.files import CheckpointInfo
+from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
+from pimm_fn.checkpoint.formats import one_file as _legacy
+from pimm_fn.checkpoint.formats import safetensors_files
+from pimm_fn.checkpoint.formats.one_file import best_record, check_best, record_problem
+from pimm_fn.checkpoint.formats.pack import tensor_to_skeleton, unpack
+from pimm_fn.checkpoint.retention import REMOVING
+from pimm_fn.checkpoint.retention import marker_of as marker
+from pimm_fn.checkpoint.validation import SET_ASIDE, confined, validate
 
 __all__ = [
-    "TRAINER", "TensorInfo", "contents_of", "is_best_file", "is_checkpoint_dir", "is_marked", "is_removal", "kind_of", "marker",
-    "newest", "provenance", "read_back", "size_of", "trainer_without_tensors", "weights_without_tensors",
-    "write_plain_weights",
+    "TensorInfo", "trainer_without_tensors", "contents_of", "tensor_infos", "infos_of", "numpy_keys",
+    "weights_without_tensors", "size_of", "TRAINER", "is_best_file", "is_checkpoint_dir", "is_marked",
+    "is_removal", "kind_of", "marker", "newest", "provenance", "read_back", "write_plain_weights",
 ]
 
+
+@attrs.frozen
+class TensorInfo:
+    """A tensor of a checkpoint, not read: its dtype, shape and size in bytes."""
+
+    dtype: str
+    shape: tuple
+    nbytes: int
+
+    def __repr__(self):
+        return f"tensor({self.dtype}, {list(self.shape)})"
+
+
+def _info(dtype: torch.dtype, shape) -> TensorInfo:
+    numel = 1
+    for n in shape:
+        numel *= int(n)
+    return TensorInfo(str(dtype).removeprefix("torch."), tuple(int(n) for n in shape), numel * dtype.itemsize)
+
+
+def tensor_infos(path: pathlib.Path) -> dict[str, TensorInfo]:
+    """Every tensor entry of a standard checkpoint's ``trainer/`` DCP directory, from its metadata alone."""
+    return infos_of(safe_reading.metadata(path).state_dict_metadata)
+
+
+def infos_of(meta: dict) -> dict[str, TensorInfo]:
+    """Each tensor entry of DCP metadata (``state_dict_metadata``) as a :class:`TensorInfo`."""
+    return {k: _info(e.properties.dtype, e.size) for k, e in meta.items() if isinstance(e, TensorStorageMetadata)}
+
+
+def numpy_keys(skeleton: str) -> set[str]:
+    """The tensors a skeleton stores numpy values in: those must be read, as ``unpack`` needs their bytes."""
+    return _ndarray_keys(json.loads(skeleton))
+
+
+def _ndarray_keys(node) -> set[str]:
+    if isinstance(node, dict):
+        found = {node["ndarray"]} if "ndarray" in node else set()
+        return found.union(*(_ndarray_keys(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_ndarray_keys(v) for v in node))
+    return set()
+
+
+def trainer_without_tensors(path: pathlib.Path) -> dict:
+    """The replicated trainer part of a checkpoint (directory or legacy file), its tensors as :class:`TensorInfo`.
+
+    Raises:
+        ValueError / OSError: the trainer part is missing or unreadable.
+    """
+    if path.is_file():
+        packed = _legacy._load(path, mmap=True)["trainer"]  # mapped: no tensor byte is read
+        skeleton, stored = packed["skeleton"], packed["tensors"]
+        infos = {k: _info(t.dtype, t.shape) for k, t in stored.items()}
+        needed = {k: stored[k] for k in numpy_keys(skeleton)}
+        return unpack(skeleton, {**infos, **needed})
+    meta = safe_reading.metadata(path).state_dict_metadata
+    if not isinstance(meta.get("trainer/skeleton"), TensorStorageMetadata):
+        raise ValueError(f"{path / L.TRAINER} has no 'trainer/skeleton' tensor: not written by pimm_fn")
+    head = {"trainer/skeleton": safe_reading.empty(meta["trainer/skeleton"], path, "trainer/skeleton")}
+    _read(path, head)
+    skeleton = tensor_to_skeleton(head["trainer/skeleton"])
+    infos = {k.removeprefix("trainer/t/"): v for k, v in infos_of(meta).items() if k.startswith("trainer/t/")}
+    needed = {f"trainer/t/{k}": safe_reading.empty(meta[f"trainer/t/{k}"], path, f"trainer/t/{k}")
+              for k in numpy_keys(skeleton)}
+    _read(path, needed)
+    needed = {k.removeprefix("trainer/t/"): v for k, v in needed.items()}
+    return unpack(skeleton, {**infos, **needed})
+
+
+def _read(path: pathlib.Path, state: dict) -> None:
+    """Read the entries of ``state`` (and only those) from a standard checkpoint's DCP directory, in place."""
+    if state:
+        safe_reading.load(state, path)
+
+
+def contents_of(path: pathlib.Path) -> TrainerContents:
+    """The checkpoint's ``TrainerContents`` (no local part), its tensors as :class:`TensorInfo`."""
+    return from_parts(trainer_without_tensors(path), None)
+
+
+def size_of(path: pathlib.Path) -> int:
+    """Bytes on disk of a file, or of every file under a directory (hard-linked snapshots count in full)."""
+    if path.is_file():
+        return path.stat().st_size
+    if storage.is_store(path):
+        return sum(path.files().values())
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def weights_without_tensors(path: pathlib.Path) -> dict[str, TensorInfo]:
+    """The model weights a checkpoint holds, as :class:`TensorInfo` by name (mapped, not read).
+
+    A sharded model saved without ``model.pth`` gives its shards' full shapes.
+
+    Raises:
+        CheckpointError: the weights read are not a state_dict (``_legacy.weights_problem``).
+    """
+    if path.is_dir() and (path / L.WEIGHTS_SKIPPED).is_file():
+        prefix = "sharded/model/"
+        return {k.removeprefix(prefix): v for k, v in tensor_infos(path).items() if k.startswith(prefix)}
+    if path.is_dir():
+        weights = _legacy.checked_weights(_legacy._load(path / L.WEIGHTS, mmap=True), path, L.WEIGHTS)
+    else:
+        content = _legacy._load(path, mmap=True)
+        weights = content.get("weights", content) if isinstance(content, dict) else {}
+        if isinstance(content, dict) and "weights" in content:  # a legacy checkpoint's: a state_dict, or damaged
+            weights = _legacy.checked_weights(weights, path, path.name)
+    return {k: _info(v.dtype, v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
+
+
 TRAINER = L.TRAINER
+
+
 """The directory of a standard checkpoint holding the trainer part (DCP): the file an error about that part names."""
+
+
 _BATCH_BYTES = 256 * 2**20  # tensors read per DCP load: bounded memory for any checkpoint size
+
+
 NOT_RECORDED = "sizes and checksums are not recorded in this checkpoint's marker: only readability was checked"
 
 

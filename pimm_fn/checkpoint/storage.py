@@ -44,7 +44,7 @@ import types
 
 import attrs
 
-from .errors import CheckpointStorageError
+from pimm_fn.checkpoint.errors import CheckpointStorageError
 
 __all__ = ["StorePath", "check_url", "is_store", "is_url", "location"]
 

@@ -104,7 +104,7 @@ def _plan_arguments(plan: argparse.ArgumentParser) -> None:
 
 
 _COMMANDS = {
-    "status": ("pimm_fn.cli._status", "status"),
+    "status": ("pimm_fn.cli._show", "status"),
     "ls": ("pimm_fn.cli._show", "ls"), "inspect": ("pimm_fn.cli._show", "inspect"),
     "verify": ("pimm_fn.cli._verify", "verify"), "export": ("pimm_fn.cli._export", "export"),
     "plan": ("pimm_fn.cli._plan", "plan"),

@@ -1,4 +1,28 @@
-"""``ls`` and ``inspect``: what checkpoints hold, read from markers and skeletons, never from tensors."""
+"""``ls``, ``inspect`` and ``status``: what a save_dir holds, and how its run ended.
+
+``ls`` and ``inspect``: what checkpoints hold, read from markers and skeletons, never from tensors.
+
+The entries of a model_dir, named by what they are: checkpoints, best-model files, unfinished saves.
+
+``status``: how the run in a save_dir ended, read from its checkpoints, for a script that cannot trust an exit code.
+
+A process's exit code can lie: a finished run may still abort while torch
+tears its process groups down, and a launcher (torchrun) turns its workers'
+75 into its own 1. The newest usable checkpoint (the one ``resume="auto"``
+takes) says what happened:
+
+- **finished** (exit 0): training ended (its budget spent, or stopped early):
+  nothing is left to train;
+- **to continue** (exit 75, ``EX_TEMPFAIL``): the run stopped for a
+  preemption signal or ``max_time`` and saved that step (its marker's
+  ``saved_for``): run it again with ``resume="auto"``;
+- **stopped mid-run** (exit 4): neither: a crash, a kill, a Ctrl-C, or a run
+  still going; ``resume="auto"`` goes on from that checkpoint, if the cause
+  is gone.
+
+No checkpoint is exit 3 (not found: the run never saved); checkpoints none
+of which can be read, exit 1 (``verify`` says why).
+"""
 
 from __future__ import annotations
 
@@ -7,18 +31,98 @@ import pathlib
 import attrs
 from torch.distributed.checkpoint.api import CheckpointException
 
-from pimm_fn.checkpoint import best_record, find_checkpoint, record_problem
+import pimm_fn.compat  # noqa: F401 - the plug-in pimm_fn ships: a pimm run's slots (its savers') decode
+from pimm_fn.checkpoint import best_record, find_checkpoint, inspection, record_problem
 from pimm_fn.checkpoint.contents import from_parts
+from pimm_fn.checkpoint.errors import CheckpointError, cause
 from pimm_fn.checkpoint.inspection import (
-    TensorInfo, contents_of, is_marked, is_removal, size_of, trainer_without_tensors, weights_without_tensors,
+    TensorInfo,
+    contents_of,
+    is_best_file,
+    is_checkpoint_dir,
+    is_marked,
+    is_removal,
+    newest,
+    size_of,
+    trainer_without_tensors,
+    weights_without_tensors,
 )
 from pimm_fn.checkpoint.inspection import marker as marker_of
-from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, Failure, emit, location
-from pimm_fn.cli._listing import Entry, entries, is_best_file, model_dir_of, reason, some_damaged
+from pimm_fn.cli import DAMAGED, FINISHED, MID_RUN, NOT_FOUND, OK, TO_CONTINUE, USAGE, Failure, emit, location
 from pimm_fn.core import slots
-import pimm_fn.compat  # noqa: F401 - the plug-in pimm_fn ships: a pimm run's slots (its savers') decode
 
-__all__ = ["ls", "inspect", "row", "size_text", "values_text"]
+__all__ = [
+    "Entry", "entries", "entry_of", "model_dir_of", "is_checkpoint_dir", "is_best_file", "reason", "some_damaged",
+    "ls", "inspect", "row", "size_text", "values_text", "status",
+]
+
+
+# The order ``ls`` lists kinds in.
+KINDS = ("checkpoint", "best", "retired", "unfinished", "set aside")
+
+
+@attrs.frozen
+class Entry:
+    """One entry of a model_dir.
+
+    Attributes:
+        path: where it is.
+        kind: ``"checkpoint"`` (``last``, ``iter_<step>``, either format),
+            ``"best"`` (``model_best*.pth``), ``"retired"`` (the previous
+            ``last`` during a publish), ``"unfinished"`` (``.staging-*``:
+            a save in progress or interrupted, or a snapshot being removed)
+            or ``"set aside"`` (``damaged-*``: kept by a save that found it damaged).
+        step: the step its name says, if any.
+    """
+
+    path: pathlib.Path
+    kind: str
+    step: int | None = None
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def format(self) -> str:
+        if self.kind == "best":
+            return "weights"
+        return "legacy" if self.path.suffix == ".pth" else "standard"
+
+
+def model_dir_of(path: pathlib.Path, command: str) -> pathlib.Path:
+    """The model_dir that ``path`` names: itself, or ``path/model`` for a save_dir.
+
+    Raises:
+        Failure: (not found) ``path`` is not a directory.
+    """
+    if not path.exists():
+        raise Failure(NOT_FOUND, f"{str(path)!r} does not exist; pass a save_dir, a model_dir or a checkpoint")
+    if not path.is_dir():
+        raise Failure(NOT_FOUND, f"{str(path)!r} is a file; {command} takes a save_dir or model_dir")
+    return path / "model" if (path / "model").is_dir() else path
+
+
+def reason(exc: BaseException) -> str:
+    """Why reading a checkpoint failed, in one line (DCP's wrapped failure unwrapped)."""
+    return exc.summary() if isinstance(exc, CheckpointError) else cause(exc)
+
+
+def some_damaged(names: list[str], total: int) -> Failure:
+    """A listing's failure (exit 1) when some of its ``total`` entries, ``names``, are damaged or incomplete."""
+    return Failure(DAMAGED, f"{len(names)} of {total} damaged or incomplete: {', '.join(names)}")
+
+
+def entry_of(path: pathlib.Path) -> Entry | None:
+    """What ``path`` is by its name, or ``None`` for a name no checkpoint, best file or save in progress has."""
+    found = inspection.kind_of(path)
+    return Entry(path, *found) if found is not None else None
+
+
+def entries(model_dir: pathlib.Path) -> list[Entry]:
+    """The entries of ``model_dir`` by kind (checkpoints first), newest first within a kind."""
+    found = [e for e in map(entry_of, model_dir.iterdir()) if e is not None]
+    return sorted(found, key=lambda e: (KINDS.index(e.kind), e.step is not None, -(e.step or 0), e.name))
 
 
 def size_text(n: int) -> str:
@@ -270,3 +374,54 @@ def inspect(args) -> int:
     data = _inspect_best(path) if is_best_file(path) else describe(path)
     emit(data, _text(data), args.json)
     return OK
+
+
+WORDS = {FINISHED: "finished", TO_CONTINUE: "to continue", MID_RUN: "stopped mid-run"}
+
+
+def _ended(state) -> bool:
+    """Nothing is left to train: training ended, or only its closing events remain (an early stop, a spent budget)."""
+    return state.finished or state.stop is not None or not state.progress.steps_left
+
+
+def standing(model_dir) -> dict:
+    """How the run in ``model_dir`` stands, as data (``code``: the exit code ``status`` gives)."""
+    info, passed = newest(model_dir)
+    skipped = [{"name": path.name, "problem": reason(error)} for path, error in passed]
+    if info is None:
+        if passed:
+            raise Failure(DAMAGED, f"no checkpoint under {str(model_dir)!r} can be read ({skipped[0]['name']}: "
+                                   f"{skipped[0]['problem']}); `python -m pimm_fn verify {model_dir}` says why")
+        raise Failure(NOT_FOUND, f"no checkpoint under {str(model_dir)!r}: the run never saved (it stopped before its "
+                                 f"first save), or this is not its save_dir")
+    try:
+        saved_for = marker_of(info.path).get("saved_for")
+        state = contents_of(info.path).replicated.state.state
+    except (Exception, CheckpointException) as exc:  # noqa: BLE001 - not a loop's trainer state
+        raise Failure(USAGE, f"{info.path} holds no loop() progress ({reason(exc)}): status tells how a loop() run "
+                             f"ended; `python -m pimm_fn inspect {info.path}` shows what it holds") from None
+    code = FINISHED if _ended(state) else TO_CONTINUE if saved_for is not None else MID_RUN
+    p = state.progress
+    return {"model_dir": str(model_dir), "status": WORDS[code], "code": code, "checkpoint": str(info.path),
+            "step": info.step, "max_steps": p.max_steps, "saved_for": saved_for, "stop": state.stop,
+            "passed_over": skipped}
+
+
+def _status_text(d: dict) -> str:
+    where = f"step {d['step']} of {d['max_steps']} in {d['checkpoint']}"
+    if d["code"] == FINISHED:
+        line = f"finished: {where}" + (f" (stopped early: {d['stop']})" if d["stop"] else "")
+    elif d["code"] == TO_CONTINUE:
+        line = f"to continue: saved {where} for {d['saved_for']}; run it again with resume=\"auto\" to go on from it"
+    else:
+        line = (f"stopped mid-run: its newest checkpoint is {where}, saved on the way, neither at the end nor for a "
+                f"stop (a crash, a kill, a Ctrl-C, or a run still going); resume=\"auto\" goes on from it")
+    passed = [f"  passed over: {s['name']} ({s['problem']})" for s in d["passed_over"]]
+    return "\n".join([line, *passed])
+
+
+def status(args) -> int:
+    """Say how the run in a save_dir ended; the exit code says it too: 0 finished, 75 to continue, 4 stopped mid-run."""
+    found = standing(model_dir_of(location(args.dir), "status"))
+    emit(found, _status_text(found), args.json)
+    return found["code"]

@@ -24,7 +24,7 @@ from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import CheckpointError
 from pimm_fn.checkpoint.inspection import is_marked, read_back
 from pimm_fn.cli import NOT_FOUND, OK, Failure, emit, location
-from pimm_fn.cli._listing import Entry, entries, entry_of, is_checkpoint_dir, model_dir_of, reason, some_damaged
+from pimm_fn.cli._show import Entry, entries, entry_of, is_checkpoint_dir, model_dir_of, reason, some_damaged
 
 __all__ = ["Finding", "check", "verify"]
 

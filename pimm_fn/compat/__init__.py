@@ -1,7 +1,7 @@
 """pimm users move over with their configs, class-based hooks and checkpoints.
 
 * ``build_hooks`` turns pimm's ``hooks=[dict(type=...), ...]`` into pimm_fn
-  hooks with pimm's semantics (``pimm_fn.compat.registry`` lists every type),
+  hooks with pimm's semantics (``pimm_fn.compat.build`` lists every type),
   after pimm's ``hooks_override`` and ``--options`` (``apply_options`` for a
   whole config);
 * hooks needing the model, optimizer or clock emit the effects of
@@ -13,7 +13,7 @@
 * pimm's checkpoints (``last/`` with ``weights.pth`` + ``trainer.dcp/``,
   ``model_last.pth``) resume with ``pf.loop(resume=<path or "auto">,
   handlers=HANDLERS)`` (its ``LoadWeights`` handler is their reader,
-  ``pimm_fn.checkpoint.foreign``) and warm-start with ``CheckpointLoader``
+  ``pimm_fn.checkpoint.discovery``) and warm-start with ``CheckpointLoader``
   (``pimm_fn.compat.checkpoints``).
 
     >>> import pimm_fn as pf
@@ -30,32 +30,32 @@ The torch-dependent parts (``HANDLERS``, ``split_weight_decay``,
 
 import importlib
 
-from pimm_fn.compat.backends import checkpoint_format
+from pimm_fn.compat.saving import checkpoint_format
 from pimm_fn.compat.build import build_hooks
 from pimm_fn.compat.evaluators import pimm_evaluator
-from pimm_fn.compat.final_test import final_evaluator
+from pimm_fn.compat.evaluators import final_evaluator
 from pimm_fn.compat.hookbase import HookBase, adapt, adapted
 from pimm_fn.compat.logs import WriterState, information_writer, iteration_timer
 from pimm_fn.compat.model_hooks import attention_mask_annealing, dtype_overrider, garbage_handler, pimm_model_hook
-from pimm_fn.compat.model_reports import gradient_norm_logger, parameter_counter
+from pimm_fn.compat.model_hooks import gradient_norm_logger, parameter_counter
 from pimm_fn.compat.monitors import ProfilerState, push_to_hub, resource_utilization_logger, runtime_profiler
-from pimm_fn.compat.option_values import parse_options
+from pimm_fn.compat.options import parse_options
 from pimm_fn.compat.options import apply_options, override_hooks
-from pimm_fn.compat.registry import DEFAULT_REGISTRY, HookRegistry, register_hook
-from pimm_fn.compat.run_name import wandb_namer
+from pimm_fn.compat.build import DEFAULT_REGISTRY, HookRegistry, register_hook
+from pimm_fn.compat.logs import wandb_namer
 from pimm_fn.compat.saving import PIMM_BEST, PimmSaveState, checkpoint_saver, checkpoint_saver_iteration
-from pimm_fn.compat.trainer_view import TrainerView
+from pimm_fn.compat.hookbase import TrainerView
 from pimm_fn.compat.type_factories import REFUSED
 from pimm_fn.compat.warm_start import checkpoint_loader
 from pimm_fn.compat.weight_decay import weight_decay_exclusion, weight_decay_scheduler
 
 _RUNTIME = {
     "HANDLERS": "pimm_fn.compat.handlers",
-    "split_weight_decay": "pimm_fn.compat.weight_decay_groups",
+    "split_weight_decay": "pimm_fn.compat.weight_decay",
     "translate": "pimm_fn.compat.checkpoints",
     "read_pimm_checkpoint": "pimm_fn.compat.reading",
     "latest_pimm_checkpoint": "pimm_fn.compat.reading",
-    "load_pimm_weights": "pimm_fn.compat.pimm_weights",
+    "load_pimm_weights": "pimm_fn.compat.warm_start",
     "PimmCheckpointError": "pimm_fn.compat.reading",
 }
 

@@ -3,12 +3,12 @@
 pimm's split ``last/`` (``weights.pth`` + ``trainer.dcp/``) and one-file
 ``model_last.pth`` are read by ``pimm_fn.compat.reading``, safely (``weights_only``).
 ``PIMM_CHECKPOINTS`` (``HANDLERS``' ``LoadWeights`` handler) is the reader a
-resume asks (``pimm_fn.checkpoint.foreign``) and carries out pimm's warm starts.
+resume asks (``pimm_fn.checkpoint.discovery``) and carries out pimm's warm starts.
 
 A resume translates the checkpoint into a pimm_fn checkpoint (legacy
 format, under ``model/.staging-pimm-import/``, which the run's first save
 removes) and resumes from that, with pimm's translation of its counters
-(``pimm_fn.compat.resume_counters``):
+(``pimm_fn.compat.checkpoints``):
 
 * at an epoch boundary (pimm's ``iter_in_epoch == 0``, as every deferred
   epoch-end save is): after epoch ``epoch - 1``, at ``global_step``, the RNG
@@ -30,6 +30,14 @@ scheduler's ``total_steps`` or ``max_epochs=``, and ``loop(max_epochs=)``
 always sets the budget. What cannot be translated is refused with a
 ``PimmCheckpointError`` saying why: a weights-only file, an incomplete
 directory, another world size, an unreadable payload.
+
+Where a pimm checkpoint resumes: its counters (epoch, iter, global step) read as pimm_fn's ``Progress``.
+
+pimm's rules (``PIMM.md`` 3.11, see ``pimm_fn.compat.checkpoints``): at an
+epoch boundary the next epoch runs as in pimm_fn; mid-epoch the epoch
+restarts from its first batch; a legacy file's steps per epoch are the
+resuming run's. Steps per epoch come from the counters, else the
+scheduler's step count; what cannot be told is a ``PimmCheckpointError``.
 """
 
 from __future__ import annotations
@@ -43,23 +51,122 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from pimm_fn import checkpoint
-from pimm_fn import dist
+from pimm_fn import checkpoint, dist
 from pimm_fn.checkpoint.contents import PerRank, Replicated, SavedState, TrainerContents, to_parts
-from pimm_fn.compat.pimm_weights import load_pimm_weights, remap_pimm_weights
-from pimm_fn.compat.reading import PimmCheckpointError, pimm_source, read_pimm_checkpoint
 from pimm_fn.compat.effects import PIMM
-from pimm_fn.compat.resume_counters import is_legacy, item, legacy_line, nested_state, resume_progress
+from pimm_fn.compat.reading import PimmCheckpointError, pimm_source, read_pimm_checkpoint
 from pimm_fn.compat.saving import PIMM_BEST
+from pimm_fn.compat.warm_start import load_pimm_weights, remap_pimm_weights
 from pimm_fn.core.effects import LoadWeights
 from pimm_fn.core.slots import Keyed
-from pimm_fn.core.state import State
-from pimm_fn.runtime import handlers as runtime_handlers
-from pimm_fn.runtime.context import unwrap
-from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
-from pimm_fn.runtime.rng import capture_rng
+from pimm_fn.core.state import Progress, State
+from pimm_fn.runtime.engine.interpreter import unwrap
+from pimm_fn.runtime.errors import ResumeNotExactWarning
+from pimm_fn.runtime.handlers import checkpointing as runtime_handlers
+from pimm_fn.runtime.step.rng import capture_rng
 
-__all__ = ["translate", "PimmCheckpoints", "PIMM_CHECKPOINTS"]
+__all__ = [
+    "resume_progress", "is_legacy", "legacy_line", "item", "nested_state", "translate", "PimmCheckpoints",
+    "PIMM_CHECKPOINTS",
+]
+
+
+def nested_state(entry):
+    """A pimm state entry's ``state_dict`` when it wraps one, else the entry."""
+    return entry.get("state_dict") if isinstance(entry, Mapping) and "state_dict" in entry else entry
+
+
+def item(value):
+    """A counter saved as a one-element tensor, as a number."""
+    return value.item() if isinstance(value, torch.Tensor) else value
+
+
+def _exact(numerator, denominator):
+    return numerator // denominator if denominator > 0 and numerator % denominator == 0 and numerator > 0 else None
+
+
+def is_legacy(payload: Mapping) -> bool:
+    """Whether ``payload`` is a legacy (Pointcept-style) file: counters ``epoch``/``iter``, no trainer state."""
+    return not isinstance(payload.get("train_state") or payload.get("trainer"), Mapping)
+
+
+def _counters(payload: Mapping, where) -> tuple[int, int, int | None, int, bool]:
+    """``(epoch, iter_in_epoch, global_step or None, samples_seen, legacy)`` pimm resumes from."""
+    trainer = payload.get("train_state") or payload.get("trainer")
+    if not is_legacy(payload):
+        i = trainer.get("iter_in_epoch", trainer.get("iteration", trainer.get("iter", 0)))
+        return (int(item(trainer.get("epoch", 0))), int(item(i or 0)), int(item(trainer.get("global_step", 0))),
+                int(item(trainer.get("samples_seen", 0))), False)
+    if "epoch" not in payload:
+        raise PimmCheckpointError(
+            f"{where} holds model weights only (no 'epoch' or trainer state): nothing to resume. Warm-start a fresh "
+            f"run from it instead (CheckpointLoader with weight={str(where)!r}, or pf.load_weights)"
+        )
+    return int(item(payload["epoch"])), int(item(payload.get("iter") or 0)), None, 0, True
+
+
+def _steps_per_epoch(epoch, i, step, payload, given, legacy, where) -> int:
+    if given is not None:  # translate(iters_per_epoch=), or the loader's length for a legacy file (pimm's rule)
+        return given
+    if not legacy and epoch > 0:
+        found = _exact(step - i, epoch)
+        if found is not None and (i == 0 or i < found):
+            return found
+    scheduler = nested_state(payload.get("scheduler")) or {}
+    count = scheduler.get("last_epoch") if isinstance(scheduler, Mapping) else None
+    if legacy and isinstance(count, int) and epoch > 0:
+        found = _exact(count, epoch) if i == 0 else _exact(count - i, epoch - 1) if epoch > 1 else None
+        if found is not None:
+            return found
+    if not legacy and epoch == 0 and i > 0:
+        return i + 1  # the first epoch restarts at step 0 (below): its length no longer matters
+    raise PimmCheckpointError(
+        f"{where} records epoch={epoch}, iter={i} but not its steps per epoch: translate it with "
+        f"pimm_fn.compat.translate({str(where)!r}, out_dir, iters_per_epoch=len(train_loader)) and resume from that"
+    )
+
+
+def resume_progress(payload: Mapping, where, iters_per_epoch, max_epochs, run_steps=None) -> tuple[Progress, str, str | None]:
+    """``(progress, position, note)``: where pimm would resume, as pimm_fn's state; ``note`` a warning to give.
+
+    ``run_steps``: the resuming run's steps per epoch, which a legacy file is resumed with (pimm's rule).
+    """
+    epoch, i, step, samples, legacy = _counters(payload, where)
+    given = run_steps if legacy and iters_per_epoch is None else iters_per_epoch
+    ipe = _steps_per_epoch(epoch, i, step, payload, given, legacy, where)
+    note = None
+    if legacy:
+        start = max(0, epoch - 1) if 0 < i < ipe else epoch
+        if 0 < i < ipe:
+            note = (f"{where}: legacy checkpoint is mid-epoch (epoch={epoch}, iter={i}) and has no dataloader state; "
+                    f"epoch {start} restarts from its first batch")
+        step = start * ipe
+    elif 0 < i < ipe:
+        start = epoch
+        note = (f"{where}: checkpoint is mid-epoch (epoch {epoch}, step {i} of {ipe}) and its dataloader state is a "
+                f"pickle pimm_fn does not load; resuming from the beginning of the saved epoch and replaying "
+                f"already-completed batches (global_step {step} -> {epoch * ipe}), as pimm does without a cursor")
+        step = epoch * ipe
+    else:
+        start = epoch + (1 if i >= ipe else 0)
+    scheduler = payload.get("scheduler")
+    horizon = scheduler.get("total_steps") if isinstance(scheduler, Mapping) else None
+    horizon = horizon if horizon is not None else (nested_state(scheduler) or {}).get("total_steps")
+    epochs = max_epochs if max_epochs is not None else _exact(item(horizon), ipe) if isinstance(item(horizon), int) else None
+    epochs = max(epochs if epochs is not None else start, start)
+    if start == 0:
+        return Progress(ipe, epochs, 0, 0, 0, samples), "BeforeTrain", note
+    return Progress(ipe, epochs, start - 1, ipe, step, samples), "AfterEpoch", note
+
+
+def legacy_line(path, payload, progress: Progress, position: str) -> str:
+    """The console line saying a legacy file resumes with this run's steps per epoch, and where."""
+    epoch, i = item(payload["epoch"]), item(payload.get("iter") or 0)
+    at = progress.epoch + 1 if position == "AfterEpoch" else 0
+    return (f"{path} is pimm's legacy checkpoint (epoch={epoch}, iter={i}), which does not record its steps per "
+            f"epoch: taking this run's steps per epoch, {progress.iters_per_epoch}, as pimm takes its loader's "
+            f"length; resuming at epoch {at}, global_step {progress.global_step}")
+
 
 IMPORT = ".staging-pimm-import"  # where a resume's translation goes, in the run's model/; the first save removes it
 
@@ -175,7 +282,7 @@ class PimmCheckpoints:
       dialect (``CheckpointLoader``: the weights found and renamed as pimm
       does, through pimm_fn's one engine, ``remap_state_dict``) and hands
       pimm_fn's own warm starts to pimm_fn's handler;
-    * as a reader (``pimm_fn.checkpoint.foreign``) it lets
+    * as a reader (``pimm_fn.checkpoint.discovery``) it lets
       ``loop(resume=<path or "auto">)`` resume pimm's ``last/`` and
       ``model_last.pth``: the resume asks ``recognise`` on rank 0 only where
       pimm_fn's own discovery found nothing, and ``resume_from`` translates.

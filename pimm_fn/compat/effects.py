@@ -4,7 +4,7 @@ pimm's hooks act on the trainer themselves (load weights, rewrite the
 optimizer's groups, wrap modules, log gradient norms). In pimm_fn the hook
 decides (a pure function of the state) and asks for the work with one of
 these effects; the handler of the same name in ``pimm_fn.compat.handlers``
-(the weight decay ones: ``pimm_fn.compat.weight_decay_groups``) does it. Pass them to the loop::
+(the weight decay ones: ``pimm_fn.compat.weight_decay``) does it. Pass them to the loop::
 
     pf.loop(model, optimizer, data, hooks=build_hooks(cfg["hooks"]), handlers=compat.HANDLERS, ...)
 
@@ -49,7 +49,7 @@ def LoadPimmWeights(path: str, rules: tuple = (), strict: bool = False) -> LoadW
     """pimm's ``CheckpointLoader`` request: pimm_fn's one warm-start effect, ``LoadWeights``, in pimm's dialect.
 
     ``rules`` is ``((keyword, replacement), ...)``, read as pimm reads them
-    (``pimm_fn.compat.pimm_weights.pimm_rules``); the weights are found as pimm
+    (``pimm_fn.compat.warm_start.pimm_rules``); the weights are found as pimm
     finds them. Carried out by ``HANDLERS``' ``LoadWeights`` handler, each rank its replica.
 
     >>> LoadPimmWeights("w.pth", (("backbone", "encoder"),))

@@ -9,7 +9,7 @@ pimm's warm starts, and the reader through which ``loop(resume=...)`` resumes pi
 
 Records go through pimm_fn's ``Log`` handler (the console and ``log.jsonl``).
 The weight decay handlers, with ``split_weight_decay`` (the one helper called
-outside the loop), are in ``pimm_fn.compat.weight_decay_groups``.
+outside the loop), are in ``pimm_fn.compat.weight_decay``.
 """
 
 import copy
@@ -21,19 +21,19 @@ import torch
 
 from pimm_fn import checkpoint
 from pimm_fn import dist
-from pimm_fn.compat import _monitoring
+from pimm_fn.compat import monitors as _monitoring
 from pimm_fn.compat.checkpoints import PIMM_CHECKPOINTS
-from pimm_fn.compat.weight_decay_groups import exclude_weight_decay, set_weight_decay
+from pimm_fn.compat.weight_decay import exclude_weight_decay, set_weight_decay
 from pimm_fn.compat.effects import (
     AnnealAttention, CollectGarbage, CountParameters, ExcludeWeightDecay, FinalTest, LogGradientNorm,
     OverrideDtype, SetWeightDecay, TimeStep,
 )
 from pimm_fn.core.effects import LoadWeights, Log
 from pimm_fn.core.events import MetricsPublished
-from pimm_fn.core.records import named
-from pimm_fn.runtime import handlers as runtime_handlers
-from pimm_fn.runtime.context import unwrap
-from pimm_fn.runtime.evaluation import eval_mode
+from pimm_fn.core.effects import named
+from pimm_fn.runtime.handlers import checkpointing as runtime_handlers
+from pimm_fn.runtime.engine.interpreter import unwrap
+from pimm_fn.runtime.handlers.evaluation import eval_mode
 
 __all__ = ["HANDLERS"]
 

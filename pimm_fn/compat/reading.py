@@ -9,7 +9,7 @@ trainer payload without the model, ``.complete`` markers), and the one-file
 
 Everything is read with ``torch.load(weights_only=True)`` (numpy arrays
 admitted, as pimm's RNG state holds one) and DCP directories through
-``pimm_fn.checkpoint.safe_reading`` (their plain values the same way, their
+``pimm_fn.checkpoint.formats.dcp_reading`` (their plain values the same way, their
 metadata by an unpickler that admits DCP's own types only): nothing runs code (pimm loads
 with ``weights_only=False``, ``PIMM.md`` 6.1). pimm's data-loader cursor is
 itself a pickle inside the payload: it is read as bytes, never unpickled.
@@ -26,7 +26,8 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import inspection, safe_reading
+from pimm_fn.checkpoint import inspection
+from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
 from pimm_fn.checkpoint.errors import shown
 
 __all__ = [
@@ -172,7 +173,7 @@ def read_pimm_checkpoint(path) -> PimmCheckpoint:
         FileNotFoundError: nothing at ``path``.
         PimmCheckpointError: an incomplete directory, a file that does not load safely, or DCP
             metadata placing its entries where no nested payload can hold them.
-        CheckpointError: a damaged or crafted DCP directory (``pimm_fn.checkpoint.safe_reading``).
+        CheckpointError: a damaged or crafted DCP directory (``pimm_fn.checkpoint.formats.dcp_reading``).
     """
     path = pathlib.Path(path)
     if path.is_dir():

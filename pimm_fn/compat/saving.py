@@ -27,6 +27,8 @@ Where pimm is wrong, these hooks differ (``PIMM.md`` 6):
 >>> trace = pf.plan([checkpoint_saver(save_freq=4)], iters_per_epoch=10, max_epochs=3)
 >>> [(e.step, e.effect.snapshot) for e in trace if isinstance(e.effect, SaveCheckpoint)]
 [(4, True), (8, True), (12, True), (16, True), (20, True), (24, True), (28, True), (30, False)]
+
+pimm's checkpoint backends and the format a pimm config asks for, in pimm_fn's terms (``PIMM.md`` 3.1).
 """
 
 import math
@@ -34,7 +36,6 @@ from typing import ClassVar
 
 import attrs
 
-from pimm_fn.compat.backends import format_of
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log, SaveCheckpoint, WriteBest
@@ -42,10 +43,51 @@ from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, one_of, optional
 
-__all__ = ["checkpoint_saver", "checkpoint_saver_iteration", "PimmSaveState", "PIMM_BEST"]
+__all__ = [
+    "BACKENDS", "format_of", "checkpoint_format", "checkpoint_saver", "checkpoint_saver_iteration",
+    "PimmSaveState", "PIMM_BEST",
+]
+
+
+# pimm's checkpoint backends (``CheckpointSaverIteration.backend``, ``cfg.checkpoint_format``) and their formats.
+BACKENDS = {"standard": "standard", "dcp": "standard", "legacy": "legacy", "torch": "legacy"}
+
+
+def format_of(value) -> str:
+    """pimm_fn's ``checkpoint_format`` for pimm's ``checkpoint_format``/``backend`` value (``PIMM.md`` 3.1).
+
+    >>> format_of("DCP"), format_of("torch")
+    ('standard', 'legacy')
+    """
+    fmt = value.lower() if isinstance(value, str) else value
+    if fmt not in BACKENDS:
+        raise ValueError(f"checkpoint_format must be 'standard' or 'legacy' (or the deprecated 'dcp'/'torch'), got {value!r}")
+    return BACKENDS[fmt]
+
+
+def checkpoint_format(cfg) -> str:
+    """The ``loop(saving=Saving(checkpoint_format=))`` of a pimm config, pimm's way (``PIMM.md`` 3.1).
+
+    ``cfg["checkpoint_format"]`` when set, else the ``backend`` of its
+    ``CheckpointSaverIteration``, else ``"standard"``; ``dcp`` and ``torch``
+    are the deprecated names of ``standard`` and ``legacy``.
+
+    >>> checkpoint_format({"hooks": [dict(type="CheckpointSaverIteration", save_freq=10, backend="torch")]})
+    'legacy'
+    >>> checkpoint_format({"checkpoint_format": "dcp", "hooks": []})
+    'standard'
+    """
+    chosen = cfg.get("checkpoint_format")
+    if chosen is None:
+        backends = [h.get("backend") for h in cfg.get("hooks") or () if isinstance(h, dict)
+                    and h.get("type") == "CheckpointSaverIteration" and h.get("backend") is not None]
+        chosen = backends[0] if backends else "standard"
+    return format_of(chosen)
+
 
 # ``State.best`` key of a best value translated from a pimm checkpoint, whose metric pimm does not name.
 PIMM_BEST = "pimm.best_metric_value"
+
 
 @register_slot_type
 @attrs.frozen

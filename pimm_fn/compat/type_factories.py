@@ -1,7 +1,7 @@
 """The built-in factories of ``DEFAULT_REGISTRY``: one per pimm hook type, with pimm's keywords and defaults.
 
 Each takes exactly the keywords of pimm's class (``PIMM.md`` 2, 4), with
-its defaults, and builds the pimm_fn hook of ``pimm_fn.compat.registry``'s
+its defaults, and builds the pimm_fn hook of ``pimm_fn.compat.build``'s
 table; a factory taking ``context`` reads ``build_hooks``' ``weight``,
 ``evaluate`` and ``tester``. ``REFUSED`` holds the types with no place in a
 functional loop, each with the reason and what to do instead; their
@@ -12,12 +12,12 @@ import inspect
 from collections.abc import Mapping
 
 from pimm_fn.compat.evaluators import EVALUATOR_DEFAULTS, pimm_evaluator
-from pimm_fn.compat.final_test import final_evaluator
+from pimm_fn.compat.evaluators import final_evaluator
 from pimm_fn.compat.logs import information_writer, iteration_timer
 from pimm_fn.compat.model_hooks import attention_mask_annealing, dtype_overrider, garbage_handler, pimm_model_hook
-from pimm_fn.compat.model_reports import gradient_norm_logger, parameter_counter
+from pimm_fn.compat.model_hooks import gradient_norm_logger, parameter_counter
 from pimm_fn.compat.monitors import push_to_hub, resource_utilization_logger, runtime_profiler
-from pimm_fn.compat.run_name import wandb_namer
+from pimm_fn.compat.logs import wandb_namer
 from pimm_fn.compat.saving import checkpoint_saver, checkpoint_saver_iteration
 from pimm_fn.compat.warm_start import checkpoint_loader
 from pimm_fn.compat.weight_decay import weight_decay_exclusion, weight_decay_scheduler

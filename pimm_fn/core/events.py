@@ -122,7 +122,7 @@ class Elapsed(Event):
 
     Rank 0's clock, sent to every rank, so a hook may base a collective
     decision on it (``save_every(minutes=...)``); the pure core reads no
-    clock, the runtime delivers this event instead (``pimm_fn.runtime.preemption``),
+    clock, the runtime delivers this event instead (``pimm_fn.runtime.engine.preemption``),
     and ``plan``/``pimm_fn.testing.simulate`` deliver it from the ``clock`` they
     are given. Only hooks that name it in ``events`` get it (it is opt-in), after a step's
     events (and the closing events of the epoch it ends). ``seconds`` restarts

@@ -66,7 +66,7 @@ def at_boundary(event, following) -> bool:
     """Whether the walk stands at a step boundary: a step's events (and its epoch's end) done, the next step ahead.
 
     Where the runtime delivers ``Elapsed`` and may stop for preemption or
-    time (``pimm_fn.runtime.preemption``); the end of training is none.
+    time (``pimm_fn.runtime.engine.preemption``); the end of training is none.
     """
     cls, after = event.__class__, following.__class__
     return (cls is ev.AfterStep and after is ev.BeforeStep) or (cls is ev.AfterEpoch and after is ev.BeforeEpoch)

@@ -2,7 +2,7 @@
 
 A signal (Slurm's ``--signal=USR1@90``, Kubernetes' ``SIGTERM``) may reach
 some ranks only, at different steps; a time budget is read on one clock. The
-runtime (``pimm_fn.runtime.preemption``) turns both into values at step
+runtime (``pimm_fn.runtime.engine.preemption``) turns both into values at step
 boundaries and the ranks agree through one small reduction; this module
 holds the rules it applies, so ``pimm_fn.testing.simulate`` applies the
 same ones to a fake clock and fake signals.

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 import attrs
 
 from pimm_fn import notebook
-from pimm_fn.core import summary, trace_summary
+from pimm_fn.core import summary
+from pimm_fn.core import summary as trace_summary
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import Event
 

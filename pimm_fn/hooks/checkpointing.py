@@ -235,7 +235,7 @@ def best_on(metric: str, *, mode: str | None = None):
     the default ``"max"`` would keep its worst model, so
     ``best_on("val_loss")`` is refused with the fix, ``mode="min"``. One
     metric has one best tracker per run: ``loop()`` refuses two hooks
-    writing the best weights of the same metric (``pimm_fn.runtime.arguments``).
+    writing the best weights of the same metric (``pimm_fn.runtime.engine.arguments``).
 
     Reacts to each ``MetricsPublished`` once: improvement is strict, NaN and
     +/-inf never improve (so ``model_best`` never holds a diverged model, and
@@ -261,7 +261,7 @@ def best_on(metric: str, *, mode: str | None = None):
         ValueError: a loss-like ``metric`` without ``mode``; a bad ``mode``.
             A ``metric`` no evaluator publishes (misspelt, or ``"acc"`` for a
             ``loader_evaluator``'s ``"val/acc"``) is refused by the run once
-            every evaluator has published (``pimm_fn.runtime.advice``), and
+            every evaluator has published (``pimm_fn.runtime.errors``), and
             before the first step by the sanity check of its loader evaluators.
 
     >>> best_on("mIoU"), best_on("loss", mode="min")

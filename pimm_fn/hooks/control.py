@@ -118,7 +118,7 @@ def early_stop(metric: str, *, patience: int, mode: str | None = None, min_delta
     Emits:
         ``Stop(step, reason)`` (collective), once, when the count reaches
         ``patience``. (A ``metric`` no evaluator publishes is refused by the
-        run once every evaluator has published: ``pimm_fn.runtime.advice``.)
+        run once every evaluator has published: ``pimm_fn.runtime.errors``.)
 
     State:
         ``EarlyStopState(best, without_improvement)``.
@@ -225,7 +225,7 @@ def step_scheduler(interval: str | None = None, *, on: str | None = None):
         ``StepScheduler(step)``, or ``StepScheduler(step, metric, value)`` for
         ``on`` (each rank steps its own). (An ``on`` no evaluator publishes is
         refused by the run once every evaluator has published:
-        ``pimm_fn.runtime.advice``.)
+        ``pimm_fn.runtime.errors``.)
 
     Raises:
         ValueError: neither or both of ``interval`` and ``on``, an unknown

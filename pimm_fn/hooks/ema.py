@@ -26,7 +26,7 @@ class _Ema:
     name: str = attrs.field(default="ema", validator=non_empty_str)
 
     def averages(self) -> dict:
-        """The average the runtime keeps for this hook (``pimm_fn.runtime.ema.EmaWeights``), by name."""
+        """The average the runtime keeps for this hook (``pimm_fn.runtime.handlers.ema.EmaWeights``), by name."""
         return {self.name: self.decay}
 
     def update(self, slot, state, event):

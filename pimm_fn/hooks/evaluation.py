@@ -96,7 +96,7 @@ def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = Tru
     returns a mapping of metric names to numbers, a bare number (published
     as ``name``), or ``None`` on a rank that computed nothing; a name a log
     record holds itself (``step``, ``kind``, ``epoch``, ...:
-    ``pimm_fn.core.records``) is refused with a ``ValueError``. The results
+    ``pimm_fn.core.effects``) is refused with a ``ValueError``. The results
     reach the hooks as ``MetricsPublished``. With ``broadcast`` (default) the
     main rank's result is sent to every rank; with ``broadcast=False`` each
     rank keeps its own and nothing collective may depend on it.

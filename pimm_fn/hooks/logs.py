@@ -10,14 +10,14 @@ from pimm_fn.core.effects import Log
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook_list import hook_factory
-from pimm_fn.core.records import named
+from pimm_fn.core.effects import named
 from pimm_fn.core.validate import int_at_least
 
 __all__ = ["log_every", "LogState"]
 
 
 _EMPTY = FrozenMap()
-_OUTPUT = "log_every: the train step returned output"  # whose values a record refuses (pimm_fn.core.records)
+_OUTPUT = "log_every: the train step returned output"  # whose values a record refuses (pimm_fn.core.effects)
 
 
 @register_slot_type
@@ -132,7 +132,7 @@ def log_every(n: int):
     the run's ``loggers`` and ``run.history``; the progress bar shows the
     outputs read on these steps (reading them is the one host sync it costs).
     An output named like a field the record holds itself (``step``, ``kind``,
-    ``epoch``, ``iter``, ``of``, ...: ``pimm_fn.core.records``), or two names
+    ``epoch``, ``iter``, ``of``, ...: ``pimm_fn.core.effects``), or two names
     alike once written (``1`` and ``"1"``), is refused with a ``ValueError``.
 
     Emits:

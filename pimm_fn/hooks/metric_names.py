@@ -40,7 +40,7 @@ def check_spelling(caller: str, metric: str, event, step: int) -> tuple:
     Only for a hook that reads what one evaluator publishes (its own
     ``source``): a hook reading every evaluator's metrics cannot tell a typo
     from another evaluator's name in one event; the run's ``Advice`` checks
-    those once every evaluator has published (``pimm_fn.runtime.advice``).
+    those once every evaluator has published (``pimm_fn.runtime.errors``).
 
     Raised when every rank holds the same values (so every rank raises
     alike); with rank-local values only some ranks could see the typo, so

@@ -7,7 +7,7 @@ the next ``repeat`` cycles of ``wait + warmup + active`` steps skips
 recorded cycle is written as a TensorBoard trace. The profiling itself
 (``torch.profiler.profile`` with that schedule and
 ``tensorboard_trace_handler``) is the runtime's
-(``pimm_fn.runtime.profiler``): on every rank its own profiler and trace
+(``pimm_fn.runtime.handlers.profiler``): on every rank its own profiler and trace
 file (``rank<r>`` in the file name), under ``dir`` (default
 ``save_dir/profiler``). View with ``tensorboard --logdir <dir>`` (the
 ``torch-tb-profiler`` plug-in) or open the ``.pt.trace.json`` file in

@@ -2,7 +2,7 @@
 
 ``loop(watching=Watching(progress=...))`` adds it, last, when the bar is shown (rank 0's
 terminal or notebook decides, for every rank); its ``ShowProgress``
-effects go to the bar (``pimm_fn.runtime.progress_bar``) on the main rank.
+effects go to the bar (``pimm_fn.runtime.handlers.progress``) on the main rank.
 It never makes the loop read a step's outputs off the device
 (``reads_outputs = False``): it passes on the outputs a reading hook
 (``log_every``) had read on that step anyway, and each evaluation's metrics.

@@ -1,7 +1,7 @@
 """The warm-start hook: ``load_weights``, the model's weights from a file before a fresh run trains.
 
 It only asks: the ``LoadWeights`` effect it emits is carried out by the
-runtime (key remapping in ``pimm_fn.checkpoint.remap``).
+runtime (key remapping in ``pimm_fn.checkpoint.warm_start``).
 """
 
 from typing import ClassVar

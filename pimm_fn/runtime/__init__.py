@@ -1,12 +1,12 @@
 """The impure edge: the driver, the interpreter and its handlers."""
 
-from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
-from pimm_fn.runtime.guard import CollectiveDivergenceError
-from pimm_fn.runtime.interpreter import Interpreter, MissingHandlerError
-from pimm_fn.runtime.loop import Loop, loop
-from pimm_fn.runtime.resume_checks import ResumeError
-from pimm_fn.runtime.default_step import train_step
-from pimm_fn.runtime.configurable_step import TrainStep
+from pimm_fn.runtime.errors import ResumeNotExactWarning
+from pimm_fn.runtime.engine.guard import CollectiveDivergenceError
+from pimm_fn.runtime.engine.interpreter import Interpreter, MissingHandlerError
+from pimm_fn.runtime.engine.loop import Loop, loop
+from pimm_fn.runtime.resume.checks import ResumeError
+from pimm_fn.runtime.step.train_step import train_step
+from pimm_fn.runtime.step.configurable import TrainStep
 
 __all__ = [
     "Loop",

@@ -2,7 +2,7 @@
 
 ``simulate`` runs every rank through the pure core; ``assert_collective_agreement``
 and ``assert_resume_continuity`` check rules 3 and 4 of the design (agreement,
-resume continuity); ``pimm_fn.testing.plan_check.matches_plan`` compares a run's
+resume continuity); ``pimm_fn.testing.assertions.matches_plan`` compares a run's
 trace with its plan; ``pimm_fn.testing.strategies`` generates schedules, metric
 streams, rank-local inputs and hook stacks for hypothesis. Imports no torch.
 
@@ -13,7 +13,7 @@ streams, rank-local inputs and hook stacks for hypothesis. Imports no torch.
 
 from pimm_fn.testing.assertions import assert_collective_agreement, assert_resume_continuity
 from pimm_fn.testing.simulation import simulate
-from pimm_fn.testing.simulation_result import SimEntry, SimulationResult
+from pimm_fn.testing.simulation import SimEntry, SimulationResult
 
 __all__ = [
     "simulate",

@@ -11,7 +11,7 @@ elements (one value, ``0.0``), choices toward the first option listed (all
 ranks see the same metrics; the canonical hook order), resume points toward
 none. A counterexample therefore ends at the smallest job, the shortest
 schedule and the plainest inputs that still fail. A run's clock and its
-preemption signals are drawn by ``pimm_fn.testing.preemption_strategies``.
+preemption signals are drawn by ``pimm_fn.testing.strategies``.
 
 >>> from hypothesis import given, settings
 >>> from pimm_fn.testing import simulate, assert_collective_agreement
@@ -20,6 +20,15 @@ preemption signals are drawn by ``pimm_fn.testing.preemption_strategies``.
 ... def test_agreement(schedule, stack, metrics):
 ...     assert_collective_agreement(simulate(stack, metrics=metrics, **schedule.kwargs()))
 >>> test_agreement()
+
+Hypothesis strategies for preemption and ``max_time``: rank 0's clock, and which ranks are signalled when.
+
+``StepClock`` is the clock ``simulate`` and ``plan`` take (``clock=``) for
+``save_every(minutes=)`` and ``max_time``; ``step_clocks`` draws one and
+shrinks toward one second a step. ``preemption_requests`` draws
+``simulate(preempt=...)`` and shrinks toward no signal, then rank 0 alone at
+step 1. Like ``pimm_fn.testing.strategies``, each draws a frozen value whose
+``repr`` is code you can paste back.
 """
 
 import itertools
@@ -31,15 +40,8 @@ from hypothesis import strategies as st
 from pimm_fn.hooks import best_on, evaluate_every, log_every, save_every
 
 __all__ = [
-    "Schedule",
-    "MetricStream",
-    "LocalInputs",
-    "schedules",
-    "metric_streams",
-    "rank_local_inputs",
-    "hook_stacks",
-    "miou",
-    "STANDARD_ORDERS",
+    "Schedule", "MetricStream", "LocalInputs", "schedules", "metric_streams", "rank_local_inputs", "hook_stacks",
+    "miou", "STANDARD_ORDERS", "StepClock", "step_clocks", "preemption_requests",
 ]
 
 
@@ -195,6 +197,7 @@ def miou(model):
 
 _PARTS = ("evaluate", "save", "best", "log")
 
+
 # Every order of the four standard hooks the docs allow: the evaluator before
 # the saver (so a save at an evaluation step records it); best_on and
 # log_every may go anywhere. The canonical order comes first, so examples
@@ -234,3 +237,40 @@ def hook_stacks(draw, *, max_every=6, metric="mIoU", evaluator=miou, orders=STAN
         "log": draw(st.builds(log_every, every)),
     }
     return [hooks[part] for part in draw(st.sampled_from(orders))]
+
+
+@attrs.frozen
+class StepClock:
+    """``clock(step)`` for ``simulate`` and ``plan``: rank 0's seconds at the end of ``step``.
+
+    Step ``i`` (1-based) takes ``durations[(i - 1) % len(durations)]`` seconds.
+
+    >>> StepClock((1.0, 2.0))(3), StepClock()(0)
+    (4.0, 0.0)
+    """
+
+    durations: tuple = attrs.field(default=(1.0,), converter=tuple)
+
+    def __call__(self, step: int) -> float:
+        full, rest = divmod(step, len(self.durations))
+        return full * math.fsum(self.durations) + math.fsum(self.durations[:rest])
+
+
+def step_clocks(*, max_values=4, max_seconds=10.0) -> st.SearchStrategy:
+    """Strategy for ``StepClock``: 1 to ``max_values`` step durations in ``[0.01, max_seconds]``; shrinks to ``(1.0,)``."""
+    seconds = st.one_of(st.just(1.0), st.floats(0.01, max_seconds, allow_nan=False))
+    return st.builds(StepClock, st.lists(seconds, min_size=1, max_size=max_values).map(tuple))
+
+
+@st.composite
+def preemption_requests(draw, *, world_size: int, max_steps: int) -> dict:
+    """Strategy for ``simulate(preempt=...)``: any subset of the ranks, each signalled during a step of its own.
+
+    Shrinks toward no signal, then rank 0 alone at step 1.
+
+    >>> from hypothesis import find
+    >>> find(preemption_requests(world_size=4, max_steps=9), lambda r: len(r) > 1)
+    {0: 1, 1: 1}
+    """
+    ranks = draw(st.lists(st.integers(0, world_size - 1), unique=True, max_size=world_size))
+    return {rank: draw(st.integers(1, max_steps)) for rank in sorted(ranks)}

@@ -12,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 
 import pimm_fn as pf
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import _async
+from pimm_fn.checkpoint import background as _async
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402

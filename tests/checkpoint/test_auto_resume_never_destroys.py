@@ -14,7 +14,7 @@ import time
 import pytest
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import choice
+from pimm_fn.checkpoint import discovery as choice
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402

@@ -7,7 +7,8 @@ import time
 import torch
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import BackgroundSaver, _staging, latest_checkpoint
+from pimm_fn.checkpoint import BackgroundSaver, latest_checkpoint
+from pimm_fn.checkpoint import background as _staging
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402

@@ -121,7 +121,7 @@ def test_find_checkpoint_errors_name_the_path(tmp_path):
 
 def test_checkpoint_written_by_more_ranks_gives_local_none_past_them(tmp_path):
     """Reading rank-local state for a rank the checkpoint lacks yields None, not an error."""
-    from pimm_fn.checkpoint import _standard
+    from pimm_fn.checkpoint.formats import standard as _standard
 
     _save(tmp_path, 1)
     trainer, local = _standard.read_trainer(tmp_path / "last", rank=3)

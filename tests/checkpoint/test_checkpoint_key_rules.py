@@ -4,7 +4,7 @@ whole dotted components, optional) to the same longest-match, module.-aware rewr
 import pytest
 
 from pimm_fn.checkpoint import KeyRule, remap_state_dict
-from pimm_fn.compat.pimm_weights import pimm_rules, remap_pimm_weights
+from pimm_fn.compat.warm_start import pimm_rules, remap_pimm_weights
 
 torch = pytest.importorskip("torch")
 

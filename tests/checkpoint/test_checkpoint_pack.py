@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pimm_fn.checkpoint._pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
+from pimm_fn.checkpoint.formats.pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
 
 _DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool, torch.int8]
 

@@ -17,7 +17,8 @@ import torch
 
 import pimm_fn as pf
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import CheckpointError, validation
+from pimm_fn.checkpoint import CheckpointError
+from pimm_fn.checkpoint import validation
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402

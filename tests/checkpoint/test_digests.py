@@ -17,8 +17,8 @@ import torch
 
 import pimm_fn as pf
 from pimm_fn.checkpoint import CheckpointError, load_weights_file, save_checkpoint, save_checkpoint_async, validate
-from pimm_fn.checkpoint.candidates import candidates
-from pimm_fn.checkpoint.manifest import digest
+from pimm_fn.checkpoint.discovery import candidates
+from pimm_fn.checkpoint.files import digest
 from pimm_fn.checkpoint.validation import confined
 from pimm_fn.cli import DAMAGED, OK, main
 

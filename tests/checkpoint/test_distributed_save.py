@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from _dist_worker import local_state, replicated_state
-from pimm_fn.checkpoint import _standard, latest_checkpoint, load_checkpoint, save_checkpoint
+from pimm_fn.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from pimm_fn.checkpoint.formats import standard as _standard
 
 pytestmark = pytest.mark.distributed
 _HERE = pathlib.Path(__file__).resolve().parent

@@ -5,7 +5,8 @@ import pathlib
 import pytest
 import torch
 
-from pimm_fn.checkpoint import CheckpointError, inspection, save_checkpoint, write_best
+from pimm_fn.checkpoint import CheckpointError, save_checkpoint, write_best
+from pimm_fn.checkpoint import inspection
 
 WEIGHTS = {"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(3)}
 

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, TensorStorageMetadata
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import find_checkpoint, load_checkpoint, safe_reading
+from pimm_fn.checkpoint import find_checkpoint, load_checkpoint
+from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
 from pimm_fn.cli import main as cli
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import safe_reading
+from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
 from pimm_fn.cli import main as cli
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
@@ -150,7 +150,7 @@ def test_a_mutated_checkpoint_loads_identically_or_is_refused_and_never_runs_cod
         assert tw.same_weights(weights, reference_weights), f"{mutation} resumed other weights"
         assert state == reference_state, f"{mutation} resumed another state"
 
-    from pimm_fn.compat.pimm_weights import load_pimm_weights
+    from pimm_fn.compat.warm_start import load_pimm_weights
 
     status, read = _outcome(lambda: load_pimm_weights(crafted))
     if status == "ok":

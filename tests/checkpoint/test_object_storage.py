@@ -24,8 +24,8 @@ import torch
 
 import pimm_fn as pf
 from pimm_fn.checkpoint import storage
-from pimm_fn.checkpoint.set_aside import SetAsideWarning
-from pimm_fn.runtime import lock
+from pimm_fn.checkpoint.validation import SetAsideWarning
+from pimm_fn.checkpoint import lock
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -186,14 +186,14 @@ def test_a_checkpoint_on_a_store_is_checked_from_one_listing(url, monkeypatch):
 _KILLED_SAVE = """
 import os, signal, sys, torch
 import pimm_fn as pf
-from pimm_fn.checkpoint import _safe_writes
+from pimm_fn.checkpoint import files
 model_dir = sys.argv[1]
 pf.checkpoint.save_checkpoint(model_dir, step=1, weights={"w": torch.ones(1000)}, trainer={"t": torch.zeros(1000)},
                               local={})
 def killed(*args, **kwargs):
     print("killed before the marker", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
-_safe_writes.write_marker = killed
+files.write_marker = killed
 pf.checkpoint.save_checkpoint(model_dir, step=2, weights={"w": torch.ones(1000)}, trainer={"t": torch.zeros(1000)},
                               local={})
 """
@@ -313,14 +313,14 @@ def test_reading_from_a_store_never_unpickles(capsys):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
 
-    from pimm_fn.checkpoint import safe_reading
+    from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
 
     where = storage.location(f"memory://pimm-{uuid.uuid4().hex[:12]}/crafted")
     dcp.save({"x": _Boom(), "t": torch.ones(2)}, storage_writer=FsspecWriter(where.url + "/trainer"), no_dist=True)
     with pytest.raises(pf.CheckpointError, match="pickled object"):
         safe_reading.load({"x": torch.empty(1)}, where)
     meta = safe_reading.metadata(where)
-    with pytest.raises(BaseException, match="safe_reading.s planner only"):
+    with pytest.raises(BaseException, match="dcp_reading.s planner only"):
         dcp.load({"x": None}, storage_reader=safe_reading._StoreReader(where / "trainer", meta), no_dist=True)
     template = {"t": torch.empty(2)}
     safe_reading.load(template, where)

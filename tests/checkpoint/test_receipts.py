@@ -18,7 +18,7 @@ from pimm_fn.checkpoint import (
     save_checkpoint,
     save_checkpoint_async,
 )
-from pimm_fn.checkpoint import _receipts
+from pimm_fn.checkpoint import publish as _receipts
 
 WEIGHTS, TRAINER, LOCAL = {"w": torch.arange(3.0)}, {"lr": 0.1}, {"seed": 1}
 

@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import _publish, _standard, latest_checkpoint, save_checkpoint, write_best
+from pimm_fn.checkpoint import latest_checkpoint, save_checkpoint, write_best
+from pimm_fn.checkpoint import publish as _publish
+from pimm_fn.checkpoint.formats import standard as _standard
 from pimm_fn.core.retention import Snapshot, any_of, decide, keep_best, keep_every, keep_last, recordable, resolve
 
 SNAPS = (Snapshot(10, {"acc": 0.7, "loss": 0.3}), Snapshot(20, {"acc": 0.5}), Snapshot(30, {"acc": 0.7, "loss": 0.1}),

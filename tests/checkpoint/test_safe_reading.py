@@ -20,8 +20,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import safe_reading
-from pimm_fn.checkpoint.metadata_unpickler import MetadataUnpickler
+from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
+from pimm_fn.checkpoint.formats.dcp_reading import MetadataUnpickler
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402
@@ -71,7 +71,7 @@ def test_a_pickled_entry_where_pimm_fn_packs_a_tensor_is_refused_everywhere(genu
     crafted = republish(genuine, tmp_path / "crafted" / "model", entries={"trainer/t/0": Payload(marker)})
     with pytest.raises(pf.CheckpointError, match=r"'trainer/t/0' as a non-tensor entry"):
         _resume(crafted, tmp_path / "run")
-    from pimm_fn.checkpoint._peek import contents_of
+    from pimm_fn.checkpoint.inspection import contents_of
 
     with pytest.raises((pf.CheckpointError, ValueError)):
         contents_of(crafted)
@@ -89,7 +89,7 @@ def test_the_layer_refuses_a_pickled_entry_even_asked_for_directly(genuine, tmp_
     with pytest.raises(pf.CheckpointError, match=r"'extra/thing' as a pickled object where a tensor is expected"):
         safe_reading.load({"extra/thing": torch.empty(1)}, crafted)
     reader = safe_reading._Reader(crafted / "trainer", safe_reading.metadata(crafted))
-    with pytest.raises(BaseException, match=r"safe_reading's planner only"):
+    with pytest.raises(BaseException, match=r"dcp_reading's planner only"):
         dcp.load({"extra/thing": torch.empty(1)}, storage_reader=reader, no_dist=True)
     assert not marker.exists()
 
@@ -244,11 +244,11 @@ def _dcp_aliases(tree: ast.AST) -> set:
 
 
 def test_no_module_outside_the_layer_reads_dcp_itself():
-    """Every DCP read goes through pimm_fn.checkpoint.safe_reading: no other module calls dcp.load, builds a
+    """Every DCP read goes through pimm_fn.checkpoint.formats.dcp_reading: no other module calls dcp.load, builds a
     FileSystemReader or a load planner (an AST scan of the package)."""
     offenders = {}
     for path in PACKAGE.rglob("*.py"):
-        if path.name == "safe_reading.py":
+        if path.name == "dcp_reading.py":
             continue
         tree = ast.parse(path.read_text())
         found = _dcp_reads(tree, _dcp_aliases(tree))

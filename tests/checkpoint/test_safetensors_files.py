@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pimm_fn.checkpoint import CheckpointError, load_weights_file
-from pimm_fn.checkpoint.safetensors_files import MAX_HEADER, SHA256, read_safetensors, write_safetensors
+from pimm_fn.checkpoint.formats.safetensors_files import MAX_HEADER, SHA256, read_safetensors, write_safetensors
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from _stuck import within  # noqa: E402

@@ -15,8 +15,9 @@ import warnings
 import pytest
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import candidates, inspection
-from pimm_fn.checkpoint.set_aside import SetAsideWarning, set_aside
+from pimm_fn.checkpoint import discovery as candidates
+from pimm_fn.checkpoint import inspection
+from pimm_fn.checkpoint.validation import SetAsideWarning, set_aside
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402

@@ -9,7 +9,8 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import load_weights_file, sharded
+from pimm_fn.checkpoint import load_weights_file
+from pimm_fn.checkpoint.formats import sharded
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 from _process_group import one_rank_group  # noqa: E402, F401 - a fixture

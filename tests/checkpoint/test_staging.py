@@ -10,7 +10,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import _layout, _safe_writes, _staging
+from pimm_fn.checkpoint import files as _layout
+from pimm_fn.checkpoint import files as _safe_writes
+from pimm_fn.checkpoint import background as _staging
 
 SENTINEL = 1234.56789  # a value whose bytes appear nowhere else
 

@@ -12,7 +12,9 @@ import uuid
 import pytest
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import CheckpointStorageError, storage, writable
+from pimm_fn.checkpoint import CheckpointStorageError
+from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint import files as writable
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))

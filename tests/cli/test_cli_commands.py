@@ -15,7 +15,9 @@ import torch
 from safetensors import safe_open
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import _publish, _standard, save_checkpoint
+from pimm_fn.checkpoint import save_checkpoint
+from pimm_fn.checkpoint import publish as _publish
+from pimm_fn.checkpoint.formats import standard as _standard
 from pimm_fn.cli import DAMAGED, NOT_FOUND, OK, USAGE, main
 from pimm_fn.cli._plan import compact
 from pimm_fn.compat import build_hooks

@@ -17,7 +17,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-from pimm_fn.runtime.context import unwrap
+from pimm_fn.runtime.engine.interpreter import unwrap
 
 
 def pimm_rng() -> dict:

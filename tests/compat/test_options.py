@@ -5,7 +5,7 @@ import re
 import pytest
 
 from pimm_fn.compat import apply_options, build_hooks, checkpoint_saver, checkpoint_saver_iteration, parse_options
-from pimm_fn.compat.option_values import parse_value
+from pimm_fn.compat.options import parse_value
 
 
 @pytest.mark.parametrize("text, value", [

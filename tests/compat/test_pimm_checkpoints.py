@@ -177,7 +177,7 @@ def test_an_exported_models_model_safetensors_is_read_by_pimm_fns_one_checked_re
     CheckpointError naming it, as for any warm start, not an error from inside another library."""
     from safetensors.torch import save_file
 
-    from pimm_fn.compat.pimm_weights import load_pimm_weights
+    from pimm_fn.compat.warm_start import load_pimm_weights
 
     source = Net().state_dict()
     save_file({f"module.{k}": v for k, v in source.items()}, str(tmp_path / "model.safetensors"))

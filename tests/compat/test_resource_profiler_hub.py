@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 import pimm_fn as pf  # noqa: E402
 from pimm_fn.compat import HANDLERS, build_hooks  # noqa: E402
 from pimm_fn.compat import effects as fx  # noqa: E402
-from pimm_fn.compat._monitoring import stage_for_hub  # noqa: E402
+from pimm_fn.compat.monitors import stage_for_hub  # noqa: E402
 from pimm_fn.core.effects import Stop  # noqa: E402
 
 HAS_HUB = importlib.util.find_spec("huggingface_hub") is not None

@@ -7,7 +7,7 @@ import pimm_fn as pf
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Evaluate, Log, SaveCheckpoint, Stop, WriteBest
 from pimm_fn.testing import simulate
-from pimm_fn.testing.plan_check import moments
+from pimm_fn.testing.assertions import moments
 from pimm_fn.testing.strategies import hook_stacks, metric_streams, miou, schedules
 
 

@@ -13,7 +13,7 @@ from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
 from pimm_fn.core.state import Progress, State
 from pimm_fn.hooks import early_stop, ema, evaluate_every, log_every, save_every, step_scheduler
 from pimm_fn.hooks.progress import progress_bar
-from pimm_fn.runtime.transaction import failing_hook
+from pimm_fn.runtime.engine.transaction import failing_hook
 
 
 @attrs.frozen

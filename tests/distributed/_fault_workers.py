@@ -20,7 +20,7 @@ import pimm_fn as pf
 from _workers import Net, _dump, loader
 from pimm_fn import dist
 from pimm_fn.checkpoint import DiskFullError
-from pimm_fn.runtime.context import unwrap
+from pimm_fn.runtime.engine.interpreter import unwrap
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1] / "checkpoint"))  # after the workers' own dir
 from _disk_faults import damage, full_disk  # noqa: E402

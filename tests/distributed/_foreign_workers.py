@@ -1,7 +1,7 @@
 """Worker function: resuming another layout through a reader handed with the run's handlers, on several ranks.
 
 One launch (``_foreign_workers:foreign``) saves a pimm_fn run, lays a toy layout beside it (a ``model/pointer.txt``
-naming that run's checkpoint, rank 0 writes it), then every rank resumes and refuses as ``pimm_fn.runtime.locate``
+naming that run's checkpoint, rank 0 writes it), then every rank resumes and refuses as ``pimm_fn.runtime.resume.resume``
 decides, and records what it got and which paths its reader was asked about (rank 0 alone is ever asked).
 """
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import _fsdp_workers as fw
 import pimm_fn as pf
 from _workers import MAX_EPOCHS, _dump, loader
-from pimm_fn.checkpoint import latest_checkpoint, storage
+from pimm_fn.checkpoint import latest_checkpoint
+from pimm_fn.checkpoint import storage
 
 SAVED_AT = 5
 

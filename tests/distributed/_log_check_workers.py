@@ -9,7 +9,7 @@ import torch
 import torch.distributed as td
 
 import pimm_fn as pf
-from pimm_fn.runtime.default_step import train_step
+from pimm_fn.runtime.step.train_step import train_step
 from _workers import Net, _dump, loader
 
 

@@ -17,7 +17,8 @@ import sys
 import torch.distributed as td
 
 import pimm_fn as pf
-from pimm_fn.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, sharded
+from pimm_fn.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from pimm_fn.checkpoint.formats import sharded
 from _fsdp_workers import build_model, build_optimizer
 from _workers import _dump, loader
 

@@ -21,7 +21,7 @@ from _fault_workers import _build
 from _disk_faults import hashes as _hashes  # on the path _fault_workers adds
 from _workers import _dump
 from pimm_fn import dist
-from pimm_fn.runtime import lock
+from pimm_fn.checkpoint import lock
 
 CASES = ["all_damaged", "rank1_only", "marker_lost", "locked"]
 

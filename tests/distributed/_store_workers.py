@@ -10,7 +10,7 @@ import os
 import signal
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import _standard
+from pimm_fn.checkpoint.formats import standard as _standard
 
 import _workers
 

@@ -35,8 +35,9 @@ import pimm_fn as pf
 from pimm_fn import dist
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint
-from pimm_fn.runtime import handlers, save_contents
-from pimm_fn.runtime.context import unwrap
+from pimm_fn.runtime.handlers import checkpointing as handlers
+from pimm_fn.runtime.handlers import checkpointing as save_contents
+from pimm_fn.runtime.engine.interpreter import unwrap
 
 NUM_SAMPLES = 48
 BATCH = 4
@@ -173,7 +174,8 @@ def _dying_save(step: int, victim: int):
     """A SaveCheckpoint handler whose ``victim`` rank is SIGKILLed inside the DCP write of ``step``."""
     import torch.distributed.checkpoint as dcp
 
-    from pimm_fn.checkpoint import _publish, _standard
+    from pimm_fn.checkpoint import publish as _publish
+    from pimm_fn.checkpoint.formats import standard as _standard
 
     class DyingWriter(dcp.FileSystemWriter):
         def write_data(self, plan, planner):
@@ -335,7 +337,7 @@ class _FlakyNet(Net):
 
 def _flaky_save(step, ranks):
     """The real save handler, raising once before the save of ``step`` on ``ranks``."""
-    from pimm_fn.runtime.handlers import save_checkpoint
+    from pimm_fn.runtime.handlers.checkpointing import save_checkpoint
 
     fired = []
 

@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from pimm_fn.checkpoint import latest_checkpoint, storage
+from pimm_fn.checkpoint import latest_checkpoint
+from pimm_fn.checkpoint import storage
 
 from _launch import results, run_ranks
 

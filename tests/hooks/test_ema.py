@@ -12,7 +12,7 @@ from pimm_fn import checkpoint
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import UpdateEma
 from pimm_fn.core.state import Progress, State
-from pimm_fn.runtime.ema import EmaWeights
+from pimm_fn.runtime.handlers.ema import EmaWeights
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "runtime"))
 from _tiny_workload import TinyNet, loader, negative_mse  # noqa: E402

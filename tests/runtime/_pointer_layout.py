@@ -1,4 +1,4 @@
-"""A toy checkpoint layout and its reader (``pimm_fn.checkpoint.foreign``), as a plug-in of another library would ship.
+"""A toy checkpoint layout and its reader (``pimm_fn.checkpoint.discovery``), as a plug-in of another library would ship.
 
 The layout is a directory whose ``pointer.txt`` names a pimm_fn checkpoint; the reader, also the handler of the
 plug-in's one effect (``Note``), records every path the resume asks it about.

@@ -13,7 +13,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 import _tiny_workload as tw  # noqa: E402
 import pimm_fn as pf  # noqa: E402
-from pimm_fn.runtime.wandb_logger import WandbLogger  # noqa: E402
+from pimm_fn.runtime.logs.trackers import WandbLogger  # noqa: E402
 
 HOOKS = [pf.save_every(3), pf.log_every(1)]
 BLOCK_AT = 6  # the training forward that writes the ready file and waits for the kill

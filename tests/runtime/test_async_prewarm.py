@@ -7,8 +7,8 @@ import torch
 
 import pimm_fn as pf
 from pimm_fn import checkpoint
-from pimm_fn.checkpoint import _staging
-from pimm_fn.runtime import background_staging
+from pimm_fn.checkpoint import background as _staging
+from pimm_fn.runtime.handlers import checkpointing as background_staging
 
 import _tiny_workload as tw
 

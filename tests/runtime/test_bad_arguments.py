@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import pimm_fn as pf
 from pimm_fn.core.effects import SaveCheckpoint
-from pimm_fn.runtime.option_keywords import MOVED
+from pimm_fn.runtime.engine.loop import MOVED
 from _tiny_workload import TinyNet, build, loader, standard_hooks
 
 

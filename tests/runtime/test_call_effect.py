@@ -8,8 +8,8 @@ import torch
 
 import pimm_fn as pf
 from pimm_fn.core.effects import Call, Scope
-from pimm_fn.runtime.context import unwrap
-from pimm_fn.testing.plan_check import matches_plan
+from pimm_fn.runtime.engine.interpreter import unwrap
+from pimm_fn.testing.assertions import matches_plan
 from _tiny_workload import TinyNet, loader
 
 ITERS = 5  # the tiny loader: 40 samples in batches of 8

@@ -8,9 +8,10 @@ from torch.distributed.fsdp import fully_shard
 
 import pimm_fn as pf
 from pimm_fn import checkpoint
+from pimm_fn.checkpoint.formats import sharded
 from pimm_fn.checkpoint.contents import to_parts
 from pimm_fn.core.effects import SaveCheckpoint
-from pimm_fn.runtime.save_contents import trainer_contents
+from pimm_fn.runtime.handlers.checkpointing import trainer_contents
 from _more_state_workload import GanStep, RunningMean, TinyGan
 from _process_group import one_rank_group  # noqa: F401 - a fixture
 from _tiny_workload import TinyNet, loader, same_weights, weights
@@ -178,11 +179,11 @@ def test_a_sharded_models_optimizer_is_checked_before_its_shards_load(one_rank_g
     """FSDP2: Adam -> SGD is refused before the shards load; under 'new' the model's shards load, the SGD is fresh."""
     net, first = _sharded(tmp_path)
     first.run(steps=3)
-    at_3 = {k: v.clone() for k, v in checkpoint.sharded.full_weights(net).items()}
+    at_3 = {k: v.clone() for k, v in sharded.full_weights(net).items()}
     with pytest.raises(pf.ResumeError, match=rf"its optimizer is a {ADAM}, this run's is a {SGD}"):
         _sharded(tmp_path, optimizer="sgd", resume="auto")
     net, run = _sharded(tmp_path, optimizer="sgd", resume="auto", resuming=pf.Resuming(resume_hyperparameters="new"))
-    resumed = checkpoint.sharded.full_weights(net)
+    resumed = sharded.full_weights(net)
     assert all(torch.equal(resumed[k], v) for k, v in at_3.items()) and not run.ctx.optimizer.state
     run()
     assert run.state.progress.global_step == 5 and run.ctx.optimizer.state

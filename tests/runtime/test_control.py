@@ -8,9 +8,9 @@ import torch
 import pimm_fn as pf
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Log, SaveCheckpoint, Scope, StepScheduler, Stop
-from pimm_fn.runtime import control
+from pimm_fn.runtime.handlers import control
 from pimm_fn.testing import simulate
-from pimm_fn.testing.plan_check import matches_plan
+from pimm_fn.testing.assertions import matches_plan
 from _tiny_workload import TinyNet, loader, same_weights, weights
 
 ITERS = 5  # the tiny loader: 40 samples in batches of 8

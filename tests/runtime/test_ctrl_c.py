@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from pimm_fn.runtime.ctrl_c import CtrlC
+from pimm_fn.runtime.engine.preemption import CtrlC
 
 
 def _sigint_and_spin():

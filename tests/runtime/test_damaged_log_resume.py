@@ -3,7 +3,7 @@
 import json
 
 import pimm_fn as pf
-from pimm_fn.runtime.history import History
+from pimm_fn.runtime.logs.history import History
 from _tiny_workload import build
 
 _HOOKS = lambda: [pf.save_every(4), pf.log_every(1)]  # noqa: E731 - a fresh list per run
@@ -90,7 +90,7 @@ def test_a_complete_last_line_without_its_newline_is_not_glued_to_the_next(tmp_p
 
 def test_many_damaged_lines_are_counted_in_one_message_naming_the_first_few(tmp_path):
     """Seven damaged lines among good ones: one message, all seven counted, the first five line numbers named."""
-    from pimm_fn.runtime.jsonl import keep_upto
+    from pimm_fn.runtime.logs.loggers import keep_upto
 
     good = [b'{"step": %d, "kind": "train", "loss": 0.5}\n' % n for n in range(1, 4)]
     lines = good[:1] + [b"\xff%d\n" % n for n in range(7)] + good[1:]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from pimm_fn.runtime.device import local_cuda_index, misplaced_model, use_local_cuda_device
+from pimm_fn.runtime.step.devices import local_cuda_index, misplaced_model, use_local_cuda_device
 
 
 def test_local_rank_names_the_device_in_a_process_group():

@@ -29,7 +29,7 @@ def test_the_hooks_name_wins_and_namespaces_the_loader_evaluators_metrics(tmp_pa
 def test_one_loader_evaluator_under_two_hook_names_publishes_each_under_its_own():
     """The same evaluator in two evaluate_every hooks named apart: two evaluators, 'a/acc' and 'b/acc'."""
     from pimm_fn.core.fold import chain
-    from pimm_fn.runtime.implied import Implied
+    from pimm_fn.runtime.engine.implied import Implied
 
     evaluator = pf.loader_evaluator(DataLoader(_data(), batch_size=4), accuracy)
     implied = Implied.of(chain(pf.evaluate_every(2, evaluator, name="a"), pf.evaluate_every(3, evaluator, name="b")))

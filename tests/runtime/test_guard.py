@@ -7,8 +7,8 @@ import torch
 import pimm_fn as pf
 from pimm_fn.core import events as ev
 from pimm_fn.core.plan import initial_state
-from pimm_fn.runtime.guard import AgreementGuard
-from pimm_fn.runtime.guard_setup import describe_setup, setup_of
+from pimm_fn.runtime.engine.guard import AgreementGuard
+from pimm_fn.runtime.engine.implied import describe_setup, setup_of
 from _tiny_workload import TinyNet, loader, negative_mse
 from _process_group import one_rank_group  # noqa: F401 - a fixture
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from pimm_fn.runtime.history import History, read_jsonl
+from pimm_fn.runtime.logs.history import History, read_jsonl
 from _tiny_workload import TinyNet, build, loader, negative_mse
 
 RECORDS = [

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import pimm_fn as pf
 from pimm_fn.core.frozen import FrozenMap
-from pimm_fn.runtime.history import History
+from pimm_fn.runtime.logs.history import History
 from _tiny_workload import build
 
 matplotlib.use("Agg")

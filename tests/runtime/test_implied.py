@@ -9,7 +9,7 @@ import pytest
 import pimm_fn as pf
 from pimm_fn.core import events as ev
 from pimm_fn.core.hook import key
-from pimm_fn.runtime.implied import Implied
+from pimm_fn.runtime.engine.implied import Implied
 
 import _tiny_workload as tw
 from _process_group import one_rank_group  # noqa: F401 - a fixture

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 import pimm_fn as pf
 from pimm_fn.core.effects import Evaluate, Log, SaveCheckpoint, WriteBest
-from pimm_fn.runtime.resume_warning import ResumeNotExactWarning
-from pimm_fn.runtime.handlers import DEFAULT_HANDLERS
-from pimm_fn.runtime.transaction import Interruption
+from pimm_fn.runtime.errors import ResumeNotExactWarning
+from pimm_fn.runtime.handlers.checkpointing import DEFAULT_HANDLERS
+from pimm_fn.runtime.engine.transaction import Interruption
 from _tiny_workload import TinyNet, dataset, loader, same, weights
 
 

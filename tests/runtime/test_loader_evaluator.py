@@ -6,7 +6,7 @@ import torchmetrics
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, SequentialSampler, TensorDataset
 
 import pimm_fn as pf
-from pimm_fn.runtime.evaluation_ranks import shard_of
+from pimm_fn.runtime.evaluation.loader_evaluator import shard_of
 
 
 def _data(n=10):

@@ -18,8 +18,8 @@ import time
 import pytest
 
 import pimm_fn as pf
-from pimm_fn.runtime import lock
-from pimm_fn.runtime.lock_holder import Holder, read_holder
+from pimm_fn.checkpoint import lock
+from pimm_fn.checkpoint.lock import Holder, read_holder
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -8,7 +8,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import pimm_fn as pf
 from pimm_fn.core.state import Progress
-from pimm_fn.runtime.log_feed import Logs
+from pimm_fn.runtime.handlers.logs import Logs
 
 
 def _ms_per_step(line: str) -> float:

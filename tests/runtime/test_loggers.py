@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from pimm_fn.runtime.csv_logger import CSVLogger
-from pimm_fn.runtime.loggers import JsonlLogger
-from pimm_fn.runtime.trackers import MLFlowLogger, TensorBoardLogger
-from pimm_fn.runtime.wandb_logger import WandbLogger
+from pimm_fn.runtime.logs.loggers import CSVLogger
+from pimm_fn.runtime.logs.loggers import JsonlLogger
+from pimm_fn.runtime.logs.trackers import MLFlowLogger, TensorBoardLogger
+from pimm_fn.runtime.logs.trackers import WandbLogger
 from _tiny_workload import TinyNet, build, loader, negative_mse
 
 

@@ -9,7 +9,7 @@ import pimm_fn as pf
 from pimm_fn.checkpoint import storage
 from pimm_fn.core.effects import Log
 from pimm_fn.core.state import Progress
-from pimm_fn.runtime.log_feed import Logs
+from pimm_fn.runtime.handlers.logs import Logs
 
 
 def _url() -> str:

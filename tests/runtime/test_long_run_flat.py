@@ -52,7 +52,7 @@ def test_a_full_trace_holds_the_only_events_and_records_a_run_keeps_of_its_steps
 
 def test_a_long_epoch_whose_outputs_no_hook_reads_holds_them_only_so_many_steps():
     """One 5 000-step epoch, no hook reading the step's outputs: what waits unread stops growing (< 50 B a step)."""
-    from pimm_fn.runtime.outputs import WAIT_AT_MOST
+    from pimm_fn.runtime.engine.outputs import WAIT_AT_MOST
 
     first, last = 1.5 * WAIT_AT_MOST, 4.5 * WAIT_AT_MOST  # the same number of steps waits at both (if bounded)
     calls, held = itertools.count(1), {}

@@ -6,7 +6,7 @@ import torch
 
 import pimm_fn as pf
 from pimm_fn.core.trace import Trace
-from pimm_fn.testing.plan_check import published_metrics
+from pimm_fn.testing.assertions import published_metrics
 from _tiny_workload import TinyNet, build, loader, negative_mse
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from pimm_fn.runtime.option_keywords import GONE, MOVED
+from pimm_fn.runtime.engine.loop import GONE, MOVED
 from _more_state_workload import build, snapshot
 from _tiny_workload import TinyNet, loader, same
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from pimm_fn.runtime.option_keywords import MOVED
+from pimm_fn.runtime.engine.loop import MOVED
 from _tiny_workload import TinyNet, loader
 
 VALUES = [pf.Saving(checkpoint_format="legacy", keep=pf.keep_last(3), weights_file=False, digests=True),

@@ -5,7 +5,7 @@ import warnings
 import torch
 
 import pimm_fn as pf
-from pimm_fn.runtime.advice import ConfigurationWarning
+from pimm_fn.runtime.errors import ConfigurationWarning
 
 
 class _Model(torch.nn.Module):

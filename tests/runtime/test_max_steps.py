@@ -10,7 +10,7 @@ import torch
 import pimm_fn as pf
 from pimm_fn.checkpoint import latest_checkpoint
 from pimm_fn.core.effects import Evaluate, SaveCheckpoint
-from pimm_fn.testing.plan_check import moments, published_metrics
+from pimm_fn.testing.assertions import moments, published_metrics
 from _tiny_workload import TinyNet, build, loader, same_weights, standard_hooks, weights
 from _subprocess import run_workload
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from pimm_fn.runtime.advice import NonFiniteMetricWarning
+from pimm_fn.runtime.errors import NonFiniteMetricWarning
 from _tiny_workload import build
 
 

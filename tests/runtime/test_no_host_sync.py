@@ -55,7 +55,7 @@ def test_epoch_means_from_device_sums_equal_those_of_a_run_reading_every_step(tm
 
 def test_a_long_epoch_read_every_wait_at_most_steps_has_the_epoch_mean_of_one_read_every_step():
     """A 2 500-step epoch whose outputs are read at steps 1 000, 2 000 and its end: the epoch mean, bit for bit."""
-    from pimm_fn.runtime.outputs import WAIT_AT_MOST
+    from pimm_fn.runtime.engine.outputs import WAIT_AT_MOST
 
     def epoch_mean(*hooks):
         torch.manual_seed(0)

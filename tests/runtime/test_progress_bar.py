@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 import pimm_fn as pf
-from pimm_fn.runtime import progress_bar
+from pimm_fn.runtime.handlers import progress as progress_bar
 from _sync_count import quiet_steps, reads_per_step
 from _tiny_workload import TinyNet, build, dataset, negative_mse
 

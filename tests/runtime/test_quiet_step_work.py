@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from pimm_fn.runtime import rng
+from pimm_fn.runtime.step import rng
 
 from tests.runtime._tiny_workload import TinyNet
 

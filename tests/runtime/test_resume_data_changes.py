@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import pimm_fn as pf
-from pimm_fn.runtime.remainder import Remainder, epoch_order, share
+from pimm_fn.runtime.data.positioning import Remainder, epoch_order, share
 
 SAMPLES = 48
 

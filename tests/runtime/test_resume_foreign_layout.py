@@ -1,5 +1,5 @@
 """Another layout resumes through a reader handed to the loop with its plug-in's handlers
-(pimm_fn.checkpoint.foreign): asked only where pimm_fn finds nothing of its own, never without one."""
+(pimm_fn.checkpoint.discovery): asked only where pimm_fn finds nothing of its own, never without one."""
 
 import pytest
 
@@ -7,7 +7,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import pimm_fn as pf  # noqa: E402
-from pimm_fn.checkpoint import foreign  # noqa: E402
+from pimm_fn.checkpoint import discovery as foreign  # noqa: E402
 
 from _pointer_layout import Note, PointerReader  # noqa: E402
 

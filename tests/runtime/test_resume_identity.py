@@ -15,7 +15,7 @@ from pimm_fn import checkpoint
 from pimm_fn.core import codec
 from pimm_fn.core.effects import Log, SaveCheckpoint
 from pimm_fn.core.events import AfterStep
-from pimm_fn.runtime.rng import capture_rng
+from pimm_fn.runtime.step.rng import capture_rng
 
 import _tiny_workload as tw
 

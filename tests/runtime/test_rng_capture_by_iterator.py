@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import pimm_fn as pf
-from pimm_fn.runtime import rng
-from pimm_fn.runtime.feed import Feed
+from pimm_fn.runtime.step import rng
+from pimm_fn.runtime.data.feed import Feed
 
 from tests.runtime._tiny_workload import TinyNet
 

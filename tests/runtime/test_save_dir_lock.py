@@ -22,7 +22,7 @@ import time
 import pytest
 
 import pimm_fn as pf
-from pimm_fn.runtime import lock
+from pimm_fn.checkpoint import lock
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

@@ -173,7 +173,7 @@ def test_a_nan_loss_raises_where_the_losses_are_next_read_naming_its_step():
 
 def test_a_nan_loss_in_a_long_epoch_no_hook_reads_is_raised_within_wait_at_most_steps():
     """One 3 000-step epoch with no hook reading the outputs: a NaN loss at step 3 raises at step 1 000, not 3 000."""
-    from pimm_fn.runtime.outputs import WAIT_AT_MOST
+    from pimm_fn.runtime.engine.outputs import WAIT_AT_MOST
 
     torch.manual_seed(0)
     model = NaNAt(3)

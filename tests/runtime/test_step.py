@@ -5,8 +5,8 @@ import warnings
 import pytest
 import torch
 
-from pimm_fn.runtime.batches import batch_size as _batch_size
-from pimm_fn.runtime.default_step import scalar_outputs, train_step, train_step_scalars
+from pimm_fn.runtime.step.driver import batch_size as _batch_size
+from pimm_fn.runtime.step.train_step import scalar_outputs, train_step, train_step_scalars
 
 
 class Net(torch.nn.Module):

@@ -10,8 +10,8 @@ import wandb  # noqa: F401 - the test extra installs it: never skipped
 from wandb.proto import wandb_internal_pb2
 
 import pimm_fn as pf
-from pimm_fn.runtime.trackers import MLFlowLogger
-from pimm_fn.runtime.wandb_logger import WandbLogger
+from pimm_fn.runtime.logs.trackers import MLFlowLogger
+from pimm_fn.runtime.logs.trackers import WandbLogger
 
 from _tiny_workload import build, negative_mse
 

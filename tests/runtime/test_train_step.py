@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import pimm_fn as pf
-from pimm_fn.runtime.batches import MicroBatches, batch_size
-from pimm_fn.runtime.feed import Feed
-from pimm_fn.runtime.batch_to_device import to_device
+from pimm_fn.runtime.step.driver import MicroBatches, batch_size
+from pimm_fn.runtime.data.feed import Feed
+from pimm_fn.runtime.step.train_step import to_device
 from _tiny_workload import same, weights
 
 Pair = collections.namedtuple("Pair", "x y")

@@ -7,9 +7,9 @@ import pytest
 
 import pimm_fn.runtime as runtime_package
 from pimm_fn.core.schedule import skip_to
-from pimm_fn.runtime.ctrl_c import OWN_FILES, CtrlC
-from pimm_fn.runtime.quiet import QuietSteps
-from pimm_fn.runtime.transaction import Interruption, Transaction
+from pimm_fn.runtime.engine.preemption import OWN_FILES, CtrlC
+from pimm_fn.runtime.engine.outputs import QuietSteps
+from pimm_fn.runtime.engine.transaction import Interruption, Transaction
 
 from tests.runtime._tiny_workload import build
 
@@ -25,9 +25,14 @@ def _opens_units(path: pathlib.Path) -> bool:
 
 def test_every_module_that_opens_units_holds_a_ctrl_c_back_in_its_own_code():
     """A module entering units is one of the loop's own files: a Ctrl-C landing in its bookkeeping waits."""
-    opening = {p.name for p in _RUNTIME.glob("*.py") if _opens_units(p)}
-    assert {"walker.py", "driver.py"} <= opening
-    assert {str(_RUNTIME / name) for name in opening | {"transaction.py", "quiet.py"}} <= OWN_FILES
+    opening = {str(p.relative_to(_RUNTIME)) for p in _RUNTIME.rglob("*.py") if _opens_units(p)}
+    assert {"engine/walker.py", "step/driver.py"} <= opening
+    assert {str(_RUNTIME / name) for name in opening | {"engine/transaction.py", "engine/outputs.py"}} <= OWN_FILES
+
+
+def test_the_loops_own_files_are_files_of_the_package():
+    """Every file the Ctrl-C handler holds a signal back in exists: a module moved or renamed cannot drop out of it."""
+    assert OWN_FILES and all(pathlib.Path(path).is_file() for path in OWN_FILES)
 
 
 def _transaction(tmp_path, keys):

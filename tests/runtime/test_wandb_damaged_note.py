@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from pimm_fn.runtime.wandb_logger import WandbLogger
+from pimm_fn.runtime.logs.trackers import WandbLogger
 
 from _tiny_workload import build
 from test_tracker_resume import HOOKS, SAVED, STOPPED, _wandb_records, _written

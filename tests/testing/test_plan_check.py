@@ -5,7 +5,7 @@ import attrs
 import pimm_fn as pf
 from pimm_fn.core.effects import Log
 from pimm_fn.core.trace import Trace
-from pimm_fn.testing.plan_check import matches_plan, moments, published_metrics
+from pimm_fn.testing.assertions import matches_plan, moments, published_metrics
 
 
 def accuracy(model):

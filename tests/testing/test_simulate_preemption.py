@@ -14,7 +14,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.preemption import stop_step
 from pimm_fn.testing import simulate
-from pimm_fn.testing.preemption_strategies import StepClock, preemption_requests, step_clocks
+from pimm_fn.testing.strategies import StepClock, preemption_requests, step_clocks
 from pimm_fn.testing.strategies import hook_stacks, metric_streams, schedules
 
 _RESUMED = ev.BeforeTrain(resumed=True)

@@ -1,0 +1,263 @@
+"""``loop()``'s options beyond the daily arguments, as frozen values: how to resume, watch, spread and train.
+
+``loop()`` takes what a user writes every day (model, optimizer or a dict of
+named ones, data, hooks, budget, ``save_dir``, ``resume``, loggers) as
+keywords, and the rest as a few values, each read by the part of the runtime
+it configures: ``Resuming`` by ``resume.restore``, ``Watching`` by the
+console, progress bar, logs and the interpreter's trace, ``Parallel`` by the
+DDP wrapper and the agreement guard, ``Training`` by the feed, the step and
+the checkpoint's contents. How to save is ``pimm_fn.checkpoint.saving.Saving``.
+Each field keeps the name the keyword had when ``loop()`` took it, and is
+checked at construction with the same message; the repr is the factory call.
+A keyword that moved into one of them, or went, is refused with a
+``TypeError`` saying what to pass instead (``pimm_fn.runtime.engine.loop``).
+
+>>> Watching(console=False)
+Watching(console=False, progress=None, log_reduce=None, keep_trace=10000, sanity_check=None)
+>>> Resuming(resume_hyperparameters="user")
+Traceback (most recent call last):
+ValueError: loop: 'resume_hyperparameters' must be 'checkpoint' (the checkpoint's optimizer hyper-parameters win) or 'new' (this run's optimizer's win) (got 'user')
+"""
+
+import datetime
+import signal
+from collections.abc import Mapping
+from typing import ClassVar
+
+import attrs
+
+from pimm_fn.checkpoint.saving import Saving
+from pimm_fn.core import validate as v
+from pimm_fn.core.preemption import EX_TEMPFAIL
+from pimm_fn.runtime.engine.arguments import ARGUMENTS, check_on_nonfinite, check_resume_hyperparameters
+from pimm_fn.runtime.engine.interpreter import KEEP_TRACE
+from pimm_fn.runtime.logs.loggers import check_loggers
+
+__all__ = ["Saving", "Resuming", "Watching", "Parallel", "Training", "Preemption", "seconds"]
+
+_BOOL = v.is_bool.with_hint("pass True or False")
+
+
+def _hyperparameters(instance, attribute, value) -> None:
+    check_resume_hyperparameters(value)
+
+
+def _log_reduce(instance, attribute, value) -> None:
+    check_loggers((), value)
+
+
+def _on_nonfinite(instance, attribute, value) -> None:
+    check_on_nonfinite(value, custom_step=False)  # 'skip' with a custom step_fn is loop()'s to refuse
+
+
+@attrs.frozen
+class Resuming:
+    """How a resume treats what changed since the checkpoint.
+
+    Args:
+        strict_resume: refuse a resume that cannot restore the data position.
+            Steps per epoch that changed since the checkpoint (another batch
+            size) continue the interrupted epoch by samples consumed where
+            that is exact, else restart it; ``global_step`` is kept and a
+            ``ResumeNotExactWarning`` says which (``pimm_fn.runtime.data.positioning``).
+        resume_hyperparameters: whose optimizer hyper-parameters win where this
+            run's optimizer (``lr``, ``weight_decay``, ``momentum``, ``betas``...)
+            differs from the checkpoint's: ``"checkpoint"`` (default) or
+            ``"new"`` (applied after loading the optimizer state). Each
+            difference is said either way. A scheduler's state still comes from
+            the checkpoint (``pimm_fn.runtime.resume.checks``). An optimizer
+            or scheduler of another class is a ``ResumeError`` under
+            ``"checkpoint"``; under ``"new"`` it starts fresh, said on the
+            console (``pimm_fn.runtime.resume.checks``).
+    """
+
+    factory_name: ClassVar[str] = "loop"  # its errors read as loop()'s did: these were loop()'s keywords
+
+    strict_resume: bool = attrs.field(default=False, validator=_BOOL)
+    resume_hyperparameters: str = attrs.field(default="checkpoint", validator=_hyperparameters)
+
+
+@attrs.frozen
+class Watching:
+    """What a person (or a test) sees of a run: console lines, the progress bar, logged outputs, the trace.
+
+    Args:
+        console: print progress lines on the main rank.
+        progress: a progress bar on the main rank (step/total, it/s, time left,
+            the latest loss ``log_every`` read and metrics): ``None`` (default)
+            shows it where someone watches (rank 0's stderr is a terminal, or a
+            notebook) with ``console`` on; ``True``/``False`` force it. It adds
+            no host sync (``pimm_fn.runtime.handlers.progress``); its hook joins
+            ``run.hooks``, last, but not ``run.trace``.
+        log_reduce: ``"mean"`` logs the training outputs (``train`` and
+            ``epoch`` records) averaged over the ranks, with two small all-reduces
+            per such record, on the steps that log only (the first checks that
+            every rank logged the same step and names: else a
+            ``CollectiveDivergenceError`` on every rank); ``None`` (default) logs
+            rank 0's. With several ranks each record says which in its ``over``
+            field (``"rank 0"`` or ``"mean of 4 ranks"``).
+        keep_trace: how many executed effects ``run.trace`` keeps, the newest
+            (default 10 000, so a long run's memory stays flat); ``None`` keeps
+            every one. An entry logged every step (``log_every(1)``: the
+            step's ``AfterStep`` and its ``Log``) holds about 0.75 KB: the
+            default's 10 000 hold ~7.5 MB once full, and no more after.
+        sanity_check: evaluators run once when ``loop()`` builds the run,
+            before the first step (as Lightning's ``num_sanity_val_steps=2``).
+            ``None`` (default): each ``loader_evaluator`` on its first 2
+            batches per rank (an ``fn(model)`` evaluator cannot be shortened,
+            so it is left to its first evaluation); ``n`` > 0: every
+            evaluator, a ``loader_evaluator`` on its first ``n`` batches, an
+            ``fn(model)`` one as it is; ``0``: off. What they return is
+            checked (a metric some hook reads that none publishes, such as
+            ``best_on("acc")`` beside ``"val/acc"``, is a ``ValueError`` in
+            seconds, not at the first evaluation) and then dropped: no best,
+            no log; the model, the training's RNG streams and its data are as
+            they were (``pimm_fn.runtime.evaluation.sanity``).
+    """
+
+    factory_name: ClassVar[str] = "loop"
+
+    console: bool = attrs.field(default=True, validator=_BOOL)
+    progress: bool | None = attrs.field(default=None, validator=v.optional(v.is_bool.with_hint(
+        "pass None (a bar where someone watches), True or False")))
+    log_reduce: str | None = attrs.field(default=None, validator=_log_reduce)
+    keep_trace: int | None = attrs.field(default=KEEP_TRACE, validator=ARGUMENTS["keep_trace"])
+    sanity_check: int | None = attrs.field(default=None, validator=v.optional(v.int_at_least(0).with_hint(
+        "pass the number of batches each loader_evaluator runs before the first step, 0 (off), or None "
+        "(2 batches of each loader_evaluator)")))
+
+
+@attrs.frozen
+class Parallel:
+    """How the run spreads over the ranks of a process group.
+
+    Args:
+        ddp: wrap ``model`` in ``DistributedDataParallel`` when a process group
+            is initialized (a no-op without one, or when it is already wrapped);
+            the wrapper is ``run.ctx.model``. A sharded model (FSDP2,
+            ``fully_shard``) is passed as it is, without ``ddp``
+            (``pimm_fn.checkpoint.formats.sharded``).
+        check_agreement: compare collective effects across ranks before running
+            them, raising ``CollectiveDivergenceError`` on every rank instead of
+            hanging (default ``None``: on whenever a process group is
+            initialized; ``False`` turns it off). Before the first step it
+            compares each hook's identity and arguments and the schedule; then
+            only the collective effects of hooks not declared
+            ``rank_consistent`` (the built-ins are), with one small asynchronous
+            all-reduce where such a hook is called (``benchmarks/guard.py``).
+    """
+
+    factory_name: ClassVar[str] = "loop"
+
+    ddp: bool = attrs.field(default=False, validator=_BOOL)
+    check_agreement: bool | None = attrs.field(default=None, validator=ARGUMENTS["check_agreement"])
+
+
+@attrs.frozen
+class Training:
+    """What trains beside the model and optimizer, what a non-finite loss does, and how long an epoch is.
+
+    Args:
+        on_nonfinite: ``"raise"`` (default; ``NonFiniteLossError`` naming the
+            global step), ``"skip"`` (the default step leaves the batch out of
+            the update; each occurrence warns; refused with a custom
+            ``step_fn``) or ``"warn"`` (``pimm_fn.runtime.step.nonfinite``).
+        scaler: a ``GradScaler`` stepped by the default step and checkpointed.
+            With ``None``, a ``TrainStep(precision="fp16")`` makes its own.
+        extra_state: ``{name: obj}`` of objects with ``state_dict()`` and
+            ``load_state_dict()`` checkpointed with the run and restored exactly
+            (rank 0's is written). The ``ema()`` hooks' averages join it.
+        config: the initial ``State.config`` (a pimm config, for ``compat``).
+        iters_per_epoch: steps per epoch (default ``len(train_data)``, or
+            ``len(train_data) // k`` for a step accumulating ``k`` batches).
+    """
+
+    factory_name: ClassVar[str] = "loop"
+
+    on_nonfinite: str = attrs.field(default="raise", validator=_on_nonfinite)
+    scaler: object = attrs.field(default=None, validator=ARGUMENTS["scaler"])
+    extra_state: Mapping | None = attrs.field(default=None, validator=v.optional(v.instance_of(
+        Mapping, expected="a dict of {name: object with state_dict() and load_state_dict()}")))
+    config: Mapping | None = attrs.field(default=None, validator=ARGUMENTS["config"])
+    iters_per_epoch: int | None = attrs.field(default=None, validator=ARGUMENTS["iters_per_epoch"])
+
+
+def seconds(value, name: str, *, owner: str = "loop") -> float:
+    """``value`` (seconds, or a ``datetime.timedelta``) as float seconds >= 0, refused with the fix otherwise.
+
+    >>> seconds(datetime.timedelta(minutes=2), "max_time")
+    120.0
+    >>> seconds(-1, "max_time")
+    Traceback (most recent call last):
+    ValueError: loop: 'max_time' must be seconds >= 0 or a datetime.timedelta (got -1)
+    """
+    if isinstance(value, datetime.timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+        raise ValueError(f"{owner}: '{name}' must be seconds >= 0 or a datetime.timedelta (got {value!r:.80})")
+    return float(value)
+
+
+def _signals(value) -> tuple:
+    """Signal numbers or names (``signal.SIGUSR1``, ``"SIGUSR1"``), as a tuple of names; SIGINT has its own option."""
+    values = (value,) if isinstance(value, (str, int)) else tuple(value)
+    found = []
+    for one in values:
+        try:
+            sig = signal.Signals[one] if isinstance(one, str) else signal.Signals(one)
+        except (KeyError, ValueError):
+            raise ValueError(f"loop: Preemption 'signals' holds {one!r}, not a signal: pass e.g. signal.SIGTERM or "
+                             f"'SIGUSR1'") from None
+        if sig == signal.SIGINT:
+            raise ValueError("loop: Preemption 'signals' holds SIGINT: Ctrl-C keeps its own handling; pass "
+                             "save_on_interrupt=True to save before a script exits on it")
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError(f"loop: Preemption 'signals' holds {sig.name}, which no process can catch")
+        found.append(sig.name)
+    return tuple(dict.fromkeys(found))
+
+
+def _margin(value) -> float:
+    return seconds(value, "margin")
+
+
+@attrs.frozen
+class Preemption:
+    """How a run stops when its cluster asks it to, or its time is up (``pimm_fn.runtime.engine.preemption``).
+
+    A signal in ``signals`` (or ``loop(max_time=...)`` running out) is held
+    to the next step boundary; there every rank agrees on one step, saves a
+    normal, resumable checkpoint of it (its marker says ``saved_for``), says
+    one line and raises ``pimm_fn.Preempted``, a ``SystemExit`` with
+    ``exit_code``: a script ends with that code and no traceback.
+
+    Args:
+        signals: the signals that ask for a save and a stop (default
+            ``SIGTERM``, what Kubernetes, torchrun's agent and Slurm send
+            first; add ``"SIGUSR1"`` for Slurm's ``--signal=USR1@90``).
+            ``()`` leaves every signal alone.
+        exit_code: the process's exit code after such a save (default 75,
+            ``EX_TEMPFAIL``: "try again"; a batch script requeues on it, a
+            Kubernetes ``podFailurePolicy`` can ignore it).
+        save_on_interrupt: in a script (not a notebook or the REPL), a
+            Ctrl-C saves the same way before the script exits (a second
+            Ctrl-C stops at once); by default a script's Ctrl-C exits with
+            where the last checkpoint is and how to continue.
+        margin: for ``max_time``: the time (seconds or a ``timedelta``) left
+            before the limit for the last save; the run stops at the last
+            step boundary that leaves it.
+        check_every: with several ranks, how many steps apart the ranks
+            compare their requests and rank 0's clock (one small
+            asynchronous all-reduce on a gloo group, read at the next
+            comparison; a request is honoured within two comparisons).
+            ``None`` (default): rank 0 picks the cadence from its step time,
+            about one comparison a second, and sends it with each one.
+    """
+
+    factory_name: ClassVar[str] = "loop"
+
+    signals: tuple = attrs.field(default=("SIGTERM",), converter=_signals)
+    exit_code: int = attrs.field(default=EX_TEMPFAIL, validator=v.int_at_least(0))
+    save_on_interrupt: bool = attrs.field(default=False, validator=_BOOL)
+    margin: float = attrs.field(default=0.0, converter=_margin)
+    check_every: int | None = attrs.field(default=None, validator=v.optional(v.int_at_least(1)))
