@@ -62,7 +62,7 @@ from pimm_fn.core.slots import Keyed
 from pimm_fn.core.state import Progress, State
 from pimm_fn.runtime.engine.interpreter import unwrap
 from pimm_fn.runtime.errors import ResumeNotExactWarning
-from pimm_fn.runtime.handlers import checkpointing as runtime_handlers
+from pimm_fn.runtime.handlers import dispatch as runtime_handlers
 from pimm_fn.runtime.step.rng import capture_rng
 
 __all__ = [

@@ -31,7 +31,7 @@ from pimm_fn.compat.effects import (
 from pimm_fn.core.effects import LoadWeights, Log
 from pimm_fn.core.events import MetricsPublished
 from pimm_fn.core.effects import named
-from pimm_fn.runtime.handlers import checkpointing as runtime_handlers
+from pimm_fn.runtime.handlers import dispatch as runtime_handlers
 from pimm_fn.runtime.engine.interpreter import unwrap
 from pimm_fn.runtime.handlers.evaluation import eval_mode
 

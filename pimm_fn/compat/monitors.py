@@ -42,7 +42,7 @@ from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Log, Stop
 from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, one_of, optional
-from pimm_fn.runtime.handlers import checkpointing as runtime_handlers
+from pimm_fn.runtime.handlers import dispatch as runtime_handlers
 from pimm_fn.runtime.handlers.profiler import new_profile
 
 __all__ = [

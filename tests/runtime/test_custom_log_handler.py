@@ -4,7 +4,7 @@ import json
 
 import pimm_fn as pf
 from pimm_fn.core.effects import Log
-from pimm_fn.runtime.handlers import checkpointing as handlers
+from pimm_fn.runtime.handlers import dispatch as handlers
 
 from _tiny_workload import build
 

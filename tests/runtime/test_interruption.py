@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import pimm_fn as pf
 from pimm_fn.core.effects import Evaluate, Log, SaveCheckpoint, WriteBest
 from pimm_fn.runtime.errors import ResumeNotExactWarning
-from pimm_fn.runtime.handlers.checkpointing import DEFAULT_HANDLERS
+from pimm_fn.runtime.handlers.dispatch import DEFAULT_HANDLERS
 from pimm_fn.runtime.engine.transaction import Interruption
 from _tiny_workload import TinyNet, dataset, loader, same, weights
 

@@ -87,7 +87,7 @@ def _writer_interrupted(report: dict, report_path: pathlib.Path):
 def _crash(save_dir: pathlib.Path, report_path: pathlib.Path) -> None:
     """Train; the save of step K fails half-way, ``run()`` redoes it and blocks in the redo's write."""
     from pimm_fn.core.effects import SaveCheckpoint
-    from pimm_fn.runtime.handlers.checkpointing import DEFAULT_HANDLERS
+    from pimm_fn.runtime.handlers.dispatch import DEFAULT_HANDLERS
     from _tiny_workload import build
 
     real = DEFAULT_HANDLERS[SaveCheckpoint]

@@ -18,7 +18,7 @@ import _preemption_workload as pw
 import _tiny_workload as tw
 import pimm_fn as pf
 from pimm_fn.core.effects import SaveCheckpoint
-from pimm_fn.runtime.handlers.checkpointing import DEFAULT_HANDLERS
+from pimm_fn.runtime.handlers.dispatch import DEFAULT_HANDLERS
 
 MAX_EPOCHS = 3  # 15 steps
 

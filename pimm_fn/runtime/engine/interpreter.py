@@ -10,7 +10,7 @@ guard (when on) before anything runs. Handlers are plain functions
 ``handler(effect, state, ctx) -> follow-up events``; pass your own to
 ``loop(handlers={EffectType: fn})`` to replace or add one (a ``Log`` handler
 replaces how a record is shown; the run still keeps it: ``RecordedLog`` in
-``pimm_fn.runtime.handlers.checkpointing``). A handler may be
+``pimm_fn.runtime.handlers.logs``). A handler may be
 an object with a ``close()`` (a writer): ``close`` closes it, with the run's
 loggers and progress bar, at the end of training and on an error. An effect
 class declaring ``traced = False`` (the progress bar's ``ShowProgress``)

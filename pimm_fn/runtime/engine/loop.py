@@ -50,7 +50,8 @@ from pimm_fn.runtime.engine.run import Loop
 from pimm_fn.runtime.errors import Advice, ConfigurationWarning, configuration_messages
 from pimm_fn.runtime.evaluation.sanity import sanity_check
 from pimm_fn.runtime.handlers import progress as progress_bar
-from pimm_fn.runtime.handlers.checkpointing import prewarm_staging, run_handlers
+from pimm_fn.runtime.handlers.dispatch import run_handlers
+from pimm_fn.runtime.handlers.checkpointing import prewarm_staging
 from pimm_fn.runtime.handlers.control import check_scheduler_hooks
 from pimm_fn.runtime.handlers.logs import Logs
 from pimm_fn.runtime.logs.loggers import check_loggers, run_loggers
@@ -207,7 +208,7 @@ def loop(
             ``pimm_fn.compat.HANDLERS``) lets ``resume`` continue from it. A
             ``Log`` handler replaces the console line only: ``run.history``,
             ``log.jsonl`` and ``loggers`` still get each record
-            (``pimm_fn.runtime.handlers.checkpointing.RecordedLog``).
+            (``pimm_fn.runtime.handlers.dispatch.RecordedLog``).
         loggers: more destinations of the ``Log`` records, each opened once
             and closed at the end of training and on an error:
             ``pimm_fn.CSVLogger()``, ``TensorBoardLogger()``, ``WandbLogger()``,

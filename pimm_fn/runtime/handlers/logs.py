@@ -1,4 +1,5 @@
-"""The run's logs: what the ``Log`` handler writes to (its loggers, ``run.history``, its clock).
+"""The handler of ``Log`` (``pimm_fn.hooks.logs``), and the run's logs it writes to: its loggers, ``run.history``,
+its clock.
 
 One ``Logs`` per run, in ``Context.logs``. The main rank opens the loggers
 when the run is built (``start``: a resumed run's history is read back from
@@ -25,9 +26,9 @@ from pimm_fn.checkpoint import storage
 from pimm_fn.core.effects import Log
 from pimm_fn.runtime.engine.guard import CollectiveDivergenceError, _digest  # the guard's digest: 63 bits, an int64
 from pimm_fn.runtime.logs.history import POSITION, History
-from pimm_fn.runtime.logs.loggers import LOG_NAME, Opening
+from pimm_fn.runtime.logs.loggers import LOG_NAME, Opening, run_loggers
 
-__all__ = ["Logs", "clock", "mean_over_ranks", "same_on_every_rank"]
+__all__ = ["log", "RecordedLog", "Logs", "clock", "mean_over_ranks", "same_on_every_rank"]
 
 _TRAINING = ("train", "epoch")  # the kinds holding training outputs: what log_reduce averages over ranks
 
@@ -210,3 +211,65 @@ def mean_over_ranks(values: list) -> list:
     total = torch.tensor(values, dtype=torch.float64, device=device)
     td.all_reduce(total)
     return (total / td.get_world_size()).tolist()
+
+
+def _format(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.5g}"
+    return str(value)
+
+
+def log(effect: Log, state, ctx) -> tuple:
+    """Rank 0 hands the record to the run's loggers and history, then says it with the time and pace.
+
+    Under ``loop(watching=Watching(log_reduce="mean"))`` every rank runs it (``ctx.everywhere``)
+    and averages a training record over the ranks first (``Logs.over_ranks``).
+    """
+    logs = _logs(ctx)
+    effect = logs.over_ranks(effect)
+    if ctx.rank != 0:
+        return ()
+    logs.write(effect)
+    fields = " ".join(f"{k}={_format(v)}" for k, v in effect.values.items())
+    ctx.say(f"step {effect.step} {effect.kind}: {fields}{logs.pace(effect.kind, state.progress)}")
+    return ()
+
+
+def _logs(ctx) -> Logs:
+    if ctx.logs is None:  # a context built by hand: the console, and save_dir's log.jsonl appended to (none on a store)
+        ctx.logs = Logs(run_loggers(ctx.save_dir, ()), save_dir=ctx.save_dir, say=ctx.say, rank=ctx.rank,
+                        world_size=ctx.world_size)
+    return ctx.logs
+
+
+class RecordedLog:
+    """A ``Log`` handler of the user's (``loop(handlers={Log: show})``), with the run still remembering each record.
+
+    ``show`` replaces how a record is shown (the default's console line),
+    not whether the run keeps it: each record, averaged over the ranks
+    first under ``log_reduce="mean"``, reaches ``run.history``,
+    ``log.jsonl`` and the ``loggers=`` once, after ``show`` returned (a
+    ``show`` that raises is retried with the step, and nothing is kept
+    twice). ``show`` is handed that record; one that calls the default
+    ``pimm_fn.runtime.handlers.logs.log`` itself keeps it through that call.
+    """
+
+    def __init__(self, show):
+        self.show = show
+
+    def __call__(self, effect: Log, state, ctx) -> tuple:
+        logs = _logs(ctx)
+        record = logs.over_ranks(effect)
+        written = logs.written
+        followups = self.show(record, state, ctx)
+        if ctx.rank == 0 and logs.written == written:
+            logs.write(record)
+        return followups
+
+    def close(self) -> None:
+        close = getattr(self.show, "close", None)
+        if callable(close):
+            close()
+
+    def __repr__(self):
+        return f"RecordedLog({self.show!r})"
