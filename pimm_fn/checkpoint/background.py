@@ -1,7 +1,5 @@
 """Saving in the background: a run's ``BackgroundSaver``, its one save in flight, and the reusable CPU memory it copies into.
 
-Saving in the background, as one object a run owns: :class:`BackgroundSaver`.
-
 A run whose hooks save in the background (``save_every(n, async_save=True)``)
 opens a :class:`BackgroundSaver`, which holds all that such saves keep
 between two steps: the save in flight (one at most), the staging prewarm,
@@ -13,7 +11,7 @@ flight, destroys that group (the next save makes another); the save in
 flight is waited for by :meth:`~BackgroundSaver.wait` (the loop waits before
 it closes; after an error, the next ``wait`` tells how the save ended).
 
-Staging memory belongs to the process, not to a run (``POOL``): a
+Staging memory belongs to the process, not to a run (``_staging.POOL``): a
 saver borrows its areas, so a second run of a notebook copies into the
 memory the first one readied. :func:`save_checkpoint_async` and
 :func:`prewarm_async_save` are the same operations on the process's own

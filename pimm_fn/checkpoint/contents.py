@@ -1,7 +1,5 @@
 """What a trainer checkpoint holds, as one value, checked as it is read, and the one code that writes and reads it.
 
-What a trainer checkpoint holds, as one value, and the one code that writes and reads it.
-
 A checkpoint is the model's weights file beside the trainer state this
 module describes. The trainer state has three parts, by who holds them:
 

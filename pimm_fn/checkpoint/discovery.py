@@ -1,7 +1,5 @@
 """Finding the checkpoint to read: candidates examined and ranked, the newest usable agreed by every rank, another library's through a plug-in.
 
-Finding the newest usable checkpoint, and resolving user-given paths.
-
 Which entries of a model_dir count, and in which order, is
 :func:`.candidates.candidates`: ``last/``, ``iter_<step>/``, leftover
 ``.retired-*/`` directories and the legacy ``last.pth`` / ``iter_<step>.pth``

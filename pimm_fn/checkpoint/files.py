@@ -1,7 +1,5 @@
 """A checkpoint's files on disk: their names, the marker that commits them and what it records, written and read safely, probed before the first save.
 
-Names on disk, and removing or linking a checkpoint by them.
-
 How the files are written so that a crash never leaves one that looks whole
 (atomic, staged and background writes, the marker last): :mod:`._safe_writes`.
 What the marker records, and the ``CheckpointInfo`` read back from it: :mod:`._marker`.

@@ -1,7 +1,5 @@
 """What a model_dir holds and what each checkpoint in it holds, read without its tensors, for tools: list, describe, read back, export.
 
-What a model_dir holds and what each checkpoint in it holds, for tools: list, describe, read back, export.
-
 The public reading API of the checkpoint layer for everything that is not
 a training run (the ``python -m pimm_fn`` commands, notebooks): callers
 never need the layout's file names or the formats' private modules.

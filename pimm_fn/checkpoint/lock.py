@@ -1,7 +1,5 @@
 """One run per ``save_dir``: a lock file naming its holder, taken before the run writes anything there.
 
-One run per ``save_dir``: a lock file naming its holder, taken before the run writes anything there.
-
 Two runs writing one ``save_dir`` destroy each other: each save's clean-up
 removes the other's staging directory, ``log.jsonl`` is set aside under the
 other. So ``loop()`` takes ``save_dir/pimm_fn.lock`` before it writes

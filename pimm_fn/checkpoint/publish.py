@@ -1,7 +1,5 @@
 """Publishing a finished checkpoint atomically: a rename locally, the marker's commit on a store, and the receipts that prove every rank wrote.
 
-Atomic publishing of a finished checkpoint, snapshots and retention.
-
 All functions here run on the main rank only, on a ``model_dir`` that no
 other process writes to at the same time (what every rank leaves for rank 0
 to check first, its receipt: :mod:`._receipts`).

@@ -1,7 +1,5 @@
 """Saving and loading whole checkpoints: the collective entry points, and ``Saving``, the options they read.
 
-Saving and loading whole checkpoints: the collective entry points.
-
 Standard format, in a process group (every rank calls, in this order)::
 
     rank 0: remove stale .staging-*, create .staging-last-<step>/   (shared)

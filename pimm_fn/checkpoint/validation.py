@@ -1,7 +1,5 @@
 """Whether a checkpoint on disk can be used, told before it is read, and one that cannot set aside, never deleted.
 
-Whether a checkpoint on disk can be used, told before it is read: the one place discovery asks.
-
 A standard checkpoint directory is valid when its ``COMPLETE`` marker
 parses and every file the marker lists is present with the recorded size
 (and, when asked, the recorded SHA-256). The save records them, rank 0

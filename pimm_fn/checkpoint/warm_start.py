@@ -1,7 +1,5 @@
 """Warm-start weights read from any file or checkpoint pimm_fn understands, their keys fitted to the model.
 
-Warm-start weights read from any file or checkpoint pimm_fn understands (key remapping: ``.remap``).
-
 From a checkpoint directory the files read are checked against the SHA-256
 digests its marker records, as a resume checks them, and a best-model file
 against the digest its ``.json`` records, and a safetensors file pimm_fn

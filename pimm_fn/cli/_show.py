@@ -1,7 +1,5 @@
 """``ls``, ``inspect`` and ``status``: what a save_dir holds, and how its run ended.
 
-``ls`` and ``inspect``: what checkpoints hold, read from markers and skeletons, never from tensors.
-
 The entries of a model_dir, named by what they are: checkpoints, best-model files, unfinished saves.
 
 ``status``: how the run in a save_dir ended, read from its checkpoints, for a script that cannot trust an exit code.

@@ -1,7 +1,5 @@
 """pimm hook configs built into pimm_fn hooks: the registry of pimm's types, overrides applied, each config's keywords checked.
 
-pimm hook configs built into pimm_fn hooks: overrides applied, each config looked up and its keywords checked.
-
 ``build_hooks`` applies pimm's overrides (``hooks_override``, then
 ``--options``; ``pimm_fn.compat.options``), looks each config up in a
 ``HookRegistry`` (``pimm_fn.compat.build``, the table of pimm's types),

@@ -1,7 +1,5 @@
 """What a run says when something is off: its public warnings, and advice given once or refused once sure.
 
-The warning a resume gives when it cannot continue exactly as the original run would have.
-
 Mistakes a run can make without failing at once: each said once, or refused once it is sure.
 
 A hook list can be valid and still do nothing useful: an evaluator that

@@ -1,7 +1,5 @@
 """Simulating a hook list over many ranks and schedules: its inputs, the run, and its result.
 
-A multi-rank simulation of a hook list: every rank's effect trace, without torch.
-
 ``simulate`` runs the same pure core the real loop runs (``next_event``,
 ``process``, the hooks), once per rank, feeding each rank its own step
 outputs (``local``) and evaluation results (``metrics``). What differs from

@@ -1,7 +1,5 @@
 """The one way pimm_fn reads a ``torch.distributed.checkpoint`` (DCP) directory: its metadata unpickled to DCP's classes only, and checked.
 
-The one way pimm_fn reads a ``torch.distributed.checkpoint`` (DCP) directory: never running code from it.
-
 A DCP directory is untrusted input. DCP pickles its metadata (``.metadata``)
 and every entry that is not a tensor (``BytesStorageMetadata``), and its
 default load planner reads such an entry with ``torch.load(weights_only=False)``,

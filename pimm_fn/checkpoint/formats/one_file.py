@@ -1,7 +1,5 @@
 """The one-file formats the main rank writes: legacy ``last.pth``, and the best model's ``model_best.pth`` with its ``.json``.
 
-The legacy one-file format: ``last.pth`` written by the main rank.
-
 The file is a ``torch.save`` of a dict holding only strings, plain
 containers and tensors, so ``torch.load(weights_only=True)`` reads it::
 

@@ -1,7 +1,5 @@
 """The training data as the loop consumes it: epochs, a cursor, exact resume, and a fetch that failed.
 
-The training data as the loop consumes it: epochs, a cursor, and exact resume.
-
 How a run resumes mid-epoch depends on the data:
 
 * a loader with ``state_dict()``/``load_state_dict()`` (torchdata's

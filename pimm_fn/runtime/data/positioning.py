@@ -1,7 +1,5 @@
 """What the feed reads off the training data, and where an interrupted epoch continues when the world size or the steps per epoch changed.
 
-What the feed reads off the training data: its sampler, its steps per epoch, and what a saved cursor depends on.
-
 ``describe`` records the loader's batch size, ``num_workers`` and dataset
 length in the cursor; ``changes`` names what differs on resume, when the
 loader's saved state no longer fits it.

@@ -1,7 +1,5 @@
 """``loop()``'s arguments, ``save_dir`` among them, checked before anything is built, loaded or written.
 
-``loop()``'s arguments, checked before anything is built, loaded or written.
-
 Each check fails with what was wrong and how to fix it, at construction
 rather than at the first save (which may be hours in). The checks of type
 and range are the validators of ``pimm_fn.core.validate`` (``ARGUMENTS``

@@ -1,7 +1,5 @@
 """What a run's hooks imply, derived once as one frozen value, and the setup every rank must share before the first step.
 
-What a run's hooks imply, derived once as one frozen value.
-
 A hook list decides more than what its hooks emit: which evaluators the
 interpreter runs, whether several metrics each keep their own best weights
 file, whether some hook saves in the background, whether a hook (not the

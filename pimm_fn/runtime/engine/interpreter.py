@@ -1,7 +1,5 @@
 """The only place effects become actions: one handler per effect type, and the context handlers act on.
 
-The only place effects become actions: one handler per effect type.
-
 ``Interpreter`` is the executor ``process`` hands each event's effects to.
 It runs ``MAIN`` effects on rank 0 only (but those ``ctx.everywhere`` names:
 a sharded model's best write, which gathers on every rank), ``COLLECTIVE``
@@ -10,7 +8,7 @@ guard (when on) before anything runs. Handlers are plain functions
 ``handler(effect, state, ctx) -> follow-up events``; pass your own to
 ``loop(handlers={EffectType: fn})`` to replace or add one (a ``Log`` handler
 replaces how a record is shown; the run still keeps it: ``RecordedLog`` in
-``pimm_fn.runtime.handlers.logs``). A handler may be
+``pimm_fn.runtime.handlers.checkpointing``). A handler may be
 an object with a ``close()`` (a writer): ``close`` closes it, with the run's
 loggers and progress bar, at the end of training and on an error. An effect
 class declaring ``traced = False`` (the progress bar's ``ShowProgress``)

@@ -1,7 +1,5 @@
 """``loop()``: a training run built from a model, an optimizer, data and hooks, its option keywords included.
 
-``loop()``: a training run built from a model, an optimizer, data and hooks.
-
 It takes the arguments a user writes every day as keywords and the rest as a
 few frozen values (``Saving``, ``Resuming``, ``Watching``, ``Parallel``,
 ``Training``: ``pimm_fn.runtime.engine.options``); a keyword that moved into one is

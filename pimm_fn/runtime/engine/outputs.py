@@ -1,7 +1,5 @@
 """Quiet steps and their outputs: kept on their device until a hook reads them, so no host sync on quiet steps.
 
-Step outputs kept on their device until a hook reads them: no host sync on quiet steps.
-
 Reading a tensor's value (``item()``, ``float()``, ``.cpu()``) makes the
 host wait for the device. A step's outputs are read only where a hook that
 reads them is called for its ``AfterStep`` (its cadence fires,

@@ -1,7 +1,5 @@
 """Stopping for the cluster or for Ctrl-C: a signal or the time budget becomes one agreed step, a save, and an exit.
 
-Stopping for the cluster: a signal or the time budget becomes one agreed step, a save, and an exit code.
-
 The path of a request:
 
 1. **Signal.** While ``run()``/``step()`` trains, each signal of

@@ -1,7 +1,5 @@
 """Swapping one hook of a live run for another, found by its place in nested chains: fix a hook and continue.
 
-Swapping one hook of a live run for another: fix a hook (or an evaluator) and continue.
-
 A run's hooks are fixed when ``loop()`` builds it: the hook list is bound to
 the model, and what it implies (the evaluators, the identities the checkpoint
 handler keys slots by, which events the driver processes: one frozen

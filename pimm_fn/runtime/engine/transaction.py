@@ -1,7 +1,5 @@
 """A training step as a transaction: where an interrupted step stopped, around ``optimizer.step()`` too, and what it can retry exactly.
 
-A training step as a transaction: where an interrupted step stopped, and what it can retry exactly.
-
 An exception or KeyboardInterrupt anywhere in a step (the fetch, forward,
 backward, optimizer or scheduler step, a hook, an effect handler) leaves the
 loop at a point ``run()`` continues from to the same weights and trace as an

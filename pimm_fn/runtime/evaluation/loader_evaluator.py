@@ -1,7 +1,5 @@
 """An evaluator over a DataLoader, the ecosystem's way: its arguments checked, one shard per rank, sums reduced once.
 
-An evaluator over a DataLoader, the ecosystem's way: the loop's eval mode, one shard per rank, sums reduced once.
-
 ``loader_evaluator(val_loader, metric, name="val")`` is an evaluator for
 ``evaluate_every`` (``fn(model) -> metrics``). The ``evaluate`` handler
 already runs it with the model in eval mode under ``torch.inference_mode()``

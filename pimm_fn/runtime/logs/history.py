@@ -1,7 +1,5 @@
 """What a run logged, as columns: ``run.history``, one packed array per logged name.
 
-What a run logged, as columns: ``run.history``, ready for pandas and matplotlib.
-
 Every ``Log`` record the main rank wrote (``log_every``'s step outputs at
 its cadence, epoch means, each evaluation) in order, kept beside the run,
 never in its ``State``: a checkpoint does not grow with it, and a ``State``

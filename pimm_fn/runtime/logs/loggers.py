@@ -1,7 +1,5 @@
 """Where ``Log`` records go: loggers with a lifecycle, ``log.jsonl`` and CSV among them.
 
-Where ``Log`` records go: loggers with a lifecycle, and the run's ``Logs`` that feeds them.
-
 A logger is any object with three methods, called on the main rank only:
 
 ``open(opening)``  the run starts, or goes on after a ``close``; ``opening``

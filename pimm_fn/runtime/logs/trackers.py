@@ -1,7 +1,5 @@
 """Loggers for experiment trackers: TensorBoard, MLflow and Weights & Biases, each an optional extra.
 
-Loggers for experiment trackers: TensorBoard, MLflow; each an optional extra (W&B: ``.wandb_logger``).
-
 Each takes the numbers of a record as scalars named ``<kind>/<name>``
 (``train/loss``, ``epoch/loss``, ``eval/val/score``) at the record's step,
 leaving out where it was taken (``epoch``, ``iter``, ``of``). The tracker's

@@ -1,7 +1,5 @@
 """What refuses or warns on a resume, checked before anything is touched: hyper-parameters and classes against the checkpoint's.
 
-What refuses a resume, checked before the model, optimizer or RNG is touched: ``ResumeError`` and its checks.
-
 A sound checkpoint that cannot be resumed as asked is a ``ResumeError``
 (other optimizers, another class of optimizer or scheduler, a sharded model
 from a replicated checkpoint); one whose contents contradict themselves (a

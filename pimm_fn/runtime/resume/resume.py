@@ -1,7 +1,5 @@
 """Resuming: which checkpoint a run resumes from (or a fresh start), and putting the run back where it left off.
 
-Which checkpoint a run resumes from, or none: a fresh start.
-
 ``loop(resume=...)`` takes ``None`` (fresh), ``"auto"`` or a path. pimm_fn's
 own checkpoints are found and read by ``pimm_fn.checkpoint.discovery``. Another
 library's layout is resumed only through a reader the run was handed with

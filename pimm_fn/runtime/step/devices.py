@@ -1,7 +1,5 @@
 """Which device a process of a launch trains on, and the model wrapped in ``DistributedDataParallel`` there.
 
-Which CUDA device a process of a launch uses: the one its ``LOCAL_RANK`` names.
-
 Every process on a node sees every GPU, and CUDA's current device starts as
 0 in each of them. Unless the loop makes ``LOCAL_RANK``'s device current,
 the work that follows the current device lands on GPU 0 for every process:

@@ -1,7 +1,5 @@
 """The driver's work of one training step: its batch (one, or micro-batches), the train step, the scheduler step.
 
-The driver's work of one training step: its batch, the train step, the scheduler step.
-
 Each is a unit of the step's transaction (``pimm_fn.runtime.engine.transaction``),
 and what an interrupted try leaves is kept there for the next one: a drawn
 batch is trained next with the torch RNG its first forward started from (so

@@ -1,7 +1,5 @@
 """The default training step: its batch moved to the device, its outputs turned to numbers, and the contract every step keeps.
 
-The default training step and the conversion of its outputs to numbers.
-
 ``train_step`` is one optimizer step on ``model(batch)["loss"]``;
 ``runner`` is how the loop calls a step function, with the outputs read at
 once or left on the device (``pimm_fn.runtime.engine.outputs``). What the loop does
