@@ -28,7 +28,7 @@ from pimm_fn.checkpoint.background import BackgroundSaver, prewarm_async_save, s
 from pimm_fn.checkpoint.discovery import find_checkpoint, latest_checkpoint, rolling_checkpoint
 from pimm_fn.checkpoint.files import CheckpointInfo
 from pimm_fn.checkpoint.errors import CheckpointError, CheckpointStorageError, DiskFullError
-from pimm_fn.checkpoint.validation import SetAsideWarning
+from pimm_fn.checkpoint.errors import SetAsideWarning
 from pimm_fn.checkpoint.validation import validate
 from pimm_fn.checkpoint.formats.one_file import best_record, record_problem, write_best
 from pimm_fn.checkpoint.warm_start import load_weights_file

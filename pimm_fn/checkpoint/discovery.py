@@ -92,9 +92,10 @@ from pimm_fn.checkpoint.files import CheckpointInfo
 from pimm_fn.checkpoint.formats import one_file as _legacy
 from pimm_fn.checkpoint.saving import LoadedCheckpoint, load_checkpoint
 from pimm_fn.checkpoint.validation import check_files, read_marker
+from pimm_fn.checkpoint.errors import NoIntactCheckpointError
 
 __all__ = [
-    "Candidate", "candidates", "Chosen", "NoIntactCheckpointError", "RECHECK_S", "newest_readable", "read_agreed",
+    "Candidate", "candidates", "Chosen", "RECHECK_S", "newest_readable", "read_agreed",
     "Reader", "readers", "recognised",
 ]
 
@@ -293,38 +294,6 @@ def newest_readable(model_dir: str | os.PathLike, say: Callable[[str], None]) ->
         say(f"skipped checkpoint {candidate.path} ({step}): {error.file} {error.problem}")
         rejected.append((str(candidate.path), step, error.file, error.problem))
     raise NoIntactCheckpointError(model_dir, tuple(rejected))
-
-
-class NoIntactCheckpointError(CheckpointError):
-    """``resume="auto"`` found checkpoints and none is usable: it refuses to start fresh over them.
-
-    Attributes:
-        path: the model directory.
-        rejected: ``(checkpoint, "step <n>", file, problem)`` for each, newest first.
-        file, problem: the newest one's.
-    """
-
-    def __init__(self, model_dir, rejected: tuple):
-        self.rejected = tuple(tuple(r) for r in rejected)
-        self.path, self.file, self.problem = str(model_dir), self.rejected[0][2], self.rejected[0][3]
-        ValueError.__init__(self, self._message())
-
-    def summary(self) -> str:
-        return f"no intact checkpoint in {self.path}: {len(self.rejected)} rejected"
-
-    def _message(self) -> str:
-        lines = "".join(f"\n  {path} ({step}): {file} {problem}" for path, step, file, problem in self.rejected)
-        save_dir = pathlib.PurePath(self.path).parent
-        return (
-            f"resume='auto' found checkpoints in {self.path} but none is intact, and will not start fresh over "
-            f"them (the new run's first save would replace them):{lines}\n"
-            f"Repair one (`python -m pimm_fn verify {self.path}` says what is wrong), move them aside "
-            f"(mv {self.path} {self.path}.rejected) to start fresh, or pass resume=None with a new save_dir "
-            f"(not {str(save_dir)!r})"
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.path, self.rejected))
 
 
 def _rechecked(model_dir) -> list:

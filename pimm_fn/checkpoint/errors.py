@@ -1,4 +1,4 @@
-"""What can go wrong with checkpoints on disk, as three errors, each saying what to do.
+"""What can go wrong with checkpoints on disk, as four errors, each saying what to do.
 
 - :class:`CheckpointError` (a ``ValueError``): a checkpoint on disk cannot
   be used: a file is missing, cut short or overwritten, or its ``COMPLETE``
@@ -6,7 +6,7 @@
   wrong, and points to an older checkpoint. Raised by ``find_checkpoint``,
   ``load_checkpoint`` and ``loop(resume=<path>)``; ``resume="auto"`` skips
   such a checkpoint instead, saying so, and raises one naming each when
-  none is usable (``choice.NoIntactCheckpointError``).
+  none is usable (``discovery.NoIntactCheckpointError``).
 - :class:`CheckpointStorageError` (a ``RuntimeError``): a save could not be
   written where it had to go (a ``save_dir`` that is not shared between
   nodes, a directory this process may not write, a read-only file system,
@@ -24,6 +24,8 @@ What torch raises underneath is translated here: DCP's
 Exception`` misses it), ``torch.save`` turns a full disk into ``unexpected
 pos``, and ``torch.load`` advises ``weights_only=False``, which would run
 code from the file: that advice is never repeated.
+- :class:`SaveDirLockError` (a ``RuntimeError``): ``save_dir``'s lock cannot
+  be taken: another run holds it (naming the holder), or the storage is read-only.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from pimm_fn import dist
 
-__all__ = ["CheckpointError", "CheckpointStorageError", "DiskFullError"]
+__all__ = ["CheckpointError", "CheckpointStorageError", "DiskFullError", "SaveDirLockError"]
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
@@ -229,3 +231,59 @@ def tensor_bytes(*trees) -> int:
             local = item.to_local() if hasattr(item, "to_local") else item
             total += local.numel() * local.element_size()
     return total
+
+
+class SaveDirLockError(RuntimeError):
+    """``save_dir``'s lock cannot be taken: another run holds it (``holder``), or its storage is read-only.
+
+    Attributes:
+        holder: the :class:`pimm_fn.checkpoint.lock.Holder` named in the lock file (``None`` when it could not be read).
+        read_only: the lock file could not be created: ``save_dir`` cannot be written.
+    """
+
+    def __init__(self, message: str, holder=None, read_only: bool = False):
+        super().__init__(message)
+        self.holder, self.read_only = holder, read_only
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.holder, self.read_only))
+
+
+class NoIntactCheckpointError(CheckpointError):
+    """``resume="auto"`` found checkpoints and none is usable: it refuses to start fresh over them.
+
+    Attributes:
+        path: the model directory.
+        rejected: ``(checkpoint, "step <n>", file, problem)`` for each, newest first.
+        file, problem: the newest one's.
+    """
+
+    def __init__(self, model_dir, rejected: tuple):
+        self.rejected = tuple(tuple(r) for r in rejected)
+        self.path, self.file, self.problem = str(model_dir), self.rejected[0][2], self.rejected[0][3]
+        ValueError.__init__(self, self._message())
+
+    def summary(self) -> str:
+        return f"no intact checkpoint in {self.path}: {len(self.rejected)} rejected"
+
+    def _message(self) -> str:
+        lines = "".join(f"\n  {path} ({step}): {file} {problem}" for path, step, file, problem in self.rejected)
+        save_dir = pathlib.PurePath(self.path).parent
+        return (
+            f"resume='auto' found checkpoints in {self.path} but none is intact, and will not start fresh over "
+            f"them (the new run's first save would replace them):{lines}\n"
+            f"Repair one (`python -m pimm_fn verify {self.path}` says what is wrong), move them aside "
+            f"(mv {self.path} {self.path}.rejected) to start fresh, or pass resume=None with a new save_dir "
+            f"(not {str(save_dir)!r})"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.rejected))
+
+
+class NotRegularFileError(OSError):
+    """A link, FIFO, device or directory where a regular file belongs: what it is, in ``strerror``."""
+
+
+class SetAsideWarning(UserWarning):
+    """A save found a checkpoint it could not read where it writes, and kept it under another name."""

@@ -114,10 +114,10 @@ import torch
 from pimm_fn import dist
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import CheckpointStorageError, cause, unwritable_advice
+from pimm_fn.checkpoint.errors import NotRegularFileError
 
 __all__ = [
-    "best_stem", "is_best_name", "remove", "link_or_copy", "copy_on_store", "MAX_BYTES", "NotRegularFileError",
-    "open_regular", "read_bytes", "read_json", "read_text", "CheckpointInfo", "marker_payload",
+    "best_stem", "is_best_name", "remove", "link_or_copy", "copy_on_store", "MAX_BYTES", "open_regular", "read_bytes", "read_json", "read_text", "CheckpointInfo", "marker_payload",
     "info_from_marker", "FORMATS", "VERSION", "SAVED_FOR", "digest", "manifest", "fsync_dir", "atomic_write",
     "staged_write", "durable_write", "hashed", "BackgroundWrite", "weights_write", "write_marker",
     "check_writable", "probe",
@@ -234,10 +234,6 @@ _KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
 
 
-class NotRegularFileError(OSError):
-    """A link, FIFO, device or directory where a regular file belongs: what it is, in ``strerror``."""
-
-
 def _refuse_unless_regular(path, mode: int) -> None:
     """Raise :class:`NotRegularFileError` naming what ``path`` is, unless ``mode`` is a regular file's."""
     if not stat.S_ISREG(mode):
@@ -256,7 +252,7 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
     >>> os.mkfifo(fifo)
     >>> open_regular(fifo)
     Traceback (most recent call last):
-    pimm_fn.checkpoint.files.NotRegularFileError: [Errno 22] is a FIFO, not a regular file: '...COMPLETE'
+    pimm_fn.checkpoint.errors.NotRegularFileError: [Errno 22] is a FIFO, not a regular file: '...COMPLETE'
     """
     _refuse_unless_regular(path, os.lstat(path).st_mode)
     fd = os.open(path, _FLAGS)

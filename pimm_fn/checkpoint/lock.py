@@ -63,9 +63,10 @@ import attrs
 from pimm_fn import dist
 from pimm_fn.checkpoint import files as regular_files
 from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint.errors import SaveDirLockError
 
 __all__ = [
-    "Holder", "read_holder", "stale_reason", "LOCK_NAME", "Lock", "SaveDirLockError", "take",
+    "Holder", "read_holder", "stale_reason", "LOCK_NAME", "Lock", "take",
 ]
 
 
@@ -168,22 +169,6 @@ LOCK_NAME = "pimm_fn.lock"
 
 
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
-class SaveDirLockError(RuntimeError):
-    """``save_dir``'s lock cannot be taken: another run holds it (``holder``), or its storage is read-only.
-
-    Attributes:
-        holder: the :class:`Holder` named in the lock file (``None`` when it could not be read).
-        read_only: the lock file could not be created: ``save_dir`` cannot be written.
-    """
-
-    def __init__(self, message: str, holder: "Holder | None" = None, read_only: bool = False):
-        super().__init__(message)
-        self.holder, self.read_only = holder, read_only
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.holder, self.read_only))
 
 
 @attrs.frozen

@@ -72,10 +72,10 @@ from pimm_fn.checkpoint.errors import CheckpointError, CheckpointStorageError, c
 from pimm_fn.checkpoint.files import CheckpointInfo, digest, info_from_marker
 from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
 from pimm_fn.checkpoint.formats import one_file as _legacy
+from pimm_fn.checkpoint.errors import SetAsideWarning
 
 __all__ = [
-    "check_digests", "check_files", "confined", "read_marker", "validate", "SET_ASIDE", "SetAsideWarning",
-    "readable_or_set_aside", "set_aside",
+    "check_digests", "check_files", "confined", "read_marker", "validate", "SET_ASIDE", "readable_or_set_aside", "set_aside",
 ]
 
 
@@ -268,10 +268,6 @@ def _data_extents(path: pathlib.Path) -> dict[str, int]:
 
 
 SET_ASIDE = "damaged-"
-
-
-class SetAsideWarning(UserWarning):
-    """A save found a checkpoint it could not read where it writes, and kept it under another name."""
 
 
 def readable_or_set_aside(path: pathlib.Path, *, otherwise: str) -> CheckpointInfo | None:

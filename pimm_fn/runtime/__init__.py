@@ -1,10 +1,11 @@
-"""The impure edge: the driver, the interpreter and its handlers."""
+"""The impure edge: the engine that walks a run, its step, data feed, resume, logs and evaluation, and the handlers of the effects."""
 
 from pimm_fn.runtime.errors import ResumeNotExactWarning
-from pimm_fn.runtime.engine.guard import CollectiveDivergenceError
-from pimm_fn.runtime.engine.interpreter import Interpreter, MissingHandlerError
+from pimm_fn.runtime.errors import CollectiveDivergenceError
+from pimm_fn.runtime.engine.interpreter import Interpreter
+from pimm_fn.runtime.errors import MissingHandlerError
 from pimm_fn.runtime.engine.loop import Loop, loop
-from pimm_fn.runtime.resume.checks import ResumeError
+from pimm_fn.runtime.errors import ResumeError
 from pimm_fn.runtime.step.train_step import train_step
 from pimm_fn.runtime.step.configurable import TrainStep
 

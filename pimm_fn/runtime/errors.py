@@ -1,4 +1,12 @@
-"""What a run says when something is off: its public warnings, and advice given once or refused once sure.
+"""The runtime's errors and warnings, in one place, and the advice a run gives once or refuses once it is sure.
+
+The errors say what went wrong and the fix: ranks that disagree on their
+collective effects (``CollectiveDivergenceError``) or a peer whose step failed
+(``PeerFailureError``), an effect no handler executes, a sound checkpoint
+that cannot be resumed as asked (``ResumeError``), a non-finite loss, and
+``Preempted``, the ``SystemExit`` a preemption stop ends with. Each is
+exported by ``pimm_fn`` under its name; the checkpoint's own errors are
+``pimm_fn.checkpoint.errors``.
 
 Mistakes a run can make without failing at once: each said once, or refused once it is sure.
 
@@ -33,9 +41,66 @@ from pimm_fn.core.events import AfterStep
 from pimm_fn.core.validate import finite
 
 __all__ = [
-    "ResumeNotExactWarning", "ConfigurationWarning", "NonFiniteMetricWarning", "Advice", "configuration_messages",
-    "saver_before_evaluator", "unpublished_metrics", "nothing_to_train", "near_miss", "namespaced",
+    "CollectiveDivergenceError", "PeerFailureError", "MissingHandlerError", "ResumeError", "NonFiniteLossError",
+    "NonFiniteLossWarning", "Preempted", "ResumeNotExactWarning", "ConfigurationWarning", "NonFiniteMetricWarning",
+    "Advice", "configuration_messages", "saver_before_evaluator", "unpublished_metrics", "nothing_to_train",
+    "near_miss", "namespaced",
 ]
+
+
+class CollectiveDivergenceError(RuntimeError):
+    """Ranks disagree on the collective effects of an event, or on the hooks and schedule that decide them."""
+
+
+class PeerFailureError(CollectiveDivergenceError):
+    """Another rank's step failed where this rank's did not: the group was shut down, and this rank stopped too."""
+
+
+class MissingHandlerError(LookupError):
+    """An effect was requested that no handler executes."""
+
+
+class ResumeError(RuntimeError):
+    """A sound checkpoint cannot be resumed as asked (other hooks, optimizers, world size under ``strict``).
+
+    A damaged one is a ``pimm_fn.CheckpointError`` instead: the fix there is another checkpoint, here another run setup.
+    """
+
+
+_RESUME = ("the weights already hold the update from that loss, so run() would raise this again: build the run anew "
+           "from the last checkpoint (pimm_fn.loop(..., resume='auto')) with a lower lr")
+
+_ADVICE = {  # by whether the step in use can skip: a built-in step can, a custom step_fn cannot
+    True: f"{_RESUME}, or with training=pimm_fn.Training(on_nonfinite='skip') to leave such batches out of the update",
+    False: f"{_RESUME}, or have your step_fn leave optimizer.step() out when its loss is not finite",
+}
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss is NaN or infinite, under ``loop(training=Training(on_nonfinite="raise"))`` (the default).
+
+    Read after its step ran, so the weights in memory already hold that
+    step's update and the losses stay unread: ``run()`` would raise it
+    again. ``advice`` is what the run's interruption line says instead of
+    "run() continues exactly from here": what works for the step in use.
+    """
+
+    advice = _ADVICE[True]
+
+
+class NonFiniteLossWarning(RuntimeWarning):
+    """A NaN or infinite training loss, under ``loop(training=Training(on_nonfinite="skip"))`` or ``"warn"``."""
+
+
+class Preempted(SystemExit):
+    """Every rank saved ``step`` for ``reason`` and stops: a ``SystemExit`` whose ``code`` is the exit code.
+
+    Uncaught, the script ends with that code and no traceback. ``path`` is
+    the checkpoint that holds the step (``None`` without a ``save_dir``).
+    """
+
+    def __init__(self, code: int, step: int, reason: str, path):
+        super().__init__(code)
+        self.step, self.reason, self.path = step, reason, path
 
 
 class ResumeNotExactWarning(UserWarning):

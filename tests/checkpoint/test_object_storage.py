@@ -24,7 +24,7 @@ import torch
 
 import pimm_fn as pf
 from pimm_fn.checkpoint import storage
-from pimm_fn.checkpoint.validation import SetAsideWarning
+from pimm_fn.checkpoint.errors import SetAsideWarning
 from pimm_fn.checkpoint import lock
 
 HERE = pathlib.Path(__file__).resolve().parent

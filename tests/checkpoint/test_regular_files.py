@@ -18,7 +18,8 @@ import pimm_fn as pf
 from pimm_fn.checkpoint import CheckpointError, load_weights_file, save_checkpoint, validate, write_best
 from pimm_fn.checkpoint import files as regular_files
 from pimm_fn.checkpoint.files import digest
-from pimm_fn.checkpoint.files import NotRegularFileError, read_bytes, read_json, read_text
+from pimm_fn.checkpoint.files import read_bytes, read_json, read_text
+from pimm_fn.checkpoint.errors import NotRegularFileError
 from pimm_fn.checkpoint.validation import read_marker
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))

@@ -17,7 +17,8 @@ import pytest
 import pimm_fn as pf
 from pimm_fn.checkpoint import discovery as candidates
 from pimm_fn.checkpoint import inspection
-from pimm_fn.checkpoint.validation import SetAsideWarning, set_aside
+from pimm_fn.checkpoint.validation import set_aside
+from pimm_fn.checkpoint.errors import SetAsideWarning
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402

@@ -65,17 +65,13 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Scope
 from pimm_fn.runtime.engine.implied import Implied
 from pimm_fn.runtime.engine.implied import Setup, describe_setup, schedule_of
+from pimm_fn.runtime.errors import CollectiveDivergenceError
 
 __all__ = [
-    "CollectiveDivergenceError",
     "AgreementGuard",
     "collective_part",
     "describe",
 ]
-
-
-class CollectiveDivergenceError(RuntimeError):
-    """Ranks disagree on the collective effects of an event, or on the hooks and schedule that decide them."""
 
 
 def collective_part(emitted) -> tuple:

@@ -35,17 +35,14 @@ from pimm_fn.checkpoint.background import BackgroundSaver
 from pimm_fn.core.effects import Scope
 from pimm_fn.runtime.engine.implied import Implied
 from pimm_fn.runtime.errors import Advice
+from pimm_fn.runtime.errors import MissingHandlerError
 
 __all__ = [
-    "Interpreter", "MissingHandlerError", "KEEP_TRACE", "Context", "unwrap",
+    "Interpreter", "KEEP_TRACE", "Context", "unwrap",
 ]
 
 
 KEEP_TRACE = 10_000  # executed effects a run keeps in its trace by default: the newest, so a long run stays flat
-
-
-class MissingHandlerError(LookupError):
-    """An effect was requested that no handler executes."""
 
 
 class Interpreter:

@@ -48,17 +48,13 @@ import re
 import attrs
 import torch.distributed as td
 
-from pimm_fn.runtime.engine.guard import CollectiveDivergenceError
+from pimm_fn.runtime.errors import PeerFailureError
 
-__all__ = ["PeerFailureError", "across_ranks", "place", "AGREE_SECONDS"]
+__all__ = ["across_ranks", "place", "AGREE_SECONDS"]
 
 AGREE_SECONDS = 5.0  # how long a failed rank waits to learn whether every rank failed alike
 _PREFIX = "pimm_fn/failed"
 _CONTINUE, _ABORT = "continue", "abort"
-
-
-class PeerFailureError(CollectiveDivergenceError):
-    """Another rank's step failed where this rank's did not: the group was shut down, and this rank stopped too."""
 
 
 _round = [None, 0]  # [the process group, failures handled in it]: every rank counts alike until a shutdown

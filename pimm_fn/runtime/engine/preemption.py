@@ -83,7 +83,7 @@ from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.preemption import lags, next_cadence, time_is_up
 
 __all__ = [
-    "CtrlC", "CTRL_C", "advise", "interactive", "newest_checkpoint", "Preempted", "Requests", "Stopping",
+    "CtrlC", "CTRL_C", "advise", "interactive", "newest_checkpoint", "Requests", "Stopping",
     "saved_at",
 ]
 
@@ -240,18 +240,6 @@ def advise(error: KeyboardInterrupt, stopped: str, *, newest: tuple | None, mode
 
 
 MAX_TIME = "max_time"
-
-
-class Preempted(SystemExit):
-    """Every rank saved ``step`` for ``reason`` and stops: a ``SystemExit`` whose ``code`` is the exit code.
-
-    Uncaught, the script ends with that code and no traceback. ``path`` is
-    the checkpoint that holds the step (``None`` without a ``save_dir``).
-    """
-
-    def __init__(self, code: int, step: int, reason: str, path):
-        super().__init__(code)
-        self.step, self.reason, self.path = step, reason, path
 
 
 _SAVING_ON_CTRL_C = b"[pimm_fn] Ctrl-C: saving at the end of this step, then exiting (Ctrl-C again to stop at once)\n"

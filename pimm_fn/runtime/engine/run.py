@@ -19,7 +19,7 @@ from pimm_fn.runtime.engine import swap
 from pimm_fn.runtime.engine.interpreter import Context
 from pimm_fn.runtime.handlers.logs import clock
 from pimm_fn.runtime.engine.preemption import advise, newest_checkpoint
-from pimm_fn.runtime.engine.preemption import Preempted
+from pimm_fn.runtime.errors import Preempted
 from pimm_fn.runtime.engine.transaction import Interruption
 from pimm_fn.runtime.engine.walker import Walker
 

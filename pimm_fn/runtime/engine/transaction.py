@@ -48,7 +48,7 @@ from pimm_fn.core import hook as protocol
 from pimm_fn.runtime.engine.peers import across_ranks
 from pimm_fn.runtime.engine.preemption import CTRL_C, interactive
 from pimm_fn.runtime.errors import ResumeNotExactWarning
-from pimm_fn.runtime.step.nonfinite import NonFiniteLossError
+from pimm_fn.runtime.errors import NonFiniteLossError
 
 __all__ = [
     "Interruption", "Transaction", "Unit", "failing_hook", "effect_phase", "fold_phase", "StepWatch",

@@ -19,7 +19,8 @@ from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.processing import start
 from pimm_fn.core.schedule import advance, next_event
 from pimm_fn.runtime.step.driver import Driver
-from pimm_fn.runtime.engine.preemption import Preempted, preemption_save, saved_at
+from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
+from pimm_fn.runtime.errors import Preempted
 from pimm_fn.runtime.engine.outputs import QuietSteps
 from pimm_fn.runtime.step.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.step.train_step import runner, train_step

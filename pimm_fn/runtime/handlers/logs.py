@@ -24,7 +24,8 @@ import attrs
 from pimm_fn import dist
 from pimm_fn.checkpoint import storage
 from pimm_fn.core.effects import Log
-from pimm_fn.runtime.engine.guard import CollectiveDivergenceError, _digest  # the guard's digest: 63 bits, an int64
+from pimm_fn.runtime.engine.guard import _digest
+from pimm_fn.runtime.errors import CollectiveDivergenceError  # the guard's digest: 63 bits, an int64
 from pimm_fn.runtime.logs.history import POSITION, History
 from pimm_fn.runtime.logs.loggers import LOG_NAME, Opening, run_loggers
 

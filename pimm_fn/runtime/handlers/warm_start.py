@@ -9,7 +9,8 @@ dialect (pimm's) is left to the handlers of the plug-in that asks for it.
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint.formats import sharded
 from pimm_fn.core.effects import LoadWeights
-from pimm_fn.runtime.engine.interpreter import MissingHandlerError, unwrap
+from pimm_fn.runtime.engine.interpreter import unwrap
+from pimm_fn.runtime.errors import MissingHandlerError
 
 __all__ = ["load_weights"]
 

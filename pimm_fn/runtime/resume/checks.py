@@ -72,11 +72,12 @@ from pimm_fn.checkpoint.errors import CheckpointError
 from pimm_fn.checkpoint.formats import sharded
 from pimm_fn.checkpoint.inspection import TRAINER
 from pimm_fn.runtime.step.rng import rng_problem
+from pimm_fn.runtime.errors import ResumeError
 
 __all__ = [
     "hyperparameters", "differences", "apply_new", "restart_schedule", "describe", "horizon_problem", "Changed",
     "qualified_name", "recorded", "changes", "unfit_scheduler_state", "fresh_states", "refusal", "fresh_line",
-    "ResumeError", "check_sharding", "check_weights", "rng_error", "check_optimizers", "changed_classes",
+    "check_sharding", "check_weights", "rng_error", "check_optimizers", "changed_classes",
 ]
 
 
@@ -374,13 +375,6 @@ def fresh_line(c: Changed, path) -> str:
              "its param groups are this run's and its state (moments, buffers) starts empty")
     return (f"the {c.label} in {path} is {c.saved_text}, this run's is a {c.now}: the {c.label} starts fresh "
             f"(resume_hyperparameters='new'): {start}; the model and the rest resumed")
-
-
-class ResumeError(RuntimeError):
-    """A sound checkpoint cannot be resumed as asked (other hooks, optimizers, world size under ``strict``).
-
-    A damaged one is a ``pimm_fn.CheckpointError`` instead: the fix there is another checkpoint, here another run setup.
-    """
 
 
 def check_sharding(replicated, ctx, info) -> None:

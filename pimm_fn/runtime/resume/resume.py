@@ -80,14 +80,8 @@ from pimm_fn.runtime.engine.interpreter import unwrap
 from pimm_fn.runtime.errors import ConfigurationWarning, nothing_to_train
 from pimm_fn.runtime.resume import checks as class_change
 from pimm_fn.runtime.resume import checks as hp
-from pimm_fn.runtime.resume.checks import (
-    ResumeError,
-    changed_classes,
-    check_optimizers,
-    check_sharding,
-    check_weights,
-    rng_error,
-)
+from pimm_fn.runtime.resume.checks import changed_classes, check_optimizers, check_sharding, check_weights, rng_error
+from pimm_fn.runtime.errors import ResumeError
 from pimm_fn.runtime.step.rng import restore_rng
 
 __all__ = [
@@ -116,7 +110,7 @@ def locate(resume, save_dir, *, say=None, iters_per_epoch=None, readers=()):
         FileExistsError: a fresh start into a ``save_dir`` that holds checkpoints (a reader's included).
         CheckpointError: (on every rank) ``resume=<path>`` names a damaged
             checkpoint, or ``resume="auto"`` found checkpoints and none intact
-            (``pimm_fn.checkpoint.discovery.NoIntactCheckpointError``, naming each
+            (``pimm_fn.checkpoint.errors.NoIntactCheckpointError``, naming each
             and why); nothing under ``save_dir`` was changed.
     """
     say = say or _say

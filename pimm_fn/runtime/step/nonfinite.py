@@ -38,40 +38,19 @@ import torch
 
 from pimm_fn import dist
 from pimm_fn.runtime.engine.outputs import WAIT_AT_MOST
+from pimm_fn.runtime.errors import NonFiniteLossError, NonFiniteLossWarning, _ADVICE
 
-__all__ = ["NonFinite", "NonFiniteLossError", "NonFiniteLossWarning", "NONFINITE_POLICIES"]
+__all__ = ["NonFinite", "NONFINITE_POLICIES"]
 
 
 NONFINITE_POLICIES = ("raise", "skip", "warn")
 
 
-_RESUME = ("the weights already hold the update from that loss, so run() would raise this again: build the run anew "
-           "from the last checkpoint (pimm_fn.loop(..., resume='auto')) with a lower lr")
-_ADVICE = {  # by whether the step in use can skip: a built-in step can, a custom step_fn cannot
-    True: f"{_RESUME}, or with training=pimm_fn.Training(on_nonfinite='skip') to leave such batches out of the update",
-    False: f"{_RESUME}, or have your step_fn leave optimizer.step() out when its loss is not finite",
-}
 _FIX = {
     True: "Pass loop(training=pimm_fn.Training(on_nonfinite='skip')) to leave such batches out of the update, "
           "or on_nonfinite='warn' to warn and go on",
     False: "Pass loop(training=pimm_fn.Training(on_nonfinite='warn')) to warn and go on",
 }
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The training loss is NaN or infinite, under ``loop(training=Training(on_nonfinite="raise"))`` (the default).
-
-    Read after its step ran, so the weights in memory already hold that
-    step's update and the losses stay unread: ``run()`` would raise it
-    again. ``advice`` is what the run's interruption line says instead of
-    "run() continues exactly from here": what works for the step in use.
-    """
-
-    advice = _ADVICE[True]
-
-
-class NonFiniteLossWarning(RuntimeWarning):
-    """A NaN or infinite training loss, under ``loop(training=Training(on_nonfinite="skip"))`` or ``"warn"``."""
 
 
 class NonFinite:
