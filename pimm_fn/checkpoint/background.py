@@ -95,7 +95,7 @@ from typing import Any
 import torch
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files as W
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import publish as _publish
 from pimm_fn.checkpoint import retention as _retain
 from pimm_fn.checkpoint import storage
@@ -522,7 +522,7 @@ def start(
             copy.run()
             copy.wait()
             mark_staged()
-            weights_file = W.weights_write(staging, staged_weights, digest=digests) if dist.is_main() else None
+            weights_file = files.weights_write(staging, staged_weights, digest=digests) if dist.is_main() else None
             try:
                 _standard.write_state(staging, staged_state, group=group)  # a full disk: DiskFullError on every rank
             except BaseException:

@@ -85,7 +85,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 import attrs
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files as L
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage, validation
 from pimm_fn.checkpoint.errors import SHARED, CheckpointError
 from pimm_fn.checkpoint.files import CheckpointInfo
@@ -150,7 +150,7 @@ def _examine(entry: pathlib.Path) -> Candidate | None:
     try:
         info, payload = read_marker(entry)
     except CheckpointError as exc:
-        if storage.is_store(entry) and not (entry / L.MARKER).exists():
+        if storage.is_store(entry) and not (entry / files.MARKER).exists():
             return None  # on a store the marker commits: without it, being written or deleted
         return None if priority == 0 else Candidate(entry, _named_step(entry), error=exc, priority=priority)
     try:
@@ -162,21 +162,21 @@ def _examine(entry: pathlib.Path) -> Candidate | None:
 
 def _priority(entry: pathlib.Path) -> int | None:
     name = entry.name
-    if name.startswith(L.STAGING):
+    if name.startswith(files.STAGING):
         return None
     if entry.is_dir():
-        if name == L.LAST or (storage.is_store(entry) and L.STORE_LAST.match(name)):
+        if name == files.LAST or (storage.is_store(entry) and files.STORE_LAST.match(name)):
             return 2
-        if L.ITER_DIR.match(name):
+        if files.ITER_DIR.match(name):
             return 1
-        return 0 if name.startswith(L.RETIRED) else None
-    if name == L.LEGACY_LAST:
+        return 0 if name.startswith(files.RETIRED) else None
+    if name == files.LEGACY_LAST:
         return 2
-    return 1 if L.ITER_FILE.match(name) else None
+    return 1 if files.ITER_FILE.match(name) else None
 
 
 def _named_step(entry: pathlib.Path) -> int | None:
-    match = (L.ITER_DIR if entry.is_dir() else L.ITER_FILE).match(entry.name)
+    match = (files.ITER_DIR if entry.is_dir() else files.ITER_FILE).match(entry.name)
     return int(match.group(1)) if match else None
 
 
@@ -228,8 +228,8 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
     expected = "a checkpoint directory with a COMPLETE marker, a legacy .pth file, or a save_dir/model_dir"
     if not p.exists():
         raise FileNotFoundError(f"find_checkpoint: {str(p)!r} does not exist; expected {expected}")
-    named = p.name == L.LAST or L.ITER_DIR.match(p.name) or p.name.startswith(L.RETIRED)
-    if p.is_file() or named or any((p / name).exists() for name in (L.MARKER, L.TRAINER, L.WEIGHTS)):
+    named = p.name == files.LAST or files.ITER_DIR.match(p.name) or p.name.startswith(files.RETIRED)
+    if p.is_file() or named or any((p / name).exists() for name in (files.MARKER, files.TRAINER, files.WEIGHTS)):
         return validation.validate(p)
     model_dir = p / _MODEL if (p / _MODEL).is_dir() else p
     found = candidates(model_dir)
@@ -252,10 +252,10 @@ def rolling_checkpoint(model_dir: str | os.PathLike, step: int, format: str = "s
     model_dir = storage.location(model_dir)
     if storage.is_store(model_dir):
         for entry in model_dir.iterdir():  # [] where the store has no such directory
-            named = L.STORE_LAST.match(entry.name)
-            if named and int(named.group(1)) == step and (entry / L.MARKER).exists():
+            named = files.STORE_LAST.match(entry.name)
+            if named and int(named.group(1)) == step and (entry / files.MARKER).exists():
                 return entry
-    return model_dir / (L.LAST if format == "standard" else L.LEGACY_LAST)
+    return model_dir / (files.LAST if format == "standard" else files.LEGACY_LAST)
 
 
 # Pauses before a file missing at validation is looked for again (storage that shows a new file late): 1 s in all.

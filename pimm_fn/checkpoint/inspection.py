@@ -47,8 +47,7 @@ import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from pimm_fn.checkpoint import discovery as candidates
-from pimm_fn.checkpoint import files as L
-from pimm_fn.checkpoint import files as W
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.contents import TrainerContents, from_parts
 from pimm_fn.checkpoint.discovery import find_checkpoint
@@ -126,7 +125,7 @@ def trainer_without_tensors(path: pathlib.Path) -> dict:
         return unpack(skeleton, {**infos, **needed})
     meta = safe_reading.metadata(path).state_dict_metadata
     if not isinstance(meta.get("trainer/skeleton"), TensorStorageMetadata):
-        raise ValueError(f"{path / L.TRAINER} has no 'trainer/skeleton' tensor: not written by pimm_fn")
+        raise ValueError(f"{path / files.TRAINER} has no 'trainer/skeleton' tensor: not written by pimm_fn")
     head = {"trainer/skeleton": safe_reading.empty(meta["trainer/skeleton"], path, "trainer/skeleton")}
     _read(path, head)
     skeleton = tensor_to_skeleton(head["trainer/skeleton"])
@@ -166,11 +165,11 @@ def weights_without_tensors(path: pathlib.Path) -> dict[str, TensorInfo]:
     Raises:
         CheckpointError: the weights read are not a state_dict (``_legacy.weights_problem``).
     """
-    if path.is_dir() and (path / L.WEIGHTS_SKIPPED).is_file():
+    if path.is_dir() and (path / files.WEIGHTS_SKIPPED).is_file():
         prefix = "sharded/model/"
         return {k.removeprefix(prefix): v for k, v in tensor_infos(path).items() if k.startswith(prefix)}
     if path.is_dir():
-        weights = _legacy.checked_weights(_legacy._load(path / L.WEIGHTS, mmap=True), path, L.WEIGHTS)
+        weights = _legacy.checked_weights(_legacy._load(path / files.WEIGHTS, mmap=True), path, files.WEIGHTS)
     else:
         content = _legacy._load(path, mmap=True)
         weights = content.get("weights", content) if isinstance(content, dict) else {}
@@ -179,7 +178,7 @@ def weights_without_tensors(path: pathlib.Path) -> dict[str, TensorInfo]:
     return {k: _info(v.dtype, v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
 
 
-TRAINER = L.TRAINER
+TRAINER = files.TRAINER
 
 
 """The directory of a standard checkpoint holding the trainer part (DCP): the file an error about that part names."""
@@ -193,17 +192,17 @@ NOT_RECORDED = "sizes and checksums are not recorded in this checkpoint's marker
 
 def is_checkpoint_dir(path: pathlib.Path) -> bool:
     """A directory laid out as a standard checkpoint (complete or not)."""
-    return path.is_dir() and any((path / name).exists() for name in (L.MARKER, L.TRAINER, L.WEIGHTS))
+    return path.is_dir() and any((path / name).exists() for name in (files.MARKER, files.TRAINER, files.WEIGHTS))
 
 
 def is_marked(path: pathlib.Path) -> bool:
     """Whether a checkpoint directory has its completion marker (was ever finished); a file always counts."""
-    return not path.is_dir() or (path / L.MARKER).exists()
+    return not path.is_dir() or (path / files.MARKER).exists()
 
 
 def is_best_file(path: pathlib.Path) -> bool:
     """A ``model_best.pth`` or ``model_best_<metric>.pth`` file."""
-    return path.is_file() and L.is_best_name(path)
+    return path.is_file() and files.is_best_name(path)
 
 
 def is_removal(path: pathlib.Path) -> bool:
@@ -222,29 +221,29 @@ def kind_of(path: pathlib.Path) -> tuple[str, int | None] | None:
     step the name says, if any.
     """
     name = path.name
-    if name.startswith(L.STAGING):
+    if name.startswith(files.STAGING):
         return "unfinished", _trailing_step(name)
     if name.startswith(SET_ASIDE):
         match = re.match(rf"{SET_ASIDE}iter_(\d+)", name)
         return "set aside", int(match.group(1)) if match else None
-    if name.startswith(L.RETIRED):
+    if name.startswith(files.RETIRED):
         return "retired", _trailing_step(name)
     if is_best_file(path):
         return "best", None
-    if name in (L.LAST, L.LEGACY_LAST):
+    if name in (files.LAST, files.LEGACY_LAST):
         return "checkpoint", None
     if storage.is_store(path):
         return _stored_kind(path)
-    match = (L.ITER_DIR if path.is_dir() else L.ITER_FILE).match(name)
+    match = (files.ITER_DIR if path.is_dir() else files.ITER_FILE).match(name)
     return ("checkpoint", int(match.group(1))) if match else None
 
 
 def _stored_kind(path) -> tuple[str, int | None] | None:
     """:func:`kind_of` on an fsspec store: ``last-<step>-<token>`` and ``iter_<step>``, unfinished until their marker exists."""
-    match = L.STORE_LAST.match(path.name) or L.ITER_DIR.match(path.name)
+    match = files.STORE_LAST.match(path.name) or files.ITER_DIR.match(path.name)
     if match is None:
         return None
-    return ("checkpoint" if (path / L.MARKER).exists() else "unfinished"), int(match.group(1))
+    return ("checkpoint" if (path / files.MARKER).exists() else "unfinished"), int(match.group(1))
 
 
 def _trailing_step(name: str) -> int | None:
@@ -298,7 +297,7 @@ def write_plain_weights(out: pathlib.Path, weights: dict, *, format: str = "pth"
     if format == "safetensors":
         safetensors_files.write_safetensors(out, plain, metadata)
     else:
-        W.atomic_write(out, lambda f: torch.save(plain, f))
+        files.atomic_write(out, lambda f: torch.save(plain, f))
     return plain
 
 
@@ -322,8 +321,8 @@ def provenance(path) -> dict[str, str]:
         else:
             info = find_checkpoint(p)
             recorded = marker(info.path)
-            files = recorded.get("files")
-            entry = files.get(L.WEIGHTS) if isinstance(files, dict) and info.format == "standard" else None
+            recorded_files = recorded.get("files")
+            entry = recorded_files.get(files.WEIGHTS) if isinstance(recorded_files, dict) and info.format == "standard" else None
             metrics = recorded.get("metrics")
             found = {"step": info.step, "metrics": json.dumps(metrics, sort_keys=True) if isinstance(metrics, dict) else None,
                      "source_sha256": entry.get("sha256") if isinstance(entry, dict) else None}
@@ -397,12 +396,12 @@ def _standard(path: pathlib.Path) -> tuple[list[str], list[str]]:
     validate(path, digests=True)  # the marker, then every file it lists: size and SHA-256 (raises on the first)
     record = marker(path)
     notes = []
-    if (path / L.WEIGHTS).is_file():
-        found = confined(path, L.WEIGHTS)  # never via a link
+    if (path / files.WEIGHTS).is_file():
+        found = confined(path, files.WEIGHTS)  # never via a link
         source = io.BytesIO(found.read_bytes()) if storage.is_store(found) else found
         weights = torch.load(source, map_location="cpu", weights_only=True)  # every byte
         read = sum(v.nbytes for v in weights.values() if isinstance(v, torch.Tensor))
-        notes.append(f"{L.WEIGHTS}: {len(weights)} entries, {read:,} bytes read")
+        notes.append(f"{files.WEIGHTS}: {len(weights)} entries, {read:,} bytes read")
     parts, problems, summary = _trainer_parts(path, record["world_size"])
     for prefix, local in parts.items():
         if prefix != "trainer" and "trainer" in parts:

@@ -61,7 +61,7 @@ import uuid
 import attrs
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files as regular_files
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import SaveDirLockError
 
@@ -115,7 +115,7 @@ def read_holder(path: pathlib.Path) -> Holder:
         OSError: it cannot be read.
     """
     try:
-        fields = regular_files.read_json(path, limit=_LIMIT)
+        fields = files.read_json(path, limit=_LIMIT)
     except ValueError as exc:
         raise ValueError(f"unreadable lock file {path}: {exc}") from exc
     if not isinstance(fields, dict):
@@ -344,7 +344,7 @@ def _busy(path: pathlib.Path, held: Holder | None) -> SaveDirLockError:
 
 def _unreadable(path: pathlib.Path, exc: OSError) -> SaveDirLockError:
     """The refusal for a lock file that cannot be read: never taken over, since its holder cannot be told."""
-    if isinstance(exc, regular_files.NotRegularFileError):
+    if isinstance(exc, files.NotRegularFileError):
         why = f"{exc.strerror}, which no pimm_fn run leaves there"
     else:
         why = f"cannot be read ({exc.strerror or exc}), so whether its run still holds it cannot be told"

@@ -61,8 +61,7 @@ import socket
 import time
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files as L
-from pimm_fn.checkpoint import files as W
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage, validation
 from pimm_fn.checkpoint.errors import (
     CheckpointError,
@@ -84,7 +83,7 @@ __all__ = [
 
 def fresh(model_dir: StorePath, step: int) -> StorePath:
     """The directory a new checkpoint of ``step`` is written into, under its final (never reused) name."""
-    target = model_dir / f"{L.LAST}-{step}-{secrets.token_hex(4)}"
+    target = model_dir / f"{files.LAST}-{step}-{secrets.token_hex(4)}"
     target.mkdir(parents=True, exist_ok=True)
     return target
 
@@ -102,12 +101,12 @@ def publish(model_dir: StorePath, committed: StorePath, step: int) -> StorePath:
     kept = f"the checkpoint of step {step} is published as {committed.name}, and is intact"
     with storage_errors(model_dir, 0, "the checkpoints it supersedes", kept, doing="deleting"):
         for entry in model_dir.iterdir():
-            if entry == committed or not (L.STORE_LAST.match(entry.name) or L.ITER_DIR.match(entry.name)):
+            if entry == committed or not (files.STORE_LAST.match(entry.name) or files.ITER_DIR.match(entry.name)):
                 continue
-            if not (entry / L.MARKER).exists():
-                L.remove(entry)  # never committed: invisible to discovery, nothing is lost
-            elif L.STORE_LAST.match(entry.name) and _valid(entry):
-                L.remove(entry)  # superseded by ``committed``, which is complete
+            if not (entry / files.MARKER).exists():
+                files.remove(entry)  # never committed: invisible to discovery, nothing is lost
+            elif files.STORE_LAST.match(entry.name) and _valid(entry):
+                files.remove(entry)  # superseded by ``committed``, which is complete
     return committed
 
 
@@ -131,9 +130,9 @@ def store_snapshot(model_dir: StorePath, published: StorePath, step: int) -> Sto
     with storage_errors(model_dir, 0, f"the snapshot {target.name}", kept):
         earlier = target.files()  # one listing: an earlier snapshot of this step, committed or not (usually none)
         unmade = f"the snapshot {target.name} is not made; {kept}"
-        if earlier and (L.MARKER not in earlier or readable_or_set_aside(target, otherwise=unmade) is not None):
-            L.remove(target)  # uncommitted (invisible, nothing lost), or a readable snapshot replaced
-        L.copy_on_store(published, target)
+        if earlier and (files.MARKER not in earlier or readable_or_set_aside(target, otherwise=unmade) is not None):
+            files.remove(target)  # uncommitted (invisible, nothing lost), or a readable snapshot replaced
+        files.copy_on_store(published, target)
     return target
 
 
@@ -154,7 +153,7 @@ def fresh_staging(model_dir: pathlib.Path, step: int) -> pathlib.Path:
     Raises:
         DiskFullError: not even the directory could be made.
     """
-    staging = model_dir / f"{L.STAGING}{L.LAST}-{step}"
+    staging = model_dir / f"{files.STAGING}{files.LAST}-{step}"
     with storage_errors(model_dir, 0, f"the staging directory {staging.name}", UNPUBLISHED):
         if storage.is_store(model_dir):
             return fresh(model_dir, step)
@@ -164,7 +163,7 @@ def fresh_staging(model_dir: pathlib.Path, step: int) -> pathlib.Path:
     return staging
 
 
-def discard(staging: pathlib.Path, weights_file: "W.BackgroundWrite | None" = None) -> None:
+def discard(staging: pathlib.Path, weights_file: "files.BackgroundWrite | None" = None) -> None:
     """After a failed save (main rank): wait for the weights write, then delete the staging directory.
 
     Nothing reads it, and a save that ran out of space must give the space back.
@@ -172,13 +171,13 @@ def discard(staging: pathlib.Path, weights_file: "W.BackgroundWrite | None" = No
     if weights_file is not None:
         weights_file.join()
     if dist.is_main():
-        L.remove(staging)
+        files.remove(staging)
 
 
 def clean_staging(model_dir: pathlib.Path) -> None:
     """Delete every ``.staging-*`` file or directory under ``model_dir``."""
-    for entry in model_dir.glob(f"{L.STAGING}*"):
-        L.remove(entry)
+    for entry in model_dir.glob(f"{files.STAGING}*"):
+        files.remove(entry)
 
 
 @contextlib.contextmanager
@@ -187,7 +186,7 @@ def _removed_on_error(staging: pathlib.Path):
     try:
         yield
     except BaseException:
-        L.remove(staging)
+        files.remove(staging)
         raise
 
 
@@ -209,25 +208,25 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path, step: int) -> pa
     """
     if storage.is_store(model_dir):
         return publish(model_dir, staging, step)
-    last = model_dir / L.LAST
+    last = model_dir / files.LAST
     what = f"the checkpoint of step {step}"
     with storage_errors(model_dir, 0, what, removed(staging), doing="publishing"), _removed_on_error(staging):
         unpublished = f"{what} is not published (its staging directory {staging.name} is removed)"
         old = readable_or_set_aside(last, otherwise=unpublished) if last.exists() else None
         if old is not None:
-            retired = model_dir / f"{L.RETIRED}{L.LAST}-{old.step}"
-            L.remove(retired)
+            retired = model_dir / f"{files.RETIRED}{files.LAST}-{old.step}"
+            files.remove(retired)
             os.rename(last, retired)
         os.rename(staging, last)
-    W.fsync_dir(model_dir)
-    for retired in model_dir.glob(f"{L.RETIRED}*"):
-        L.remove(retired)
+    files.fsync_dir(model_dir)
+    for retired in model_dir.glob(f"{files.RETIRED}*"):
+        files.remove(retired)
     return last
 
 
 def publish_staged(
     model_dir: pathlib.Path, staging: pathlib.Path, step: int, world_size: int, metrics: dict | None = None, *,
-    weights_file: "W.BackgroundWrite | None" = None, digests: bool = False,
+    weights_file: "files.BackgroundWrite | None" = None, digests: bool = False,
 ) -> pathlib.Path:
     """Mark a staging directory whose files are all durable complete, and publish it (main rank).
 
@@ -245,10 +244,10 @@ def publish_staged(
     try:
         if weights_file is not None:
             weights_file.result()
-        W.fsync_dir(staging / L.TRAINER)
+        files.fsync_dir(staging / files.TRAINER)
         hashed = weights_file.sha256 if weights_file is not None else None  # while it was written: no second read
-        files = manifest(staging, digests=digests, known={weights_file.path.name: hashed} if hashed else None)
-        W.write_marker(staging, step, world_size, staged=True, metrics=metrics, files=files)
+        recorded = manifest(staging, digests=digests, known={weights_file.path.name: hashed} if hashed else None)
+        files.write_marker(staging, step, world_size, staged=True, metrics=metrics, files=recorded)
     except BaseException as exc:
         nbytes = _staged_bytes(staging, weights_file)
         discard(staging)
@@ -259,7 +258,7 @@ def publish_staged(
     return publish_dir(model_dir, staging, step)
 
 
-def _staged_bytes(staging: pathlib.Path, weights_file: "W.BackgroundWrite | None") -> int:
+def _staged_bytes(staging: pathlib.Path, weights_file: "files.BackgroundWrite | None") -> int:
     """The bytes of a checkpoint that did not fit: its files so far, the weights file in full."""
     if storage.is_store(staging):
         return sum(staging.files().values())
@@ -275,9 +274,9 @@ def publish_file(model_dir: pathlib.Path, content: dict) -> pathlib.Path:
     Raises:
         DiskFullError / CheckpointStorageError: the write (or the set-aside) failed; the previous file is as it was.
     """
-    last = model_dir / L.LEGACY_LAST
+    last = model_dir / files.LEGACY_LAST
     step = content["marker"]["step"]
-    with storage_errors(model_dir, lambda: tensor_bytes(content), L.LEGACY_LAST, UNPUBLISHED):
+    with storage_errors(model_dir, lambda: tensor_bytes(content), files.LEGACY_LAST, UNPUBLISHED):
         model_dir.mkdir(parents=True, exist_ok=True)
         clean_staging(model_dir)
         if last.exists():  # replaced by the write when it validates
@@ -297,25 +296,25 @@ def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pat
     if storage.is_store(model_dir):
         return store_snapshot(model_dir, published, step)
     name = f"iter_{step}" if published.is_dir() else f"iter_{step}.pth"
-    staging = model_dir / f"{L.STAGING}{name}"
+    staging = model_dir / f"{files.STAGING}{name}"
     size = lambda: sum(p.stat().st_size for p in [published, *published.rglob("*")] if p.is_file())
     consequence = f"the checkpoint itself was published as {published.name}, and is intact"
     copying = f"the snapshot {name} (copies where hard links fail)"
     with storage_errors(model_dir, size, copying, consequence), _removed_on_error(staging):
-        L.remove(staging)
+        files.remove(staging)
         if published.is_dir():
-            shutil.copytree(published, staging, copy_function=L.link_or_copy)
+            shutil.copytree(published, staging, copy_function=files.link_or_copy)
         else:
-            L.link_or_copy(str(published), str(staging))
+            files.link_or_copy(str(published), str(staging))
         target = model_dir / name
         unmade = f"the snapshot {name} is not made (its staging {staging.name} is removed); {consequence}"
         if target.exists() and readable_or_set_aside(target, otherwise=unmade) is not None and published.is_dir():
-            L.remove(target)
+            files.remove(target)
         if published.is_dir():
             os.rename(staging, target)
         else:
             os.replace(staging, target)
-    W.fsync_dir(model_dir)
+    files.fsync_dir(model_dir)
     return target
 
 
@@ -331,17 +330,17 @@ def write_receipt(staging: pathlib.Path) -> None:
     DCP's collective write): the missing receipt fails the check instead.
     """
     text = json.dumps({"rank": dist.rank(), "world_size": dist.world_size(), "host": socket.gethostname()})
-    receipts = staging / L.RECEIPTS
+    receipts = staging / files.RECEIPTS
     try:
         receipts.mkdir(parents=True, exist_ok=True)
-        W.durable_write(receipts / f"rank{dist.rank()}", lambda f: f.write(text.encode()))
+        files.durable_write(receipts / f"rank{dist.rank()}", lambda f: f.write(text.encode()))
     except OSError:
         pass
 
 
 def missing_receipts(staging: pathlib.Path, world_size: int, grace_s: float = RECEIPT_GRACE_S) -> list[int]:
     """The ranks whose receipt this process does not see in ``staging``, after waiting up to ``grace_s``."""
-    receipts = staging / L.RECEIPTS
+    receipts = staging / files.RECEIPTS
     try:
         present = {entry.name for entry in receipts.iterdir()}
     except OSError:
@@ -372,7 +371,7 @@ def check_receipts(staging: pathlib.Path, group=None) -> None:
     if not missing:
         return
     # The first missing rank says where it is, and whether it sees its own receipt.
-    mine = staging / L.RECEIPTS / f"rank{dist.rank()}"
+    mine = staging / files.RECEIPTS / f"rank{dist.rank()}"
     report = (socket.gethostname(), mine.is_file()) if dist.rank() == missing[0] else None
     host, wrote = dist.broadcast_object(report, src=missing[0], group=group)
     raise CheckpointStorageError(receipt_error(where, missing, host, main_host, wrote))

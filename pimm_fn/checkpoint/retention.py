@@ -23,15 +23,14 @@ import pathlib
 
 from pimm_fn.core import retention
 
-from pimm_fn.checkpoint import files as L
-from pimm_fn.checkpoint import files as W
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint.formats import one_file as _legacy
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint import validation
 from pimm_fn.checkpoint.files import info_from_marker
 from pimm_fn.checkpoint.errors import storage_errors
 
-REMOVING = f"{L.STAGING}removed-"
+REMOVING = f"{files.STAGING}removed-"
 
 
 def marker_of(path: pathlib.Path) -> dict:
@@ -61,7 +60,7 @@ def on_disk(model_dir: pathlib.Path) -> list[tuple[retention.Snapshot, pathlib.P
     found = {}
     for entry in sorted(model_dir.glob("iter_*"), key=lambda p: p.name):
         directory = entry.is_dir()  # asked once: on a store each question is a request
-        match = (L.ITER_DIR if directory else L.ITER_FILE).match(entry.name)
+        match = (files.ITER_DIR if directory else files.ITER_FILE).match(entry.name)
         if not match:
             continue
         try:
@@ -95,16 +94,16 @@ def retain(model_dir: pathlib.Path, policy, published_step: int) -> list[pathlib
     with storage_errors(model_dir, 0, what, kept, doing="deleting"):
         if storage.is_store(model_dir):  # no rename there: the marker goes first, which hides it at once
             for path in doomed:
-                L.remove(path)
+                files.remove(path)
             return doomed
         moved = []
         for path in doomed:
             hidden = model_dir / f"{REMOVING}{path.name}"
-            L.remove(hidden)
+            files.remove(hidden)
             os.rename(path, hidden)
             moved.append(hidden)
     if moved:
-        W.fsync_dir(model_dir)
+        files.fsync_dir(model_dir)
     for hidden in moved:
-        L.remove(hidden)
+        files.remove(hidden)
     return doomed

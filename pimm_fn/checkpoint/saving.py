@@ -37,8 +37,7 @@ from typing import ClassVar
 import attrs
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files as L
-from pimm_fn.checkpoint import files as W
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import publish as _publish
 from pimm_fn.checkpoint import retention as _retain
 from pimm_fn.checkpoint import storage, validation
@@ -47,7 +46,6 @@ from pimm_fn.checkpoint.files import FORMATS, SAVED_FOR, CheckpointInfo
 from pimm_fn.checkpoint.formats import one_file as _legacy
 from pimm_fn.checkpoint.formats import standard as _standard
 from pimm_fn.core import retention, validate
-from pimm_fn.core import validate as v
 
 __all__ = [
     "LoadedCheckpoint", "load_checkpoint", "save_checkpoint", "Saving",
@@ -156,7 +154,7 @@ def save_checkpoint(
         state.update(sharded or {})
         # The weights file is written (in place: the staging directory is
         # invisible until published) and fsynced while DCP writes the trainer.
-        weights_file = W.weights_write(staging, weights, digest=digests) if dist.is_main() else None
+        weights_file = files.weights_write(staging, weights, digest=digests) if dist.is_main() else None
         try:
             _standard.write_state(staging, state)  # a full disk: DiskFullError on every rank
         except BaseException:
@@ -212,11 +210,11 @@ def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedChec
         found, trainer, local = _legacy.read(info.path, dist.rank())
         return LoadedCheckpoint(info, found, trainer, local)
     validation.validate(info.path)
-    weights_path = info.path / L.WEIGHTS
+    weights_path = info.path / files.WEIGHTS
     read = weights and weights_path.is_file()
     found = _legacy._load(weights_path, mmap=True, checkpoint=info.path) if read else None  # mapped: read when used
     if read:  # what the run loads into its model: a state_dict, or the checkpoint is damaged
-        found = _legacy.checked_weights(found, info.path, L.WEIGHTS)
+        found = _legacy.checked_weights(found, info.path, files.WEIGHTS)
     trainer, local = _standard.read_trainer(info.path, dist.rank())
     return LoadedCheckpoint(info, found, trainer, local)
 
@@ -247,7 +245,7 @@ def _check_args(step, format, keep_snapshots, *, sharded=None, **parts) -> None:
             )
 
 
-_BOOL = v.is_bool.with_hint("pass True or False")
+_BOOL = validate.is_bool.with_hint("pass True or False")
 
 
 def _policy(instance, attribute, value) -> None:
@@ -290,7 +288,7 @@ class Saving:
 
     factory_name: ClassVar[str] = "loop"  # its errors read as loop()'s did: these were loop()'s keywords
 
-    checkpoint_format: str = attrs.field(default="standard", validator=v.one_of("standard", "legacy"))
+    checkpoint_format: str = attrs.field(default="standard", validator=validate.one_of("standard", "legacy"))
     keep: object = attrs.field(default=None, validator=_policy)
     weights_file: bool = attrs.field(default=True, validator=_BOOL)
     digests: bool = attrs.field(default=False, validator=_BOOL)

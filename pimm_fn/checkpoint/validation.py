@@ -65,8 +65,7 @@ import pathlib
 import stat
 import warnings
 
-from pimm_fn.checkpoint import files as L
-from pimm_fn.checkpoint import files as regular_files
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import CheckpointError, CheckpointStorageError, cause
 from pimm_fn.checkpoint.files import CheckpointInfo, digest, info_from_marker
@@ -79,10 +78,10 @@ __all__ = [
 ]
 
 
-_METADATA = f"{L.TRAINER}/.metadata"
+_METADATA = f"{files.TRAINER}/.metadata"
 
 
-def confined(path: pathlib.Path, rel: object, *, listed_in: str = L.MARKER) -> pathlib.Path:
+def confined(path: pathlib.Path, rel: object, *, listed_in: str = files.MARKER) -> pathlib.Path:
     """``path / rel`` for a name a checkpoint lists about itself, once sure it is a regular file inside ``path``.
 
     ``rel`` must be a relative POSIX path of plain parts (no ``..``, ``.``,
@@ -154,37 +153,37 @@ def validate(path: str | os.PathLike, *, digests: bool = False) -> CheckpointInf
 def read_marker(path: pathlib.Path) -> tuple[CheckpointInfo, dict]:
     """The info and payload of ``path``'s ``COMPLETE`` marker, read as untrusted input (:mod:`.regular_files`)."""
     try:
-        payload = regular_files.read_json(path / L.MARKER)
+        payload = files.read_json(path / files.MARKER)
     except FileNotFoundError:
         problem = "is missing (no COMPLETE marker): it was never finished, or is not a checkpoint"
-        raise CheckpointError(path, L.MARKER, problem) from None
-    except regular_files.NotRegularFileError as exc:
-        raise CheckpointError(path, L.MARKER, f"{exc.strerror}: a damaged or crafted checkpoint") from None
+        raise CheckpointError(path, files.MARKER, problem) from None
+    except files.NotRegularFileError as exc:
+        raise CheckpointError(path, files.MARKER, f"{exc.strerror}: a damaged or crafted checkpoint") from None
     except OSError as exc:
-        raise CheckpointError(path, L.MARKER, f"cannot be read ({cause(exc)})") from None
+        raise CheckpointError(path, files.MARKER, f"cannot be read ({cause(exc)})") from None
     except ValueError as exc:
         problem = f"is not valid JSON ({exc}): it was cut short, overwritten or crafted"
-        raise CheckpointError(path, L.MARKER, problem) from None
+        raise CheckpointError(path, files.MARKER, problem) from None
     try:
         return info_from_marker(path, payload, "standard"), payload
     except ValueError as exc:
-        raise CheckpointError(path, L.MARKER, f"is not a valid marker ({exc})") from None
+        raise CheckpointError(path, files.MARKER, f"is not a valid marker ({exc})") from None
 
 
 def check_files(path: pathlib.Path, payload: dict, digests: bool) -> None:
     """Every file the marker ``payload`` lists is in ``path`` at its recorded size (and SHA-256, with ``digests``)."""
-    files = payload.get("files")
-    if files is None:
+    recorded = payload.get("files")
+    if recorded is None:
         _check_unlisted(path)
         return
-    if not isinstance(files, dict) or not all(_is_record(r) for r in files.values()):
-        raise CheckpointError(path, L.MARKER, "has a malformed 'files' entry (expected {path: {'size': int}})")
-    weights = L.WEIGHTS_SKIPPED if L.WEIGHTS_SKIPPED in files else L.WEIGHTS
+    if not isinstance(recorded, dict) or not all(_is_record(r) for r in recorded.values()):
+        raise CheckpointError(path, files.MARKER, "has a malformed 'files' entry (expected {path: {'size': int}})")
+    weights = files.WEIGHTS_SKIPPED if files.WEIGHTS_SKIPPED in recorded else files.WEIGHTS
     for needed in (weights, _METADATA):
-        if needed not in files:
-            raise CheckpointError(path, L.MARKER, f"lists no {needed}: it is not a pimm_fn checkpoint marker")
+        if needed not in recorded:
+            raise CheckpointError(path, files.MARKER, f"lists no {needed}: it is not a pimm_fn checkpoint marker")
     listing = path.files() if storage.is_store(path) else None  # on a store every size in one listing, not a request a file
-    for rel, record in files.items():
+    for rel, record in recorded.items():
         _check_file(path, rel, record, digests, listing)
 
 
@@ -223,7 +222,7 @@ def _check_digest(path: pathlib.Path, rel: str, record: dict) -> None:
         raise CheckpointError(path, rel, "does not match the SHA-256 its marker records: its bytes changed since the save")
 
 
-def _size(path: pathlib.Path, rel: str, listed_in: str = L.MARKER) -> int:
+def _size(path: pathlib.Path, rel: str, listed_in: str = files.MARKER) -> int:
     try:
         return confined(path, rel, listed_in=listed_in).stat().st_size
     except OSError as exc:
@@ -232,7 +231,7 @@ def _size(path: pathlib.Path, rel: str, listed_in: str = L.MARKER) -> int:
 
 def _listed_size(path: pathlib.Path, rel: str, listing: dict) -> int:
     """The size of ``rel`` in the one listing of a checkpoint on a store (``StorePath.files``), as ``_size`` gives it."""
-    _plain_parts(path, rel, L.MARKER)  # no links, FIFOs or devices on a store: the name's syntax is what matters
+    _plain_parts(path, rel, files.MARKER)  # no links, FIFOs or devices on a store: the name's syntax is what matters
     if rel not in listing:
         raise CheckpointError(path, rel, "is missing")
     return listing[rel]
@@ -247,7 +246,7 @@ def _digest(path: pathlib.Path, rel: str) -> str:
 
 def _check_unlisted(path: pathlib.Path) -> None:
     """A marker without ``files`` (written before sizes were recorded): what can be checked without them."""
-    weights = L.WEIGHTS_SKIPPED if (path / L.WEIGHTS_SKIPPED).is_file() else L.WEIGHTS
+    weights = files.WEIGHTS_SKIPPED if (path / files.WEIGHTS_SKIPPED).is_file() else files.WEIGHTS
     for needed in (weights, _METADATA):
         if _size(path, needed) == 0:
             raise CheckpointError(path, needed, "is empty (0 bytes)")
@@ -262,7 +261,7 @@ def _data_extents(path: pathlib.Path) -> dict[str, int]:
     """``{data file: bytes it must hold at least}``, from the DCP metadata of ``path``'s ``trainer/``."""
     extents: dict[str, int] = {}
     for info in (safe_reading.metadata(path).storage_data or {}).values():
-        rel = f"{L.TRAINER}/{info.relative_path}"
+        rel = f"{files.TRAINER}/{info.relative_path}"
         extents[rel] = max(extents.get(rel, 0), info.offset + info.length)
     return extents
 
@@ -311,12 +310,12 @@ def set_aside(path: pathlib.Path) -> pathlib.Path:
     target = _free_name(path)
     if storage.is_store(path):
         try:
-            L.copy_on_store(path, target)
+            files.copy_on_store(path, target)
         except BaseException:
             with contextlib.suppress(OSError):  # the refusal that stopped the copy may refuse this too
-                L.remove(target)
+                files.remove(target)
             raise
-        L.remove(path)
+        files.remove(path)
     else:
         os.rename(path, target)
     return target

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 import attrs
 import torch
 
-from pimm_fn.checkpoint import files as L
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage, validation
 from pimm_fn.checkpoint.discovery import find_checkpoint
 from pimm_fn.checkpoint.formats import one_file as _legacy
@@ -67,17 +67,17 @@ def load_weights_file(path: str | os.PathLike) -> dict:
             if found is None:
                 raise
             return safetensors_files.read_safetensors(found)
-        skipped = info.format == "standard" and (info.path / L.WEIGHTS_SKIPPED).is_file()
+        skipped = info.format == "standard" and (info.path / files.WEIGHTS_SKIPPED).is_file()
         if info.format == "standard":  # a sharded model saved without a weights file is read from its shards
-            validation.check_digests(info.path, L.TRAINER if skipped else L.WEIGHTS)
+            validation.check_digests(info.path, files.TRAINER if skipped else files.WEIGHTS)
         if skipped:
             return sharded.read_full_weights(info.path)
-        p, owner = (info.path / L.WEIGHTS if info.format == "standard" else info.path), info.path
+        p, owner = (info.path / files.WEIGHTS if info.format == "standard" else info.path), info.path
     elif not p.exists():
         raise FileNotFoundError(f"load_weights_file: {str(p)!r} does not exist")
     elif safetensors_files.is_safetensors(p):
         return safetensors_files.read_safetensors(p)
-    elif L.is_best_name(p):
+    elif files.is_best_name(p):
         check_best(p)
     content = _legacy._load(p, mmap=False, checkpoint=owner)  # a checkpoint's damaged file is a CheckpointError
     if isinstance(content, Mapping) and isinstance(content.get("marker"), Mapping) and "weights" in content:

@@ -14,7 +14,6 @@ import attrs
 
 from pimm_fn import notebook
 from pimm_fn.core import summary
-from pimm_fn.core import summary as trace_summary
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import Event
 
@@ -93,12 +92,12 @@ class Trace(Sequence):
         return f"Trace({list(self.entries)!r})"
 
     def __str__(self):
-        title, table = trace_summary.trace_title(self.entries), trace_summary.trace_table(self.entries, self.hooks)
-        return trace_summary.table_text(title, *table)
+        title, table = summary.trace_title(self.entries), summary.trace_table(self.entries, self.hooks)
+        return summary.table_text(title, *table)
 
     def _repr_pretty_(self, printer, cycle) -> None:
         notebook.pretty(printer, str(self), cycle)
 
     def _repr_html_(self) -> str:
-        title, table = trace_summary.trace_title(self.entries), trace_summary.trace_table(self.entries, self.hooks)
+        title, table = summary.trace_title(self.entries), summary.trace_table(self.entries, self.hooks)
         return notebook.table_html(title, *table)

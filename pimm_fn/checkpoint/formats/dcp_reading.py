@@ -89,7 +89,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from pimm_fn.checkpoint import files as L
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import CheckpointError, cause, shown
 
@@ -289,7 +289,7 @@ _NOT_OURS = "pimm_fn never unpickles objects from a checkpoint, so nothing of it
 _ALTERED = "(the checkpoint was not written by pimm_fn, or was altered)"
 
 
-def metadata(directory: pathlib.Path, within: str = L.TRAINER) -> Metadata:
+def metadata(directory: pathlib.Path, within: str = files.TRAINER) -> Metadata:
     """The DCP metadata of ``directory/within``, read safely.
 
     Raises:
@@ -318,7 +318,7 @@ def metadata(directory: pathlib.Path, within: str = L.TRAINER) -> Metadata:
     return found
 
 
-def load(template: dict, directory: pathlib.Path, *, within: str = L.TRAINER, meta: Metadata | None = None,
+def load(template: dict, directory: pathlib.Path, *, within: str = files.TRAINER, meta: Metadata | None = None,
          collective: bool = False, plain_values: bool = False) -> None:
     """Read ``directory/within``'s entry for every key of ``template`` into it, in place.
 
@@ -355,7 +355,7 @@ def load(template: dict, directory: pathlib.Path, *, within: str = L.TRAINER, me
         raise
 
 
-def empty(entry: TensorStorageMetadata, directory: pathlib.Path, key: str, within: str = L.TRAINER) -> torch.Tensor:
+def empty(entry: TensorStorageMetadata, directory: pathlib.Path, key: str, within: str = files.TRAINER) -> torch.Tensor:
     """An uninitialized tensor of the shape and dtype ``entry`` (of ``directory/within``'s metadata) lists for ``key``.
 
     Raises:

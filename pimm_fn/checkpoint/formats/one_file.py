@@ -33,9 +33,7 @@ from typing import Any
 import torch
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files as L
-from pimm_fn.checkpoint import files as W
-from pimm_fn.checkpoint import files as regular_files
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import CheckpointError, cause, shown, storage_errors, tensor_bytes
 from pimm_fn.checkpoint.files import CheckpointInfo, digest, info_from_marker, marker_payload
@@ -65,7 +63,7 @@ def write(path: pathlib.Path, content: dict) -> pathlib.Path:
     """
     with storage_errors(path.parent, lambda: tensor_bytes(content), path.name,
                         "nothing was published: the previous checkpoint is intact and stays the latest"):
-        return W.atomic_write(path, lambda f: torch.save(content, f))
+        return files.atomic_write(path, lambda f: torch.save(content, f))
 
 
 def read_info(path: pathlib.Path) -> CheckpointInfo:
@@ -242,38 +240,38 @@ def write_best(
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"write_best: 'step' must be an int >= 0 (got {step!r})")
     root = storage.location(model_dir)
-    stem = L.best_stem(metric if per_metric else None)
+    stem = files.best_stem(metric if per_metric else None)
     record = {"metric": metric, "value": float(value), "step": step}
     write_weights = lambda f: torch.save(weights, f)
     if digests:  # the weights file is written first: its digest is in the record before the .json is written
-        write_weights = W.hashed(write_weights, lambda sha256: record.update(sha256=sha256))
+        write_weights = files.hashed(write_weights, lambda sha256: record.update(sha256=sha256))
     meta = lambda: json.dumps(record, sort_keys=True).encode()
-    files = {root / f"{stem}.pth": write_weights, root / f"{stem}.json": lambda f: f.write(meta())}
+    writes = {root / f"{stem}.pth": write_weights, root / f"{stem}.json": lambda f: f.write(meta())}
     nbytes = lambda: tensor_bytes(weights) + len(meta())
     with storage_errors(root, nbytes, f"{stem}.pth and {stem}.json", f"the previous {stem} is intact"):
         if storage.is_store(root):  # one PUT per object, each atomic: the weights first, as the renames below
             root.mkdir(parents=True, exist_ok=True)  # a missing bucket said as such, never created
-            for path, write in files.items():
-                W.durable_write(path, write)
+            for path, write in writes.items():
+                files.durable_write(path, write)
             return root / f"{stem}.pth"
-        staged = _stage_all(root, files)
+        staged = _stage_all(root, writes)
         try:
-            for tmp, path in zip(staged, files):
+            for tmp, path in zip(staged, writes):
                 os.replace(tmp, path)
         except BaseException:
             for tmp in staged:
                 tmp.unlink(missing_ok=True)
             raise
-    W.fsync_dir(root)
+    files.fsync_dir(root)
     return root / f"{stem}.pth"
 
 
-def _stage_all(root: pathlib.Path, files: dict) -> list[pathlib.Path]:
+def _stage_all(root: pathlib.Path, writes: dict) -> list[pathlib.Path]:
     """Write each file durably under a ``.staging-*`` name (mode by the umask); on failure remove them all (the old files stay)."""
     staged: list[pathlib.Path] = []
     try:
-        for path, write in files.items():
-            staged.append(W.staged_write(path, write))
+        for path, write in writes.items():
+            staged.append(files.staged_write(path, write))
     except BaseException:
         for tmp in staged:
             tmp.unlink(missing_ok=True)
@@ -289,10 +287,10 @@ def best_record(weights_file: pathlib.Path) -> dict:
 
     Raises:
         FileNotFoundError: there is no record beside it.
-        OSError: it cannot be read, or is no regular file (``regular_files.NotRegularFileError``).
+        OSError: it cannot be read, or is no regular file (``files.NotRegularFileError``).
         ValueError: it is not JSON, or not such a record; the message says what is wrong.
     """
-    record = regular_files.read_json(weights_file.with_suffix(".json"))
+    record = files.read_json(weights_file.with_suffix(".json"))
     if not isinstance(record, dict):
         raise ValueError(f"holds a JSON {type(record).__name__}, not a record of metric, value and step")
     metric, value, step = record.get("metric"), record.get("value"), record.get("step")
@@ -309,7 +307,7 @@ def record_problem(exc: BaseException) -> str:
     """Why the record :func:`best_record` raised ``exc`` for cannot be taken: the rest of a sentence about it."""
     if isinstance(exc, FileNotFoundError):
         return "is missing"
-    if isinstance(exc, regular_files.NotRegularFileError):
+    if isinstance(exc, files.NotRegularFileError):
         return exc.strerror
     return f"is damaged ({cause(exc)})"
 

@@ -30,8 +30,7 @@ import sys
 
 import torch
 
-from pimm_fn.checkpoint import files as W
-from pimm_fn.checkpoint import files as regular_files
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import CheckpointError, cause, shown
 
@@ -106,7 +105,7 @@ def write_safetensors(out: pathlib.Path, tensors: dict, metadata: dict | None = 
         f.write(head)
         f.write(data)
 
-    W.atomic_write(out, write)
+    files.atomic_write(out, write)
 
 
 def read_safetensors(path) -> dict:
@@ -134,7 +133,7 @@ def _read_sharded(index: pathlib.Path) -> dict:
         return CheckpointError(where, index.name, problem, _ADVICE)
 
     try:
-        record = regular_files.read_json(index)
+        record = files.read_json(index)
     except FileNotFoundError:
         raise
     except (OSError, ValueError) as exc:
@@ -214,7 +213,7 @@ def _digest(header: dict, data) -> str:
 
 def _opened(path):
     """``path`` opened for reading: a store's object as it is, a local file only if regular (never a FIFO waited on)."""
-    return path.open("rb") if storage.is_store(path) else regular_files.open_regular(path)
+    return path.open("rb") if storage.is_store(path) else files.open_regular(path)
 
 
 def _rest(f, path) -> bytearray:

@@ -29,8 +29,7 @@ from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadat
 from pimm_fn import dist
 
 from pimm_fn.checkpoint import files as L
-from pimm_fn.checkpoint import publish as _publish
-from pimm_fn.checkpoint import publish as _receipts
+from pimm_fn.checkpoint import publish
 from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.formats.pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
@@ -62,13 +61,13 @@ def write_state(directory: pathlib.Path, state: dict[str, torch.Tensor], group=N
         DiskFullError / CheckpointStorageError: on every rank, when some
             rank's write ran out of space, or failed otherwise.
     """
-    _receipts.write_receipt(directory)
+    publish.write_receipt(directory)
     with warnings.catch_warnings(), storage_errors(
-        directory.parent, lambda: tensor_bytes(state), "this rank's trainer state", _publish.removed(directory)
+        directory.parent, lambda: tensor_bytes(state), "this rank's trainer state", publish.removed(directory)
     ):
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
         dcp.save(state, storage_writer=_writer(directory / L.TRAINER), process_group=group)
-    _receipts.check_receipts(directory, group)
+    publish.check_receipts(directory, group)
 
 
 class _NoSpaceReported:

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from pimm_fn import dist
 from pimm_fn.checkpoint import discovery as foreign
-from pimm_fn.checkpoint import files as writable
+from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import lock as save_dir_lock
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.formats import sharded
@@ -380,7 +380,7 @@ def loop(
         writes = info is None or not state.finished  # a finished run opened to be read (run.history) writes nothing
         ctx.lock = lock.settle(writes=writes)  # the refusal raised when it will write; else released at once
         if writes and save_dir is not None:  # every rank that writes can write there, before the first step
-            writable.check_writable(save_dir, every_rank=saving.checkpoint_format == "standard")
+            files.check_writable(save_dir, every_rank=saving.checkpoint_format == "standard")
         ctx.logs.start(state.progress, resumed=info is not None, writes=writes)  # logs truncated or set aside; history
         prewarm_staging(ctx)  # when a hook saves in the background: its memory, after the first step
         run = Loop(ctx, state, step_fn or train_step, interpreter, resume=resume, resumed=info is not None)

@@ -61,9 +61,7 @@ import attrs
 from torch.distributed.checkpoint.api import CheckpointException
 
 from pimm_fn import checkpoint, dist
-from pimm_fn.checkpoint import discovery as candidates
-from pimm_fn.checkpoint import discovery as choice
-from pimm_fn.checkpoint import discovery as foreign
+from pimm_fn.checkpoint import discovery
 from pimm_fn.checkpoint import inspection, storage
 from pimm_fn.checkpoint.contents import SavedState, from_parts
 from pimm_fn.checkpoint.formats import sharded
@@ -78,8 +76,7 @@ from pimm_fn.runtime.engine import arguments
 from pimm_fn.runtime.engine.arguments import replaced_best
 from pimm_fn.runtime.engine.interpreter import unwrap
 from pimm_fn.runtime.errors import ConfigurationWarning, nothing_to_train
-from pimm_fn.runtime.resume import checks as class_change
-from pimm_fn.runtime.resume import checks as hp
+from pimm_fn.runtime.resume import checks
 from pimm_fn.runtime.resume.checks import changed_classes, check_optimizers, check_sharding, check_weights, rng_error
 from pimm_fn.runtime.errors import ResumeError
 from pimm_fn.runtime.step.rng import restore_rng
@@ -146,11 +143,11 @@ def _refusal(save_dir, model_dir: pathlib.Path, readers) -> str | None:
     where a save of ours would go (``last/``), a directory that is no
     checkpoint of ours at all: another library's, which the run could not read.
     """
-    listing = candidates.candidates(model_dir)
+    listing = discovery.candidates(model_dir)
     again = "a fresh run would overwrite them. Pass resume='auto' to continue that run, or choose another save_dir"
     if any(c.info is not None for c in listing):
         return f"save_dir {str(save_dir)!r} already holds checkpoints; {again}"
-    found = foreign.recognised(readers, model_dir) if readers and model_dir.is_dir() else None
+    found = discovery.recognised(readers, model_dir) if readers and model_dir.is_dir() else None
     if found is not None:
         index, path = found
         return f"save_dir {str(save_dir)!r} already holds {readers[index].name} checkpoints ({path.name}); {again}"
@@ -163,24 +160,24 @@ def _refusal(save_dir, model_dir: pathlib.Path, readers) -> str | None:
 
 
 def _newest(model_dir, readers, say, iters_per_epoch):
-    """``choice.newest_readable``; where it finds nothing of ours, a checkpoint a reader recognises in ``model_dir``.
+    """``discovery.newest_readable``; where it finds nothing of ours, a checkpoint a reader recognises in ``model_dir``.
 
     Nothing of ours: no checkpoint at all, or none intact (another layout's
     ``last/`` is a candidate that does not validate as ours).
     """
     if not readers:
-        return choice.newest_readable(model_dir, say)
+        return discovery.newest_readable(model_dir, say)
     held: list[str] = []  # its lines, said once we know whether they are true ('starting fresh', 'skipped')
     chosen, refused = None, None
     try:
-        chosen = choice.newest_readable(model_dir, held.append)
-    except choice.NoIntactCheckpointError as exc:
+        chosen = discovery.newest_readable(model_dir, held.append)
+    except discovery.NoIntactCheckpointError as exc:
         refused = exc
     except BaseException:
         _say_all(say, held)
         raise
     if chosen is None:
-        found = dist.run_on_main(lambda: foreign.recognised(readers, model_dir))
+        found = dist.run_on_main(lambda: discovery.recognised(readers, model_dir))
         if found is not None:
             return _translated(readers, found, model_dir, say, iters_per_epoch)
     _say_all(say, held)
@@ -190,11 +187,11 @@ def _newest(model_dir, readers, say, iters_per_epoch):
 
 
 def _at(path, model_dir, readers, say, iters_per_epoch):
-    """``choice.read_agreed(path)``; where ``path`` is not one of ours, a checkpoint a reader recognises there."""
+    """``discovery.read_agreed(path)``; where ``path`` is not one of ours, a checkpoint a reader recognises there."""
     try:
-        return choice.read_agreed(path)
+        return discovery.read_agreed(path)
     except (FileNotFoundError, checkpoint.CheckpointError):  # raised on every rank alike
-        found = dist.run_on_main(lambda: foreign.recognised(readers, path)) if readers else None
+        found = dist.run_on_main(lambda: discovery.recognised(readers, path)) if readers else None
         if found is None:
             raise
     return _translated(readers, found, model_dir, say, iters_per_epoch)
@@ -263,7 +260,7 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
             an optimizer or scheduler of another class than the checkpoint's
             (naming both), unless ``hyperparameters="new"``.
     """
-    loaded = info.loaded if isinstance(info, choice.Chosen) else None  # read by locate, on every rank
+    loaded = info.loaded if isinstance(info, discovery.Chosen) else None  # read by locate, on every rank
     loaded = loaded or checkpoint.load_checkpoint(info, weights=not ctx.sharded)  # shards load apart, below
     held = _contents(loaded, info)
     check_sharding(held.replicated, ctx, info)
@@ -282,11 +279,11 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
     check_optimizers(replicated, ctx, info)
     fresh = changed_classes(replicated, ctx, info, hyperparameters)  # started fresh under "new", else refused
     fresh_scheduler = any(c.what == "scheduler" for c in fresh)
-    horizon = hp.horizon_problem(ctx.scheduler, None if fresh_scheduler else replicated.scheduler, info.path)
+    horizon = checks.horizon_problem(ctx.scheduler, None if fresh_scheduler else replicated.scheduler, info.path)
     if horizon is not None:  # a scheduler horizon the run outgrew
         raise ResumeError(f"cannot resume from {info.path}: {horizon}")
-    built = {name: hp.hyperparameters(o) for name, o in ctx.named_optimizers().items()}
-    _load_model_and_optimizer(loaded, class_change.fresh_states(replicated, fresh, ctx), ctx, info)
+    built = {name: checks.hyperparameters(o) for name, o in ctx.named_optimizers().items()}
+    _load_model_and_optimizer(loaded, checks.fresh_states(replicated, fresh, ctx), ctx, info)
     for name in ("scheduler", "scaler"):
         target, stored = getattr(ctx, name), getattr(replicated, name)
         if target is not None and stored is not None and not (name == "scheduler" and fresh_scheduler):
@@ -296,9 +293,9 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
                     else f"dropped the checkpoint's {name} state: this run has no {name}")
     if fresh_scheduler:
         for name, optimizer in ctx.named_optimizers().items():
-            hp.restart_schedule(optimizer, built[name], ctx.scheduler)
+            checks.restart_schedule(optimizer, built[name], ctx.scheduler)
     for c in fresh:
-        ctx.say(class_change.fresh_line(c, info.path))
+        ctx.say(checks.fresh_line(c, info.path))
     _settle_hyperparameters(ctx, built, hyperparameters)
     _restore_extra(replicated, ctx)
     dropped = tuple(k for k in dropped if k != BAR_KEY)  # the progress bar's empty slot: shown or not, nothing lost
@@ -352,12 +349,12 @@ def _load_optimizer(optimizer, state, name, info) -> None:
 def _settle_hyperparameters(ctx, built, winner) -> None:
     """Say each hyper-parameter the checkpoint changed, per optimizer; under ``"new"``, put this run's back."""
     for name, optimizer in ctx.named_optimizers().items():
-        found = hp.differences(built[name], hp.hyperparameters(optimizer), ctx.scheduler)
+        found = checks.differences(built[name], checks.hyperparameters(optimizer), ctx.scheduler)
         if not found:
             continue
         if winner == "new":
-            hp.apply_new(optimizer, built[name], found)
-        message = hp.describe(found, winner, name=name)
+            checks.apply_new(optimizer, built[name], found)
+        message = checks.describe(found, winner, name=name)
         ctx.say(message)
         warnings.warn(message, ConfigurationWarning, stacklevel=4)
 
