@@ -41,6 +41,7 @@ from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import publish as _publish
 from pimm_fn.checkpoint import retention as _retain
 from pimm_fn.checkpoint import storage, validation
+from pimm_fn.checkpoint.contents import TrainerContents, to_parts
 from pimm_fn.checkpoint.errors import SHARED
 from pimm_fn.checkpoint.files import FORMATS, SAVED_FOR, CheckpointInfo
 from pimm_fn.checkpoint.formats import one_file as _legacy
@@ -48,7 +49,7 @@ from pimm_fn.checkpoint.formats import standard as _standard
 from pimm_fn.core import retention, validate
 
 __all__ = [
-    "LoadedCheckpoint", "load_checkpoint", "save_checkpoint", "Saving",
+    "LoadedCheckpoint", "load_checkpoint", "save_run", "save_checkpoint", "Saving",
 ]
 
 
@@ -70,6 +71,37 @@ class LoadedCheckpoint:
     weights: dict | None
     trainer: dict
     local: dict | None
+
+
+def save_run(
+    model_dir,
+    step: int,
+    contents: TrainerContents,
+    weights: dict | None,
+    *,
+    background=None,
+    format: str = "standard",
+    snapshot: bool = False,
+    keep=None,
+    metrics: Mapping | None = None,
+    digests: bool = False,
+    saved_for: str | None = None,
+) -> CheckpointInfo | None:
+    """A run's save in one call: its ``TrainerContents`` split into parts and written, now or in the background.
+
+    Collective, as :func:`save_checkpoint` is. With ``background`` (the run's
+    :class:`~pimm_fn.checkpoint.background.BackgroundSaver`) the write goes on
+    while training does and ``None`` is returned; otherwise the checkpoint is
+    published before this returns, and its :class:`CheckpointInfo` is.
+    """
+    trainer, local = to_parts(contents)
+    if background is not None:
+        background.save(model_dir, step=step, weights=weights, trainer=trainer, local=local, snapshot=snapshot,
+                        sharded=contents.sharded, keep=keep, metrics=metrics, digests=digests)
+        return None
+    return save_checkpoint(model_dir, step=step, weights=weights, trainer=trainer, local=local, format=format,
+                           snapshot=snapshot, sharded=contents.sharded, keep=keep, metrics=metrics, digests=digests,
+                           saved_for=saved_for)
 
 
 def save_checkpoint(

@@ -17,6 +17,7 @@ makes each ``step()`` wait until the save in flight has staged its copy.
 
 from pimm_fn import checkpoint, dist
 from pimm_fn.checkpoint.contents import PerRank, Replicated, TrainerContents, saved_state, to_parts
+from pimm_fn.checkpoint.saving import save_run
 from pimm_fn.checkpoint.formats import sharded
 from pimm_fn.core import hook_list
 from pimm_fn.core.effects import SaveCheckpoint, WriteBest
@@ -180,6 +181,7 @@ def _start_prewarm(ctx, pause_s: float):
 
 
 def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
+    """Read what the save holds off the run, and hand it to ``checkpoint.saving.save_run`` in one call (a background one too)."""
     saver = ctx.saver
     saver.wait()  # never two saves in flight
     if saver.prewarm is not None and saver.arming is not None:  # it fired: off the optimizer, now that it is idle
@@ -187,38 +189,25 @@ def save_checkpoint(effect: SaveCheckpoint, state, ctx) -> tuple:
         saver.arming = None
     background = effect.async_save and ctx.checkpoint_format == "standard"
     contents = trainer_contents(ctx, state, background=background)
-    replicated, local = to_parts(contents)
     if background:
-        gate_optimizers(ctx)
-        saver.save(
-            ctx.model_dir,
-            step=effect.step,
-            weights=saved_weights(ctx) if ctx.sharded else weights_for_background(ctx),
-            trainer=replicated,
-            local=local,
-            snapshot=effect.snapshot,
-            sharded=contents.sharded,
-            keep=ctx.keep,
-            metrics=state.metrics,  # recorded in the marker: what keep_best ranks snapshots by
-            digests=ctx.digests,
-        )
-        ctx.say(f"saving checkpoint of step {effect.step} to {ctx.model_dir} in the background")
-        return ()
-    info = checkpoint.save_checkpoint(
+        gate_optimizers(ctx)  # each optimizer step waits until the save has staged its copy
+    info = save_run(
         ctx.model_dir,
-        step=effect.step,
-        weights=saved_weights(ctx),
-        trainer=replicated,
-        local=local,
+        effect.step,
+        contents,
+        weights_for_background(ctx) if background and not ctx.sharded else saved_weights(ctx),
+        background=saver if background else None,
         format=ctx.checkpoint_format,
         snapshot=effect.snapshot,
-        sharded=contents.sharded,
         keep=ctx.keep,
-        metrics=state.metrics,
+        metrics=state.metrics,  # recorded in the marker: what keep_best ranks snapshots by
         digests=ctx.digests,
         saved_for=effect.saved_for,  # a preemption save (pimm_fn.runtime.engine.preemption): its marker says why
     )
-    ctx.say(f"saved checkpoint of step {effect.step} to {info.path}")
+    if info is None:
+        ctx.say(f"saving checkpoint of step {effect.step} to {ctx.model_dir} in the background")
+    else:
+        ctx.say(f"saved checkpoint of step {effect.step} to {info.path}")
     return ()
 
 
