@@ -23,7 +23,7 @@ from benchmarks import _common
 
 HERE = pathlib.Path(__file__).resolve().parent
 OURS = ("loop_overhead", "checkpoint_io", "async_save")
-OTHERS = ("simulation", "guard", "fsdp_io", "digests", "object_storage", "preemption", "exit_codes")
+OTHERS = ("simulation", "guard", "fsdp_io", "digests", "object_storage", "preemption", "exit_codes", "layout")
 
 
 def _run_other(name: str, quick: bool) -> str | None:

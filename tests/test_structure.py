@@ -6,6 +6,7 @@ to dodge a cycle counts like any other.
 """
 
 import ast
+import collections
 import pathlib
 
 import pimm_fn
@@ -129,3 +130,17 @@ def test_no_module_rebinds_its_own_globals():
         if isinstance(node, ast.Global)
     )
     assert not found, "module state rebound through `global`:\n" + "\n".join(found)
+
+
+def test_no_module_holds_half_a_concept():
+    """Every module but a package's ``__init__.py`` has at least 40 lines: a smaller one belongs in the module it serves."""
+    small = sorted(name for name, path in _modules().items()
+                   if path.name != "__init__.py" and len(path.read_text(encoding="utf-8").splitlines()) < 40)
+    assert not small, f"modules under 40 lines (merge each into the module holding the rest of its concept): {small}"
+
+
+def test_no_runtime_or_checkpoint_folder_holds_more_than_fifteen_modules():
+    """The runtime's and the checkpoint's folders stay families a reader takes in at a glance."""
+    counts = collections.Counter(str(path.parent.relative_to(ROOT)) for path in ROOT.rglob("*.py"))
+    crowded = {folder: n for folder, n in counts.items() if folder.split("/")[0] in ("runtime", "checkpoint") and n > 15}
+    assert not crowded, f"folders of more than 15 modules (split each into families): {crowded}"

@@ -111,3 +111,17 @@ def test_soak_long_epoch_holds_under_50_bytes_a_step():
 
     result = soak.long_epoch(3_000, fill=1_500)
     assert result["measured_to"] == 2_500 and result["bytes_per_step"] < soak.GOAL_RUN_BYTES, result
+
+
+def test_the_layout_benchmark_counts_this_checkout_and_its_two_trips():
+    """--root this checkout: its modules and folders counted, and a save and a resume each enter some modules."""
+    import pathlib
+
+    from benchmarks import layout
+
+    root = pathlib.Path(layout.__file__).resolve().parent.parent
+    found = layout.measure(root)
+    assert found["modules"] == len(list((root / "pimm_fn").rglob("*.py"))) and found["floors"] >= 2, found
+    for trip in ("save", "resume"):
+        entered = found["trips"][trip]
+        assert 0 < entered["modules"] <= entered["functions"] and "pimm_fn.checkpoint.saving" in entered["entered"], found
