@@ -31,7 +31,9 @@ SMALL = 40  # lines: a module under this (an __init__.py aside) holds half a con
 TRIP_ENTRIES = {"save": {"save_checkpoint"}, "resume": {"locate", "restore", "resumed_state"}}
 
 
-def _modules(package: pathlib.Path) -> dict[str, pathlib.Path]:
+def modules_of(package: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Each module of ``package`` by its dotted name (a package's ``__init__.py`` by the package's)."""
+
     def name(path):
         parts = path.relative_to(package.parent).with_suffix("").parts
         return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -39,7 +41,7 @@ def _modules(package: pathlib.Path) -> dict[str, pathlib.Path]:
     return {name(p): p for p in sorted(package.rglob("*.py"))}
 
 
-def _imports(name: str, path: pathlib.Path, known: dict) -> set[str]:
+def imported(name: str, path: pathlib.Path, known: dict) -> set[str]:
     """The pimm_fn modules ``name`` imports anywhere in its body (relative imports resolved)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
@@ -76,9 +78,9 @@ def _floors(graph: dict[str, set[str]]) -> dict[str, int]:
 def static(root: pathlib.Path) -> dict:
     """Modules, lines, folders and floors of ``root/pimm_fn``."""
     package = root / "pimm_fn"
-    modules = _modules(package)
+    modules = modules_of(package)
     lines = {m: len(p.read_text(encoding="utf-8").splitlines()) for m, p in modules.items()}
-    graph = {m: _imports(m, p, modules) for m, p in modules.items()}
+    graph = {m: imported(m, p, modules) for m, p in modules.items()}
     per_folder = collections.Counter(str(p.parent.relative_to(root)) for p in modules.values())
     floors = _floors(graph)
     small = sorted(m for m, p in modules.items() if p.name != "__init__.py" and lines[m] < SMALL)

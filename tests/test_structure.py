@@ -10,41 +10,18 @@ import collections
 import pathlib
 
 import pimm_fn
+from benchmarks.layout import imported, modules_of  # the one import scan: the layout benchmark counts with it too
 
 ROOT = pathlib.Path(pimm_fn.__file__).parent
 
 
-
-def _module_name(path: pathlib.Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def _modules() -> dict[str, pathlib.Path]:
-    return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
-
-
-def _imported(name: str, path: pathlib.Path, known: dict) -> set[str]:
-    """The pimm_fn modules that ``name`` (at ``path``) imports, anywhere in its body."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            for alias in node.names:
-                sub = f"{base}.{alias.name}"
-                found.add(sub if sub in known else base)
-    return {m for m in found if m in known and m != name}
+    return modules_of(ROOT)
 
 
 def _graph() -> dict[str, set[str]]:
     known = _modules()
-    return {name: _imported(name, path, known) for name, path in known.items()}
+    return {name: imported(name, path, known) for name, path in known.items()}
 
 
 def _subpackage(name: str) -> str:
@@ -99,7 +76,7 @@ def test_the_scan_sees_function_level_and_relative_imports(tmp_path):
     module = tmp_path / "mod.py"
     module.write_text("from . import validation\n\ndef f():\n    from pimm_fn.checkpoint import files as L\n")
     known = _modules()
-    found = _imported("pimm_fn.checkpoint.mod", module, known)
+    found = imported("pimm_fn.checkpoint.mod", module, known)
     assert found == {"pimm_fn.checkpoint.validation", "pimm_fn.checkpoint.files"}
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
 

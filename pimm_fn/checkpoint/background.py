@@ -101,7 +101,7 @@ from pimm_fn.checkpoint import retention as _retain
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import SHARED
 from pimm_fn.checkpoint.files import CheckpointInfo
-from pimm_fn.checkpoint.formats import standard as _standard
+from pimm_fn.checkpoint.formats import standard
 from pimm_fn.checkpoint.saving import _check_args
 from pimm_fn.core import retention
 
@@ -510,7 +510,7 @@ def start(
     root = storage.location(model_dir)
     world = dist.world_size()
     staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step), shared=SHARED)
-    state = _standard.packed_state(trainer, local)  # non-tensor values are frozen into JSON now
+    state = standard.packed_state(trainer, local)  # non-tensor values are frozen into JSON now
     state.update(sharded or {})
     pending = AsyncSave(step)
 
@@ -524,7 +524,7 @@ def start(
             mark_staged()
             weights_file = files.weights_write(staging, staged_weights, digest=digests) if dist.is_main() else None
             try:
-                _standard.write_state(staging, staged_state, group=group)  # a full disk: DiskFullError on every rank
+                standard.write_state(staging, staged_state, group=group)  # a full disk: DiskFullError on every rank
             except BaseException:
                 _publish.discard(staging, weights_file)  # the space comes back; the previous checkpoint stays the latest
                 raise
@@ -601,7 +601,7 @@ class BackgroundSaver:
 
     def warm(self, *, weights: dict, trainer: dict, local: dict, pause_s: float = 0.0) -> Prewarm:
         """Ready the memory a later save of state shaped like this copies into (see :func:`prewarm_async_save`)."""
-        state = _standard.flat_state(trainer, local)
+        state = standard.flat_state(trainer, local)
         layout = layout_of(state, weights) if dist.is_main() else layout_of(state)
         return self.pool.prewarm(layout, pause_s=pause_s)
 

@@ -89,7 +89,7 @@ from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage, validation
 from pimm_fn.checkpoint.errors import SHARED, CheckpointError
 from pimm_fn.checkpoint.files import CheckpointInfo
-from pimm_fn.checkpoint.formats import one_file as _legacy
+from pimm_fn.checkpoint.formats import one_file
 from pimm_fn.checkpoint.saving import LoadedCheckpoint, load_checkpoint
 from pimm_fn.checkpoint.validation import check_files, read_marker
 from pimm_fn.checkpoint.errors import NoIntactCheckpointError
@@ -143,7 +143,7 @@ def _examine(entry: pathlib.Path) -> Candidate | None:
         return None
     if not entry.is_dir():
         try:
-            info = _legacy.read_info(entry)
+            info = one_file.read_info(entry)
         except CheckpointError as exc:
             return Candidate(entry, _named_step(entry), error=exc, priority=priority)
         return Candidate(entry, info.step, info, priority=priority)

@@ -46,14 +46,14 @@ import attrs
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from pimm_fn.checkpoint import discovery as candidates
+from pimm_fn.checkpoint import discovery
 from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.contents import TrainerContents, from_parts
 from pimm_fn.checkpoint.discovery import find_checkpoint
 from pimm_fn.checkpoint.files import CheckpointInfo
-from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
-from pimm_fn.checkpoint.formats import one_file as _legacy
+from pimm_fn.checkpoint.formats import dcp_reading
+from pimm_fn.checkpoint.formats import one_file
 from pimm_fn.checkpoint.formats import safetensors_files
 from pimm_fn.checkpoint.formats.one_file import best_record, check_best, record_problem
 from pimm_fn.checkpoint.formats.pack import tensor_to_skeleton, unpack
@@ -89,7 +89,7 @@ def _info(dtype: torch.dtype, shape) -> TensorInfo:
 
 def tensor_infos(path: pathlib.Path) -> dict[str, TensorInfo]:
     """Every tensor entry of a standard checkpoint's ``trainer/`` DCP directory, from its metadata alone."""
-    return infos_of(safe_reading.metadata(path).state_dict_metadata)
+    return infos_of(dcp_reading.metadata(path).state_dict_metadata)
 
 
 def infos_of(meta: dict) -> dict[str, TensorInfo]:
@@ -118,19 +118,19 @@ def trainer_without_tensors(path: pathlib.Path) -> dict:
         ValueError / OSError: the trainer part is missing or unreadable.
     """
     if path.is_file():
-        packed = _legacy._load(path, mmap=True)["trainer"]  # mapped: no tensor byte is read
+        packed = one_file._load(path, mmap=True)["trainer"]  # mapped: no tensor byte is read
         skeleton, stored = packed["skeleton"], packed["tensors"]
         infos = {k: _info(t.dtype, t.shape) for k, t in stored.items()}
         needed = {k: stored[k] for k in numpy_keys(skeleton)}
         return unpack(skeleton, {**infos, **needed})
-    meta = safe_reading.metadata(path).state_dict_metadata
+    meta = dcp_reading.metadata(path).state_dict_metadata
     if not isinstance(meta.get("trainer/skeleton"), TensorStorageMetadata):
         raise ValueError(f"{path / files.TRAINER} has no 'trainer/skeleton' tensor: not written by pimm_fn")
-    head = {"trainer/skeleton": safe_reading.empty(meta["trainer/skeleton"], path, "trainer/skeleton")}
+    head = {"trainer/skeleton": dcp_reading.empty(meta["trainer/skeleton"], path, "trainer/skeleton")}
     _read(path, head)
     skeleton = tensor_to_skeleton(head["trainer/skeleton"])
     infos = {k.removeprefix("trainer/t/"): v for k, v in infos_of(meta).items() if k.startswith("trainer/t/")}
-    needed = {f"trainer/t/{k}": safe_reading.empty(meta[f"trainer/t/{k}"], path, f"trainer/t/{k}")
+    needed = {f"trainer/t/{k}": dcp_reading.empty(meta[f"trainer/t/{k}"], path, f"trainer/t/{k}")
               for k in numpy_keys(skeleton)}
     _read(path, needed)
     needed = {k.removeprefix("trainer/t/"): v for k, v in needed.items()}
@@ -140,7 +140,7 @@ def trainer_without_tensors(path: pathlib.Path) -> dict:
 def _read(path: pathlib.Path, state: dict) -> None:
     """Read the entries of ``state`` (and only those) from a standard checkpoint's DCP directory, in place."""
     if state:
-        safe_reading.load(state, path)
+        dcp_reading.load(state, path)
 
 
 def contents_of(path: pathlib.Path) -> TrainerContents:
@@ -163,18 +163,18 @@ def weights_without_tensors(path: pathlib.Path) -> dict[str, TensorInfo]:
     A sharded model saved without ``model.pth`` gives its shards' full shapes.
 
     Raises:
-        CheckpointError: the weights read are not a state_dict (``_legacy.weights_problem``).
+        CheckpointError: the weights read are not a state_dict (``one_file.weights_problem``).
     """
     if path.is_dir() and (path / files.WEIGHTS_SKIPPED).is_file():
         prefix = "sharded/model/"
         return {k.removeprefix(prefix): v for k, v in tensor_infos(path).items() if k.startswith(prefix)}
     if path.is_dir():
-        weights = _legacy.checked_weights(_legacy._load(path / files.WEIGHTS, mmap=True), path, files.WEIGHTS)
+        weights = one_file.checked_weights(one_file._load(path / files.WEIGHTS, mmap=True), path, files.WEIGHTS)
     else:
-        content = _legacy._load(path, mmap=True)
+        content = one_file._load(path, mmap=True)
         weights = content.get("weights", content) if isinstance(content, dict) else {}
         if isinstance(content, dict) and "weights" in content:  # a legacy checkpoint's: a state_dict, or damaged
-            weights = _legacy.checked_weights(weights, path, path.name)
+            weights = one_file.checked_weights(weights, path, path.name)
     return {k: _info(v.dtype, v.shape) for k, v in weights.items() if isinstance(v, torch.Tensor)}
 
 
@@ -256,7 +256,7 @@ def newest(model_dir: pathlib.Path) -> tuple[CheckpointInfo | None, list[tuple]]
     """The checkpoint ``resume="auto"`` takes in ``model_dir`` (``None``: none is usable), and the newer ones it passes
     over, each as ``(path, CheckpointError)``: local, no collectives (:mod:`.candidates`)."""
     passed = []
-    for found in candidates.candidates(model_dir):
+    for found in discovery.candidates(model_dir):
         if found.info is not None:
             return found.info, passed
         passed.append((found.path, found.error))
@@ -352,7 +352,7 @@ def _read_every_tensor(path: pathlib.Path, meta: dict, keep: set) -> tuple[dict,
             batch[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
             size += batch[key].nbytes
         if batch and (key is None or size >= _BATCH_BYTES):
-            safe_reading.load(batch, path)
+            dcp_reading.load(batch, path)
             kept.update({k: v for k, v in batch.items() if k in keep})
             read, batch, size = read + size, {}, 0
     return kept, read
@@ -370,7 +370,7 @@ def _trainer_parts(path: pathlib.Path, world_size: int) -> tuple[dict, list[str]
     Only the skeletons and the numpy values they hold are kept in memory; other tensors
     are read and dropped, their place in the tree taken by their shape.
     """
-    meta = safe_reading.metadata(path).state_dict_metadata
+    meta = dcp_reading.metadata(path).state_dict_metadata
     odd = [k for k, e in meta.items() if not isinstance(e, TensorStorageMetadata)]
     if odd:
         raise ValueError(f"trainer/ entry {odd[0]!r} is not a tensor; pimm_fn writes only tensors")
@@ -411,18 +411,18 @@ def _standard(path: pathlib.Path) -> tuple[list[str], list[str]]:
 
 
 def _legacy_file(path: pathlib.Path) -> tuple[list[str], list[str]]:
-    info = _legacy.read_info(path)
-    content = _legacy._load(path, mmap=False)  # every byte read
-    trainer = _legacy._unpacked(content["trainer"])
+    info = one_file.read_info(path)
+    content = one_file._load(path, mmap=False)  # every byte read
+    trainer = one_file._unpacked(content["trainer"])
     for local in content["local"]:
-        _rebuilt(trainer, _legacy._unpacked(local))
+        _rebuilt(trainer, one_file._unpacked(local))
     entries_read = len(content["weights"])
     return [], [f"one file written atomically; {entries_read} weight entries and {info.world_size} rank(s) read back"]
 
 
 def _best(path: pathlib.Path) -> tuple[list[str], list[str]]:
     check_best(path)  # the SHA-256 its .json records, if any (raises)
-    weights = _legacy._load(path, mmap=False)
+    weights = one_file._load(path, mmap=False)
     notes = [f"{len(weights)} weight entries read"]
     meta = path.with_suffix(".json")
     try:

@@ -71,7 +71,7 @@ from pimm_fn.checkpoint.errors import (
     tensor_bytes,
 )
 from pimm_fn.checkpoint.files import manifest
-from pimm_fn.checkpoint.formats import one_file as _legacy
+from pimm_fn.checkpoint.formats import one_file
 from pimm_fn.checkpoint.storage import StorePath
 from pimm_fn.checkpoint.validation import readable_or_set_aside
 
@@ -282,7 +282,7 @@ def publish_file(model_dir: pathlib.Path, content: dict) -> pathlib.Path:
         if last.exists():  # replaced by the write when it validates
             unpublished = f"the checkpoint of step {step} is not published (nothing of it was written)"
             readable_or_set_aside(last, otherwise=unpublished)
-        return _legacy.write(last, content)
+        return one_file.write(last, content)
 
 
 def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pathlib.Path:

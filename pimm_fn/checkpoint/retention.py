@@ -24,7 +24,7 @@ import pathlib
 from pimm_fn.core import retention
 
 from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint.formats import one_file as _legacy
+from pimm_fn.checkpoint.formats import one_file
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint import validation
 from pimm_fn.checkpoint.files import info_from_marker
@@ -49,7 +49,7 @@ def _directory_marker(path: pathlib.Path) -> dict:
 
 
 def _file_marker(path: pathlib.Path) -> dict:
-    content = _legacy._load(path, mmap=True)  # the marker only: tensors stay on disk
+    content = one_file._load(path, mmap=True)  # the marker only: tensors stay on disk
     marker = content.get("marker") if isinstance(content, dict) else None
     info_from_marker(path, marker, "legacy")
     return marker

@@ -44,8 +44,8 @@ from pimm_fn.checkpoint import storage, validation
 from pimm_fn.checkpoint.contents import TrainerContents, to_parts
 from pimm_fn.checkpoint.errors import SHARED
 from pimm_fn.checkpoint.files import FORMATS, SAVED_FOR, CheckpointInfo
-from pimm_fn.checkpoint.formats import one_file as _legacy
-from pimm_fn.checkpoint.formats import standard as _standard
+from pimm_fn.checkpoint.formats import one_file
+from pimm_fn.checkpoint.formats import standard
 from pimm_fn.core import retention, validate
 
 __all__ = [
@@ -182,13 +182,13 @@ def save_checkpoint(
     world = dist.world_size()
     if format == "standard":
         staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step), shared=SHARED)
-        state = _standard.packed_state(trainer, local)  # collective: fails on every rank before any write
+        state = standard.packed_state(trainer, local)  # collective: fails on every rank before any write
         state.update(sharded or {})
         # The weights file is written (in place: the staging directory is
         # invisible until published) and fsynced while DCP writes the trainer.
         weights_file = files.weights_write(staging, weights, digest=digests) if dist.is_main() else None
         try:
-            _standard.write_state(staging, state)  # a full disk: DiskFullError on every rank
+            standard.write_state(staging, state)  # a full disk: DiskFullError on every rank
         except BaseException:
             _publish.discard(staging, weights_file)  # the space comes back; the previous checkpoint stays the latest
             raise
@@ -200,7 +200,7 @@ def save_checkpoint(
         locals_by_rank = dist.gather_object(local)
 
         def publish() -> pathlib.Path:
-            content = _legacy.payload(step, weights, trainer, locals_by_rank, recorded)
+            content = one_file.payload(step, weights, trainer, locals_by_rank, recorded)
             return _publish.publish_file(root, content)
 
     def publish_and_retain() -> CheckpointInfo:
@@ -231,7 +231,7 @@ def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedChec
         TypeError: ``info`` is not a :class:`CheckpointInfo`.
         CheckpointError: (a ``ValueError``) the checkpoint is incomplete or
             damaged: naming it, the file and what is wrong; its weights are
-            not a state_dict (names to tensors: ``_legacy.weights_problem``).
+            not a state_dict (names to tensors: ``one_file.weights_problem``).
     """
     if not isinstance(info, CheckpointInfo):
         raise TypeError(
@@ -239,15 +239,15 @@ def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedChec
             "use find_checkpoint(path) or latest_checkpoint(model_dir) to get one"
         )
     if info.format == "legacy":
-        found, trainer, local = _legacy.read(info.path, dist.rank())
+        found, trainer, local = one_file.read(info.path, dist.rank())
         return LoadedCheckpoint(info, found, trainer, local)
     validation.validate(info.path)
     weights_path = info.path / files.WEIGHTS
     read = weights and weights_path.is_file()
-    found = _legacy._load(weights_path, mmap=True, checkpoint=info.path) if read else None  # mapped: read when used
+    found = one_file._load(weights_path, mmap=True, checkpoint=info.path) if read else None  # mapped: read when used
     if read:  # what the run loads into its model: a state_dict, or the checkpoint is damaged
-        found = _legacy.checked_weights(found, info.path, files.WEIGHTS)
-    trainer, local = _standard.read_trainer(info.path, dist.rank())
+        found = one_file.checked_weights(found, info.path, files.WEIGHTS)
+    trainer, local = standard.read_trainer(info.path, dist.rank())
     return LoadedCheckpoint(info, found, trainer, local)
 
 
@@ -268,11 +268,11 @@ def _check_args(step, format, keep_snapshots, *, sharded=None, **parts) -> None:
         if not isinstance(value, Mapping):
             raise TypeError(f"save_checkpoint: {name!r} must be a dict (got {type(value).__name__})")
     for key, value in parts.get("weights", {}).items():  # what a load refuses as no state_dict is never written
-        if _legacy.weights_problem({key: value}) is not None:
+        if one_file.weights_problem({key: value}) is not None:
             found = f" has the key {key!r}" if not isinstance(key, str) else f"[{key!r}] is a {type(value).__name__}"
             raise TypeError(
                 f"save_checkpoint: weights{found}; weights must map names to tensors (a module's "
-                f"'*{_legacy.EXTRA_STATE}' entry may also be None, a bool, a number or a string) so that they load "
+                f"'*{one_file.EXTRA_STATE}' entry may also be None, a bool, a number or a string) so that they load "
                 "with weights_only=True and into a model; pass extra state in 'trainer' instead"
             )
 

@@ -69,8 +69,8 @@ from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import CheckpointError, CheckpointStorageError, cause
 from pimm_fn.checkpoint.files import CheckpointInfo, digest, info_from_marker
-from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
-from pimm_fn.checkpoint.formats import one_file as _legacy
+from pimm_fn.checkpoint.formats import dcp_reading
+from pimm_fn.checkpoint.formats import one_file
 from pimm_fn.checkpoint.errors import SetAsideWarning
 
 __all__ = [
@@ -144,7 +144,7 @@ def validate(path: str | os.PathLike, *, digests: bool = False) -> CheckpointInf
     """
     path = storage.location(path)
     if path.is_file():
-        return _legacy.read_info(path)
+        return one_file.read_info(path)
     info, payload = read_marker(path)
     check_files(path, payload, digests)
     return info
@@ -260,7 +260,7 @@ def _check_unlisted(path: pathlib.Path) -> None:
 def _data_extents(path: pathlib.Path) -> dict[str, int]:
     """``{data file: bytes it must hold at least}``, from the DCP metadata of ``path``'s ``trainer/``."""
     extents: dict[str, int] = {}
-    for info in (safe_reading.metadata(path).storage_data or {}).values():
+    for info in (dcp_reading.metadata(path).storage_data or {}).values():
         rel = f"{files.TRAINER}/{info.relative_path}"
         extents[rel] = max(extents.get(rel, 0), info.offset + info.length)
     return extents

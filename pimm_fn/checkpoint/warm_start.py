@@ -25,7 +25,7 @@ import torch
 from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import storage, validation
 from pimm_fn.checkpoint.discovery import find_checkpoint
-from pimm_fn.checkpoint.formats import one_file as _legacy
+from pimm_fn.checkpoint.formats import one_file
 from pimm_fn.checkpoint.formats import safetensors_files, sharded
 from pimm_fn.checkpoint.formats.one_file import check_best
 
@@ -79,9 +79,9 @@ def load_weights_file(path: str | os.PathLike) -> dict:
         return safetensors_files.read_safetensors(p)
     elif files.is_best_name(p):
         check_best(p)
-    content = _legacy._load(p, mmap=False, checkpoint=owner)  # a checkpoint's damaged file is a CheckpointError
+    content = one_file._load(p, mmap=False, checkpoint=owner)  # a checkpoint's damaged file is a CheckpointError
     if isinstance(content, Mapping) and isinstance(content.get("marker"), Mapping) and "weights" in content:
-        return _legacy.checked_weights(content["weights"], p, p.name)  # a legacy checkpoint's: a state_dict, or damaged
+        return one_file.checked_weights(content["weights"], p, p.name)  # a legacy checkpoint's: a state_dict, or damaged
     if isinstance(content, Mapping):
         for key in ("state_dict", "model"):
             if isinstance(content.get(key), Mapping):

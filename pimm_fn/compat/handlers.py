@@ -21,7 +21,7 @@ import torch
 
 from pimm_fn import checkpoint
 from pimm_fn import dist
-from pimm_fn.compat import monitors as _monitoring
+from pimm_fn.compat import monitors
 from pimm_fn.compat.checkpoints import PIMM_CHECKPOINTS
 from pimm_fn.compat.weight_decay import exclude_weight_decay, set_weight_decay
 from pimm_fn.compat.effects import (
@@ -228,5 +228,5 @@ HANDLERS = {
     CollectGarbage: collect_garbage,
     TimeStep: StepTimer(),
     FinalTest: final_test,
-    **_monitoring.HANDLERS,  # LogResources, StartProfiler/StopProfiler, PushToHub
+    **monitors.HANDLERS,  # LogResources, StartProfiler/StopProfiler, PushToHub
 }

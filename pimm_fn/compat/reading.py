@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint import inspection
-from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
+from pimm_fn.checkpoint.formats import dcp_reading
 from pimm_fn.checkpoint.errors import shown
 
 __all__ = [
@@ -52,7 +52,7 @@ def safe_load(source):
         PimmCheckpointError: the file holds anything else (classes, functions).
     """
     try:
-        with torch.serialization.safe_globals(safe_reading.plain_globals()):
+        with torch.serialization.safe_globals(dcp_reading.plain_globals()):
             return torch.load(source, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise
@@ -85,11 +85,11 @@ def _read_dcp(directory: pathlib.Path) -> dict:
     """
     if not (directory / MARKER).is_file():
         raise PimmCheckpointError(f"Incomplete DCP checkpoint: {directory} (no {MARKER} marker)")
-    meta = safe_reading.metadata(directory, within="")
+    meta = dcp_reading.metadata(directory, within="")
     paths = _paths(directory, meta)
-    template = {key: safe_reading.empty(md, directory, key, within="") if isinstance(md, TensorStorageMetadata)
+    template = {key: dcp_reading.empty(md, directory, key, within="") if isinstance(md, TensorStorageMetadata)
                 else None for key, md in meta.state_dict_metadata.items()}
-    safe_reading.load(template, directory, within="", meta=meta, plain_values=True)  # plain values: weights_only
+    dcp_reading.load(template, directory, within="", meta=meta, plain_values=True)  # plain values: weights_only
     nested: dict = {}
     for key, value in template.items():
         path = paths[key]

@@ -37,8 +37,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from pimm_fn.checkpoint.formats import standard as _standard
-from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
+from pimm_fn.checkpoint.formats import standard
+from pimm_fn.checkpoint.formats import dcp_reading
 from pimm_fn.checkpoint.errors import CheckpointError, cause
 
 __all__ = [
@@ -126,9 +126,9 @@ def load_into(directory: pathlib.Path, model, optimizer, optimizer_rest: dict) -
 
 def _load(directory: pathlib.Path, template: dict) -> None:
     """Read the checkpoint's part of every tensor of ``template`` into it, in place; collective."""
-    meta = safe_reading.metadata(directory)  # read once, for the check and the load
+    meta = dcp_reading.metadata(directory)  # read once, for the check and the load
     _check_keys(directory, template, meta.state_dict_metadata)
-    safe_reading.load(template, directory, meta=meta, collective=True)
+    dcp_reading.load(template, directory, meta=meta, collective=True)
 
 
 def _check_keys(directory: pathlib.Path, template: dict, saved: dict) -> None:
@@ -142,7 +142,7 @@ def _check_keys(directory: pathlib.Path, template: dict, saved: dict) -> None:
 
 
 def _metadata(directory: pathlib.Path) -> dict:
-    return safe_reading.metadata(directory).state_dict_metadata
+    return dcp_reading.metadata(directory).state_dict_metadata
 
 
 def has_shards(directory: pathlib.Path) -> bool:
@@ -180,7 +180,7 @@ def read_full_weights(directory: pathlib.Path) -> dict:
     Raises:
         CheckpointError: a shard entry is not a tensor, or does not read safely.
     """
-    meta = safe_reading.metadata(directory)
+    meta = dcp_reading.metadata(directory)
     template = {}
     for key, entry in meta.state_dict_metadata.items():
         if key.startswith(MODEL):
@@ -188,12 +188,12 @@ def read_full_weights(directory: pathlib.Path) -> dict:
                 raise CheckpointError(directory, "trainer/.metadata", f"lists {key!r} as a pickled object where a "
                                       "shard tensor is expected; refusing to load it")
             template[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
-    safe_reading.load(template, directory, meta=meta)
+    dcp_reading.load(template, directory, meta=meta)
     return {key[len(MODEL):]: value for key, value in template.items()}
 
 
 def shards_error(directory: pathlib.Path, exc: BaseException) -> CheckpointError:
     """A failed read of a sharded model's shards (DCP's ``CheckpointException``), as the damaged file it comes from."""
-    meta = _standard.metadata(directory)
+    meta = standard.metadata(directory)
     shards = [key for key in meta.state_dict_metadata if key.startswith("sharded/")]
-    return CheckpointError(directory, _standard.damaged_file(directory, meta, shards), f"does not read back ({cause(exc)})")
+    return CheckpointError(directory, standard.damaged_file(directory, meta, shards), f"does not read back ({cause(exc)})")

@@ -30,14 +30,14 @@ from pimm_fn import dist
 
 from pimm_fn.checkpoint import files as L
 from pimm_fn.checkpoint import publish
-from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
+from pimm_fn.checkpoint.formats import dcp_reading
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.formats.pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
 from pimm_fn.checkpoint.errors import CheckpointError, cause, no_space, storage_errors, tensor_bytes
 
 _SKELETON = "skeleton"
 _METADATA = f"{L.TRAINER}/.metadata"
-_NO_GROUP_WARNING = safe_reading.NO_GROUP_WARNING
+_NO_GROUP_WARNING = dcp_reading.NO_GROUP_WARNING
 
 
 def write_trainer(directory: pathlib.Path, trainer: dict, local: dict) -> None:
@@ -149,9 +149,9 @@ def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]
         if not isinstance(entry, TensorStorageMetadata):
             problem = f"lists {key!r} as a non-tensor entry, which pimm_fn never writes; refusing to load it"
             raise CheckpointError(directory, _METADATA, problem)
-        state[key] = safe_reading.empty(entry, directory, key)
+        state[key] = dcp_reading.empty(entry, directory, key)
     try:
-        safe_reading.load(state, directory, meta=meta)  # each rank its own entries, no collective
+        dcp_reading.load(state, directory, meta=meta)  # each rank its own entries, no collective
     except CheckpointError:
         raise
     except (Exception, CheckpointException) as exc:
@@ -164,7 +164,7 @@ def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]
 
 def metadata(directory: pathlib.Path) -> Metadata:
     """The DCP metadata of a checkpoint's ``trainer/``, read safely; a ``CheckpointError`` when it does not load."""
-    return safe_reading.metadata(directory)
+    return dcp_reading.metadata(directory)
 
 
 def damaged_file(directory: pathlib.Path, meta: Metadata, keys) -> str:
@@ -181,7 +181,7 @@ def failing_file(directory: pathlib.Path, meta: Metadata, state: dict[str, torch
     for name in files:
         part = {k: torch.empty_like(state[k]) for k in state if f"{L.TRAINER}/{_home(meta).get(k)}" == name}
         try:
-            safe_reading.load(part, directory, meta=meta)
+            dcp_reading.load(part, directory, meta=meta)
         except (Exception, CheckpointException):
             return name
     return files[0] if files else _METADATA

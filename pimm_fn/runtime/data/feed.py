@@ -51,7 +51,7 @@ from collections.abc import Iterator
 import torch
 
 from pimm_fn.core.validate import int_at_least
-from pimm_fn.runtime.data import positioning as remainder
+from pimm_fn.runtime.data import positioning
 from pimm_fn.runtime.data.positioning import changes, describe, epoch_sampler, sampler_generators, steps_per_epoch
 from pimm_fn.runtime.errors import ResumeNotExactWarning
 from pimm_fn.runtime.step.driver import MicroBatches
@@ -262,7 +262,7 @@ class Feed:
 
     def _end_rest(self) -> None:
         if self._rest is not None:
-            remainder.give_back(self.data)
+            positioning.give_back(self.data)
             self._rest = None
 
     def continue_at(self, epoch: int, offset: int) -> int:
@@ -273,7 +273,7 @@ class Feed:
         """
         sampler = epoch_sampler(self.data)
         sampler.set_epoch(epoch)
-        remainder.lend(self.data, epoch, offset)
+        positioning.lend(self.data, epoch, offset)
         first = max(self.iters_per_epoch - len(self.data) // self.group, 0)
         self._rest = (offset, first)
         self._epoch_start = self._rng()
@@ -319,7 +319,7 @@ class Feed:
         cursor, skip = fresh, iter_in_epoch * self.group  # batches, not steps
         if cursor.get("rest") is not None:  # the epoch was continued at a position: continue it there again
             offset, first = cursor["rest"]
-            remainder.lend(self.data, epoch, offset)
+            positioning.lend(self.data, epoch, offset)
             self._rest, skip = (offset, first), (iter_in_epoch - first) * self.group
         if self.stateful and "loader" in cursor:
             self.data.load_state_dict(cursor["loader"])

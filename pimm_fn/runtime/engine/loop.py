@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Mapping
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import discovery as foreign
+from pimm_fn.checkpoint import discovery
 from pimm_fn.checkpoint import files
 from pimm_fn.checkpoint import lock as save_dir_lock
 from pimm_fn.checkpoint import storage
@@ -369,7 +369,7 @@ def loop(
     with lock.released_on_error():
         # skipped checkpoints said on the console, as any line; a pimm legacy file takes this run's steps per epoch
         info = locate(resume, save_dir, say=ctx.say, iters_per_epoch=feed.iters_per_epoch,
-                      readers=foreign.readers((handlers or {}).values()))  # a plug-in's, with its handlers
+                      readers=discovery.readers((handlers or {}).values()))  # a plug-in's, with its handlers
         if info is None:  # resume=None, or 'auto' found nothing: a fresh run
             state = fresh_state(ctx, hooks.hooks, resume=resume, max_epochs=max_epochs, max_steps=max_steps,
                                 config=training.config)

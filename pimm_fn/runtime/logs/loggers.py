@@ -53,7 +53,7 @@ from typing import Callable
 import attrs
 
 from pimm_fn.checkpoint import storage
-from pimm_fn.core import effects as records
+from pimm_fn.core import effects
 from pimm_fn.core.effects import Log, row, unrow
 
 __all__ = [
@@ -342,7 +342,7 @@ class CSVLogger:
         self._file = LogFile(path, newline="")
 
     def write(self, record: Log) -> None:
-        row = records.row(record.step, record.kind, record.values)
+        row = effects.row(record.step, record.kind, record.values)
         new = [name for name in row if name not in self._columns]
         if new:
             self._widen(self._columns + new)
