@@ -11,7 +11,7 @@ flight, destroys that group (the next save makes another); the save in
 flight is waited for by :meth:`~BackgroundSaver.wait` (the loop waits before
 it closes; after an error, the next ``wait`` tells how the save ended).
 
-Staging memory belongs to the process, not to a run (``_staging.POOL``): a
+Staging memory belongs to the process, not to a run (``pimm_fn.checkpoint.background.POOL``): a
 saver borrows its areas, so a second run of a notebook copies into the
 memory the first one readied. :func:`save_checkpoint_async` and
 :func:`prewarm_async_save` are the same operations on the process's own
@@ -23,7 +23,7 @@ One standard checkpoint written in the background while training goes on.
 staging directory, packing, the agreement check), then a worker thread:
 
 1. *stages*: copies every tensor into a reused CPU staging area (see
-   :mod:`._staging`: no allocation or page fault after the first save); the
+   :mod:`pimm_fn.checkpoint.background`: no allocation or page fault after the first save); the
    training may run its next forward and backward meanwhile, but must not
    change parameters or optimizer state before :meth:`AsyncSave.wait_staged`
    returns (the loop waits right before ``optimizer.step()``);
@@ -552,8 +552,8 @@ class BackgroundSaver:
     """One run's background saving: the save in flight, the prewarm, the optimizer hooks, the process group.
 
     Attributes:
-        pending: the :class:`~._async.AsyncSave` in flight, if any.
-        prewarm: the staging :class:`~._staging.Prewarm` of this run once
+        pending: the :class:`~pimm_fn.checkpoint.background.AsyncSave` in flight, if any.
+        prewarm: the staging :class:`~pimm_fn.checkpoint.background.Prewarm` of this run once
             started (``False``: asked for, but the state could not be packed).
         arming / gate: the optimizer hooks (anything with ``remove()``)
             that start the prewarm / make a step wait for a save's copy.
@@ -704,7 +704,7 @@ def prewarm_async_save(*, weights: dict, trainer: dict, local: dict, pause_s: fl
     every page, so the first :func:`save_checkpoint_async` of the process
     finds them ready instead of faulting fresh memory in while the training
     runs beside it. A save that starts before the prewarm ends takes over
-    what it readied (see :mod:`._staging`).
+    what it readied (see :mod:`pimm_fn.checkpoint.background`).
 
     Args:
         weights, trainer, local: as the later save will pass them (values
@@ -712,7 +712,7 @@ def prewarm_async_save(*, weights: dict, trainer: dict, local: dict, pause_s: fl
         pause_s: seconds to sleep after each chunk written (tests).
 
     Returns:
-        The running :class:`~._staging.Prewarm` (``wait()`` blocks until it ended).
+        The running :class:`~pimm_fn.checkpoint.background.Prewarm` (``wait()`` blocks until it ended).
 
     Example:
         >>> import torch

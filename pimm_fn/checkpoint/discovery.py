@@ -1,7 +1,7 @@
 """Finding the checkpoint to read: candidates examined and ranked, the newest usable agreed by every rank, another library's through a plug-in.
 
 Which entries of a model_dir count, and in which order, is
-:func:`.candidates.candidates`: ``last/``, ``iter_<step>/``, leftover
+:func:`pimm_fn.checkpoint.discovery.candidates`: ``last/``, ``iter_<step>/``, leftover
 ``.retired-*/`` directories and the legacy ``last.pth`` / ``iter_<step>.pth``
 files, highest step first (on a tie ``last`` beats a snapshot, which beats a
 retired copy: they hold the same data when their steps agree), each valid
@@ -13,12 +13,12 @@ The entries of a ``model_dir`` that could be resumed from, each examined and ran
 ``candidates`` lists every checkpoint under a ``model_dir``, usable or
 not, newest first; each is checked by :mod:`.validation` (its marker and
 file sizes, no digests) and its error kept, so a caller can say why a
-newer one was passed over. Local, no collectives: :mod:`.choice` agrees
+newer one was passed over. Local, no collectives: :mod:`pimm_fn.checkpoint.discovery` agrees
 across ranks on which one to use.
 
 Which checkpoint a resume reads: the newest that validates and reads back on every rank, agreed.
 
-``resume="auto"`` walks :func:`.candidates.candidates` newest first, as
+``resume="auto"`` walks :func:`pimm_fn.checkpoint.discovery.candidates` newest first, as
 rank 0 lists them (broadcast once, so every rank walks the same list). A
 candidate that does not validate is skipped at once; one that does is read
 on every rank (:func:`load_checkpoint`) and the ranks agree on the outcome
@@ -51,7 +51,7 @@ memory-mapped: a sharded model that loads its shards instead never reads it).
 
 Checkpoints another library wrote, resumed through a reader that a plug-in provides.
 
-pimm_fn finds and reads its own checkpoints (:mod:`.choice`). A run resumes
+pimm_fn finds and reads its own checkpoints (:mod:`pimm_fn.checkpoint.discovery`). A run resumes
 from another layout (pimm's ``last/`` or ``model_last.pth``) only when it
 is handed a *reader* for that layout: an object with
 
@@ -297,7 +297,7 @@ def newest_readable(model_dir: str | os.PathLike, say: Callable[[str], None]) ->
 
 
 def _rechecked(model_dir) -> list:
-    """:func:`.candidates.candidates`, listed again after a pause while a file one of them lacks may still appear."""
+    """:func:`pimm_fn.checkpoint.discovery.candidates`, listed again after a pause while a file one of them lacks may still appear."""
     listing = candidates(model_dir)
     for pause in RECHECK_S:
         if not _lacks_a_file(listing):

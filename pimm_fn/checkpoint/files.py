@@ -1,8 +1,8 @@
 """A checkpoint's files on disk: their names, the marker that commits them and what it records, written and read safely, probed before the first save.
 
 How the files are written so that a crash never leaves one that looks whole
-(atomic, staged and background writes, the marker last): :mod:`._safe_writes`.
-What the marker records, and the ``CheckpointInfo`` read back from it: :mod:`._marker`.
+(atomic, staged and background writes, the marker last): :mod:`pimm_fn.checkpoint.files`.
+What the marker records, and the ``CheckpointInfo`` read back from it: :mod:`pimm_fn.checkpoint.files`.
 
 Layout under a ``model_dir`` (``save_dir/"model"``)::
 
@@ -18,14 +18,14 @@ Layout under a ``model_dir`` (``save_dir/"model"``)::
     model_best_<metric>.pth (+ .json)   the same per metric, when several are tracked
     .staging-*              being written; never read, removed at next save
     .retired-*              the previous ``last/`` during a publish
-    damaged-*               a checkpoint a save found damaged where it writes, kept (:mod:`.set_aside`)
+    damaged-*               a checkpoint a save found damaged where it writes, kept (:mod:`pimm_fn.checkpoint.validation`)
 
 On an fsspec store (``save_dir="s3://..."``, :mod:`.storage`), which has no
 atomic rename, the rolling checkpoint is written under its final name
 ``last-<step>-<token>/`` and ``COMPLETE`` is written last: a directory
 without it is invisible (being written, or left by a crash) and the next
 publish deletes it; the previous ``last-*`` is deleted, marker first, once
-the new one is committed (:mod:`._store_publish`).
+the new one is committed (:mod:`pimm_fn.checkpoint.publish`).
 
 Invariant: a directory counts as a checkpoint only when its ``COMPLETE``
 marker parses and every file it lists has the recorded size
@@ -52,7 +52,7 @@ Every reader here raises:
 
 What a checkpoint's ``COMPLETE`` marker records, and the ``CheckpointInfo`` read back from it.
 
-The marker (written last, by :func:`._safe_writes.write_marker`) holds the
+The marker (written last, by :func:`pimm_fn.checkpoint.files.write_marker`) holds the
 step, the format, the world size and a version; legacy one-file
 checkpoints embed the same payload. :func:`info_from_marker` checks one
 and names what is wrong: a marker that does not check out is a damaged
@@ -62,7 +62,7 @@ What a save records of its files in the marker: each one's size and, when asked,
 
 Rank 0 lists the staging directory once every rank's files are written
 (``manifest``); the weights file's digest is computed as it is written
-(``_safe_writes.BackgroundWrite``), every other file is read once, in
+(``pimm_fn.checkpoint.files.BackgroundWrite``), every other file is read once, in
 parallel. :mod:`.validation` checks the record before a checkpoint is used,
 hashing with the same ``digest``.
 
@@ -72,7 +72,7 @@ A file replaced atomically (a temp name, then ``os.replace``), staged under
 a ``.staging-`` name for the caller to rename, written and fsynced in place
 inside a directory nobody reads yet, or on its own thread beside DCP (the
 weights file, hashed as it is written); and the ``COMPLETE`` marker, written
-after every other file (:mod:`._layout` names them).
+after every other file (:mod:`pimm_fn.checkpoint.files` names them).
 
 Whether a save can write where it writes, asked before the first step rather than found at the first save.
 
@@ -602,7 +602,7 @@ def write_marker(
     rename afterwards: the marker is written in place and the directory
     fsynced once, instead of a temp file and a rename. ``metrics`` are
     recorded in it (see :func:`marker_payload`). ``files`` is the
-    directory's :func:`.manifest.manifest` (each file's size, and SHA-256
+    directory's :func:`pimm_fn.checkpoint.files.manifest` (each file's size, and SHA-256
     when asked), which validation checks before the checkpoint is used.
     """
     payload = marker_payload(step, "standard", world_size, metrics)

@@ -22,7 +22,7 @@ never need the layout's file names or the formats' private modules.
   what :func:`provenance` says of them in the header, atomically.
 
 Nothing here runs code from a checkpoint: every read goes through
-``torch.load(weights_only=True)`` or :mod:`.safe_reading`.
+``torch.load(weights_only=True)`` or :mod:`pimm_fn.checkpoint.formats.dcp_reading`.
 
 What a checkpoint holds, read without its tensors: for listing and inspecting from the shell.
 
@@ -217,7 +217,7 @@ def kind_of(path: pathlib.Path) -> tuple[str, int | None] | None:
     ``"best"``, ``"retired"`` (the previous ``last`` during a publish),
     ``"unfinished"`` (``.staging-*``: a save in progress or interrupted, or a
     snapshot being removed) or ``"set aside"`` (``damaged-*``: one a save
-    found damaged where it wrote, kept; :mod:`.set_aside`); ``step``: the
+    found damaged where it wrote, kept; :mod:`pimm_fn.checkpoint.validation`); ``step``: the
     step the name says, if any.
     """
     name = path.name
@@ -254,7 +254,7 @@ def _trailing_step(name: str) -> int | None:
 
 def newest(model_dir: pathlib.Path) -> tuple[CheckpointInfo | None, list[tuple]]:
     """The checkpoint ``resume="auto"`` takes in ``model_dir`` (``None``: none is usable), and the newer ones it passes
-    over, each as ``(path, CheckpointError)``: local, no collectives (:mod:`.candidates`)."""
+    over, each as ``(path, CheckpointError)``: local, no collectives (:mod:`pimm_fn.checkpoint.discovery`)."""
     passed = []
     for found in discovery.candidates(model_dir):
         if found.info is not None:
@@ -283,7 +283,7 @@ def write_plain_weights(out: pathlib.Path, weights: dict, *, format: str = "pth"
     ``format="pth"`` writes what ``torch.load(weights_only=True)`` reads;
     ``"safetensors"`` writes no pickle at all, ``metadata`` (str to str, e.g.
     :func:`provenance`'s) and the tensors' SHA-256 in its header
-    (:mod:`.safetensors_files`; the ``safetensors`` extra).
+    (:mod:`pimm_fn.checkpoint.formats.safetensors_files`; the ``safetensors`` extra).
 
     Raises:
         ImportError: ``"safetensors"`` without the ``safetensors`` package (naming the extra).

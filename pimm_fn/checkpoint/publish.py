@@ -2,7 +2,7 @@
 
 All functions here run on the main rank only, on a ``model_dir`` that no
 other process writes to at the same time (what every rank leaves for rank 0
-to check first, its receipt: :mod:`._receipts`).
+to check first, its receipt: :mod:`pimm_fn.checkpoint.publish`).
 
 Publishing a standard checkpoint is two renames::
 
@@ -13,14 +13,14 @@ then the retired directory is deleted. Between the renames there is no
 ``last/`` but the retired one is complete and discovery reads it, so at
 every instant some complete checkpoint at least as new as the previous one
 is discoverable. A ``last/`` (or snapshot of the same step) that does not
-validate is never retired or replaced but set aside (:mod:`.set_aside`). Legacy files need a single ``os.replace``. On an fsspec
-store there is no rename: :mod:`._store_publish` writes under the final name
+validate is never retired or replaced but set aside (:mod:`pimm_fn.checkpoint.validation`). Legacy files need a single ``os.replace``. On an fsspec
+store there is no rename: :mod:`pimm_fn.checkpoint.publish` writes under the final name
 and the marker commits (each function here hands a store over to it).
 
 Publishing a checkpoint on an fsspec store, where there is no atomic rename: the marker commits it.
 
 Object stores (S3, GCS) rename by copying, one object at a time, so the
-staging-and-rename publish of :mod:`._publish` would expose half-copied
+staging-and-rename publish of :mod:`pimm_fn.checkpoint.publish` would expose half-copied
 directories. Here, as Orbax does, a checkpoint is written under its final
 name and ``COMPLETE`` is written last, as one object (a PUT is atomic: the
 object exists whole or not at all)::
@@ -30,7 +30,7 @@ object exists whole or not at all)::
     rank 0: COMPLETE (each file's size, SHA-256 when asked): now it counts
     rank 0: delete the previous last-*, marker first; copy iter_<step> (marker last); retention
 
-Discovery (:func:`.candidates.candidates`) never looks at a directory of a
+Discovery (:func:`pimm_fn.checkpoint.discovery.candidates`) never looks at a directory of a
 store without its marker: a save killed at any instant before ``COMPLETE``
 leaves an invisible directory, and the previous checkpoint stays the
 latest. Deletion removes the marker first, so a deletion cut short leaves
@@ -123,7 +123,7 @@ def store_snapshot(model_dir: StorePath, published: StorePath, step: int) -> Sto
 
     An existing snapshot of that step (a re-save after resuming) loses its
     marker first, so it is never seen half-replaced; one that does not
-    validate is set aside instead (:mod:`.set_aside`).
+    validate is set aside instead (:mod:`pimm_fn.checkpoint.validation`).
     """
     target = model_dir / f"iter_{step}"
     kept = f"the checkpoint itself was published as {published.name}, and is intact"
@@ -234,7 +234,7 @@ def publish_staged(
     entries durable (DCP fsyncs its files but not their directory), writes
     ``COMPLETE`` with every file's size (and SHA-256 with ``digests``: the
     weights file's as ``weights_file`` hashed it while writing, the others'
-    by :func:`.manifest.manifest`), fsynced with the staging directory,
+    by :func:`pimm_fn.checkpoint.files.manifest`), fsynced with the staging directory,
     then :func:`publish_dir` renames.
 
     Raises:

@@ -129,7 +129,7 @@ def save_checkpoint(
         step: the global step, ``>= 0``.
         weights: the model state_dict (replicated; rank 0's is written), or
             ``None`` to write no weights file (a sharded model's weights are
-            then only its shards; see :mod:`.sharded`).
+            then only its shards; see :mod:`pimm_fn.checkpoint.formats.sharded`).
         trainer: replicated nested state (optimizer, scheduler, scaler state
             dicts, plain values); must be identical on every rank.
         local: this rank's nested state (RNG states, data cursor, hook state).

@@ -151,7 +151,7 @@ def validate(path: str | os.PathLike, *, digests: bool = False) -> CheckpointInf
 
 
 def read_marker(path: pathlib.Path) -> tuple[CheckpointInfo, dict]:
-    """The info and payload of ``path``'s ``COMPLETE`` marker, read as untrusted input (:mod:`.regular_files`)."""
+    """The info and payload of ``path``'s ``COMPLETE`` marker, read as untrusted input (:mod:`pimm_fn.checkpoint.files`)."""
     try:
         payload = files.read_json(path / files.MARKER)
     except FileNotFoundError:

@@ -9,10 +9,10 @@ where the reader expects a tensor would choose to run code.
 Every DCP read of pimm_fn goes through the two functions here (a test scans
 the package for any other ``dcp.load`` or ``FileSystemReader``):
 
-- :func:`metadata` unpickles ``.metadata`` with :class:`.metadata_unpickler.MetadataUnpickler`,
+- :func:`metadata` unpickles ``.metadata`` with :class:`pimm_fn.checkpoint.formats.dcp_reading.MetadataUnpickler`,
   which admits DCP's own metadata classes and the torch and standard types
   they hold, as CPython 3.10-3.13 pickle them, and nothing else; every field
-  must then be of the type DCP writes (:mod:`.metadata_checks`), and the data
+  must then be of the type DCP writes (:mod:`pimm_fn.checkpoint.formats.dcp_reading`), and the data
   files it names must lie in the directory itself.
 - :func:`load` checks its template against that metadata before a byte is
   read: each tensor must be listed as a tensor of the same shape and dtype,
@@ -33,17 +33,17 @@ What DCP's pickled ``.metadata`` may name when pimm_fn unpickles it: DCP's own m
 ``MetadataUnpickler`` admits DCP's dataclasses and enums and the torch and
 standard types they hold, as CPython 3.10-3.13 pickle them; any other
 class a crafted ``.metadata`` names is refused before it could run.
-:mod:`.safe_reading` reads every DCP directory through it.
+:mod:`pimm_fn.checkpoint.formats.dcp_reading` reads every DCP directory through it.
 
 The shape of DCP metadata read from a checkpoint: every field of the type DCP writes, checked once after unpickling.
 
-:class:`.metadata_unpickler.MetadataUnpickler` admits DCP's own classes only,
+:class:`pimm_fn.checkpoint.formats.dcp_reading.MetadataUnpickler` admits DCP's own classes only,
 but a pickle fills their fields with whatever it holds: a crafted
 ``.metadata`` could list a tensor whose ``properties`` are ``None``, whose
 size is a string, or a storage offset that is a string, and every reader
 would then fail with a raw ``TypeError`` somewhere deep in pimm_fn or in DCP.
 :func:`problem` checks the whole structure once, as
-:func:`.safe_reading.metadata` reads it, so that everything downstream may
+:func:`pimm_fn.checkpoint.formats.dcp_reading.metadata` reads it, so that everything downstream may
 trust the types::
 
     Metadata
@@ -59,7 +59,7 @@ trust the types::
 A chunk's bytes also fit in the stored length its entry records (unless that
 entry names storage transforms, e.g. compression), so no size a checkpoint
 claims exceeds the bytes it says it holds. What the file names the data
-files are is :mod:`.safe_reading`'s check (``_check_files``).
+files are is :mod:`pimm_fn.checkpoint.formats.dcp_reading`'s check (``_check_files``).
 """
 
 from __future__ import annotations
@@ -295,7 +295,7 @@ def metadata(directory: pathlib.Path, within: str = files.TRAINER) -> Metadata:
     Raises:
         CheckpointError: ``.metadata`` is missing, does not unpickle with
             :class:`MetadataUnpickler`, holds a field of another type or shape
-            than DCP writes (:mod:`.metadata_checks`), or names a data file
+            than DCP writes (:mod:`pimm_fn.checkpoint.formats.dcp_reading`), or names a data file
             outside its directory.
     """
     directory = storage.location(directory)

@@ -8,7 +8,7 @@ containers and tensors, so ``torch.load(weights_only=True)`` reads it::
      "trainer": {"skeleton": str, "tensors": {...}},
      "local": [{"skeleton": str, "tensors": {...}}, ...]   # one per rank}
 
-Trainer and local state go through :func:`~._pack.pack` as in the standard
+Trainer and local state go through :func:`~pimm_fn.checkpoint.formats.pack.pack` as in the standard
 format, so both formats restore exactly the same Python values.
 
 The best model's files: ``model_best.pth`` and its ``.json``, written atomically by the main rank.
@@ -282,7 +282,7 @@ def _stage_all(root: pathlib.Path, writes: dict) -> list[pathlib.Path]:
 def best_record(weights_file: pathlib.Path) -> dict:
     """What :func:`write_best` recorded beside ``weights_file`` (metric, value, step; its SHA-256 with digests), checked.
 
-    The ``.json`` is untrusted: read as :mod:`.regular_files` reads (a FIFO is
+    The ``.json`` is untrusted: read as :mod:`pimm_fn.checkpoint.files` reads (a FIFO is
     never waited on), and taken only as the record ``write_best`` writes.
 
     Raises:

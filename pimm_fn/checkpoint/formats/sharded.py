@@ -11,7 +11,7 @@ tensor (:func:`load_into`). What is not a tensor in the optimizer state
 (param groups, hyper-parameters) stays in the replicated trainer part, where
 every rank must agree on it; the shards are exempt from that check.
 
-Every read goes through :mod:`.safe_reading` (no pickled entry is ever
+Every read goes through :mod:`pimm_fn.checkpoint.formats.dcp_reading` (no pickled entry is ever
 unpickled), and a resume checks first that a checkpoint saying its model is
 sharded holds ``sharded/model/...`` tensors, and one saying it is not holds
 no shards (:func:`check_claim`).

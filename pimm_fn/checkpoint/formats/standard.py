@@ -1,7 +1,7 @@
 """The trainer part of a standard checkpoint: tensors in a DCP directory.
 
 ``torch.distributed.checkpoint`` (DCP) stores a flat dict of tensors. Each
-part of the trainer state is :func:`~._pack.pack`-ed into a skeleton (kept as
+part of the trainer state is :func:`~pimm_fn.checkpoint.formats.pack.pack`-ed into a skeleton (kept as
 a ``uint8`` tensor) and its tensors, under these keys::
 
     trainer/skeleton, trainer/t/<i>                  replicated: DCP writes once
@@ -10,7 +10,7 @@ a ``uint8`` tensor) and its tensors, under these keys::
 Distinct per-rank keys keep DCP from de-duplicating rank-local data (RNG
 states differ per rank but have equal shapes). Loading allocates tensors from
 the DCP metadata, so no template state is needed, and reads through
-:mod:`.safe_reading`, which never unpickles an object.
+:mod:`pimm_fn.checkpoint.formats.dcp_reading`, which never unpickles an object.
 """
 
 from __future__ import annotations

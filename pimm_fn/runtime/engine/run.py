@@ -85,7 +85,7 @@ class Loop:
 
         Leaving it on an error, pimm_fn's own process group is closed (a run
         that goes on makes another); in a script, a Ctrl-C carries the advice
-        its exit prints (``ctrl_c_advice.advise``), and a preemption stop
+        its exit prints (``pimm_fn.runtime.engine.preemption.advise``), and a preemption stop
         holds its signals until the process exits with its code
         (``Requests.hold``), outermost: after the loop's own handlers were put back.
         """
@@ -104,7 +104,7 @@ class Loop:
             raise
 
     def _advise(self, error: KeyboardInterrupt) -> None:
-        """Attach to a script's Ctrl-C the one line its exit prints (``ctrl_c_advice.advise``)."""
+        """Attach to a script's Ctrl-C the one line its exit prints (``pimm_fn.runtime.engine.preemption.advise``)."""
         model_dir = self.ctx.model_dir if self.ctx.save_dir else None
         stopping, stopped = self.ctx.stopping, self.interrupted
         advise(error, f"during step {stopped.step} ({stopped.phase})" if stopped is not None else

@@ -169,7 +169,7 @@ def default_forward(model, batch):
 def default_target(batch):
     """The target of an ``(inputs, target)`` pair, or a mapping's ``"target"``/``"label"``/``"y"``.
 
-    The names are the supervised train step's (``step_contract.TARGET_KEYS``).
+    The names are the supervised train step's (``pimm_fn.runtime.step.train_step.TARGET_KEYS``).
     """
     if isinstance(batch, (list, tuple)) and len(batch) == 2:
         return batch[1]
