@@ -24,7 +24,8 @@ emission order). The order they run in, and executing them resumably, is
 ``pimm_fn.core.processing``'s.
 """
 
-from typing import Callable
+from collections.abc import Iterable, Sequence
+from typing import Any, Callable, cast
 
 import attrs
 
@@ -35,7 +36,7 @@ from pimm_fn.core.hook_results import checked_result, checked_update
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import AfterStep, Event
 from pimm_fn.core.schedule import advance, stepped, stepped_state
-from pimm_fn.core.state import State
+from pimm_fn.core.state import Progress, State
 from pimm_fn.core.trace import TraceEntry  # defined beside Trace; importable from here as before
 
 _NEVER = 2**63  # the step no cadence reaches
@@ -43,11 +44,11 @@ _NEVER = 2**63  # the step no cadence reaches
 __all__ = ["chain", "Chain", "TraceEntry", "fold", "init_slots", "called_plainly"]
 
 
-def init_slots(hooks) -> tuple:
+def init_slots(hooks: Iterable[Any]) -> tuple[Any, ...]:
     return tuple(protocol.init_slot(h) for h in hooks)
 
 
-def called_plainly(hook, state: State, event: Event) -> tuple:
+def called_plainly(hook: Any, state: State, event: Event) -> tuple[State, tuple[Any, ...]]:
     """``hook(state, event)`` of a hook that declares ``update``: its slot read from and returned in ``state.slot``.
 
     What such a hook's ``__call__`` is, so calling it directly (a test, a
@@ -65,40 +66,40 @@ def called_plainly(hook, state: State, event: Event) -> tuple:
     return (state_out if state_out.slot is slot else state_out.with_slot(slot)), effects
 
 
-def _declare(chain) -> tuple:
+def _declare(chain: "Chain") -> tuple[protocol.Declared, ...]:
     return tuple(protocol.declared(h) for h in chain.hooks)
 
 
-def _step_subscribers(chain) -> tuple:
+def _step_subscribers(chain: "Chain") -> tuple[tuple[int, int, Any], ...]:
     """``(index, every, accumulate)`` of each child called for ``AfterStep``, in order."""
     return tuple((i, d.every, d.accumulate) for i, d in enumerate(chain._declared) if d.wants(AfterStep))
 
 
-def _step_calls_of(chain) -> tuple:
+def _step_calls_of(chain: "Chain") -> tuple[tuple[int, tuple[int, Any, Any]], ...]:
     """``(every, call)`` of each child called for ``AfterStep``, ``call`` as ``Chain.calls`` gives it."""
     return tuple((chain._declared[call[0]].every, call) for call in chain.calls(AfterStep))
 
 
-def _cadences_of(chain) -> tuple:
+def _cadences_of(chain: "Chain") -> tuple[int, ...]:
     """The distinct cadences of the children, smallest first: a step fires when one divides it."""
     return tuple(sorted({every for _, every, _ in chain._step}))
 
 
-def _reading_cadences_of(chain) -> tuple:
+def _reading_cadences_of(chain: "Chain") -> tuple[int, ...]:
     """The cadences, at any depth, of the children that read a step's outputs when called for it."""
-    found = set()
+    found: set[int] = set()
     for hook, d in zip(chain.hooks, chain._declared):
         if d.wants(AfterStep) and d.reads_outputs:
             found.update(hook._reading if isinstance(hook, Chain) else (d.every,))
     return tuple(sorted(found))
 
 
-def _accumulators_of(chain) -> tuple:
+def _accumulators_of(chain: "Chain") -> tuple[tuple[int, int, Any], ...]:
     """The ``(index, every, accumulate)`` of ``_step`` whose child accumulates the steps its cadence skips."""
     return tuple(entry for entry in chain._step if entry[2] is not None)
 
 
-def _cached(factory):
+def _cached(factory: Callable[["Chain"], Any]) -> Any:
     return attrs.field(init=False, eq=False, repr=False, hash=False, default=attrs.Factory(factory, takes_self=True))
 
 
@@ -106,22 +107,22 @@ def _cached(factory):
 class Chain:
     """Hooks run in order as one hook; see ``chain``."""
 
-    hooks: tuple = attrs.field(converter=tuple)
+    hooks: tuple[Any, ...] = attrs.field(converter=tuple)
     name: str | None = None
-    _calls: dict = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_calls")
-    _declared: tuple = _cached(_declare)
-    _step: tuple = _cached(_step_subscribers)
-    _cadences: tuple = _cached(_cadences_of)
-    _accumulators: tuple = _cached(_accumulators_of)
-    _reading: tuple = _cached(_reading_cadences_of)
-    _step_calls: tuple = _cached(_step_calls_of)
+    _calls: dict[type, tuple[tuple[int, Any, Any], ...]] = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_calls")
+    _declared: tuple[protocol.Declared, ...] = _cached(_declare)
+    _step: tuple[tuple[int, int, Any], ...] = _cached(_step_subscribers)
+    _cadences: tuple[int, ...] = _cached(_cadences_of)
+    _accumulators: tuple[tuple[int, int, Any], ...] = _cached(_accumulators_of)
+    _reading: tuple[int, ...] = _cached(_reading_cadences_of)
+    _step_calls: tuple[tuple[int, tuple[int, Any, Any]], ...] = _cached(_step_calls_of)
 
     # -- the hook protocol, derived from the children ---------------------------------------------
     @property
-    def children(self) -> tuple:
+    def children(self) -> tuple[Any, ...]:
         return self.hooks
 
-    def with_children(self, hooks) -> "Chain":
+    def with_children(self, hooks: Iterable[Any]) -> "Chain":
         return Chain(hooks, self.name)
 
     @property
@@ -132,7 +133,7 @@ class Chain:
         return f"chain({', '.join(protocol.key(h) for h in self.hooks)})"
 
     @property
-    def events(self) -> tuple | None:
+    def events(self) -> tuple[type, ...] | None:
         return hook_list.union_events(self._declared)
 
     @property
@@ -140,11 +141,11 @@ class Chain:
         return hook_list.common_every(self._declared, AfterStep)
 
     @property
-    def accumulate(self):
+    def accumulate(self) -> Callable[[tuple[Any, ...], Any], tuple[Any, ...]] | None:
         return self._accumulate if self._accumulators else None
 
     @property
-    def accumulate_all(self):
+    def accumulate_all(self) -> Callable[[tuple[Any, ...], Sequence[Any]], tuple[Any, ...]] | None:
         return self._accumulate_all if self._accumulators else None
 
     @property
@@ -152,22 +153,22 @@ class Chain:
         return all(d.rank_consistent for d in self._declared)
 
     @property
-    def emits(self) -> tuple | None:
+    def emits(self) -> tuple[type, ...] | None:
         return hook_list.union_emits(self._declared)
 
     @property
-    def reads_metrics(self) -> tuple:
+    def reads_metrics(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(m for d in self._declared for m in d.reads_metrics))
 
-    def init(self) -> tuple:
+    def init(self) -> tuple[Any, ...]:
         return init_slots(self.hooks)
 
     # -- folding ----------------------------------------------------------------------------------
-    def active(self, event_type) -> tuple:
+    def active(self, event_type: type) -> tuple[int, ...]:
         """Indices of the hooks that want ``event_type`` (read off ``calls``' cache)."""
         return tuple(call[0] for call in self.calls(event_type))
 
-    def calls(self, event_type) -> tuple:
+    def calls(self, event_type: type) -> tuple[tuple[int, Any, Any], ...]:
         """``(index, hook, update)`` of the hooks that want ``event_type``, cached per type: what the fold calls.
 
         ``update`` is the hook's ``update`` (its slot handed apart), or ``None``: called as ``hook(state, event)``.
@@ -205,7 +206,7 @@ class Chain:
     def reads_outputs(self) -> bool:
         return bool(self._reading)
 
-    def _accumulate_all(self, slots: tuple, steps) -> tuple:
+    def _accumulate_all(self, slots: tuple[Any, ...] | list[Any], steps: Sequence[Any]) -> tuple[Any, ...]:
         """``_accumulate`` over ``steps`` (non-empty outputs, in step order), one call per child declaring a batch."""
         slots = list(slots)
         for i, _, accumulate in self._accumulators:
@@ -217,19 +218,21 @@ class Chain:
                     slots[i] = accumulate(slots[i], outputs)
         return tuple(slots)
 
-    def _accumulate(self, slots: tuple, outputs) -> tuple:
+    def _accumulate(self, slots: tuple[Any, ...] | list[Any], outputs: Any) -> tuple[Any, ...]:
         """``slots`` with every accumulating child's ``accumulate`` applied to ``outputs``."""
         slots = list(slots)
         for i, _, accumulate in self._accumulators:
             slots[i] = accumulate(slots[i], outputs)
         return tuple(slots)
 
-    def fold(self, state: State, event: Event, slots: tuple) -> tuple[State, tuple, list]:
+    def fold(self, state: State, event: Event, slots: tuple[Any, ...]) -> tuple[State, tuple[Any, ...], list[tuple[int, Effect]]]:
         """Fold the hooks over ``event``; returns (state, new slots, [(index, effect)])."""
         state, slots, emitted = self._fold(state, event, slots)
         return (state if state.slot is None else state.with_slot(None)), slots, emitted
 
-    def _fold(self, state: State, event: Event, slots: tuple, progress=None) -> tuple[State, tuple, list]:
+    def _fold(
+        self, state: State, event: Event, slots: tuple[Any, ...], progress: Progress | None = None
+    ) -> tuple[State, tuple[Any, ...], list[tuple[int, Effect]]]:
         """``fold`` leaving a hook's slot in ``state.slot`` (the caller clears it).
 
         A child declaring ``update`` is handed its slot apart and the state as
@@ -242,11 +245,13 @@ class Chain:
         joined, in one copy; when none is called, ``state`` comes back as it
         was and the caller applies them.
         """
-        emitted = []
-        new_slots = None
+        emitted: list[tuple[int, Effect]] = []
+        new_slots: list[Any] | None = None
+        called: Sequence[tuple[int, Any, Any]] | None
+        effects: tuple[Effect, ...]
         cls = event.__class__
         if cls is AfterStep:
-            step, outputs = event.step, event.outputs
+            step, outputs = cast(AfterStep, event).step, cast(AfterStep, event).outputs  # the class is AfterStep
             called = [call for every, call in self._step_calls if not step % every]
             if outputs:
                 for i, every, accumulate in self._accumulators:
@@ -287,24 +292,24 @@ class Chain:
                 emitted.extend((i, e) for e in effects)
         return state, tuple(new_slots) if new_slots else slots, emitted
 
-    def update(self, slot, state: State, event: Event) -> tuple:
+    def update(self, slot: tuple[Any, ...] | None, state: State, event: Event) -> tuple[tuple[Any, ...], State, tuple[Effect, ...]]:
         """The hook protocol's ``update``: the children's slots as one tuple, handed apart from ``state``."""
         state, slots, emitted = self._fold(state, event, slot if slot is not None else self.init())
         return slots, state, tuple(e for _, e in emitted)
 
-    def __call__(self, state: State, event: Event):
+    def __call__(self, state: State, event: Event) -> tuple[State, tuple[Effect, ...]]:
         return called_plainly(self, state, event)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         named = f", name={self.name!r}" if self.name is not None else ""
         return f"chain({', '.join(map(repr, self.hooks))}{named})"
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type["Chain"], tuple[tuple[Any, ...], str | None]]:
         # The hooks alone: the caches are rebuilt from them.
         return (Chain, (self.hooks, self.name))
 
 
-def chain(*hooks, name: str | None = None) -> Chain:
+def chain(*hooks: Any, name: str | None = None) -> Chain:
     """Compose hooks into one hook that runs them in order.
 
     Each child sees the state the previous one returned; effects come out in
@@ -326,7 +331,7 @@ def chain(*hooks, name: str | None = None) -> Chain:
     return Chain(check_hooks(hooks, "chain"), name)
 
 
-def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list]:
+def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list[tuple[int, Effect]]]:
     """Apply the core's bookkeeping for ``event``, then fold ``hooks`` over it."""
     if event.__class__ is AfterStep:  # advance's bookkeeping joined to the fold's first State copy
         before, progress = state, stepped(state.progress, event)

@@ -62,7 +62,8 @@ declares, and what the hooks provide together (evaluators, averages, ...).
 """
 
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import attrs
 
@@ -124,7 +125,7 @@ def key(hook) -> str:
     return repr(hook)
 
 
-def init_slot(hook):
+def init_slot(hook: Any) -> Any:
     """A hook's initial slot: ``hook.init()`` when it declares one, else ``None``."""
     init = getattr(hook, "init", None)
     return init() if callable(init) else None
@@ -140,13 +141,13 @@ class Declared:
     key: str
     events: tuple | None
     every: int
-    accumulate: object
+    accumulate: Callable[[Any, Any], Any] | None
     rank_consistent: bool
     emits: tuple | None
     reads_metrics: tuple
     reads_outputs: bool = True
-    update: object = None  # ``update(slot, state, event)``, or ``None``: the hook is called as ``hook(state, event)``
-    accumulate_all: object = None  # ``accumulate_all(slot, outputs_seq)``, or ``None``: ``accumulate`` on each
+    update: Callable[[Any, Any, Any], Any] | None = None  # ``update(slot, state, event)``, or ``None``: the hook is called as ``hook(state, event)``
+    accumulate_all: Callable[[Any, Sequence[Any]], Any] | None = None  # ``accumulate_all(slot, outputs_seq)``, or ``None``: ``accumulate`` on each
 
     def wants(self, event_type) -> bool:
         if self.events is None:

@@ -13,13 +13,15 @@ Traceback (most recent call last):
 TypeError: hook 'my_hook' must return (State, tuple_of_effects) (got NoneType: None)
 """
 
+from typing import Any
+
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.state import State
 
 __all__ = ["checked_result", "checked_update"]
 
 
-def checked_result(hook, result):
+def checked_result(hook: Any, result: Any) -> tuple[State, tuple[Effect, ...]]:
     """``result`` of ``hook(state, event)``, checked: ``(State, tuple_of_effects)``."""
     if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], State)):
         raise TypeError(
@@ -29,7 +31,7 @@ def checked_result(hook, result):
     return result
 
 
-def checked_update(hook, result):
+def checked_update(hook: Any, result: Any) -> tuple[Any, State, tuple[Effect, ...]]:
     """``result`` of ``hook.update``, checked: ``(slot, State, tuple_of_effects)``."""
     if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], State)):
         raise TypeError(
@@ -40,6 +42,6 @@ def checked_update(hook, result):
     return result
 
 
-def _check_effects(hook, effects, must: str) -> None:
+def _check_effects(hook: Any, effects: Any, must: str) -> None:
     if not isinstance(effects, tuple) or not all(isinstance(e, Effect) for e in effects):
         raise TypeError(f"hook {hook!r}{must} a tuple of Effect values as effects (got {effects!r:.200})")
