@@ -8,6 +8,7 @@ checkpoint never runs arbitrary code. Floats keep NaN and infinities.
 import enum
 import json
 import math
+from typing import Any, TypeVar
 
 import attrs
 
@@ -15,14 +16,16 @@ from pimm_fn.core.frozen import FrozenMap
 
 __all__ = ["register_slot_type", "encode", "decode", "dumps", "loads"]
 
-_REGISTRY: dict[str, type] = {}
+_REGISTRY: dict[str, Any] = {}  # an attrs class or an Enum subclass, by _name
+
+_T = TypeVar("_T", bound=type)
 
 
-def _name(cls) -> str:
+def _name(cls: type) -> str:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def register_slot_type(cls):
+def register_slot_type(cls: _T) -> _T:
     """Allow an attrs class or Enum that a hook keeps in its slot (or an event, an effect) in checkpoints.
 
     Use as a class decorator on the frozen attrs class a custom hook keeps in
@@ -35,7 +38,7 @@ def register_slot_type(cls):
     return cls
 
 
-def encode(value):
+def encode(value: Any) -> Any:
     """``value`` as JSON-compatible data; raises ``TypeError`` on anything unknown."""
     if value is None or isinstance(value, (bool, str, int)):
         return value
@@ -60,7 +63,7 @@ def encode(value):
     )
 
 
-def decode(data):
+def decode(data: Any) -> Any:
     """The value ``encode`` turned into ``data``."""
     if isinstance(data, list):
         return [decode(v) for v in data]
@@ -75,7 +78,7 @@ def decode(data):
     if "__dict__" in data:
         return {decode(k): decode(v) for k, v in data["__dict__"]}
     kind = "__attrs__" if "__attrs__" in data else "__enum__"
-    name = data.get(kind)
+    name: Any = data.get(kind)  # whatever the checkpoint holds: a name not registered finds no class
     cls = _REGISTRY.get(name)
     if cls is None:
         raise ValueError(
@@ -87,10 +90,10 @@ def decode(data):
     return cls(**{k: decode(v) for k, v in data["fields"].items()})
 
 
-def dumps(value) -> str:
+def dumps(value: Any) -> str:
     """``value`` as a JSON string (keys in a fixed order)."""
     return json.dumps(encode(value), sort_keys=True, allow_nan=False)
 
 
-def loads(text: str):
+def loads(text: str) -> Any:
     return decode(json.loads(text))

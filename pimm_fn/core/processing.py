@@ -36,6 +36,7 @@ from typing import Protocol
 import attrs
 
 from pimm_fn.core import events as ev
+from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import Event
 from pimm_fn.core.fold import Chain, fold
 from pimm_fn.core.state import State
@@ -44,12 +45,12 @@ from pimm_fn.core.trace import TraceEntry
 __all__ = ["Executor", "Frame", "Pending", "in_order", "start", "finish", "process"]
 
 
-def _group(pair) -> int:
+def _group(pair: tuple[int, Effect]) -> int:
     effect = pair[1]
     return 0 if effect.runs_first else 2 if effect.runs_last else 1
 
 
-def in_order(emitted: list) -> list:
+def in_order(emitted: list[tuple[int, Effect]]) -> list[tuple[int, Effect]]:
     """``emitted`` (``(hook index, effect)`` pairs, as the fold gives them) in the order they run; see the module.
 
     >>> from pimm_fn.core.effects import Log, SaveCheckpoint, Stop
@@ -67,7 +68,7 @@ def in_order(emitted: list) -> list:
 class Executor(Protocol):
     """What ``process`` hands effects to: the interpreter, or a pure planner."""
 
-    def check(self, state: State, event: Event, emitted: list) -> None: ...
+    def check(self, state: State, event: Event, emitted: list[tuple[int, Effect]]) -> None: ...
 
     def execute(self, state: State, entry: TraceEntry) -> tuple[Event, ...]: ...
 
@@ -78,8 +79,8 @@ class Frame:
     the last executed one returned that are not yet processed (next first)."""
 
     event: Event
-    effects: tuple  # ((hook index, effect), ...)
-    followups: tuple = ()
+    effects: tuple[tuple[int, Effect], ...]  # ((hook index, effect), ...)
+    followups: tuple[Event, ...] = ()
 
 
 @attrs.frozen
@@ -102,7 +103,7 @@ class Pending:
     """
 
     state: State
-    frames: tuple
+    frames: tuple[Frame, ...]
 
     @property
     def done(self) -> bool:

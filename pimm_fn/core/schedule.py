@@ -6,11 +6,16 @@ events, and a run restored from any checkpoint continues exactly where the
 saved ``State.position`` says it stopped.
 """
 
+from typing import TYPE_CHECKING, Any
+
 import attrs
 
 from pimm_fn.core import budget
 from pimm_fn.core import events as ev
 from pimm_fn.core.state import Progress, State
+
+if TYPE_CHECKING:  # the fold imports this module
+    from pimm_fn.core.fold import Chain
 
 __all__ = ["next_event", "advance", "resume_from", "state_at_step", "skip_to", "last_quiet_step"]
 
@@ -88,7 +93,7 @@ def advance(state: State, event: ev.Event) -> State:
     return state
 
 
-def stepped_state(state: State, progress: Progress, slots: tuple) -> State:
+def stepped_state(state: State, progress: Progress, slots: tuple[Any, ...]) -> State:
     """``state`` after an ``AfterStep``: its new ``progress`` and hook ``slots``, no running slot."""
     return state.moved(progress, "AfterStep", slots, None)
 
@@ -101,7 +106,7 @@ def stepped(p: Progress, event: ev.AfterStep) -> Progress:
     return p.advanced(1, event.batch_size)
 
 
-def skip_to(state: State, step: int, *, batch_size: int = 0, samples: int | None = None, slots: tuple | None = None) -> State:
+def skip_to(state: State, step: int, *, batch_size: int = 0, samples: int | None = None, slots: tuple[Any, ...] | None = None) -> State:
     """``state`` after ``AfterStep(step)``, reached in one jump over steps no hook is called on.
 
     Exactly what walking ``BeforeStep``/``AfterStep`` of each step from
@@ -135,7 +140,7 @@ def skip_to(state: State, step: int, *, batch_size: int = 0, samples: int | None
     return stepped_state(state, progress, state.slots if slots is None else slots)
 
 
-def last_quiet_step(hooks, progress: Progress, visit: int | None = None) -> int:
+def last_quiet_step(hooks: "Chain", progress: Progress, visit: int | None = None) -> int:
     """The last step before the next one that must be walked event by event.
 
     That next one is where an ``AfterStep`` cadence of ``hooks`` (a

@@ -8,7 +8,8 @@ effect is shown in full. A ``Trace`` displays as a table (``print``, IPython,
 Jupyter) with each effect's hook shown by its identity.
 """
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, overload
 
 import attrs
 
@@ -35,17 +36,21 @@ class TraceEntry:
     effect: Effect
     hook: int = -1
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         event = summary.event_label(self.event)
         return f"TraceEntry(step={self.step}, event={event}, effect={self.effect!r}, hook={self.hook})"
 
 
-def _labels(hooks):
+def _entries(entries: Iterable[TraceEntry]) -> tuple[TraceEntry, ...]:
+    return tuple(entries)  # attrs' converter=tuple, with the type the checker reads
+
+
+def _labels(hooks: Iterable[str] | None) -> tuple[str, ...] | None:
     return None if hooks is None else tuple(hooks)
 
 
 @attrs.frozen(eq=False, repr=False)
-class Trace(Sequence):
+class Trace(Sequence[TraceEntry]):
     """The effects a run executed, in order: a read-only sequence of ``TraceEntry``.
 
     It compares equal to a list or tuple of the same entries, so
@@ -64,10 +69,16 @@ class Trace(Sequence):
       2     save_every(2)  AfterStep(step=2)    SaveCheckpoint(step=2)
     """
 
-    entries: tuple = attrs.field(converter=tuple)
-    hooks: tuple | None = attrs.field(default=None, converter=_labels)
+    entries: tuple[TraceEntry, ...] = attrs.field(converter=_entries)
+    hooks: tuple[str, ...] | None = attrs.field(default=None, converter=_labels)
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: int) -> TraceEntry: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> "Trace": ...
+
+    def __getitem__(self, index: int | slice) -> "TraceEntry | Trace":
         if isinstance(index, slice):
             return Trace(self.entries[index], self.hooks)
         return self.entries[index]
@@ -75,27 +86,27 @@ class Trace(Sequence):
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[TraceEntry]:
         return iter(self.entries)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if isinstance(other, Trace):
             return self.entries == other.entries
         if isinstance(other, (list, tuple)):
             return len(self.entries) == len(other) and all(a == b for a, b in zip(self.entries, other))
         return NotImplemented
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash(self.entries)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Trace({list(self.entries)!r})"
 
-    def __str__(self):
+    def __str__(self) -> str:
         title, table = summary.trace_title(self.entries), summary.trace_table(self.entries, self.hooks)
         return summary.table_text(title, *table)
 
-    def _repr_pretty_(self, printer, cycle) -> None:
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         notebook.pretty(printer, str(self), cycle)
 
     def _repr_html_(self) -> str:
