@@ -18,6 +18,7 @@ at once, where it is.
 """
 
 import math
+from typing import cast
 
 import attrs
 
@@ -26,12 +27,12 @@ from pimm_fn.core.state import Progress, State
 __all__ = ["check_budget", "fresh_progress", "epochs_reaching", "resumed", "budget_lines"]
 
 
-def _int(caller, name, value, least):
+def _int(caller: str, name: str, value: object, least: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         raise ValueError(f"{caller}: '{name}' must be an int >= {least} (got {value!r:.80})")
 
 
-def check_budget(max_epochs, max_steps, *, caller: str, min_epochs: int = 0) -> None:
+def check_budget(max_epochs: int | None, max_steps: int | None, *, caller: str, min_epochs: int = 0) -> None:
     """Exactly one budget is given, and it is an int in range: a run must know when it ends.
 
     Raises:
@@ -61,7 +62,8 @@ def fresh_progress(iters_per_epoch: int, *, max_epochs: int | None = None, max_s
     Progress(iters_per_epoch=10, max_epochs=3, epoch=0, iter_in_epoch=0, global_step=0, samples_seen=0, step_limit=25)
     """
     if max_steps is None:
-        return Progress(iters_per_epoch=iters_per_epoch, max_epochs=max_epochs)
+        # Without max_steps, max_epochs is given: check_budget saw to that.
+        return Progress(iters_per_epoch=iters_per_epoch, max_epochs=cast(int, max_epochs))
     return Progress(iters_per_epoch=iters_per_epoch, max_epochs=math.ceil(max_steps / iters_per_epoch),
                     step_limit=max_steps)
 
@@ -79,7 +81,8 @@ def epochs_reaching(state: State) -> int:
     """
     p = state.progress
     closed = state.position in ("AfterEpoch", "AfterTrain")
-    rest = p.step_limit - p.global_step - (0 if closed else p.iters_per_epoch - p.iter_in_epoch)
+    # Step-limited: the caller's promise, so step_limit is an int.
+    rest = cast(int, p.step_limit) - p.global_step - (0 if closed else p.iters_per_epoch - p.iter_in_epoch)
     return p.epoch + 1 + max(math.ceil(rest / p.iters_per_epoch), 0)
 
 
@@ -135,13 +138,13 @@ def resumed(state: State, *, max_epochs: int | None = None, max_steps: int | Non
     return _reopened(attrs.evolve(state, progress=progress))
 
 
-def budget_lines(before: Progress, after: Progress, *, max_steps: int | None = None) -> tuple:
+def budget_lines(before: Progress, after: Progress, *, max_steps: int | None = None) -> tuple[str, ...]:
     """Console lines saying how a resume changed the budget of the checkpoint ``before`` into ``after``.
 
     >>> budget_lines(Progress(10, 3, global_step=25, step_limit=25), Progress(10, 5, global_step=25, step_limit=50))
     ('max_steps 25 -> max_steps 50: training goes on to step 50',)
     """
-    def said(p):
+    def said(p: Progress) -> str:
         return f"max_steps {p.step_limit}" if p.step_limit is not None else f"max_epochs {p.max_epochs}"
 
     if max_steps is not None and after.step_limit != max_steps:

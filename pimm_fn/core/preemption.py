@@ -25,7 +25,11 @@ from ``s``.
 7
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for the annotation only: at run time this module imports nothing of the core
+    from pimm_fn.core.state import State
 
 __all__ = ["stop_step", "time_is_up", "lags", "next_cadence", "Boundaries", "CHECK_SECONDS", "EX_TEMPFAIL"]
 
@@ -54,7 +58,7 @@ def next_cadence(interval: float, steps: int, target: float = CHECK_SECONDS) -> 
     return max(1, min(MAX_CADENCE, round(target * steps / interval)))
 
 
-def stop_step(requests: Mapping, *, world_size: int, every: int = 1) -> int | None:
+def stop_step(requests: Mapping[int, int], *, world_size: int, every: int = 1) -> int | None:
     """The step at whose boundary every rank saves, when rank ``r`` is asked to stop during step ``requests[r]``.
 
     ``None`` without requests. A step past the run's end means the run ends
@@ -102,22 +106,23 @@ class Boundaries:
     ``stopped`` is then ``(step, reason)``.
     """
 
-    def __init__(self, requests: Mapping, *, world_size: int, every: int | None = 1, clock=None, max_time=None,
-                 margin: float = 0.0, reason: str = "SIGTERM"):
+    def __init__(self, requests: Mapping[int, int], *, world_size: int, every: int | None = 1,
+                 clock: Callable[[int], float] | None = None, max_time: float | None = None,
+                 margin: float = 0.0, reason: str = "SIGTERM") -> None:
         self.requests, self.every, self.clock = dict(requests), every, clock
         self.lagged = lags(world_size)
         self.max_time, self.margin, self.reason = max_time, margin, reason
-        self.stopped: tuple | None = None
+        self.stopped: tuple[int, str] | None = None
         self._last = 0.0
         self._issued = 0  # the step of the last comparison started
-        self._pending = None  # (reason, rank 0's cadence) of the comparison in flight
-        self._next = None  # the step of the next comparison
+        self._pending: tuple[str | None, int | None] | None = None  # (reason, rank 0's cadence) of the comparison in flight
+        self._next: int | None = None  # the step of the next comparison
         self._cadence = every or 1
 
     def _asked(self, step: int) -> bool:
         return any(s <= step for s in self.requests.values())
 
-    def __call__(self, state) -> bool:
+    def __call__(self, state: "State") -> bool:
         step = state.progress.global_step
         if not self.lagged:
             found = self.reason if self._asked(step) else self._time(step, lagged=False)
