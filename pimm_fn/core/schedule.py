@@ -6,16 +6,13 @@ events, and a run restored from any checkpoint continues exactly where the
 saved ``State.position`` says it stopped.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import attrs
 
 from pimm_fn.core import budget
 from pimm_fn.core import events as ev
 from pimm_fn.core.state import Progress, State
-
-if TYPE_CHECKING:  # the fold imports this module
-    from pimm_fn.core.fold import Chain
 
 __all__ = ["next_event", "advance", "resume_from", "state_at_step", "skip_to", "last_quiet_step"]
 
@@ -140,7 +137,13 @@ def skip_to(state: State, step: int, *, batch_size: int = 0, samples: int | None
     return stepped_state(state, progress, state.slots if slots is None else slots)
 
 
-def last_quiet_step(hooks: "Chain", progress: Progress, visit: int | None = None) -> int:
+class Cadenced(Protocol):
+    """What ``last_quiet_step`` asks of a hook chain (a ``Chain``; the fold imports this module, not the reverse)."""
+
+    def next_call(self, step: int) -> int: ...
+
+
+def last_quiet_step(hooks: Cadenced, progress: Progress, visit: int | None = None) -> int:
     """The last step before the next one that must be walked event by event.
 
     That next one is where an ``AfterStep`` cadence of ``hooks`` (a
