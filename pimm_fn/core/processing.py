@@ -35,7 +35,7 @@ from typing import Protocol
 
 import attrs
 
-from pimm_fn.core import events as ev
+from pimm_fn.core import events as ev  # noqa: F401 - the docstring's examples use it
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import Event
 from pimm_fn.core.fold import Chain, fold

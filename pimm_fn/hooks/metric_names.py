@@ -7,7 +7,7 @@ Shared by the hooks that read a metric by name (``best_on``,
 import difflib
 import re
 
-from pimm_fn.core import events as ev
+from pimm_fn.core import events as ev  # noqa: F401 - the docstring's examples use it
 from pimm_fn.core.effects import Log
 
 __all__ = ["lower_is_better", "check_spelling"]

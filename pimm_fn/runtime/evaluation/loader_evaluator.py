@@ -67,7 +67,7 @@ from pimm_fn.runtime.step.train_step import TARGET_KEYS, to_device
 
 __all__ = [
     "is_torchmetric", "check_metric", "check_arity", "check_loader", "shard_of", "missing_forwards",
-    "reduce_sums", "reduction_device", "LoaderEvaluator", "loader_evaluator", "default_forward", "default_target",
+    "reduce_sums", "LoaderEvaluator", "loader_evaluator", "default_forward", "default_target",
     "mean_over_count",
 ]
 
