@@ -43,8 +43,13 @@ def fmt_spread(s: dict, unit: str = "", digits: int = 2) -> str:
 def versions() -> dict:
     """Versions of Python, torch, pimm_fn and the peers that are installed."""
     found = {"python": platform.python_version()}
-    for name, module in (("torch", "torch"), ("pimm_fn", "pimm_fn"), ("pytorch-ignite", "ignite"),
-                         ("lightning", "lightning"), ("torchtnt", "torchtnt")):
+    for name, module in (
+        ("torch", "torch"),
+        ("pimm_fn", "pimm_fn"),
+        ("pytorch-ignite", "ignite"),
+        ("lightning", "lightning"),
+        ("torchtnt", "torchtnt"),
+    ):
         try:
             found[name] = getattr(__import__(module), "__version__", "?")
         except ImportError:

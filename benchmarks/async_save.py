@@ -90,8 +90,16 @@ def one_run(mb: float, async_save: bool) -> dict:
         return out
 
     with tempfile.TemporaryDirectory(prefix="pimm-async-bench-") as tmp:
-        run = pf.loop(model, opt, batches, hooks=[pf.save_every(SAVE_AT, async_save=async_save)], max_epochs=1,
-                      save_dir=tmp, watching=pf.Watching(console=False), handlers={SaveCheckpoint: timed_save})
+        run = pf.loop(
+            model,
+            opt,
+            batches,
+            hooks=[pf.save_every(SAVE_AT, async_save=async_save)],
+            max_epochs=1,
+            save_dir=tmp,
+            watching=pf.Watching(console=False),
+            handlers={SaveCheckpoint: timed_save},
+        )
         while run.state.progress.global_step < SAVE_AT + AFTER:
             run.step()
         pending = seen.get("pending")
@@ -109,15 +117,26 @@ def one_run(mb: float, async_save: bool) -> dict:
     end = next((s for s in after if s >= done_at), after[-1])
     steps_in = sum(1 for s in after if s <= end)
     total = (end - req) - (steps_in - 1) * base
-    return {"base_step_s": base, "handler_s": handler, "staging_wait_s": waited,
-            "holdup_s": handler + waited, "total_delay_s": max(total, handler + waited),
-            "write_s": (done_at - req), "steps_during_write": steps_in}
+    return {
+        "base_step_s": base,
+        "handler_s": handler,
+        "staging_wait_s": waited,
+        "holdup_s": handler + waited,
+        "total_delay_s": max(total, handler + waited),
+        "write_s": (done_at - req),
+        "steps_during_write": steps_in,
+    }
 
 
 def first_save(mb: float) -> dict:
     """``one_run(mb, async)`` as the first background save of a new process, after the warm-up."""
-    out = subprocess.run([sys.executable, "-m", "benchmarks.async_save", "--first-save", str(mb)],
-                         cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.async_save", "--first-save", str(mb)],
+        cwd=pathlib.Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -125,7 +144,7 @@ def measure(mb: float, rounds: int) -> dict:
     one_run(min(mb, 5), True)  # warm-up: imports, thread start, the gloo-free DCP path
     rows = {"sync": [], "async": [], "first": []}
     for r in range(rounds):
-        for mode in (("sync", "first", "async") if r % 2 == 0 else ("async", "first", "sync")):
+        for mode in ("sync", "first", "async") if r % 2 == 0 else ("async", "first", "sync"):
             rows[mode].append(first_save(mb) if mode == "first" else one_run(mb, mode == "async"))
     sync, asyn, first = rows["sync"], rows["async"], rows["first"]
     return {
@@ -156,12 +175,23 @@ def run(quick: bool = False, sizes=SIZES_MB, rounds: int = 3) -> dict:
 def table(result: dict, file=sys.stdout) -> None:
     rows = []
     for name, s in result["sizes"].items():
-        rows.append([name, f"{s['step_s']['median'] * 1e3:.0f}", fmt_spread(s["sync_save_s"], "s", 3),
-                     fmt_spread(s["async_holdup_s"], "s", 3), fmt_spread(s["holdup_ratio"], digits=3),
-                     fmt_spread(s["holdup_ratio_first_save"], digits=3), fmt_spread(s["total_delay_ratio"], digits=3)])
-    print_table("Async save: training held up, async / sync (median [min..max] over paired rounds)",
-                ["state", "step ms", "sync save", "async hold-up", "hold-up / sync", "first save", "total delay / sync"],
-                rows, file=file)
+        rows.append(
+            [
+                name,
+                f"{s['step_s']['median'] * 1e3:.0f}",
+                fmt_spread(s["sync_save_s"], "s", 3),
+                fmt_spread(s["async_holdup_s"], "s", 3),
+                fmt_spread(s["holdup_ratio"], digits=3),
+                fmt_spread(s["holdup_ratio_first_save"], digits=3),
+                fmt_spread(s["total_delay_ratio"], digits=3),
+            ]
+        )
+    print_table(
+        "Async save: training held up, async / sync (median [min..max] over paired rounds)",
+        ["state", "step ms", "sync save", "async hold-up", "hold-up / sync", "first save", "total delay / sync"],
+        rows,
+        file=file,
+    )
 
 
 def main(argv=None) -> None:

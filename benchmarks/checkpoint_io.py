@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import re
 import shutil
 import subprocess
 import sys
@@ -80,8 +79,9 @@ def _timed(fn):
 def pimm_save(root, model, opt):
     from pimm_fn import checkpoint
 
-    return checkpoint.save_checkpoint(root / "model", step=1, weights=model.state_dict(),
-                                      trainer={"optimizer": opt.state_dict()}, local={})
+    return checkpoint.save_checkpoint(
+        root / "model", step=1, weights=model.state_dict(), trainer={"optimizer": opt.state_dict()}, local={}
+    )
 
 
 def pimm_load(info):
@@ -102,8 +102,10 @@ def dcp_load(root, model, opt):
     import torch
     import torch.distributed.checkpoint as dcp
 
-    template = {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()},
-                "optim": _empty_like_optim(opt.state_dict())}
+    template = {
+        "model": {k: torch.empty_like(v) for k, v in model.state_dict().items()},
+        "optim": _empty_like_optim(opt.state_dict()),
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.load(template, checkpoint_id=root / "dcp")
@@ -113,9 +115,13 @@ def dcp_load(root, model, opt):
 def _empty_like_optim(sd):
     import torch
 
-    return {"state": {k: {n: torch.empty_like(v) if isinstance(v, torch.Tensor) else v for n, v in s.items()}
-                      for k, s in sd["state"].items()},
-            "param_groups": sd["param_groups"]}
+    return {
+        "state": {
+            k: {n: torch.empty_like(v) if isinstance(v, torch.Tensor) else v for n, v in s.items()}
+            for k, s in sd["state"].items()
+        },
+        "param_groups": sd["param_groups"],
+    }
 
 
 def torch_save(root, model, opt):
@@ -141,8 +147,11 @@ def dd_write(root, nbytes: int) -> float:
     dd = shutil.which("dd")
     if dd:
         t = time.perf_counter()
-        subprocess.run([dd, "if=/dev/zero", f"of={path}", "bs=1M", f"count={count}", "conv=fdatasync"],
-                       check=True, capture_output=True)
+        subprocess.run(
+            [dd, "if=/dev/zero", f"of={path}", "bs=1M", f"count={count}", "conv=fdatasync"],
+            check=True,
+            capture_output=True,
+        )
         dt = time.perf_counter() - t
     else:
         block = b"\0" * 2**20
@@ -222,13 +231,36 @@ def table(result: dict, file=sys.stdout) -> None:
     rows = []
     for name, s in result["sizes"].items():
         m = s["mb_per_s"]
-        rows.append([f"{s['state_mb']:.0f} MB", fmt_spread(s["save_ratio_vs_dcp"], digits=3),
-                     fmt_spread(s["load_ratio_vs_dcp"], digits=3), fmt_spread(s["save_ratio_vs_torch_save"], digits=3),
-                     *(f"{m[k]['median']:.0f}" for k in ("pimm save", "dcp save", "torch.save", "dd write",
-                                                           "pimm load", "dcp load", "torch.load"))])
-    print_table("Checkpoint throughput (ratios per paired round: median [min..max]; MB/s medians)",
-                ["state", "save / DCP", "load / DCP", "save / torch.save", "pimm save MB/s", "DCP save",
-                 "torch.save", "dd", "pimm load MB/s", "DCP load", "torch.load"], rows, file=file)
+        rows.append(
+            [
+                f"{s['state_mb']:.0f} MB",
+                fmt_spread(s["save_ratio_vs_dcp"], digits=3),
+                fmt_spread(s["load_ratio_vs_dcp"], digits=3),
+                fmt_spread(s["save_ratio_vs_torch_save"], digits=3),
+                *(
+                    f"{m[k]['median']:.0f}"
+                    for k in ("pimm save", "dcp save", "torch.save", "dd write", "pimm load", "dcp load", "torch.load")
+                ),
+            ]
+        )
+    print_table(
+        "Checkpoint throughput (ratios per paired round: median [min..max]; MB/s medians)",
+        [
+            "state",
+            "save / DCP",
+            "load / DCP",
+            "save / torch.save",
+            "pimm save MB/s",
+            "DCP save",
+            "torch.save",
+            "dd",
+            "pimm load MB/s",
+            "DCP load",
+            "torch.load",
+        ],
+        rows,
+        file=file,
+    )
 
 
 def main(argv=None) -> None:

@@ -34,16 +34,28 @@ def _sync(model_dir, step, model, opt, digests: bool) -> float:
     from pimm_fn import checkpoint
 
     t = time.perf_counter()
-    checkpoint.save_checkpoint(model_dir, step=step, weights=model.state_dict(),
-                               trainer={"optimizer": opt.state_dict()}, local={}, digests=digests)
+    checkpoint.save_checkpoint(
+        model_dir,
+        step=step,
+        weights=model.state_dict(),
+        trainer={"optimizer": opt.state_dict()},
+        local={},
+        digests=digests,
+    )
     return time.perf_counter() - t
 
 
 def _async(model_dir, step, model, opt, digests: bool) -> tuple[float, float]:
     from pimm_fn import checkpoint
 
-    pending = checkpoint.save_checkpoint_async(model_dir, step=step, weights=model.state_dict(),
-                                               trainer={"optimizer": opt.state_dict()}, local={}, digests=digests)
+    pending = checkpoint.save_checkpoint_async(
+        model_dir,
+        step=step,
+        weights=model.state_dict(),
+        trainer={"optimizer": opt.state_dict()},
+        local={},
+        digests=digests,
+    )
     pending.wait()
     return pending.staged_at - pending.requested_at, pending.done_at - pending.requested_at
 
@@ -75,7 +87,7 @@ def measure(mb: float, rounds: int, root: pathlib.Path) -> dict:
         step += 1
         _async(model_dir, step, model, opt, flag)
     for r in range(rounds):
-        for flag in ((False, True) if r % 2 == 0 else (True, False)):
+        for flag in (False, True) if r % 2 == 0 else (True, False):
             key = "on" if flag else "off"
             step += 1
             times[f"sync_{key}"].append(_sync(model_dir, step, model, opt, flag))
@@ -86,9 +98,15 @@ def measure(mb: float, rounds: int, root: pathlib.Path) -> dict:
     rate = _hash_rate(model_dir / "last")
     shutil.rmtree(model_dir, ignore_errors=True)
     ratio = lambda kind: spread([on / off for on, off in zip(times[f"{kind}_on"], times[f"{kind}_off"])])
-    return {"mb": round(state_bytes(model, opt) / 1e6, 1), "rounds": rounds, "hash_mb_s": round(rate),
-            **{k: spread(v) for k, v in times.items()},
-            "sync_ratio": ratio("sync"), "async_ratio": ratio("async"), "staged_ratio": ratio("staged")}
+    return {
+        "mb": round(state_bytes(model, opt) / 1e6, 1),
+        "rounds": rounds,
+        "hash_mb_s": round(rate),
+        **{k: spread(v) for k, v in times.items()},
+        "sync_ratio": ratio("sync"),
+        "async_ratio": ratio("async"),
+        "staged_ratio": ratio("staged"),
+    }
 
 
 def main(argv=None) -> dict:
@@ -104,12 +122,25 @@ def main(argv=None) -> dict:
         for mb in sizes:
             res = measure(mb, rounds, root)
             results.append(res)
-            for kind, label in (("sync", "sync save"), ("async", "async save, published"),
-                                ("staged", "async save, staged")):
-                rows.append([f"{res['mb']:.0f} MB", label, fmt_spread(res[f"{kind}_off"], " s", 3),
-                             fmt_spread(res[f"{kind}_on"], " s", 3), fmt_spread(res[f"{kind}_ratio"], "x", 3)])
-        print_table(f"digests=True vs False ({machine()['cpu']}, {machine()['cores']} cores)",
-                    ["state", "what", "digests off", "digests on", "on / off (paired)"], rows)
+            for kind, label in (
+                ("sync", "sync save"),
+                ("async", "async save, published"),
+                ("staged", "async save, staged"),
+            ):
+                rows.append(
+                    [
+                        f"{res['mb']:.0f} MB",
+                        label,
+                        fmt_spread(res[f"{kind}_off"], " s", 3),
+                        fmt_spread(res[f"{kind}_on"], " s", 3),
+                        fmt_spread(res[f"{kind}_ratio"], "x", 3),
+                    ]
+                )
+        print_table(
+            f"digests=True vs False ({machine()['cpu']}, {machine()['cores']} cores)",
+            ["state", "what", "digests off", "digests on", "on / off (paired)"],
+            rows,
+        )
         print("hash alone (page cache): " + ", ".join(f"{r['mb']:.0f} MB: {r['hash_mb_s']} MB/s" for r in results))
         write_result("digests", {"sizes": results})
         return {"sizes": results}

@@ -43,7 +43,7 @@ def _model_and_data():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     x = torch.randn(4 * STEPS, 8)
-    return model, [(x[i:i + 4], x[i:i + 4].sum(1, keepdim=True)) for i in range(0, len(x), 4)]
+    return model, [(x[i : i + 4], x[i : i + 4].sum(1, keepdim=True)) for i in range(0, len(x), 4)]
 
 
 def _torch_worker() -> None:
@@ -82,8 +82,16 @@ def _pimm_fn_worker(save_dir: str) -> None:
     model, batches = _model_and_data()
     model = _Regression(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    run = pf.loop(model, optimizer, batches, hooks=[pf.save_every(5)], max_epochs=1, save_dir=save_dir,
-                  parallel=pf.Parallel(ddp=True), watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        optimizer,
+        batches,
+        hooks=[pf.save_every(5)],
+        max_epochs=1,
+        save_dir=save_dir,
+        parallel=pf.Parallel(ddp=True),
+        watching=pf.Watching(console=False, progress=False),
+    )
     run()
     td.destroy_process_group()
     print(f"finished rank {os.environ['RANK']}", flush=True)
@@ -91,18 +99,32 @@ def _pimm_fn_worker(save_dir: str) -> None:
 
 def _once(kind: str, save_dir: str) -> dict:
     """One torchrun of ``kind``: its exit code, and whether a rank aborted after both had finished training."""
-    command = [str(pathlib.Path(sys.executable).parent / "torchrun"), "--nproc_per_node=2",
-               f"--master_port={free_port()}", "-m", "benchmarks.exit_codes", "--worker", kind, "--save-dir", save_dir]
+    command = [
+        str(pathlib.Path(sys.executable).parent / "torchrun"),
+        "--nproc_per_node=2",
+        f"--master_port={free_port()}",
+        "-m",
+        "benchmarks.exit_codes",
+        "--worker",
+        kind,
+        "--save-dir",
+        save_dir,
+    ]
     try:
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         return {"code": "hung", "finished": 0, "aborted": False, "status": None}
     status = None
     if kind == "pimm_fn":  # what a batch script reads instead of the exit code
-        status = subprocess.run([sys.executable, "-m", "pimm_fn", "status", save_dir], cwd=ROOT, capture_output=True,
-                                timeout=TIMEOUT).returncode
-    return {"code": done.returncode, "finished": done.stdout.count("finished rank"),
-            "aborted": "terminate called" in done.stderr or "SIGABRT" in done.stderr, "status": status}
+        status = subprocess.run(
+            [sys.executable, "-m", "pimm_fn", "status", save_dir], cwd=ROOT, capture_output=True, timeout=TIMEOUT
+        ).returncode
+    return {
+        "code": done.returncode,
+        "finished": done.stdout.count("finished rank"),
+        "aborted": "terminate called" in done.stderr or "SIGABRT" in done.stderr,
+        "status": status,
+    }
 
 
 @contextlib.contextmanager
@@ -124,9 +146,12 @@ def measure(runs: int = 8, busy: int = 2) -> dict:
             for kind in KINDS if i % 2 == 0 else KINDS[::-1]:
                 outcomes[kind].append(_once(kind, os.path.join(tmp, f"{kind}-{i}")))
                 print(kind, outcomes[kind][-1], flush=True)
-    result = {"workload": f"torchrun --nproc_per_node=2, gloo (CPU), a 3-layer MLP, {STEPS} DDP steps, then "
-                          f"destroy_process_group(); {busy} busy processes beside; the kinds alternate",
-              "runs": runs, "busy_processes": busy}
+    result = {
+        "workload": f"torchrun --nproc_per_node=2, gloo (CPU), a 3-layer MLP, {STEPS} DDP steps, then "
+        f"destroy_process_group(); {busy} busy processes beside; the kinds alternate",
+        "runs": runs,
+        "busy_processes": busy,
+    }
     for kind, found in outcomes.items():
         result[kind] = {
             "exit_codes": dict(collections.Counter(str(o["code"]) for o in found)),
@@ -153,13 +178,23 @@ def main(argv=None) -> None:
     if args.worker == "pimm_fn":
         return _pimm_fn_worker(args.save_dir)
     result = measure(1 if args.quick else args.runs, args.busy)
-    rows = [[kind, str(result["runs"]), str(result[kind]["failed"]), str(result[kind]["aborted_at_exit"]),
-             str(result[kind]["aborted_after_both_ranks_finished"]),
-             " ".join(f"{c}x{n}" for c, n in result[kind]["exit_codes"].items()),
-             " ".join(f"{c}x{n}" for c, n in result[kind].get("status_codes", {}).items()) or "-"] for kind in KINDS]
-    print_table(f"finished 2-rank runs under load ({result['busy_processes']} busy processes beside)",
-                ["kind", "runs", "failed", "aborted at exit", "aborted after finishing", "exit codes", "status codes"],
-                rows)
+    rows = [
+        [
+            kind,
+            str(result["runs"]),
+            str(result[kind]["failed"]),
+            str(result[kind]["aborted_at_exit"]),
+            str(result[kind]["aborted_after_both_ranks_finished"]),
+            " ".join(f"{c}x{n}" for c, n in result[kind]["exit_codes"].items()),
+            " ".join(f"{c}x{n}" for c, n in result[kind].get("status_codes", {}).items()) or "-",
+        ]
+        for kind in KINDS
+    ]
+    print_table(
+        f"finished 2-rank runs under load ({result['busy_processes']} busy processes beside)",
+        ["kind", "runs", "failed", "aborted at exit", "aborted after finishing", "exit codes", "status codes"],
+        rows,
+    )
     if not args.quick:
         write_result("exit_codes", result)
 

@@ -97,19 +97,26 @@ def _local(tensor):
 def _context(model, optimizer):
     """The run's context as the save handler reads it: a sharded model, its optimizer, no scheduler, no hooks."""
     from pimm_fn.core.fold import chain
-    from pimm_fn.runtime.engine.interpreter import Context
     from pimm_fn.runtime.engine.implied import Implied
+    from pimm_fn.runtime.engine.interpreter import Context
 
     cursor = {"epoch_start": 0, "generator": None, "samplers": [], "rest": None, "data": "benchmark"}
-    return Context(model=model, optimizer=optimizer, feed=types.SimpleNamespace(state_dict=lambda: cursor),
-                   save_dir=None, console=False, implied=Implied.of(chain()), sharded=True)
+    return Context(
+        model=model,
+        optimizer=optimizer,
+        feed=types.SimpleNamespace(state_dict=lambda: cursor),
+        save_dir=None,
+        console=False,
+        implied=Implied.of(chain()),
+        sharded=True,
+    )
 
 
 def pimm_save(model_dir: pathlib.Path, model, optimizer, weights_file: bool):
     """The save handler's path: ``trainer_contents``, then ``save_checkpoint`` with the shards."""
     from pimm_fn import checkpoint
-    from pimm_fn.checkpoint.formats import sharded
     from pimm_fn.checkpoint.contents import to_parts
+    from pimm_fn.checkpoint.formats import sharded
     from pimm_fn.core.state import Progress, State
     from pimm_fn.runtime.handlers.checkpointing import trainer_contents
 
@@ -117,15 +124,16 @@ def pimm_save(model_dir: pathlib.Path, model, optimizer, weights_file: bool):
     contents = trainer_contents(_context(model, optimizer), state)
     replicated, local = to_parts(contents)
     weights = sharded.full_weights(model) if weights_file else None
-    return checkpoint.save_checkpoint(model_dir, step=1, weights=weights, trainer=replicated, local=local,
-                                      sharded=contents.sharded)
+    return checkpoint.save_checkpoint(
+        model_dir, step=1, weights=weights, trainer=replicated, local=local, sharded=contents.sharded
+    )
 
 
 def pimm_load(info, model, optimizer) -> None:
     """The resume's path: the trainer parts without the weights file, then the shards into the model."""
     from pimm_fn import checkpoint
-    from pimm_fn.checkpoint.formats import sharded
     from pimm_fn.checkpoint.contents import from_parts
+    from pimm_fn.checkpoint.formats import sharded
 
     loaded = checkpoint.load_checkpoint(info, weights=False)
     replicated = from_parts(loaded.trainer, loaded.local).replicated
@@ -172,16 +180,20 @@ def _timed(fn) -> tuple[float, object]:
 
 def one_round(root: pathlib.Path, model, optimizer, forward: bool, times: dict) -> None:
     """Every save, then every load of what the saves wrote, in ``forward`` or reverse order."""
-    saves = {"pimm save": lambda: pimm_save(root / "pimm", model, optimizer, False),
-             "dcp save": lambda: dcp_save(root / "dcp", model, optimizer),
-             "pimm save + model.pth": lambda: pimm_save(root / "pimm-weights", model, optimizer, True)}
+    saves = {
+        "pimm save": lambda: pimm_save(root / "pimm", model, optimizer, False),
+        "dcp save": lambda: dcp_save(root / "dcp", model, optimizer),
+        "pimm save + model.pth": lambda: pimm_save(root / "pimm-weights", model, optimizer, True),
+    }
     info = None
     for name in SAVES if forward else SAVES[::-1]:
         seconds, out = _timed(saves[name])
         times[name].append(seconds)
         info = out if name == "pimm save" else info
-    loads = {"pimm load": lambda: pimm_load(info, model, optimizer),
-             "dcp load": lambda: dcp_load(root / "dcp", model, optimizer)}
+    loads = {
+        "pimm load": lambda: pimm_load(info, model, optimizer),
+        "dcp load": lambda: dcp_load(root / "dcp", model, optimizer),
+    }
     for name in LOADS if forward else LOADS[::-1]:
         times[name].append(_timed(loads[name])[0])
     times["gather"].append(_timed(lambda: gather(model))[0])
@@ -241,22 +253,47 @@ def worker(rank: int, mb: float, width: int, rounds: int, base: pathlib.Path, ou
 
 # -- the launcher ---------------------------------------------------------------------------------
 
+
 def launch(mb: float, width: int, rounds: int, timeout: float) -> dict:
     """Run the ranks as fresh processes (one thread each), killed past ``timeout`` seconds; rank 0's figures."""
     base = pathlib.Path(tempfile.mkdtemp(prefix="pimm-fsdp-bench-"))
     out = base / "result.json"
     path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORLD),
-           "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    cmd = [sys.executable, "-m", "benchmarks.fsdp_io", "--mb", str(mb), "--width", str(width),
-           "--rounds", str(rounds), "--base", str(base)]
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "WORLD_SIZE": str(WORLD),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": path,
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.fsdp_io",
+        "--mb",
+        str(mb),
+        "--width",
+        str(width),
+        "--rounds",
+        str(rounds),
+        "--base",
+        str(base),
+    ]
     logs = [base / f"rank{r}.log" for r in range(WORLD)]
     procs = []
     try:
         for rank, log in enumerate(logs):
             with open(log, "w") as f:
-                procs.append(subprocess.Popen(cmd + ["--rank", str(rank)], cwd=REPO, stdout=f, stderr=subprocess.STDOUT,
-                                              env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}))
+                procs.append(
+                    subprocess.Popen(
+                        cmd + ["--rank", str(rank)],
+                        cwd=REPO,
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    )
+                )
         _wait(procs, timeout, logs)
         return json.loads(out.read_text())
     finally:
@@ -277,10 +314,13 @@ def _wait(procs, timeout: float, logs) -> None:
         time.sleep(0.05)
     codes = [p.poll() for p in procs]
     if codes != [0] * len(procs):
-        tails = "\n".join(f"--- rank {r} (exit {c}) ---\n{log.read_text()[-3000:]}"
-                          for r, (c, log) in enumerate(zip(codes, logs)))
-        raise RuntimeError(f"fsdp_io: a rank failed, or the ranks did not finish within {timeout:.0f}s "
-                           f"(exit codes {codes}; None: still running, killed)\n{tails}")
+        tails = "\n".join(
+            f"--- rank {r} (exit {c}) ---\n{log.read_text()[-3000:]}" for r, (c, log) in enumerate(zip(codes, logs))
+        )
+        raise RuntimeError(
+            f"fsdp_io: a rank failed, or the ranks did not finish within {timeout:.0f}s "
+            f"(exit codes {codes}; None: still running, killed)\n{tails}"
+        )
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -307,8 +347,14 @@ def run(quick: bool = False, mb: float = 100, width: int = 1024, rounds: int = 1
         mb, width, rounds = 2, 128, 2
     before = os.getloadavg()[0]  # other work on the machine disturbs every figure: say how much there was
     size = summarize(launch(mb, width, rounds, timeout=60 if quick else 900))
-    result = {"quick": quick, "world_size": WORLD, "rounds": rounds, "backend": "gloo (CPU), OMP_NUM_THREADS=1",
-              "load_average_1min": {"before": before, "after": os.getloadavg()[0]}, "size": size}
+    result = {
+        "quick": quick,
+        "world_size": WORLD,
+        "rounds": rounds,
+        "backend": "gloo (CPU), OMP_NUM_THREADS=1",
+        "load_average_1min": {"before": before, "after": os.getloadavg()[0]},
+        "size": size,
+    }
     table(result)
     write_result("fsdp_io", result)
     return result
@@ -319,18 +365,38 @@ def table(result: dict, file=sys.stdout) -> None:
     s = result["size"]
     sec = s["seconds"]
     rows = [
-        ["save / DCP", fmt_spread(s["save_ratio_vs_dcp"], digits=3), fmt_spread(sec["pimm save"], "s", 3),
-         fmt_spread(sec["dcp save"], "s", 3)],
-        ["load / DCP", fmt_spread(s["load_ratio_vs_dcp"], digits=3), fmt_spread(sec["pimm load"], "s", 3),
-         fmt_spread(sec["dcp load"], "s", 3)],
-        ["save + model.pth / save", fmt_spread(s["weights_file_ratio"], digits=3),
-         fmt_spread(sec["pimm save + model.pth"], "s", 3), fmt_spread(sec["pimm save"], "s", 3)],
-        ["gather alone / save", fmt_spread(s["gather_ratio"], digits=3), fmt_spread(sec["gather"], "s", 3),
-         fmt_spread(sec["pimm save"], "s", 3)],
+        [
+            "save / DCP",
+            fmt_spread(s["save_ratio_vs_dcp"], digits=3),
+            fmt_spread(sec["pimm save"], "s", 3),
+            fmt_spread(sec["dcp save"], "s", 3),
+        ],
+        [
+            "load / DCP",
+            fmt_spread(s["load_ratio_vs_dcp"], digits=3),
+            fmt_spread(sec["pimm load"], "s", 3),
+            fmt_spread(sec["dcp load"], "s", 3),
+        ],
+        [
+            "save + model.pth / save",
+            fmt_spread(s["weights_file_ratio"], digits=3),
+            fmt_spread(sec["pimm save + model.pth"], "s", 3),
+            fmt_spread(sec["pimm save"], "s", 3),
+        ],
+        [
+            "gather alone / save",
+            fmt_spread(s["gather_ratio"], digits=3),
+            fmt_spread(sec["gather"], "s", 3),
+            fmt_spread(sec["pimm save"], "s", 3),
+        ],
     ]
-    print_table(f"FSDP2 checkpoints on {result['world_size']} gloo ranks, {s['state_mb']:.0f} MB of state, "
-                f"{s['model']} (per paired round: median [min..max]; model.pth adds {s['weights_file_extra_s']['median']:.3f}s)",
-                ["ratio", "value", "numerator", "denominator"], rows, file=file)
+    print_table(
+        f"FSDP2 checkpoints on {result['world_size']} gloo ranks, {s['state_mb']:.0f} MB of state, "
+        f"{s['model']} (per paired round: median [min..max]; model.pth adds {s['weights_file_extra_s']['median']:.3f}s)",
+        ["ratio", "value", "numerator", "denominator"],
+        rows,
+        file=file,
+    )
 
 
 def main(argv=None) -> None:

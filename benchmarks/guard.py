@@ -94,8 +94,16 @@ class _Timed:
 
 def _time_steps(model, optimizer, batches, save_dir, hooks: str, guarded: bool, steps: int) -> tuple[float, float]:
     """(seconds per step, seconds per step inside the guard), the slower rank's."""
-    run = pf.loop(model, optimizer, batches, hooks=_hooks(hooks), save_dir=save_dir,
-                  max_epochs=10**6, watching=pf.Watching(console=False), parallel=pf.Parallel(check_agreement=guarded))
+    run = pf.loop(
+        model,
+        optimizer,
+        batches,
+        hooks=_hooks(hooks),
+        save_dir=save_dir,
+        max_epochs=10**6,
+        watching=pf.Watching(console=False),
+        parallel=pf.Parallel(check_agreement=guarded),
+    )
     run.run(steps=5)  # warm the loop's caches
     timed = run._interpreter.guard = _Timed(run._interpreter.guard) if guarded else None
     td.barrier()
@@ -145,8 +153,8 @@ def measure(rounds: int = 7, steps: int = 300) -> dict:
         paired = torch.load(out)
     result = {
         "workload": "2 gloo ranks, DDP 2-layer MLP (32-64-1), batch 32 per rank, SGD, torch.set_num_threads(1); "
-                    "hooks 'builtin' = save_every + log_every (never firing), 'user_every_1' / 'user_every_100' = "
-                    "the same + a hook of your own (not rank_consistent) with events=(AfterStep,), every=1 / 100",
+        "hooks 'builtin' = save_every + log_every (never firing), 'user_every_1' / 'user_every_100' = "
+        "the same + a hook of your own (not rank_consistent) with events=(AfterStep,), every=1 / 100",
         "rounds": rounds,
         "steps_per_round": steps,
     }
@@ -195,12 +203,30 @@ def main(argv=None) -> None:
         r = result[hooks]
         off, on, ov = r["step_us_guard_off"], r["step_us_guard_on"], r["overhead"]
         inside, added = r["guard_us_per_step"], r["added_us_per_step"]
-        rows.append([hooks, f"{off['median']:.0f} / {off['min']:.0f}", f"{on['median']:.0f} / {on['min']:.0f}",
-                     f"{added['median']:+.0f}", f"{ov['paired_median']:+.1%}", f"{ov['of_mins']:+.1%}",
-                     f"{inside['median']:.1f} ({r['guard_share_of_step_off']:.1%})"])
-    print_table("agreement guard, per DDP step (2 gloo ranks)",
-                ["hooks", "off us (median / min)", "on us (median / min)", "added us (paired median)",
-                 "paired median", "of mins", "inside guard us (of step)"], rows)
+        rows.append(
+            [
+                hooks,
+                f"{off['median']:.0f} / {off['min']:.0f}",
+                f"{on['median']:.0f} / {on['min']:.0f}",
+                f"{added['median']:+.0f}",
+                f"{ov['paired_median']:+.1%}",
+                f"{ov['of_mins']:+.1%}",
+                f"{inside['median']:.1f} ({r['guard_share_of_step_off']:.1%})",
+            ]
+        )
+    print_table(
+        "agreement guard, per DDP step (2 gloo ranks)",
+        [
+            "hooks",
+            "off us (median / min)",
+            "on us (median / min)",
+            "added us (paired median)",
+            "paired median",
+            "of mins",
+            "inside guard us (of step)",
+        ],
+        rows,
+    )
     if not args.no_write:
         print(f"wrote {write_result('guard', result)}")
 

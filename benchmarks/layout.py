@@ -98,8 +98,10 @@ def static(root: pathlib.Path) -> dict:
         f"modules_under_{SMALL}_lines": small,
         "floors": max(floors.values()),
         "floors_in_folder": dict(sorted(within.items())),
-        "floors_of": {top: max(f for m, f in floors.items() if m.startswith(f"pimm_fn.{top}"))
-                      for top in ("core", "hooks", "testing", "runtime", "checkpoint", "compat", "cli")},
+        "floors_of": {
+            top: max(f for m, f in floors.items() if m.startswith(f"pimm_fn.{top}"))
+            for top in ("core", "hooks", "testing", "runtime", "checkpoint", "compat", "cli")
+        },
     }
 
 
@@ -172,8 +174,9 @@ def trips(root: pathlib.Path) -> dict:
     """The save's and the resume's trips through ``root``'s package, measured in a process of its own."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     entries = json.dumps({k: sorted(v) for k, v in TRIP_ENTRIES.items()})
-    done = subprocess.run([sys.executable, "-c", _TRIPS, entries], capture_output=True, text=True, env=env,
-                          cwd=root, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", _TRIPS, entries], capture_output=True, text=True, env=env, cwd=root, timeout=600
+    )
     if done.returncode:
         raise RuntimeError(f"the trips of {root} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -190,14 +193,23 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     found = measure(args.root.resolve())
     path = _common.write_result(args.name, found)
-    rows = [["modules", found["modules"]], ["lines", found["lines"]], ["folders", found["folders"]],
-            ["largest folder (modules)", found["largest_folder"]],
-            [f"modules under {SMALL} lines", len(found[f"modules_under_{SMALL}_lines"])],
-            ["import floors (package)", found["floors"]],
-            ["import floors (most in one folder)", max(found["floors_in_folder"].values())],
-            ["save trip: modules / functions", f"{found['trips']['save']['modules']} / {found['trips']['save']['functions']}"],
-            ["resume trip: modules / functions",
-             f"{found['trips']['resume']['modules']} / {found['trips']['resume']['functions']}"]]
+    rows = [
+        ["modules", found["modules"]],
+        ["lines", found["lines"]],
+        ["folders", found["folders"]],
+        ["largest folder (modules)", found["largest_folder"]],
+        [f"modules under {SMALL} lines", len(found[f"modules_under_{SMALL}_lines"])],
+        ["import floors (package)", found["floors"]],
+        ["import floors (most in one folder)", max(found["floors_in_folder"].values())],
+        [
+            "save trip: modules / functions",
+            f"{found['trips']['save']['modules']} / {found['trips']['save']['functions']}",
+        ],
+        [
+            "resume trip: modules / functions",
+            f"{found['trips']['resume']['modules']} / {found['trips']['resume']['functions']}",
+        ],
+    ]
     _common.print_table(f"layout of {args.root}", ["measure", "value"], rows)
     print(f"\nwritten to {path}")
 

@@ -37,8 +37,8 @@ import warnings
 
 import attrs
 
-from pimm_fn.core import events as ev
 from benchmarks._common import fmt_spread, percentile, print_table, spread, write_result
+from pimm_fn.core import events as ev
 
 BATCH, WIDTH, HIDDEN = 32, 64, 128
 Q = 10  # the percentile compared
@@ -152,8 +152,16 @@ def _pimm(steps, hooks, save_dir=None, handlers=None):
     import pimm_fn as pf
 
     model, data = _model(), _batches(steps)
-    pf.loop(model, _sgd(model), data, hooks=hooks, max_epochs=1, save_dir=save_dir,
-            watching=pf.Watching(console=False), handlers=handlers)()
+    pf.loop(
+        model,
+        _sgd(model),
+        data,
+        hooks=hooks,
+        max_epochs=1,
+        save_dir=save_dir,
+        watching=pf.Watching(console=False),
+        handlers=handlers,
+    )()
     return model.stamps
 
 
@@ -165,7 +173,12 @@ def pimm_standard(steps):
     import pimm_fn as pf
 
     never = 10**9  # no cadence fires inside the timed steps; the final save comes after them
-    hooks = [pf.evaluate_every(never, _evaluator, name="val"), pf.save_every(never), pf.best_on("acc"), pf.log_every(never)]
+    hooks = [
+        pf.evaluate_every(never, _evaluator, name="val"),
+        pf.save_every(never),
+        pf.best_on("acc"),
+        pf.log_every(never),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         return _pimm(steps, hooks, save_dir=tmp)
 
@@ -214,8 +227,16 @@ def lightning10(steps):
 
     callbacks = [L.Callback() for _ in range(10)]
     trainer = L.Trainer(
-        max_steps=steps, max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-        enable_checkpointing=False, enable_model_summary=False, callbacks=callbacks, num_sanity_val_steps=0,
+        max_steps=steps,
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        num_sanity_val_steps=0,
     )
     with _quiet():
         trainer.fit(Module(), train_dataloaders=data)
@@ -267,7 +288,11 @@ def tnt10(steps):
 @contextlib.contextmanager
 def _quiet():
     logging.disable(logging.WARNING)
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    with (
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(io.StringIO()),
+        contextlib.redirect_stderr(io.StringIO()),
+    ):
         warnings.simplefilter("ignore")
         try:
             yield
@@ -316,7 +341,7 @@ def measure(rounds: int, steps: int, warmup: int, names=None) -> dict:
         variants[name](max(warmup, 8) + 4)
     out = {name: [] for name in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             out[name].append(intervals_us(variants[name](steps + warmup), warmup))
     return out
@@ -326,8 +351,8 @@ def dispatch(repeats: int = 20000) -> dict:
     """µs per event: pimm_fn's process() of 10 trivial hooks vs a list of 10 callbacks."""
     from pimm_fn.core import events as ev
     from pimm_fn.core.fold import chain
-    from pimm_fn.core.processing import process
     from pimm_fn.core.plan import initial_state
+    from pimm_fn.core.processing import process
 
     hooks = chain(*TEN_TRIVIAL)
     state = initial_state(hooks.hooks, iters_per_epoch=10**9, max_epochs=1)
@@ -360,6 +385,7 @@ def dispatch(repeats: int = 20000) -> dict:
 def _ready_loss_step(loss):
     def step_fn(model, optimizer, batch, *, scheduler=None, scaler=None):
         return {"loss": loss}
+
     return step_fn
 
 
@@ -369,8 +395,12 @@ _NEVER = 10**9  # no cadence fires inside the timed steps
 def _standard_stack():
     import pimm_fn as pf
 
-    return [pf.evaluate_every(_NEVER, _evaluator, name="val"), pf.save_every(_NEVER), pf.best_on("acc"),
-            pf.log_every(_NEVER)]
+    return [
+        pf.evaluate_every(_NEVER, _evaluator, name="val"),
+        pf.save_every(_NEVER),
+        pf.best_on("acc"),
+        pf.log_every(_NEVER),
+    ]
 
 
 DRIVER_STACKS = {"no hooks": lambda: [], "standard stack": _standard_stack}
@@ -396,8 +426,16 @@ def driver(steps: int = 20000, repeats: int = 3, stacks: dict = DRIVER_STACKS) -
         best = float("inf")
         for _ in range(repeats):
             with tempfile.TemporaryDirectory() as tmp:
-                run = pf.loop(model, _sgd(model), [0] * (steps + 10), hooks=hooks(), max_epochs=1, save_dir=tmp,
-                              watching=pf.Watching(console=False), step_fn=step_fn)
+                run = pf.loop(
+                    model,
+                    _sgd(model),
+                    [0] * (steps + 10),
+                    hooks=hooks(),
+                    max_epochs=1,
+                    save_dir=tmp,
+                    watching=pf.Watching(console=False),
+                    step_fn=step_fn,
+                )
                 run.run(steps=10)  # past the first epoch's opening
                 t0 = time.process_time()
                 run.run(steps=steps)
@@ -445,15 +483,28 @@ def run(quick: bool = False, processes: int = 3, rounds: int = 5, steps: int = 6
     else:
         per_process = []
         for _ in range(processes):
-            cmd = [sys.executable, "-m", "benchmarks.loop_overhead", "--worker",
-                   "--rounds", str(rounds), "--steps", str(steps), "--warmup", str(warmup)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.loop_overhead",
+                "--worker",
+                "--rounds",
+                str(rounds),
+                "--steps",
+                str(steps),
+                "--warmup",
+                str(warmup),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=_root(), env=_env())
             per_process.append(json.loads(done.stdout.strip().splitlines()[-1]))
         disp = dispatch()
         alone = driver()
         ten = driver(steps=5000, stacks=TEN_HOOK_STACKS)
     rows = summarize(per_process)
-    fired, quiet = rows.get("pimm_fn, save cadence fires every step (no-op save)"), rows.get("pimm_fn, save cadence never fires")
+    fired, quiet = (
+        rows.get("pimm_fn, save cadence fires every step (no-op save)"),
+        rows.get("pimm_fn, save cadence never fires"),
+    )
     cadence_us = fired["step_us_p10"] - quiet["step_us_p10"] if fired and quiet else None
     peers = {k: rows[k]["overhead_us"] for k in rows if k.startswith(("Lightning", "Ignite"))}
     std = rows["pimm_fn, standard stack"]["overhead_us"]
@@ -480,20 +531,43 @@ def run(quick: bool = False, processes: int = 3, rounds: int = 5, steps: int = 6
 def table(result: dict, file=sys.stdout) -> None:
     rows = []
     for name, r in result["variants"].items():
-        rows.append([name, f"{r['step_us_p10']:.0f}", f"{r['overhead_us']:+.1f}", f"{r['ratio']:.3f}",
-                     fmt_spread(r["overhead_us_rounds"], digits=1), fmt_spread(r["ratio_rounds"], digits=3)])
-    print_table("Loop overhead per step (" + result["statistic"] + ")",
-                ["variant", "step µs", "overhead µs", "ratio", "overhead/round med [min..max]", "ratio/round"], rows, file=file)
+        rows.append(
+            [
+                name,
+                f"{r['step_us_p10']:.0f}",
+                f"{r['overhead_us']:+.1f}",
+                f"{r['ratio']:.3f}",
+                fmt_spread(r["overhead_us_rounds"], digits=1),
+                fmt_spread(r["ratio_rounds"], digits=3),
+            ]
+        )
+    print_table(
+        "Loop overhead per step (" + result["statistic"] + ")",
+        ["variant", "step µs", "overhead µs", "ratio", "overhead/round med [min..max]", "ratio/round"],
+        rows,
+        file=file,
+    )
     d = result["dispatch_us_per_event"]
-    print_table("Hook dispatch per event (no training step)", ["dispatch", "µs med [min..max]"],
-                [[k, fmt_spread(v, digits=2)] for k, v in d.items()], file=file)
+    print_table(
+        "Hook dispatch per event (no training step)",
+        ["dispatch", "µs med [min..max]"],
+        [[k, fmt_spread(v, digits=2)] for k, v in d.items()],
+        file=file,
+    )
     alone = {**result.get("driver_alone_us_per_step", {}), **result.get("driver_alone_ten_hooks_us_per_step", {})}
     if alone:
-        print_table("Driver alone (CPU µs per step, step function returns a ready loss)", ["hooks", "µs"],
-                    [[k, f"{v:.2f}"] for k, v in alone.items()], file=file)
+        print_table(
+            "Driver alone (CPU µs per step, step function returns a ready loss)",
+            ["hooks", "µs"],
+            [[k, f"{v:.2f}"] for k, v in alone.items()],
+            file=file,
+        )
     if result["cadence_fire_extra_us"] is not None:
-        print(f"\nextra cost of a step on which save_every fires (no-op save handler): "
-              f"{result['cadence_fire_extra_us']:+.1f} µs", file=file)
+        print(
+            f"\nextra cost of a step on which save_every fires (no-op save handler): "
+            f"{result['cadence_fire_extra_us']:+.1f} µs",
+            file=file,
+        )
 
 
 def _root() -> str:

@@ -38,19 +38,26 @@ import warnings
 from benchmarks._common import fmt_spread, free_port, machine, print_table, spread, write_result
 
 SIZES_MB = (100,)
-_SERVER = ("from moto.server import ThreadedMotoServer; import time, sys; "
-           "s = ThreadedMotoServer(ip_address='127.0.0.1', port=int(sys.argv[1]), verbose=False); s.start(); "
-           "time.sleep(10**6)")
+_SERVER = (
+    "from moto.server import ThreadedMotoServer; import time, sys; "
+    "s = ThreadedMotoServer(ip_address='127.0.0.1', port=int(sys.argv[1]), verbose=False); s.start(); "
+    "time.sleep(10**6)"
+)
 
 
 @contextlib.contextmanager
 def s3_server():
     """moto's S3 server in its own process; yields a fresh bucket's name, the environment pointing at it."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", _SERVER, str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench",
-                      AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    os.environ.update(
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -97,12 +104,14 @@ def measure(mb: float, rounds: int, bucket: str) -> dict:
     times = {k: [] for k in ("pimm_sync", "dcp_sync", "pimm_async", "dcp_async", "pimm_load", "dcp_load")}
 
     def pimm_sync(url):
-        return checkpoint.save_checkpoint(url, step=1, weights=model.state_dict(),
-                                          trainer={"optimizer": opt.state_dict()}, local={})
+        return checkpoint.save_checkpoint(
+            url, step=1, weights=model.state_dict(), trainer={"optimizer": opt.state_dict()}, local={}
+        )
 
     def pimm_async(url):
-        return checkpoint.save_checkpoint_async(url, step=2, weights=model.state_dict(),
-                                                trainer={"optimizer": opt.state_dict()}, local={}).wait()
+        return checkpoint.save_checkpoint_async(
+            url, step=2, weights=model.state_dict(), trainer={"optimizer": opt.state_dict()}, local={}
+        ).wait()
 
     def dcp_sync(url):
         dcp.save(_state(model, opt), storage_writer=FsspecWriter(url, sync_files=True))
@@ -111,8 +120,10 @@ def measure(mb: float, rounds: int, bucket: str) -> dict:
         dcp.async_save(_state(model, opt), storage_writer=FsspecWriter(url, sync_files=True)).result()
 
     def dcp_load(url):
-        template = {"model": {k: torch.empty_like(v) for k, v in model.state_dict().items()},
-                    "optim": _empty_like_optim(opt.state_dict())}
+        template = {
+            "model": {k: torch.empty_like(v) for k, v in model.state_dict().items()},
+            "optim": _empty_like_optim(opt.state_dict()),
+        }
         dcp.load(template, storage_reader=FsspecReader(url))
 
     for r in range(rounds + 1):  # round 0 warms up (connections, the async staging area) and is dropped
@@ -125,20 +136,25 @@ def measure(mb: float, rounds: int, bucket: str) -> dict:
             if r:
                 times[f"{who}_sync"].append(t)
         for who in order:
-            t, _ = _timed(lambda: pimm_async(f"{root}/pimm-async/model") if who == "pimm"
-                          else dcp_async(f"{root}/dcp-async"))
+            t, _ = _timed(
+                lambda: pimm_async(f"{root}/pimm-async/model") if who == "pimm" else dcp_async(f"{root}/dcp-async")
+            )
             if r:
                 times[f"{who}_async"].append(t)
         for who in order:
-            t, _ = _timed(lambda: checkpoint.load_checkpoint(saved["pimm"]) if who == "pimm"
-                          else dcp_load(f"{root}/dcp"))
+            t, _ = _timed(
+                lambda: checkpoint.load_checkpoint(saved["pimm"]) if who == "pimm" else dcp_load(f"{root}/dcp")
+            )
             if r:
                 times[f"{who}_load"].append(t)
         fs.rm(f"{bucket}/round{r}", recursive=True)
     ratio = lambda kind: spread([p / d for p, d in zip(times[f"pimm_{kind}"], times[f"dcp_{kind}"])])
-    return {"mb": round(state_bytes(model, opt) / 1e6, 1), "rounds": rounds,
-            **{k: spread(v) for k, v in times.items()},
-            **{f"{kind}_ratio": ratio(kind) for kind in ("sync", "async", "load")}}
+    return {
+        "mb": round(state_bytes(model, opt) / 1e6, 1),
+        "rounds": rounds,
+        **{k: spread(v) for k, v in times.items()},
+        **{f"{kind}_ratio": ratio(kind) for kind in ("sync", "async", "load")},
+    }
 
 
 @contextlib.contextmanager
@@ -169,9 +185,17 @@ def save_requests(bucket: str) -> dict:
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(2, 4)] * 12, step_fn=_sgd_step,
-                  hooks=[pf.save_every(2, snapshots=True)], max_epochs=1, saving=pf.Saving(keep=pf.keep_last(2)),
-                  save_dir=f"s3://{bucket}/requests", watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        [torch.ones(2, 4)] * 12,
+        step_fn=_sgd_step,
+        hooks=[pf.save_every(2, snapshots=True)],
+        max_epochs=1,
+        saving=pf.Saving(keep=pf.keep_last(2)),
+        save_dir=f"s3://{bucket}/requests",
+        watching=pf.Watching(console=False, progress=False),
+    )
     run.run(steps=4)  # iter_2 and iter_4 kept
     with counted_requests() as counts:
         run.run(steps=2)  # saves step 6, publishes it, snapshots it, removes iter_2
@@ -196,15 +220,30 @@ def table(result: dict, file=sys.stdout) -> None:
     rows = []
     for res in result["sizes"]:
         for kind, label in (("sync", "sync save"), ("async", "async save, published"), ("load", "load")):
-            rows.append([f"{res['mb']:.0f} MB", label, fmt_spread(res[f"pimm_{kind}"], " s", 3),
-                         fmt_spread(res[f"dcp_{kind}"], " s", 3), fmt_spread(res[f"{kind}_ratio"], "x", 3)])
-    print_table(f"Object storage: pimm_fn vs raw DCP + FsspecWriter on a local S3 server ({machine()['cpu']}, "
-                f"{machine()['cores']} cores)", ["state", "what", "pimm_fn", "raw DCP", "pimm_fn / DCP (paired)"],
-                rows, file=file)
+            rows.append(
+                [
+                    f"{res['mb']:.0f} MB",
+                    label,
+                    fmt_spread(res[f"pimm_{kind}"], " s", 3),
+                    fmt_spread(res[f"dcp_{kind}"], " s", 3),
+                    fmt_spread(res[f"{kind}_ratio"], "x", 3),
+                ]
+            )
+    print_table(
+        f"Object storage: pimm_fn vs raw DCP + FsspecWriter on a local S3 server ({machine()['cpu']}, "
+        f"{machine()['cores']} cores)",
+        ["state", "what", "pimm_fn", "raw DCP", "pimm_fn / DCP (paired)"],
+        rows,
+        file=file,
+    )
     requests = result.get("save_requests")
     if requests:
-        print_table("S3 requests of one save (snapshots, keep_last(2), one removed)", ["operation", "requests"],
-                    [[op, str(n)] for op, n in requests.items()], file=file)
+        print_table(
+            "S3 requests of one save (snapshots, keep_last(2), one removed)",
+            ["operation", "requests"],
+            [[op, str(n)] for op, n in requests.items()],
+            file=file,
+        )
 
 
 def main(argv=None) -> dict:

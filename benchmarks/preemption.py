@@ -36,8 +36,16 @@ MODES = {1: (("off", None), ("on", None)), 2: (("off", None), ("on", None), ("on
 
 def _time_steps(model, optimizer, batches, save_dir, mode: str, every: int | None, steps: int) -> tuple:
     """(seconds per step, seconds per step inside the boundary check), the slower rank's."""
-    run = pf.loop(model, optimizer, batches, hooks=[pf.save_every(10**9)], save_dir=save_dir, max_epochs=10**6,
-                  watching=pf.Watching(console=False, progress=False), preemption=pf.Preemption(check_every=every))
+    run = pf.loop(
+        model,
+        optimizer,
+        batches,
+        hooks=[pf.save_every(10**9)],
+        save_dir=save_dir,
+        max_epochs=10**6,
+        watching=pf.Watching(console=False, progress=False),
+        preemption=pf.Preemption(check_every=every),
+    )
     stopping, inside = run._walker._stopping, [0.0]
     check = stopping.at_boundary
 
@@ -91,8 +99,12 @@ def _us(values) -> dict:
 
 def measure(rounds: int = 5, steps: int = 300) -> dict:
     args = argparse.Namespace(rounds=rounds, steps=steps)
-    result = {"workload": "DDP 2-layer MLP (32-64-1), batch 32 per rank, SGD, torch.set_num_threads(1); 1 process, "
-                          "and 2 gloo ranks; save_every(10**9) only", "rounds": rounds, "steps_per_round": steps}
+    result = {
+        "workload": "DDP 2-layer MLP (32-64-1), batch 32 per rank, SGD, torch.set_num_threads(1); 1 process, "
+        "and 2 gloo ranks; save_every(10**9) only",
+        "rounds": rounds,
+        "steps_per_round": steps,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for world in (1, 2):
             out = os.path.join(tmp, f"rounds-{world}.pt")
@@ -126,10 +138,21 @@ def main(argv=None) -> None:
     rows = []
     for name, r in result.items():
         if isinstance(r, dict):
-            rows.append([name, f"{r['step_us_off']['median']:.0f}", f"{r['step_us_on']['median']:.0f}",
-                         f"{r['inside_us_per_step']['median']:.1f}", f"{r['added_us_per_step']['median']:+.0f}",
-                         f"{r['overhead_paired_median']:+.1%}"])
-    print_table("preemption check per step", ["mode", "step us off", "step us on", "inside check us", "added us", "overhead"], rows)
+            rows.append(
+                [
+                    name,
+                    f"{r['step_us_off']['median']:.0f}",
+                    f"{r['step_us_on']['median']:.0f}",
+                    f"{r['inside_us_per_step']['median']:.1f}",
+                    f"{r['added_us_per_step']['median']:+.0f}",
+                    f"{r['overhead_paired_median']:+.1%}",
+                ]
+            )
+    print_table(
+        "preemption check per step",
+        ["mode", "step us off", "step us on", "inside check us", "added us", "overhead"],
+        rows,
+    )
     if not args.quick:
         write_result("preemption", result)
 

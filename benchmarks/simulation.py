@@ -93,8 +93,9 @@ def bare_loop(hooks, *, world_size, iters_per_epoch, max_epochs, local=None) -> 
     cadence = {id(h): (d.every, d.accumulate) for h, d in zip(hooks.hooks, map(protocol.declared, hooks.hooks))}
     effects = []
     for rank in range(world_size):
-        base = initial_state(hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs,
-                             rank=rank, world_size=world_size)
+        base = initial_state(
+            hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs, rank=rank, world_size=world_size
+        )
         fixed = {id(h): base.with_slot(slot) for h, slot in zip(hooks.hooks, base.slots)}
 
         def call(event):
@@ -196,24 +197,37 @@ def measure(*, steps: int, world_size: int, iters_per_epoch: int, repeats: int) 
 
 
 def table(result: dict, file=sys.stdout) -> None:
-    print(f"{result['steps']:,} steps ({result['iters_per_epoch']:,} per epoch) x {result['world_size']} ranks, "
-          f"stack: {', '.join(result['stack'])}", file=file)
+    print(
+        f"{result['steps']:,} steps ({result['iters_per_epoch']:,} per epoch) x {result['world_size']} ranks, "
+        f"stack: {', '.join(result['stack'])}",
+        file=file,
+    )
     q = result["variants"]["metrics only"]
     print(f"\nmetrics only (target: >= {TARGET_QUIET_RATE:,} rank-steps/s)", file=file)
-    print(f"  {'simulate (skips quiet steps)':36} {q['simulate_s']:9.3f} s {q['simulate_rank_steps_per_s']:13,} "
-          f"rank-steps/s  {'met' if q['meets_targets'] else 'MISSED'}", file=file)
-    print(f"  {'simulate(skip_quiet=False)':36} {q['simulate_every_event_s']:9.3f} s "
-          f"{q['simulate_every_event_rank_steps_per_s']:13,} rank-steps/s  ({q['speedup_of_skipping']}x slower; "
-          f"{'identical' if q['identical_to_every_event'] else 'DIFFERENT'} traces and states)", file=file)
-    print(f"  {'bare loop':36} {q['bare_loop_s']:9.3f} s {q['bare_loop_rank_steps_per_s']:13,} rank-steps/s",
-          file=file)
+    print(
+        f"  {'simulate (skips quiet steps)':36} {q['simulate_s']:9.3f} s {q['simulate_rank_steps_per_s']:13,} "
+        f"rank-steps/s  {'met' if q['meets_targets'] else 'MISSED'}",
+        file=file,
+    )
+    print(
+        f"  {'simulate(skip_quiet=False)':36} {q['simulate_every_event_s']:9.3f} s "
+        f"{q['simulate_every_event_rank_steps_per_s']:13,} rank-steps/s  ({q['speedup_of_skipping']}x slower; "
+        f"{'identical' if q['identical_to_every_event'] else 'DIFFERENT'} traces and states)",
+        file=file,
+    )
+    print(f"  {'bare loop':36} {q['bare_loop_s']:9.3f} s {q['bare_loop_rank_steps_per_s']:13,} rank-steps/s", file=file)
     v = result["variants"]["metrics + per-step losses"]
-    print(f"\nmetrics + per-step losses (no step can be skipped; target: >= {TARGET_RATE:,} rank-steps/s and "
-          f"<= {TARGET_RATIO}x the bare loop)", file=file)
-    print(f"  {'simulate':36} {v['simulate_s']:9.3f} s {v['simulate_rank_steps_per_s']:13,} rank-steps/s  "
-          f"{v['ratio_simulate_to_bare']}x the bare loop  {'met' if v['meets_targets'] else 'MISSED'}", file=file)
-    print(f"  {'bare loop':36} {v['bare_loop_s']:9.3f} s {v['bare_loop_rank_steps_per_s']:13,} rank-steps/s",
-          file=file)
+    print(
+        f"\nmetrics + per-step losses (no step can be skipped; target: >= {TARGET_RATE:,} rank-steps/s and "
+        f"<= {TARGET_RATIO}x the bare loop)",
+        file=file,
+    )
+    print(
+        f"  {'simulate':36} {v['simulate_s']:9.3f} s {v['simulate_rank_steps_per_s']:13,} rank-steps/s  "
+        f"{v['ratio_simulate_to_bare']}x the bare loop  {'met' if v['meets_targets'] else 'MISSED'}",
+        file=file,
+    )
+    print(f"  {'bare loop':36} {v['bare_loop_s']:9.3f} s {v['bare_loop_rank_steps_per_s']:13,} rank-steps/s", file=file)
 
 
 def main(argv=None) -> dict:
@@ -227,8 +241,9 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.world_size, args.iters_per_epoch, args.repeats = 20_000, 2, 10_000, 1
-    result = measure(steps=args.steps, world_size=args.world_size, iters_per_epoch=args.iters_per_epoch,
-                     repeats=args.repeats)
+    result = measure(
+        steps=args.steps, world_size=args.world_size, iters_per_epoch=args.iters_per_epoch, repeats=args.repeats
+    )
     result["quick"] = args.quick
     table(result)
     if not (args.no_write or args.quick):

@@ -151,10 +151,21 @@ def measure(steps: int = STEPS, warmup: int = WARMUP, samples: int = 10, evaluat
 
     model, optimizer, batches, score = _workload()
     with tempfile.TemporaryDirectory(prefix="pimm_fn_soak_") as save_dir:
-        hooks = [pf.evaluate_every(evaluate_every, score, name="score"), pf.save_every(SAVE_EVERY, snapshots=True),
-                 pf.best_on("score")]
-        run = pf.loop(model, optimizer, batches, hooks=hooks, max_steps=steps, save_dir=save_dir,
-                      saving=pf.Saving(keep=pf.keep_last(KEEP)), watching=pf.Watching(console=False))
+        hooks = [
+            pf.evaluate_every(evaluate_every, score, name="score"),
+            pf.save_every(SAVE_EVERY, snapshots=True),
+            pf.best_on("score"),
+        ]
+        run = pf.loop(
+            model,
+            optimizer,
+            batches,
+            hooks=hooks,
+            max_steps=steps,
+            save_dir=save_dir,
+            saving=pf.Saving(keep=pf.keep_last(KEEP)),
+            watching=pf.Watching(console=False),
+        )
         started = time.perf_counter()
         run.run(steps=warmup)
         taken = [sample(run, save_dir, started)]
@@ -184,9 +195,16 @@ def summary(result: dict) -> dict:
     # Disk use is constant up to what changes inside the files (a step number's digits in a marker).
     disk_flat = peak["disk_bytes"] - start["disk_bytes"] <= 0.01 * start["disk_bytes"] + 4096
     return {
-        "start": start, "end": end, "growth": growth, "peak": peak,
-        "goal": {"rss_within_mb": GOAL_RSS_MB, "rss_ok": peak["rss_mb"] - start["rss_mb"] <= GOAL_RSS_MB,
-                 "fds_threads_files_constant": all(peak[k] == start[k] for k in flat), "disk_constant": disk_flat},
+        "start": start,
+        "end": end,
+        "growth": growth,
+        "peak": peak,
+        "goal": {
+            "rss_within_mb": GOAL_RSS_MB,
+            "rss_ok": peak["rss_mb"] - start["rss_mb"] <= GOAL_RSS_MB,
+            "fds_threads_files_constant": all(peak[k] == start[k] for k in flat),
+            "disk_constant": disk_flat,
+        },
     }
 
 
@@ -198,8 +216,15 @@ def run(quick: bool = False, steps: int | None = None) -> dict:
     if warmup >= steps:
         raise ValueError(f"soak: 'steps' must be > {warmup}, the warm-up (got {steps})")
     evaluate_every = min(EVALUATE_EVERY, warmup // 2)
-    result = {"quick": quick, "steps": steps, "warmup_steps": warmup, "save_every": SAVE_EVERY,
-              "keep_snapshots": KEEP, "evaluate_every": evaluate_every, "steps_per_epoch": EPOCH}
+    result = {
+        "quick": quick,
+        "steps": steps,
+        "warmup_steps": warmup,
+        "save_every": SAVE_EVERY,
+        "keep_snapshots": KEEP,
+        "evaluate_every": evaluate_every,
+        "steps_per_epoch": EPOCH,
+    }
     result.update(measure(steps, warmup, samples=2 if quick else 10, evaluate_every=evaluate_every))
     result.update(summary(result))
     table(result)
@@ -208,12 +233,26 @@ def run(quick: bool = False, steps: int | None = None) -> dict:
 
 
 def table(result: dict, file=sys.stdout) -> None:
-    columns = ("step", "elapsed_s", "rss_mb", "python_objects", "fds", "threads", "python_threads", "disk_bytes",
-               "files", "trace")
+    columns = (
+        "step",
+        "elapsed_s",
+        "rss_mb",
+        "python_objects",
+        "fds",
+        "threads",
+        "python_threads",
+        "disk_bytes",
+        "files",
+        "trace",
+    )
     rows = [[str(s[c]) for c in columns] for s in result["samples"]]
-    print_table(f"Soak: {result['steps']} steps, save every {result['save_every']}, keep_snapshots="
-                f"{result['keep_snapshots']} (first row: after {result['warmup_steps']} warm-up steps)",
-                list(columns), rows, file=file)
+    print_table(
+        f"Soak: {result['steps']} steps, save every {result['save_every']}, keep_snapshots="
+        f"{result['keep_snapshots']} (first row: after {result['warmup_steps']} warm-up steps)",
+        list(columns),
+        rows,
+        file=file,
+    )
     print(f"growth after warm-up (end - start): {result['growth']}", file=file)
     print(f"peak after warm-up: {result['peak']}", file=file)
     print(f"goal: {result['goal']}", file=file)
@@ -240,8 +279,12 @@ def history_fed(records: int = 1_000_000, epoch: int = EPOCH) -> dict:
             history.append(step, "eval/val", FrozenMap({"score": step / records}))
     held = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    return {"steps": records, "records": len(history), "bytes_per_step": round(held / records, 2),
-            "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "steps": records,
+        "records": len(history),
+        "bytes_per_step": round(held / records, 2),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def history_in_a_run(steps: int = 100_000) -> dict:
@@ -263,8 +306,16 @@ def history_in_a_run(steps: int = 100_000) -> dict:
         scheduler.step()
         return {"loss": 1.0 / (scheduler.last_epoch + 1), "lr": scheduler.get_last_lr()[0]}
 
-    run = pf.loop(model, sgd, batches, hooks=[pf.evaluate_every(EPOCH, score, name="val"), pf.log_every(1)],
-                  max_steps=steps, step_fn=cheap, scheduler=scheduler, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        sgd,
+        batches,
+        hooks=[pf.evaluate_every(EPOCH, score, name="val"), pf.log_every(1)],
+        max_steps=steps,
+        step_fn=cheap,
+        scheduler=scheduler,
+        watching=pf.Watching(console=False),
+    )
     tracemalloc.start()
     started = time.perf_counter()
     run()
@@ -276,16 +327,17 @@ def history_in_a_run(steps: int = 100_000) -> dict:
     gc.collect()
     held = with_history - tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
-    return {"steps": steps, "records": records, "bytes_per_step": round(held / steps, 2),
-            "seconds": round(seconds, 1)}
+    return {"steps": steps, "records": records, "bytes_per_step": round(held / steps, 2), "seconds": round(seconds, 1)}
 
 
 def history(records: int = 1_000_000, loop_steps: int = 1_000_000) -> dict:
     """Both history measurements; prints them and writes ``results/soak_history.json``."""
     result = {"fed": history_fed(records), "loop": history_in_a_run(loop_steps), "goal_bytes": GOAL_HISTORY_BYTES}
     result["ok"] = all(result[k]["bytes_per_step"] < GOAL_HISTORY_BYTES for k in ("fed", "loop"))
-    rows = [[name, str(r["steps"]), str(r["records"]), str(r["bytes_per_step"]), str(r["seconds"])]
-            for name, r in (("History fed records", result["fed"]), ("pf.loop, log_every(1)", result["loop"]))]
+    rows = [
+        [name, str(r["steps"]), str(r["records"]), str(r["bytes_per_step"]), str(r["seconds"])]
+        for name, r in (("History fed records", result["fed"]), ("pf.loop, log_every(1)", result["loop"]))
+    ]
     print_table("run.history: bytes held a step, log_every(1)", ["how", "steps", "records", "bytes/step", "s"], rows)
     print(f"goal: < {GOAL_HISTORY_BYTES} bytes/step: {result['ok']}")
     write_result("soak_history", result)
@@ -317,10 +369,14 @@ def whole_run(steps: int = 1_000_000, keep_trace="default", *, fill: int = WHOLE
     if not 0 < fill < steps:
         raise ValueError(f"soak: 'fill' must be > 0 and < steps={steps} (got {fill})")
     model, optimizer, batches, score = _workload()
-    watching = pf.Watching(console=False) if keep_trace == "default" else pf.Watching(console=False,
-                                                                                      keep_trace=keep_trace)
-    hooks = [pf.log_every(1), pf.evaluate_every(WHOLE_EVALUATE_EVERY, score, name="score"),
-             pf.save_every(WHOLE_SAVE_EVERY, snapshots=True)]
+    watching = (
+        pf.Watching(console=False) if keep_trace == "default" else pf.Watching(console=False, keep_trace=keep_trace)
+    )
+    hooks = [
+        pf.log_every(1),
+        pf.evaluate_every(WHOLE_EVALUATE_EVERY, score, name="score"),
+        pf.save_every(WHOLE_SAVE_EVERY, snapshots=True),
+    ]
 
     def traced() -> int:
         gc.collect()
@@ -329,27 +385,47 @@ def whole_run(steps: int = 1_000_000, keep_trace="default", *, fill: int = WHOLE
     with tempfile.TemporaryDirectory(prefix="pimm_fn_soak_") as save_dir:
         tracemalloc.start()
         started = time.perf_counter()
-        run = pf.loop(model, optimizer, batches, hooks=hooks, max_steps=steps + 1, save_dir=save_dir,
-                      saving=pf.Saving(keep=pf.keep_last(KEEP)), watching=watching)
+        run = pf.loop(
+            model,
+            optimizer,
+            batches,
+            hooks=hooks,
+            max_steps=steps + 1,
+            save_dir=save_dir,
+            saving=pf.Saving(keep=pf.keep_last(KEEP)),
+            watching=watching,
+        )
         run.run(steps=fill)
         full, taken = traced(), []
         every = max((steps - fill) // samples, 1)
         while (done := run.state.progress.global_step) < steps:
             run.run(steps=min(every, steps - done))
             step, held = run.state.progress.global_step, traced()
-            taken.append({"step": step, "traced_mb": round(held / 1e6, 2),
-                          "bytes_per_step": round((held - full) / (step - fill), 2),
-                          "elapsed_s": round(time.perf_counter() - started, 1)})
+            taken.append(
+                {
+                    "step": step,
+                    "traced_mb": round(held / 1e6, 2),
+                    "bytes_per_step": round((held - full) / (step - fill), 2),
+                    "elapsed_s": round(time.perf_counter() - started, 1),
+                }
+            )
         end, trace, records = traced(), len(run.trace), len(run.history)
         run.ctx.logs.history = History()
         history = end - traced()
         run()  # the last step and the final save: the run closes what it opened
         tracemalloc.stop()
-    return {"steps": steps, "fill_steps": fill, "keep_trace": keep_trace, "trace": trace, "records": records,
-            "samples": taken, "traced_at_fill_mb": round(full / 1e6, 2),
-            "bytes_per_step": round((end - full) / (steps - fill), 2),
-            "history_bytes_per_step": round(history / steps, 2),
-            "seconds": round(time.perf_counter() - started, 1)}
+    return {
+        "steps": steps,
+        "fill_steps": fill,
+        "keep_trace": keep_trace,
+        "trace": trace,
+        "records": records,
+        "samples": taken,
+        "traced_at_fill_mb": round(full / 1e6, 2),
+        "bytes_per_step": round((end - full) / (steps - fill), 2),
+        "history_bytes_per_step": round(history / steps, 2),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 def whole(steps: int = 1_000_000, fill: int = WHOLE_FILL, keep_traces=KEEP_TRACES, name: str = "soak_whole") -> dict:
@@ -362,11 +438,23 @@ def whole(steps: int = 1_000_000, fill: int = WHOLE_FILL, keep_traces=KEEP_TRACE
         result["runs"].append(whole_run(steps, keep_trace, fill=fill))
         result["ok"] = all(r["bytes_per_step"] < GOAL_RUN_BYTES for r in result["runs"])
         write_result(name, result)
-    rows = [[str(r["keep_trace"]), str(r["steps"]), str(r["trace"]), str(r["bytes_per_step"]),
-             str(r["history_bytes_per_step"]), str(r["seconds"])] for r in result["runs"]]
-    print_table(f"The whole run: bytes held a step after {fill} steps, log_every(1), evaluate_every"
-                f"({WHOLE_EVALUATE_EVERY}), save_every({WHOLE_SAVE_EVERY}, snapshots=True), keep_last({KEEP})",
-                ["keep_trace", "steps", "trace", "bytes/step", "of which history", "s"], rows)
+    rows = [
+        [
+            str(r["keep_trace"]),
+            str(r["steps"]),
+            str(r["trace"]),
+            str(r["bytes_per_step"]),
+            str(r["history_bytes_per_step"]),
+            str(r["seconds"]),
+        ]
+        for r in result["runs"]
+    ]
+    print_table(
+        f"The whole run: bytes held a step after {fill} steps, log_every(1), evaluate_every"
+        f"({WHOLE_EVALUATE_EVERY}), save_every({WHOLE_SAVE_EVERY}, snapshots=True), keep_last({KEEP})",
+        ["keep_trace", "steps", "trace", "bytes/step", "of which history", "s"],
+        rows,
+    )
     print(f"goal: < {GOAL_RUN_BYTES} bytes/step: {result['ok']}")
     return result
 
@@ -389,7 +477,9 @@ def long_epoch(steps: int = 1_000_000, *, fill: int = 10_500) -> dict:
 
     last = steps - WAIT_AT_MOST // 2
     if not 0 < fill < last or (last - fill) % WAIT_AT_MOST:
-        raise ValueError(f"soak: 'fill' must be < {last} and differ from it by a multiple of {WAIT_AT_MOST} (got {fill})")
+        raise ValueError(
+            f"soak: 'fill' must be < {last} and differ from it by a multiple of {WAIT_AT_MOST} (got {fill})"
+        )
     model, optimizer, batches, _ = _workload()
     epoch = (batches * -(-steps // len(batches)))[:steps]  # the batches repeated: one epoch of ``steps``
     calls, held = itertools.count(1), {}
@@ -406,12 +496,19 @@ def long_epoch(steps: int = 1_000_000, *, fill: int = 10_500) -> dict:
     started = time.perf_counter()
     pf.loop(model, optimizer, epoch, hooks=[], max_epochs=1, step_fn=sampling, watching=pf.Watching(console=False))()
     tracemalloc.stop()
-    result = {"steps": steps, "fill_steps": fill, "measured_to": last,
-              "bytes_per_step": round((held[last] - held[fill]) / (last - fill), 2),
-              "seconds": round(time.perf_counter() - started, 1), "goal_bytes": GOAL_RUN_BYTES}
-    print_table("One epoch no hook reads the outputs of: bytes held a step", ["steps", "from step", "to step",
-                "bytes/step", "s"], [[str(steps), str(fill), str(last), str(result["bytes_per_step"]),
-                                      str(result["seconds"])]])
+    result = {
+        "steps": steps,
+        "fill_steps": fill,
+        "measured_to": last,
+        "bytes_per_step": round((held[last] - held[fill]) / (last - fill), 2),
+        "seconds": round(time.perf_counter() - started, 1),
+        "goal_bytes": GOAL_RUN_BYTES,
+    }
+    print_table(
+        "One epoch no hook reads the outputs of: bytes held a step",
+        ["steps", "from step", "to step", "bytes/step", "s"],
+        [[str(steps), str(fill), str(last), str(result["bytes_per_step"]), str(result["seconds"])]],
+    )
     write_result("soak_long_epoch", result)
     return result
 
@@ -423,15 +520,28 @@ def main(argv=None) -> None:
     parser.add_argument("--history", action="store_true", help="bytes a step run.history holds with log_every(1)")
     parser.add_argument("--records", type=int, default=1_000_000, help="--history: records fed to History")
     parser.add_argument("--loop-steps", type=int, default=1_000_000, help="--history: steps of the real run")
-    parser.add_argument("--whole", action="store_true",
-                        help="bytes a step the whole run holds with log_every(1), for keep_trace default, 1000, 0")
+    parser.add_argument(
+        "--whole",
+        action="store_true",
+        help="bytes a step the whole run holds with log_every(1), for keep_trace default, 1000, 0",
+    )
     parser.add_argument("--fill", type=int, default=WHOLE_FILL, help="--whole: steps that fill the bounded buffers")
-    parser.add_argument("--keep-trace", nargs="+", default=list(KEEP_TRACES),
-                        help="--whole: the keep_trace values to measure ('default' or a count), in order")
-    parser.add_argument("--after-fill", action="store_true",
-                        help=f"--whole: {WHOLE_AFTER} steps after the fill, not to --steps (results/soak_whole_after_fill.json)")
-    parser.add_argument("--long-epoch", action="store_true",
-                        help="bytes a step one epoch of --steps holds when no hook reads the step's outputs")
+    parser.add_argument(
+        "--keep-trace",
+        nargs="+",
+        default=list(KEEP_TRACES),
+        help="--whole: the keep_trace values to measure ('default' or a count), in order",
+    )
+    parser.add_argument(
+        "--after-fill",
+        action="store_true",
+        help=f"--whole: {WHOLE_AFTER} steps after the fill, not to --steps (results/soak_whole_after_fill.json)",
+    )
+    parser.add_argument(
+        "--long-epoch",
+        action="store_true",
+        help="bytes a step one epoch of --steps holds when no hook reads the step's outputs",
+    )
     args = parser.parse_args(argv)
     if args.long_epoch:
         long_epoch(args.steps or 1_000_000)

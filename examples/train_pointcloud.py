@@ -43,9 +43,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--save-dir", default="runs/pointcloud", help="checkpoints and logs")
     p.add_argument("--epochs", type=int, default=8)
-    p.add_argument("--resume", action="store_true",
-                   help="continue from the latest checkpoint in --save-dir; a larger --epochs "
-                        "carries a finished run on (the cosine schedule stretches to the new length)")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the latest checkpoint in --save-dir; a larger --epochs "
+        "carries a finished run on (the cosine schedule stretches to the new length)",
+    )
     p.add_argument("--nproc", type=int, default=1, help="spawn this many gloo ranks")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="CPU threads, shared by all ranks")
@@ -80,8 +83,14 @@ def warmup_cosine(total_steps: int, warmup: float = 0.15):
 def build(args, rank: int = 0, world_size: int = 1):
     """Data, model, optimizer, scheduler and evaluator for one rank."""
     train_loader, val_shard = make_loaders(
-        args.num_train, args.num_val, args.batch_size, args.seed,
-        rank=rank, world_size=world_size, num_points=args.points)
+        args.num_train,
+        args.num_val,
+        args.batch_size,
+        args.seed,
+        rank=rank,
+        world_size=world_size,
+        num_points=args.points,
+    )
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
     model = PointSegNet()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=1e-2)
@@ -97,30 +106,40 @@ def train(args, rank: int = 0, world_size: int = 1):
     start = time.perf_counter()
     try:
         run = pf.loop(
-            model, optimizer, train_loader,
+            model,
+            optimizer,
+            train_loader,
             # The evaluator comes before the saver, so an epoch-end save records
             # that epoch's mIoU; best_on writes model_best when mIoU improves.
-            hooks=[pf.evaluate_every(0, evaluator, name="val"),
-                   pf.save_every(iters_per_epoch, snapshots=False),
-                   pf.best_on("mIoU"),
-                   pf.log_every(10)],
-            max_epochs=args.epochs, save_dir=args.save_dir, scheduler=scheduler,
+            hooks=[
+                pf.evaluate_every(0, evaluator, name="val"),
+                pf.save_every(iters_per_epoch, snapshots=False),
+                pf.best_on("mIoU"),
+                pf.log_every(10),
+            ],
+            max_epochs=args.epochs,
+            save_dir=args.save_dir,
+            scheduler=scheduler,
             resume="auto" if args.resume else None,
             # DistributedDataParallel when there is a process group; a no-op in one process.
-            parallel=pf.Parallel(ddp=True))
+            parallel=pf.Parallel(ddp=True),
+        )
     except FileExistsError as error:  # the library's advice names loop()'s resume=; this script's is --resume
         raise SystemExit(
             f"train_pointcloud.py: --save-dir {args.save_dir} already holds an earlier run, which a fresh one would "
             f"overwrite: pass --resume to continue it (with a larger --epochs to carry it on), or choose another "
-            f"--save-dir") from error
+            f"--save-dir"
+        ) from error
     state = run()
     if rank == 0:
         best = state.best.get("mIoU") if state.best else None
         final = state.metrics.get("mIoU") if state.metrics else None
-        print(f"done: {state.progress.global_step} steps, {state.progress.completed_epochs} epochs "
-              f"on {world_size} rank(s) in {time.perf_counter() - start:.1f}s; "
-              f"best mIoU {_fmt(best)}, final mIoU {_fmt(final)}; "
-              f"checkpoints in {os.path.join(args.save_dir, 'model')}")
+        print(
+            f"done: {state.progress.global_step} steps, {state.progress.completed_epochs} epochs "
+            f"on {world_size} rank(s) in {time.perf_counter() - start:.1f}s; "
+            f"best mIoU {_fmt(best)}, final mIoU {_fmt(final)}; "
+            f"checkpoints in {os.path.join(args.save_dir, 'model')}"
+        )
     return state
 
 

@@ -16,13 +16,12 @@ import importlib
 
 __version__ = "0.1.0"
 
-from pimm_fn.core import events
-from pimm_fn.core import effects
+from pimm_fn.core import effects, events
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.effects import Scope
 from pimm_fn.core.fold import Chain, TraceEntry, chain
-from pimm_fn.core.hook_list import DuplicateHookError, hook_factory
 from pimm_fn.core.frozen import FrozenMap
+from pimm_fn.core.hook_list import DuplicateHookError, hook_factory
 from pimm_fn.core.plan import plan
 from pimm_fn.core.retention import any_of, keep_best, keep_every, keep_last
 from pimm_fn.core.state import Progress, State

@@ -25,9 +25,11 @@ def _shadowing() -> str | None:
     if getattr(package, "__file__", None) is not None:
         return None
     found = ", ".join(map(str, getattr(package, "__path__", ()))) or "?"
-    return (f"python -m pimm_fn: the folder {found} is taken for the package pimm_fn, hiding the installed one "
-            f"({pathlib.Path(__file__).resolve().parent}): Python looks in the current directory first. Run the "
-            f"command from another directory (or rename that folder)")
+    return (
+        f"python -m pimm_fn: the folder {found} is taken for the package pimm_fn, hiding the installed one "
+        f"({pathlib.Path(__file__).resolve().parent}): Python looks in the current directory first. Run the "
+        f"command from another directory (or rename that folder)"
+    )
 
 
 if (_shadowed := _shadowing()) is not None:

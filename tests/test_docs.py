@@ -37,7 +37,9 @@ def test_the_documented_counting_hook_counts_steps():
     from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
 
     hooks = pf.chain(count_steps)
-    final = run_schedule(hooks, initial_state(hooks.hooks, iters_per_epoch=4, max_epochs=2), RecordingExecutor(lambda s, r: None))
+    final = run_schedule(
+        hooks, initial_state(hooks.hooks, iters_per_epoch=4, max_epochs=2), RecordingExecutor(lambda s, r: None)
+    )
     assert final.slots == (8,)
 
 
@@ -47,7 +49,9 @@ def test_the_documented_update_hook_counts_steps_with_its_slot_handed_apart():
     from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
 
     hooks = pf.chain(CountSteps())
-    final = run_schedule(hooks, initial_state(hooks.hooks, iters_per_epoch=4, max_epochs=2), RecordingExecutor(lambda s, r: None))
+    final = run_schedule(
+        hooks, initial_state(hooks.hooks, iters_per_epoch=4, max_epochs=2), RecordingExecutor(lambda s, r: None)
+    )
     assert final.slots == (8,) and declared(CountSteps()).update is not None
     state, effects = CountSteps()(final.with_slot(8), pf.events.AfterStep(9))
     assert state.slot == 9 and effects == ()
@@ -64,8 +68,11 @@ def _count_steps(state, event):
     return state, ()
 
 
-@pytest.mark.parametrize("my_hook", [lambda: _count_steps, lambda: pf.early_stop("mIoU", patience=1)],
-                         ids=["a hook that counts", "a hook that stops early"])
+@pytest.mark.parametrize(
+    "my_hook",
+    [lambda: _count_steps, lambda: pf.early_stop("mIoU", patience=1)],
+    ids=["a hook that counts", "a hook that stops early"],
+)
 def test_the_documented_property_test_of_your_own_hook_passes_as_written(my_hook):
     """docs/testing.md's test_my_hook passes for a plain hook and for one that stops training early."""
     namespace = _blocks(DOCS / "testing.md")
@@ -80,12 +87,21 @@ def test_the_documented_effect_of_your_own_runs_through_its_handler_in_a_real_ru
     blocks = _blocks()
     SamplesEvery, SaveSamples, save_samples = blocks["SamplesEvery"], blocks["SaveSamples"], blocks["save_samples"]
     assert [e.effect for e in pf.plan([SamplesEvery(2)], iters_per_epoch=4, max_epochs=1)] == [
-        SaveSamples(2), SaveSamples(4)]
+        SaveSamples(2),
+        SaveSamples(4),
+    ]
     model = torch.nn.Linear(2, 1)
     data = [{"x": torch.ones(2)}] * 4
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), data, hooks=[SamplesEvery(2)], max_epochs=1,
-                  step_fn=lambda model, optimizer, batch, scheduler=None, scaler=None: {},
-                  handlers={SaveSamples: save_samples}, watching=pf.Watching(progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        hooks=[SamplesEvery(2)],
+        max_epochs=1,
+        step_fn=lambda model, optimizer, batch, scheduler=None, scaler=None: {},
+        handlers={SaveSamples: save_samples},
+        watching=pf.Watching(progress=False),
+    )
     run()
     said = [line for line in capsys.readouterr().out.splitlines() if "samples of step" in line]
     assert said == ["[pimm_fn] 16 samples of step 2 from Linear", "[pimm_fn] 16 samples of step 4 from Linear"]
@@ -95,7 +111,9 @@ def test_the_documented_call_is_in_the_plan():
     """ask_for_samples' Call names show_samples in its module and carries its argument, at steps 500 and 1000."""
     calls = _blocks()["calls"]
     assert [(c.function, c.step, c.args, c.scope) for c in calls] == [
-        ("docs_hooks:show_samples", 500, (16,), pf.Scope.MAIN), ("docs_hooks:show_samples", 1000, (16,), pf.Scope.MAIN)]
+        ("docs_hooks:show_samples", 500, (16,), pf.Scope.MAIN),
+        ("docs_hooks:show_samples", 1000, (16,), pf.Scope.MAIN),
+    ]
 
 
 PAGES = sorted(path for path in DOCS.rglob("*.md") if "reference" not in path.relative_to(DOCS).parts)

@@ -19,17 +19,68 @@ from pimm_fn.core.frozen import FrozenMap
 ROOT = pathlib.Path(pimm_fn.__file__).parent
 
 PUBLIC = {
-    "compat", "checkpoint", "effects", "events", "register_slot_type", "Scope", "Chain", "TraceEntry", "chain", "FrozenMap", "plan",
-    "keep_last", "keep_every", "keep_best", "any_of",
-    "Progress", "State", "save_every", "SaveEveryState", "best_on", "BestState", "evaluate_every",
-    "load_weights", "log_every", "LogState", "model_hook", "early_stop", "EarlyStopState", "step_scheduler",
-    "loop", "Loop", "train_step", "TrainStep", "CollectiveDivergenceError", "ResumeError", "CheckpointError", "ResumeNotExactWarning",
-    "NonFiniteLossError", "NonFiniteLossWarning", "ema", "EmaWeights",
-    "MissingHandlerError", "ConfigurationWarning", "PeerFailureError", "DuplicateHookError", "hook_factory",
-    "History", "JsonlLogger", "CSVLogger", "TensorBoardLogger", "WandbLogger", "MLFlowLogger",
+    "compat",
+    "checkpoint",
+    "effects",
+    "events",
+    "register_slot_type",
+    "Scope",
+    "Chain",
+    "TraceEntry",
+    "chain",
+    "FrozenMap",
+    "plan",
+    "keep_last",
+    "keep_every",
+    "keep_best",
+    "any_of",
+    "Progress",
+    "State",
+    "save_every",
+    "SaveEveryState",
+    "best_on",
+    "BestState",
+    "evaluate_every",
+    "load_weights",
+    "log_every",
+    "LogState",
+    "model_hook",
+    "early_stop",
+    "EarlyStopState",
+    "step_scheduler",
+    "loop",
+    "Loop",
+    "train_step",
+    "TrainStep",
+    "CollectiveDivergenceError",
+    "ResumeError",
+    "CheckpointError",
+    "ResumeNotExactWarning",
+    "NonFiniteLossError",
+    "NonFiniteLossWarning",
+    "ema",
+    "EmaWeights",
+    "MissingHandlerError",
+    "ConfigurationWarning",
+    "PeerFailureError",
+    "DuplicateHookError",
+    "hook_factory",
+    "History",
+    "JsonlLogger",
+    "CSVLogger",
+    "TensorBoardLogger",
+    "WandbLogger",
+    "MLFlowLogger",
     "SaveDirLockError",
-    "Saving", "Resuming", "Watching", "Parallel", "Training", "Preemption", "Preempted",
-    "loader_evaluator", "LoaderEvaluator",
+    "Saving",
+    "Resuming",
+    "Watching",
+    "Parallel",
+    "Training",
+    "Preemption",
+    "Preempted",
+    "loader_evaluator",
+    "LoaderEvaluator",
     "profile",
 }
 
@@ -75,9 +126,7 @@ assert not loaded, loaded
 
 
 FORBIDDEN = {"torch", "os", "time", "logging", "io", "pathlib", "shutil", "random", "socket", "subprocess"}
-PURE_FILES = sorted(
-    p for pkg in ("core", "hooks", "testing") for p in (ROOT / pkg).glob("*.py")
-)
+PURE_FILES = sorted(p for pkg in ("core", "hooks", "testing") for p in (ROOT / pkg).glob("*.py"))
 
 
 def forbidden_imports(source: str) -> list:
@@ -134,8 +183,14 @@ HOOKS = [
 ]
 
 EVENTS = [
-    ev.ModifyConfig(), ev.BeforeTrain(), ev.BeforeTrain(resumed=True), ev.BeforeEpoch(3), ev.BeforeStep(7),
-    ev.AfterStep(7, {"loss": 0.5}, batch_size=8), ev.AfterEpoch(3), ev.AfterTrain(),
+    ev.ModifyConfig(),
+    ev.BeforeTrain(),
+    ev.BeforeTrain(resumed=True),
+    ev.BeforeEpoch(3),
+    ev.BeforeStep(7),
+    ev.AfterStep(7, {"loss": 0.5}, batch_size=8),
+    ev.AfterEpoch(3),
+    ev.AfterTrain(),
     ev.MetricsPublished({"miou": 0.5}, "val", 7, consistent=False),
     ev.MetricsPublished({"miou": 0.5}, "val", 7, weights="ema"),
     ev.StopRequested(7, "plateau"),
@@ -143,12 +198,21 @@ EVENTS = [
 ]
 
 EFFECTS = [
-    fx.SaveCheckpoint(8), fx.SaveCheckpoint(30, snapshot=True, final=True), fx.SaveCheckpoint(9, saved_for="SIGTERM"), fx.WriteBest("miou", 0.5, 8),
-    fx.Evaluate("val", 8, broadcast=False), fx.Log(8, "train", {"loss": 0.5}),
+    fx.SaveCheckpoint(8),
+    fx.SaveCheckpoint(30, snapshot=True, final=True),
+    fx.SaveCheckpoint(9, saved_for="SIGTERM"),
+    fx.WriteBest("miou", 0.5, 8),
+    fx.Evaluate("val", 8, broadcast=False),
+    fx.Log(8, "train", {"loss": 0.5}),
     fx.LoadWeights("w.pth", (("a.", "b."),), strict=True),
-    fx.Stop(7, "plateau"), fx.StepScheduler(7), fx.StepScheduler(8, "loss", 0.5),
-    fx.UpdateEma("ema", 8, 0.999), fx.Evaluate("val", 8, weights="ema"), fx.WriteBest("miou", 0.5, 8, "ema"),
-    fx.Call("math:hypot", 7, (3, 4)), fx.Call("mylib.viz:show", 2, ("a", {"n": [1]}), {"k": None}, fx.Scope.LOCAL),
+    fx.Stop(7, "plateau"),
+    fx.StepScheduler(7),
+    fx.StepScheduler(8, "loss", 0.5),
+    fx.UpdateEma("ema", 8, 0.999),
+    fx.Evaluate("val", 8, weights="ema"),
+    fx.WriteBest("miou", 0.5, 8, "ema"),
+    fx.Call("math:hypot", 7, (3, 4)),
+    fx.Call("mylib.viz:show", 2, ("a", {"n": [1]}), {"k": None}, fx.Scope.LOCAL),
 ]
 
 
@@ -158,8 +222,17 @@ def test_every_event_and_effect_type_is_covered():
     effect_types = {getattr(fx, n) for n in fx.__all__ if isinstance(getattr(fx, n), type)} - {fx.Effect, fx.Scope}
     assert {type(e) for e in EVENTS} == event_types
     assert {type(e) for e in EFFECTS} == effect_types
-    hook_factories = {"save_every", "best_on", "log_every", "load_weights", "model_hook", "evaluate_every",
-                      "early_stop", "step_scheduler", "ema"}
+    hook_factories = {
+        "save_every",
+        "best_on",
+        "log_every",
+        "load_weights",
+        "model_hook",
+        "evaluate_every",
+        "early_stop",
+        "step_scheduler",
+        "ema",
+    }
     assert {repr(h).split("(")[0] for h in HOOKS} >= hook_factories
 
 
@@ -171,8 +244,13 @@ def test_values_pickle_round_trip(value):
     assert hash(back) == hash(value)
 
 
-NAMESPACE = {**vars(pimm_fn), **{n: getattr(ev, n) for n in ev.__all__}, **{n: getattr(fx, n) for n in fx.__all__},
-             "FrozenMap": FrozenMap, "validate": validate}
+NAMESPACE = {
+    **vars(pimm_fn),
+    **{n: getattr(ev, n) for n in ev.__all__},
+    **{n: getattr(fx, n) for n in fx.__all__},
+    "FrozenMap": FrozenMap,
+    "validate": validate,
+}
 
 
 @pytest.mark.parametrize("value", HOOKS + EVENTS + EFFECTS, ids=repr)
@@ -194,8 +272,7 @@ def test_bound_model_hook_reads_like_the_call():
 
 
 DOCTEST_MODULES = sorted(
-    ".".join(p.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__")
-    for p in ROOT.rglob("*.py")
+    ".".join(p.relative_to(ROOT.parent).with_suffix("").parts).removesuffix(".__init__") for p in ROOT.rglob("*.py")
 )
 
 
@@ -207,8 +284,9 @@ def test_docstring_examples_run(name):
     assert result.failed == 0
 
 
-@pytest.mark.parametrize("name", ["save_every", "best_on", "evaluate_every", "log_every", "load_weights", "model_hook",
-                                  "chain", "plan"])
+@pytest.mark.parametrize(
+    "name", ["save_every", "best_on", "evaluate_every", "log_every", "load_weights", "model_hook", "chain", "plan"]
+)
 def test_public_functions_have_docstrings_with_examples(name):
     """Every public factory has a docstring with a runnable example."""
     doc = inspect.getdoc(getattr(pimm_fn, name))

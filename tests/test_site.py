@@ -15,8 +15,14 @@ PUBLIC = ("pimm_fn", "pimm_fn.testing", "pimm_fn.compat")
 
 def _build(config_dir: pathlib.Path, site: pathlib.Path) -> subprocess.CompletedProcess:
     # Not -q: it hides the warnings, and --strict then counts none of them.
-    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=config_dir,
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)],
+        cwd=config_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
 
 
 def _copy(tmp_path: pathlib.Path) -> pathlib.Path:
@@ -41,8 +47,13 @@ def site(tmp_path_factory):
 
 def test_the_manual_builds_strictly(site):
     """`mkdocs build --strict` succeeds (no broken link, anchor or reference) and writes every page of the nav."""
-    for page in ("index.html", "tutorials/compose-a-loop/index.html", "how-to/preemption/index.html",
-                 "architecture/index.html", "reference/pimm_fn/index.html"):
+    for page in (
+        "index.html",
+        "tutorials/compose-a-loop/index.html",
+        "how-to/preemption/index.html",
+        "architecture/index.html",
+        "reference/pimm_fn/index.html",
+    ):
         assert (site / page).is_file(), page
 
 

@@ -89,7 +89,9 @@ def test_no_module_imports_a_private_module_of_another_subpackage():
         for imported in targets
         if _is_private(imported) and _subpackage(imported) != _subpackage(importer)
     )
-    assert not crossings, "private modules imported across subpackages (use the public module instead):\n" + "\n".join(crossings)
+    assert not crossings, "private modules imported across subpackages (use the public module instead):\n" + "\n".join(
+        crossings
+    )
 
 
 def test_no_import_cycles():
@@ -111,13 +113,18 @@ def test_no_module_rebinds_its_own_globals():
 
 def test_no_module_holds_half_a_concept():
     """Every module but a package's ``__init__.py`` has at least 40 lines: a smaller one belongs in the module it serves."""
-    small = sorted(name for name, path in _modules().items()
-                   if path.name != "__init__.py" and len(path.read_text(encoding="utf-8").splitlines()) < 40)
+    small = sorted(
+        name
+        for name, path in _modules().items()
+        if path.name != "__init__.py" and len(path.read_text(encoding="utf-8").splitlines()) < 40
+    )
     assert not small, f"modules under 40 lines (merge each into the module holding the rest of its concept): {small}"
 
 
 def test_no_runtime_or_checkpoint_folder_holds_more_than_fifteen_modules():
     """The runtime's and the checkpoint's folders stay families a reader takes in at a glance."""
     counts = collections.Counter(str(path.parent.relative_to(ROOT)) for path in ROOT.rglob("*.py"))
-    crowded = {folder: n for folder, n in counts.items() if folder.split("/")[0] in ("runtime", "checkpoint") and n > 15}
+    crowded = {
+        folder: n for folder, n in counts.items() if folder.split("/")[0] in ("runtime", "checkpoint") and n > 15
+    }
     assert not crowded, f"folders of more than 15 modules (split each into families): {crowded}"

@@ -12,8 +12,10 @@ def test_core_is_clean_under_strict_mypy(tmp_path):
     api = pytest.importorskip("mypy.api", reason="mypy is not installed: `scripts/setup.sh test` installs it")
     stdout, stderr, status = api.run(
         [
-            "--config-file", str(REPO / "pyproject.toml"),
-            "--cache-dir", str(tmp_path / "mypy_cache"),  # nothing written into the checkout
+            "--config-file",
+            str(REPO / "pyproject.toml"),
+            "--cache-dir",
+            str(tmp_path / "mypy_cache"),  # nothing written into the checkout
             "--no-error-summary",
             str(REPO / "pimm_fn" / "core"),
         ]

@@ -40,8 +40,12 @@ TINY = ["--num-train", "32", "--num-val", "8", "--points", "64", "--batch-size",
 
 def _run(*command, timeout: int, cwd=None, env=None) -> subprocess.CompletedProcess:
     """``command`` run to its end within ``timeout`` seconds; a failure shows its output."""
-    result = subprocess.run([str(c) for c in command], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
-    assert result.returncode == 0, f"{command} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    result = subprocess.run(
+        [str(c) for c in command], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env
+    )
+    assert result.returncode == 0, (
+        f"{command} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
     return result
 
 
@@ -63,8 +67,13 @@ def built(tmp_path_factory):
     """``(sdist, wheel)``: the sdist from a copy of the checkout, the wheel from the unpacked sdist alone."""
     root = tmp_path_factory.mktemp("build")
     source, out = root / "checkout", root / "dist"
-    shutil.copytree(ROOT, source, symlinks=True, copy_function=_copied,
-                    ignore=lambda _, names: {n for n in names if n in NOT_SOURCE or n.endswith(".egg-info")})
+    shutil.copytree(
+        ROOT,
+        source,
+        symlinks=True,
+        copy_function=_copied,
+        ignore=lambda _, names: {n for n in names if n in NOT_SOURCE or n.endswith(".egg-info")},
+    )
     _run(sys.executable, "-m", "build", "--no-isolation", "--sdist", "--outdir", out, source, timeout=300)
     (sdist,) = out.glob("pimm_fn-*.tar.gz")
     with tarfile.open(sdist) as archive:
@@ -91,7 +100,9 @@ def _closure(requirements, extras) -> dict:
         if requirement.marker is not None and not any(requirement.marker.evaluate({"extra": e}) for e in ("", *wanted)):
             continue
         dist = importlib.metadata.distribution(requirement.name)
-        assert requirement.specifier.contains(dist.version, prereleases=True), f"{requirement}: {dist.version} installed"
+        assert requirement.specifier.contains(dist.version, prereleases=True), (
+            f"{requirement}: {dist.version} installed"
+        )
         name = canonicalize_name(dist.metadata["Name"])
         extras_seen = found.get(name, (None, None))[1]
         if extras_seen is not None and set(requirement.extras) <= extras_seen:
@@ -119,8 +130,20 @@ def venv(built, tmp_path_factory):
     root = tmp_path_factory.mktemp("venv")
     _run(sys.executable, "-m", "venv", "--without-pip", root / "env", timeout=120)
     python = root / "env" / "bin" / "python"
-    _run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "--no-cache-dir",
-         "--disable-pip-version-check", built[1], timeout=300)
+    _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "install",
+        "--no-deps",
+        "--no-index",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        built[1],
+        timeout=300,
+    )
     closure = _closure(_metadata(built[1]).get_all("Requires-Dist"), EXTRAS)
     site = _run(python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))", timeout=60).stdout.strip()
     (pathlib.Path(site) / "_dependencies.pth").write_text(f"{_linked(closure, root / 'dependencies')}\n")
@@ -147,7 +170,8 @@ def test_the_wheel_declares_exactly_the_projects_requirements(built):
     requirements = [Requirement(r) for r in _metadata(built[1]).get_all("Requires-Dist")]
     assert {r.name for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})} == DECLARED
     assert {r.name for r in requirements if r.marker is not None and r.marker.evaluate({"extra": "safetensors"})} == {
-        "safetensors"}
+        "safetensors"
+    }
 
 
 def test_the_sdist_holds_what_a_build_needs_and_no_tests_or_caches(built):
@@ -166,7 +190,10 @@ def test_the_installed_wheel_runs_from_the_environment_with_exactly_its_requirem
     sys.path, the distributions seen are the wheel's and its requirements' only, pip check finds them all met, and
     pf.plan runs without importing torch."""
     python, env, work, closure = venv
-    report = _run(python, "-c", """
+    report = _run(
+        python,
+        "-c",
+        """
 import importlib.metadata as md, json, sys
 import pimm_fn as pf
 trace = pf.plan(%s, iters_per_epoch=4, max_epochs=1)
@@ -175,7 +202,12 @@ print(json.dumps({"file": pf.__file__, "path": sys.path, "trace": str(trace),
                   "direct_url": json.loads(md.distribution("pimm_fn").read_text("direct_url.json")),
                   "requires": md.requires("pimm_fn"),
                   "seen": sorted({d.metadata["Name"] for d in md.distributions()})}))
-""" % PLANNED, timeout=120, cwd=work, env=env)
+"""
+        % PLANNED,
+        timeout=120,
+        cwd=work,
+        env=env,
+    )
     found = json.loads(report.stdout)
     env_root = pathlib.Path(env["VIRTUAL_ENV"])
     assert pathlib.Path(found["file"]).is_relative_to(env_root)
@@ -185,8 +217,17 @@ print(json.dumps({"file": pf.__file__, "path": sys.path, "trace": str(trace),
     assert {canonicalize_name(n) for n in found["seen"]} == set(closure) | {"pimm-fn"}
     assert found["trace"] == str(pf.plan(eval(PLANNED, {"pf": pf}), iters_per_epoch=4, max_epochs=1))
     assert not found["torch"]
-    checked = _run(sys.executable, "-m", "pip", "--python", python, "check", "--disable-pip-version-check",
-                   timeout=120, env={**env, "PIP_NO_INDEX": "1"})
+    checked = _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "--python",
+        python,
+        "check",
+        "--disable-pip-version-check",
+        timeout=120,
+        env={**env, "PIP_NO_INDEX": "1"},
+    )
     assert "No broken requirements found" in checked.stdout
 
 
@@ -206,14 +247,31 @@ def test_the_installed_wheel_trains_the_demo_saves_resumes_and_exports_its_best_
     save = ["--save-dir", tmp_path / "run"]
     first = _run(python, demo / "train_pointcloud.py", *TINY, *save, "--epochs", "1", timeout=300, cwd=work, env=env)
     assert "done: 4 steps, 1 epochs" in first.stdout
-    second = _run(python, demo / "train_pointcloud.py", *TINY, *save, "--epochs", "2", "--resume", timeout=300,
-                  cwd=work, env=env)
+    second = _run(
+        python, demo / "train_pointcloud.py", *TINY, *save, "--epochs", "2", "--resume", timeout=300, cwd=work, env=env
+    )
     assert "resumed from" in second.stdout + second.stderr and "done: 8 steps, 2 epochs" in second.stdout
     listed = _run(python, "-m", "pimm_fn", "ls", tmp_path / "run", timeout=120, cwd=work, env=env).stdout
     assert "model_best.pth" in listed and "last" in listed
     out = tmp_path / "best.safetensors"
-    _run(python, "-m", "pimm_fn", "export", tmp_path / "run" / "model" / "model_best.pth", out, timeout=120, cwd=work,
-         env=env)
-    loaded = _run(python, "-c", "import sys; from pimm_fn.checkpoint import load_weights_file; "
-                                "print(len(load_weights_file(sys.argv[1])))", out, timeout=120, cwd=work, env=env)
+    _run(
+        python,
+        "-m",
+        "pimm_fn",
+        "export",
+        tmp_path / "run" / "model" / "model_best.pth",
+        out,
+        timeout=120,
+        cwd=work,
+        env=env,
+    )
+    loaded = _run(
+        python,
+        "-c",
+        "import sys; from pimm_fn.checkpoint import load_weights_file; print(len(load_weights_file(sys.argv[1])))",
+        out,
+        timeout=120,
+        cwd=work,
+        env=env,
+    )
     assert int(loaded.stdout) > 0

@@ -10,6 +10,16 @@ from pointcloud.metrics import Evaluator, confusion_matrix, iou_per_class, miou
 from pointcloud.model import PointSegNet
 
 __all__ = [
-    "CLASSES", "FEAT_DIM", "NUM_CLASSES", "SyntheticScenes", "collate", "make_loaders",
-    "shard", "Evaluator", "confusion_matrix", "iou_per_class", "miou", "PointSegNet",
+    "CLASSES",
+    "FEAT_DIM",
+    "NUM_CLASSES",
+    "SyntheticScenes",
+    "collate",
+    "make_loaders",
+    "shard",
+    "Evaluator",
+    "confusion_matrix",
+    "iou_per_class",
+    "miou",
+    "PointSegNet",
 ]

@@ -74,9 +74,7 @@ def _cylinder(rng, n, r, h):
     cap = rng.uniform(size=n) < (r / (r + 2 * h))
     theta = rng.uniform(0, 2 * np.pi, n)
     rad = np.where(cap, r * np.sqrt(rng.uniform(size=n)), r)
-    pts = np.column_stack(
-        [rad * np.cos(theta), rad * np.sin(theta), np.where(cap, h, rng.uniform(0, h, n))]
-    )
+    pts = np.column_stack([rad * np.cos(theta), rad * np.sin(theta), np.where(cap, h, rng.uniform(0, h, n))])
     normal = np.column_stack([np.cos(theta), np.sin(theta), np.zeros(n)])
     normal[cap] = [0.0, 0.0, 1.0]
     return pts, normal
@@ -108,8 +106,9 @@ class SyntheticScenes(Dataset):
         surface normal (as an estimated normal would be).
     """
 
-    def __init__(self, length: int, *, num_points: int = 512, seed: int = 0,
-                 split: str = "train", jitter: float = 0.01):
+    def __init__(
+        self, length: int, *, num_points: int = 512, seed: int = 0, split: str = "train", jitter: float = 0.01
+    ):
         if length < 0:
             raise ValueError(f"'length' must be >= 0 (got {length})")
         if num_points < 64:
@@ -123,8 +122,7 @@ class SyntheticScenes(Dataset):
         return self.length
 
     def __repr__(self) -> str:
-        return (f"SyntheticScenes({self.length}, num_points={self.num_points}, "
-                f"seed={self.seed}, split={self.split!r})")
+        return f"SyntheticScenes({self.length}, num_points={self.num_points}, seed={self.seed}, split={self.split!r})"
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < self.length:
@@ -133,8 +131,7 @@ class SyntheticScenes(Dataset):
         coord, normal, label = self._scene(rng)
         return {
             "coord": torch.from_numpy(coord.astype(np.float32)),
-            "feat": torch.from_numpy(
-                np.concatenate([coord, coord[:, 2:], normal], 1).astype(np.float32)),
+            "feat": torch.from_numpy(np.concatenate([coord, coord[:, 2:], normal], 1).astype(np.float32)),
             "segment": torch.from_numpy(label.astype(np.int64)),
         }
 
@@ -221,9 +218,17 @@ def shard(dataset: Dataset, rank: int = 0, world_size: int = 1) -> Subset:
     return Subset(dataset, range(rank, len(dataset), world_size))
 
 
-def make_loaders(num_train: int, num_val: int, batch_size: int, seed: int, *,
-                 rank: int = 0, world_size: int = 1, stateful: bool = True,
-                 num_points: int = 512):
+def make_loaders(
+    num_train: int,
+    num_val: int,
+    batch_size: int,
+    seed: int,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    stateful: bool = True,
+    num_points: int = 512,
+):
     """Build the training loader and this rank's validation shard.
 
     The training loader is a ``torchdata`` ``StatefulDataLoader`` (its
@@ -251,8 +256,8 @@ def make_loaders(num_train: int, num_val: int, batch_size: int, seed: int, *,
     kwargs = dict(batch_size=batch_size, collate_fn=collate, drop_last=True)
     if world_size > 1:
         kwargs["sampler"] = DistributedSampler(
-            train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed,
-            drop_last=True)
+            train, num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=True
+        )
     else:
         kwargs.update(shuffle=True, generator=torch.Generator().manual_seed(seed))
     if stateful:

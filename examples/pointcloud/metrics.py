@@ -1,11 +1,11 @@
 """Segmentation metrics and a sharded, distributed-aware evaluator.
 
-    >>> import torch
-    >>> conf = confusion_matrix(torch.tensor([0, 1, 1]), torch.tensor([0, 1, 0]), 3)
-    >>> conf.tolist()
-    [[1, 1, 0], [0, 1, 0], [0, 0, 0]]
-    >>> round(miou(conf), 4)   # class 2 is absent from both: not averaged
-    0.5
+>>> import torch
+>>> conf = confusion_matrix(torch.tensor([0, 1, 1]), torch.tensor([0, 1, 0]), 3)
+>>> conf.tolist()
+[[1, 1, 0], [0, 1, 0], [0, 0, 0]]
+>>> round(miou(conf), 4)   # class 2 is absent from both: not averaged
+0.5
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ def confusion_matrix(pred: torch.Tensor, target: torch.Tensor, num_classes: int)
     pred, target = pred.reshape(-1).long(), target.reshape(-1).long()
     for name, t in (("pred", pred), ("target", target)):
         if t.numel() and (t.min() < 0 or t.max() >= num_classes):
-            raise ValueError(f"'{name}' values must be in [0, {num_classes}) "
-                             f"(got [{int(t.min())}, {int(t.max())}])")
+            raise ValueError(f"'{name}' values must be in [0, {num_classes}) (got [{int(t.min())}, {int(t.max())}])")
     flat = target * num_classes + pred
     return torch.bincount(flat, minlength=num_classes**2).reshape(num_classes, num_classes)
 

@@ -49,24 +49,22 @@ class PointSegNet(nn.Module):
     DDP has nothing to broadcast in forward.
     """
 
-    def __init__(self, in_dim: int = FEAT_DIM, num_classes: int = NUM_CLASSES,
-                 width: int = 64, k: int = 16):
+    def __init__(self, in_dim: int = FEAT_DIM, num_classes: int = NUM_CLASSES, width: int = 64, k: int = 16):
         super().__init__()
         self.k = k
         self.point = _mlp(in_dim, width, width)
         self.local = _mlp(width + 3, width) if k else None
         self.mix = _mlp(width * (2 if k else 1), 2 * width)
-        self.head = nn.Sequential(_mlp(4 * width, 2 * width, width),
-                                  nn.Linear(width, num_classes))
+        self.head = nn.Sequential(_mlp(4 * width, 2 * width, width), nn.Linear(width, num_classes))
 
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         coord, feat = batch["coord"], batch["feat"]
-        x = self.point(feat)                                        # [B, N, W]
+        x = self.point(feat)  # [B, N, W]
         if self.local is not None:
-            x = torch.cat([x, self._local(coord, x)], -1)           # [B, N, 2W]
-        x = self.mix(x)                                             # [B, N, 2W]
-        g = x.max(dim=1, keepdim=True).values.expand_as(x)          # global
-        logits = self.head(torch.cat([x, g], -1))                   # [B, N, C]
+            x = torch.cat([x, self._local(coord, x)], -1)  # [B, N, 2W]
+        x = self.mix(x)  # [B, N, 2W]
+        g = x.max(dim=1, keepdim=True).values.expand_as(x)  # global
+        logits = self.head(torch.cat([x, g], -1))  # [B, N, C]
         out = {"logits": logits}
         if "segment" in batch:
             out["loss"] = F.cross_entropy(logits.flatten(0, 1), batch["segment"].flatten())
@@ -77,5 +75,5 @@ class PointSegNet(nn.Module):
         k = min(self.k, coord.shape[1])
         idx = torch.cdist(coord, coord).topk(k, dim=-1, largest=False).indices  # [B,N,k]
         b = torch.arange(coord.shape[0], device=coord.device)[:, None, None]
-        rel = coord[b, idx] - coord[:, :, None]                     # [B, N, k, 3]
+        rel = coord[b, idx] - coord[:, :, None]  # [B, N, k, 3]
         return self.local(torch.cat([x[b, idx], rel], -1)).max(dim=2).values

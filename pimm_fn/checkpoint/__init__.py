@@ -22,18 +22,23 @@ Example:
     1
 """
 
-from pimm_fn.checkpoint.saving import LoadedCheckpoint, load_checkpoint, save_checkpoint
-from pimm_fn.checkpoint.background import AsyncSave
-from pimm_fn.checkpoint.background import BackgroundSaver, prewarm_async_save, save_checkpoint_async
+from pimm_fn.checkpoint.background import AsyncSave, BackgroundSaver, prewarm_async_save, save_checkpoint_async
+from pimm_fn.checkpoint.contents import (
+    PerRank,
+    Replicated,
+    SavedState,
+    TrainerContents,
+    from_parts,
+    saved_state,
+    to_parts,
+)
 from pimm_fn.checkpoint.discovery import find_checkpoint, latest_checkpoint, rolling_checkpoint
+from pimm_fn.checkpoint.errors import CheckpointError, CheckpointStorageError, DiskFullError, SetAsideWarning
 from pimm_fn.checkpoint.files import CheckpointInfo
-from pimm_fn.checkpoint.errors import CheckpointError, CheckpointStorageError, DiskFullError
-from pimm_fn.checkpoint.errors import SetAsideWarning
-from pimm_fn.checkpoint.validation import validate
 from pimm_fn.checkpoint.formats.one_file import best_record, record_problem, write_best
-from pimm_fn.checkpoint.warm_start import load_weights_file
-from pimm_fn.checkpoint.warm_start import KeyRule, WeightsReport, remap_state_dict
-from pimm_fn.checkpoint.contents import PerRank, Replicated, SavedState, TrainerContents, from_parts, saved_state, to_parts
+from pimm_fn.checkpoint.saving import LoadedCheckpoint, load_checkpoint, save_checkpoint
+from pimm_fn.checkpoint.validation import validate
+from pimm_fn.checkpoint.warm_start import KeyRule, WeightsReport, load_weights_file, remap_state_dict
 
 __all__ = [
     "AsyncSave",

@@ -95,10 +95,9 @@ from typing import Any
 import torch
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files
+from pimm_fn.checkpoint import files, storage
 from pimm_fn.checkpoint import publish as _publish
 from pimm_fn.checkpoint import retention as _retain
-from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import SHARED
 from pimm_fn.checkpoint.files import CheckpointInfo
 from pimm_fn.checkpoint.formats import standard
@@ -106,8 +105,21 @@ from pimm_fn.checkpoint.saving import _check_args
 from pimm_fn.core import retention
 
 __all__ = [
-    "POOL", "Copy", "Prewarm", "StagingArea", "StagingPool", "acquire", "drop_idle", "layout_of", "prewarm",
-    "release", "AsyncSave", "start", "BackgroundSaver", "prewarm_async_save", "save_checkpoint_async",
+    "POOL",
+    "Copy",
+    "Prewarm",
+    "StagingArea",
+    "StagingPool",
+    "acquire",
+    "drop_idle",
+    "layout_of",
+    "prewarm",
+    "release",
+    "AsyncSave",
+    "start",
+    "BackgroundSaver",
+    "prewarm_async_save",
+    "save_checkpoint_async",
 ]
 
 
@@ -279,7 +291,7 @@ def _chunks(dst: torch.Tensor, src: torch.Tensor):
     if dst.numel() <= step or not (dst.is_contiguous() and src.is_contiguous()):
         return [(dst, src)]
     d, s = dst.view(-1), src.reshape(-1)
-    return [(d[a:a + step], s[a:a + step]) for a in range(0, d.numel(), step)]
+    return [(d[a : a + step], s[a : a + step]) for a in range(0, d.numel(), step)]
 
 
 class Prewarm:
@@ -499,8 +511,19 @@ class AsyncSave:
 
 
 def start(
-    model_dir: str | os.PathLike, *, pool: StagingPool, group, step: int, weights: dict, trainer: dict,
-    local: dict, snapshot: bool, keep_snapshots: int | None, sharded: dict | None, keep, metrics: dict | None,
+    model_dir: str | os.PathLike,
+    *,
+    pool: StagingPool,
+    group,
+    step: int,
+    weights: dict,
+    trainer: dict,
+    local: dict,
+    snapshot: bool,
+    keep_snapshots: int | None,
+    sharded: dict | None,
+    keep,
+    metrics: dict | None,
     digests: bool,
 ) -> AsyncSave:
     """Start a save as :func:`.background.save_checkpoint_async` says: staging into ``pool``, collectives on ``group``."""
@@ -526,7 +549,9 @@ def start(
             try:
                 standard.write_state(staging, staged_state, group=group)  # a full disk: DiskFullError on every rank
             except BaseException:
-                _publish.discard(staging, weights_file)  # the space comes back; the previous checkpoint stays the latest
+                _publish.discard(
+                    staging, weights_file
+                )  # the space comes back; the previous checkpoint stays the latest
                 raise
             finally:
                 if weights_file is not None:
@@ -543,7 +568,9 @@ def start(
             _retain.retain(root, policy, step)
             return CheckpointInfo(published, step, "standard", world)
 
-        return dist.run_on_main(publish, group=group, shared=SHARED)  # rank 0's DiskFullError is raised as itself on every rank
+        return dist.run_on_main(
+            publish, group=group, shared=SHARED
+        )  # rank 0's DiskFullError is raised as itself on every rank
 
     return pending._start(work)
 
@@ -589,14 +616,36 @@ class BackgroundSaver:
         self.pending = self.begin(model_dir, **save)
         return self.pending
 
-    def begin(self, model_dir: str | os.PathLike, *, step: int, weights: dict, trainer: dict, local: dict,
-              snapshot: bool = False, keep_snapshots: int | None = None, sharded: dict | None = None, keep=None,
-              metrics: dict | None = None, digests: bool = False) -> AsyncSave:
+    def begin(
+        self,
+        model_dir: str | os.PathLike,
+        *,
+        step: int,
+        weights: dict,
+        trainer: dict,
+        local: dict,
+        snapshot: bool = False,
+        keep_snapshots: int | None = None,
+        sharded: dict | None = None,
+        keep=None,
+        metrics: dict | None = None,
+        digests: bool = False,
+    ) -> AsyncSave:
         """Start a save on this saver's memory and group, not waiting for nor keeping track of any other."""
         return start(
-            model_dir, pool=self.pool, group=self._background_group(), step=step, weights=weights, trainer=trainer,
-            local=local, snapshot=snapshot, keep_snapshots=keep_snapshots, sharded=sharded, keep=keep,
-            metrics=metrics, digests=digests,
+            model_dir,
+            pool=self.pool,
+            group=self._background_group(),
+            step=step,
+            weights=weights,
+            trainer=trainer,
+            local=local,
+            snapshot=snapshot,
+            keep_snapshots=keep_snapshots,
+            sharded=sharded,
+            keep=keep,
+            metrics=metrics,
+            digests=digests,
         )
 
     def warm(self, *, weights: dict, trainer: dict, local: dict, pause_s: float = 0.0) -> Prewarm:
@@ -690,8 +739,17 @@ def save_checkpoint_async(
         2
     """
     return (saver if saver is not None else _PROCESS).begin(
-        model_dir, step=step, weights=weights, trainer=trainer, local=local, snapshot=snapshot,
-        keep_snapshots=keep_snapshots, sharded=sharded, keep=keep, metrics=metrics, digests=digests,
+        model_dir,
+        step=step,
+        weights=weights,
+        trainer=trainer,
+        local=local,
+        snapshot=snapshot,
+        keep_snapshots=keep_snapshots,
+        sharded=sharded,
+        keep=keep,
+        metrics=metrics,
+        digests=digests,
     )
 
 

@@ -59,8 +59,17 @@ from pimm_fn.core import codec, slots
 from pimm_fn.core.state import State
 
 __all__ = [
-    "holding", "recorded_classes", "shards_given", "LAYOUT", "SavedState", "Replicated", "PerRank",
-    "TrainerContents", "saved_state", "to_parts", "from_parts",
+    "holding",
+    "recorded_classes",
+    "shards_given",
+    "LAYOUT",
+    "SavedState",
+    "Replicated",
+    "PerRank",
+    "TrainerContents",
+    "saved_state",
+    "to_parts",
+    "from_parts",
 ]
 
 
@@ -170,7 +179,9 @@ class Replicated:
     scaler: dict | None = attrs.field(validator=holding(dict))
     state: SavedState | None
     sharded: bool = attrs.field(default=False, validator=holding(bool, optional=False))  # the model is in the shards
-    optimizers: dict | None = attrs.field(default=None, validator=holding(dict))  # name -> state dict, loop(optimizer={name: opt})
+    optimizers: dict | None = attrs.field(
+        default=None, validator=holding(dict)
+    )  # name -> state dict, loop(optimizer={name: opt})
     extra: dict | None = attrs.field(default=None, validator=holding(dict))  # name -> state dict: extra_state=, ema()
     # The classes whose states these are, by qualified name: {"optimizer": name} or {"optimizers": {name: name}},
     # and "scheduler" when there is one. None in a checkpoint written before they were recorded.
@@ -251,14 +262,23 @@ def from_parts(trainer: dict, local: dict | None) -> TrainerContents:
             f"the checkpoint's trainer state has layout {layout!r} and entries {sorted(trainer)[:8]}; this "
             f"version of pimm_fn reads layouts 1 to {LAYOUT}: resume it with the version that wrote it"
         )
-    replicated = Replicated(trainer["optimizer"], trainer.get("scheduler"), trainer.get("scaler"),
-                            _read_state(trainer, layout), trainer.get("sharded", False),
-                            trainer.get("optimizers"), trainer.get("extra"), trainer.get("classes"))
+    replicated = Replicated(
+        trainer["optimizer"],
+        trainer.get("scheduler"),
+        trainer.get("scaler"),
+        _read_state(trainer, layout),
+        trainer.get("sharded", False),
+        trainer.get("optimizers"),
+        trainer.get("extra"),
+        trainer.get("classes"),
+    )
     if local is None:
         return TrainerContents(replicated, None)
     if not isinstance(local.get("cursor"), dict):  # every run saves its data cursor; only a template has none
-        raise ValueError(f"the checkpoint's per-rank 'cursor' is a {type(local.get('cursor')).__name__}, where "
-                         f"pimm_fn writes a dict: it was not written by pimm_fn, or was altered")
+        raise ValueError(
+            f"the checkpoint's per-rank 'cursor' is a {type(local.get('cursor')).__name__}, where "
+            f"pimm_fn writes a dict: it was not written by pimm_fn, or was altered"
+        )
     return TrainerContents(replicated, PerRank(_read_state(local, layout), local.get("rng"), local["cursor"]))
 
 

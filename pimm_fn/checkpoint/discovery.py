@@ -85,18 +85,23 @@ from typing import TYPE_CHECKING, Callable, Protocol, runtime_checkable
 import attrs
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint import storage, validation
-from pimm_fn.checkpoint.errors import SHARED, CheckpointError
+from pimm_fn.checkpoint import files, storage, validation
+from pimm_fn.checkpoint.errors import SHARED, CheckpointError, NoIntactCheckpointError
 from pimm_fn.checkpoint.files import CheckpointInfo
 from pimm_fn.checkpoint.formats import one_file
 from pimm_fn.checkpoint.saving import LoadedCheckpoint, load_checkpoint
 from pimm_fn.checkpoint.validation import check_files, read_marker
-from pimm_fn.checkpoint.errors import NoIntactCheckpointError
 
 __all__ = [
-    "Candidate", "candidates", "Chosen", "RECHECK_S", "newest_readable", "read_agreed",
-    "Reader", "readers", "recognised",
+    "Candidate",
+    "candidates",
+    "Chosen",
+    "RECHECK_S",
+    "newest_readable",
+    "read_agreed",
+    "Reader",
+    "readers",
+    "recognised",
 ]
 
 
@@ -278,7 +283,9 @@ def newest_readable(model_dir: str | os.PathLike, say: Callable[[str], None]) ->
     Raises:
         NoIntactCheckpointError: on every rank, when checkpoints exist and none is usable.
     """
-    listing = dist.run_on_main(lambda: _rechecked(model_dir), shared=SHARED)  # rank 0's listing: every rank walks the same
+    listing = dist.run_on_main(
+        lambda: _rechecked(model_dir), shared=SHARED
+    )  # rank 0's listing: every rank walks the same
     if not listing:
         say(f"no checkpoint in {model_dir}: starting fresh")
         return None
@@ -359,7 +366,9 @@ def _chosen(info: CheckpointInfo, loaded: LoadedCheckpoint) -> Chosen:
 
 def _read_everywhere(info: CheckpointInfo) -> LoadedCheckpoint | CheckpointError:
     """What this rank read of ``info``, or the first failing rank's error, the same on every rank (collective)."""
-    changed = dist.run_on_main(lambda: _changed_bytes(info), shared=SHARED)  # rank 0 hashes each file once, before any rank reads one
+    changed = dist.run_on_main(
+        lambda: _changed_bytes(info), shared=SHARED
+    )  # rank 0 hashes each file once, before any rank reads one
     if changed is not None:
         return changed
     loaded, problem = None, None
@@ -396,8 +405,9 @@ class Reader(Protocol):
 
     def recognise(self, path) -> pathlib.Path | None: ...
 
-    def resume_from(self, found: pathlib.Path, model_dir: pathlib.Path | None, *, iters_per_epoch: int | None,
-                    say) -> CheckpointInfo: ...
+    def resume_from(
+        self, found: pathlib.Path, model_dir: pathlib.Path | None, *, iters_per_epoch: int | None, say
+    ) -> CheckpointInfo: ...
 
 
 def readers(handlers: Iterable) -> tuple:

@@ -88,7 +88,8 @@ class DiskFullError(CheckpointStorageError, OSError):
     def __init__(self, directory, nbytes: int, what: str, consequence: str):
         self.directory, self.nbytes, self.what, self.consequence = str(directory), int(nbytes), what, consequence
         OSError.__init__(
-            self, errno.ENOSPC,
+            self,
+            errno.ENOSPC,
             f"No space left on device: writing {what} ({self.nbytes:,} bytes) under {self.directory} failed; "
             f"{consequence}. Free space on that disk (or choose another save_dir), then continue with resume='auto'",
         )
@@ -98,7 +99,9 @@ class DiskFullError(CheckpointStorageError, OSError):
 
 
 def _advice(path: str) -> str:
-    parent = path.rstrip("/").rsplit("/", 1)[0] if "://" in path else pathlib.PurePath(path).parent  # a URL keeps its //
+    parent = (
+        path.rstrip("/").rsplit("/", 1)[0] if "://" in path else pathlib.PurePath(path).parent
+    )  # a URL keeps its //
     return (
         f"Use an older checkpoint: list them with `python -m pimm_fn ls {parent}` and pass one's path (to resume= "
         "or to a warm start's load_weights), or resume with resume='auto', which skips damaged checkpoints"
@@ -141,7 +144,7 @@ def shown(value, limit: int = 60) -> str:
         text = repr(value)
     except (ValueError, RecursionError):  # an int of more digits than Python prints, a list nested too deep
         return f"a {type(value).__name__}"
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def cause(exc: BaseException) -> str:
@@ -175,8 +178,15 @@ def unwritable_advice(directory) -> str:
     )
 
 
-def storage_error(exc: BaseException, directory, nbytes: int | Callable[[], int], what: str, consequence: str, *,
-                  doing: str = "writing"):
+def storage_error(
+    exc: BaseException,
+    directory,
+    nbytes: int | Callable[[], int],
+    what: str,
+    consequence: str,
+    *,
+    doing: str = "writing",
+):
     """``exc`` as a :class:`DiskFullError` when space ran out, a :class:`CheckpointStorageError` when the storage
     refused (an ``OSError``, or DCP's failure on some rank), else itself.
 
@@ -197,7 +207,9 @@ def storage_error(exc: BaseException, directory, nbytes: int | Callable[[], int]
         several = isinstance(exc, CheckpointException) and dist.world_size() > 1
         ranks = f" on rank(s) {sorted(exc.failures)}" if several else ""
         fix = f". {unwritable_advice(directory)}" if os_error(exc) is not None else ""  # the storage refused: say how
-        return CheckpointStorageError(f"{doing} {what} under {directory} failed{ranks}: {cause(exc)}; {consequence}{fix}")
+        return CheckpointStorageError(
+            f"{doing} {what} under {directory} failed{ranks}: {cause(exc)}; {consequence}{fix}"
+        )
     return exc
 
 

@@ -113,14 +113,37 @@ import torch
 
 from pimm_fn import dist
 from pimm_fn.checkpoint import storage
-from pimm_fn.checkpoint.errors import CheckpointStorageError, cause, unwritable_advice
-from pimm_fn.checkpoint.errors import NotRegularFileError
+from pimm_fn.checkpoint.errors import CheckpointStorageError, NotRegularFileError, cause, unwritable_advice
 
 __all__ = [
-    "best_stem", "is_best_name", "remove", "link_or_copy", "copy_on_store", "MAX_BYTES", "open_regular", "read_bytes", "read_json", "read_text", "CheckpointInfo", "marker_payload",
-    "info_from_marker", "FORMATS", "VERSION", "SAVED_FOR", "digest", "manifest", "fsync_dir", "atomic_write",
-    "staged_write", "durable_write", "hashed", "BackgroundWrite", "weights_write", "write_marker",
-    "check_writable", "probe",
+    "best_stem",
+    "is_best_name",
+    "remove",
+    "link_or_copy",
+    "copy_on_store",
+    "MAX_BYTES",
+    "open_regular",
+    "read_bytes",
+    "read_json",
+    "read_text",
+    "CheckpointInfo",
+    "marker_payload",
+    "info_from_marker",
+    "FORMATS",
+    "VERSION",
+    "SAVED_FOR",
+    "digest",
+    "manifest",
+    "fsync_dir",
+    "atomic_write",
+    "staged_write",
+    "durable_write",
+    "hashed",
+    "BackgroundWrite",
+    "weights_write",
+    "write_marker",
+    "check_writable",
+    "probe",
 ]
 
 
@@ -230,8 +253,14 @@ MAX_BYTES = 16 * 2**20
 _FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
 
-_KINDS = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISDIR, "a directory"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_KINDS = (
+    (stat.S_ISLNK, "a symbolic link"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def _refuse_unless_regular(path, mode: int) -> None:
@@ -304,7 +333,9 @@ FORMATS = ("standard", "legacy")
 VERSION = 1
 
 
-SAVED_FOR = "__saved_for__"  # save_checkpoint(saved_for=) travels to the marker among the metrics, then is its own field
+SAVED_FOR = (
+    "__saved_for__"  # save_checkpoint(saved_for=) travels to the marker among the metrics, then is its own field
+)
 
 
 def _non_negative(_inst, attribute, value) -> None:
@@ -535,6 +566,7 @@ class _Hashed:
 
 def hashed(write: Callable[[object], None], keep: Callable[[str], None]) -> Callable[[object], None]:
     """``write`` through a file that hashes the bytes it writes; ``keep`` gets their SHA-256 (hex) once written."""
+
     def writing(f) -> None:
         through = _Hashed(f)
         write(through)
@@ -558,7 +590,9 @@ class BackgroundWrite:
         self.sha256: str | None = None
         self._error: BaseException | None = None
         target = hashed(write, self._keep) if digest else write
-        self._thread = threading.Thread(target=self._run, args=(path, target), name=f"pimm_fn-write-{path.name}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(path, target), name=f"pimm_fn-write-{path.name}", daemon=True
+        )
         self._thread.start()
 
     def _keep(self, sha256: str) -> None:
@@ -593,7 +627,12 @@ def weights_write(directory: pathlib.Path, weights: dict | None, *, digest: bool
 
 
 def write_marker(
-    directory: pathlib.Path, step: int, world_size: int, *, staged: bool = False, metrics: dict | None = None,
+    directory: pathlib.Path,
+    step: int,
+    world_size: int,
+    *,
+    staged: bool = False,
+    metrics: dict | None = None,
     files: dict | None = None,
 ) -> None:
     """Write ``COMPLETE`` into ``directory``; call only after every file is written.

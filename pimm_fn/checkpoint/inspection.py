@@ -46,15 +46,11 @@ import attrs
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from pimm_fn.checkpoint import discovery
-from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint import discovery, files, storage
 from pimm_fn.checkpoint.contents import TrainerContents, from_parts
 from pimm_fn.checkpoint.discovery import find_checkpoint
 from pimm_fn.checkpoint.files import CheckpointInfo
-from pimm_fn.checkpoint.formats import dcp_reading
-from pimm_fn.checkpoint.formats import one_file
-from pimm_fn.checkpoint.formats import safetensors_files
+from pimm_fn.checkpoint.formats import dcp_reading, one_file, safetensors_files
 from pimm_fn.checkpoint.formats.one_file import best_record, check_best, record_problem
 from pimm_fn.checkpoint.formats.pack import tensor_to_skeleton, unpack
 from pimm_fn.checkpoint.retention import REMOVING
@@ -62,9 +58,25 @@ from pimm_fn.checkpoint.retention import marker_of as marker
 from pimm_fn.checkpoint.validation import SET_ASIDE, confined, validate
 
 __all__ = [
-    "TensorInfo", "trainer_without_tensors", "contents_of", "tensor_infos", "infos_of", "numpy_keys",
-    "weights_without_tensors", "size_of", "TRAINER", "is_best_file", "is_checkpoint_dir", "is_marked",
-    "is_removal", "kind_of", "marker", "newest", "provenance", "read_back", "write_plain_weights",
+    "TensorInfo",
+    "trainer_without_tensors",
+    "contents_of",
+    "tensor_infos",
+    "infos_of",
+    "numpy_keys",
+    "weights_without_tensors",
+    "size_of",
+    "TRAINER",
+    "is_best_file",
+    "is_checkpoint_dir",
+    "is_marked",
+    "is_removal",
+    "kind_of",
+    "marker",
+    "newest",
+    "provenance",
+    "read_back",
+    "write_plain_weights",
 ]
 
 
@@ -130,8 +142,10 @@ def trainer_without_tensors(path: pathlib.Path) -> dict:
     _read(path, head)
     skeleton = tensor_to_skeleton(head["trainer/skeleton"])
     infos = {k.removeprefix("trainer/t/"): v for k, v in infos_of(meta).items() if k.startswith("trainer/t/")}
-    needed = {f"trainer/t/{k}": dcp_reading.empty(meta[f"trainer/t/{k}"], path, f"trainer/t/{k}")
-              for k in numpy_keys(skeleton)}
+    needed = {
+        f"trainer/t/{k}": dcp_reading.empty(meta[f"trainer/t/{k}"], path, f"trainer/t/{k}")
+        for k in numpy_keys(skeleton)
+    }
     _read(path, needed)
     needed = {k.removeprefix("trainer/t/"): v for k, v in needed.items()}
     return unpack(skeleton, {**infos, **needed})
@@ -292,8 +306,9 @@ def write_plain_weights(out: pathlib.Path, weights: dict, *, format: str = "pth"
     if format == "safetensors":
         safetensors_files.require()  # before any copy is made
     # Plain tensors only: no storage shared with a mapped file, a larger buffer or another tensor.
-    plain = {k: v.detach().to("cpu").contiguous().clone() if isinstance(v, torch.Tensor) else v
-             for k, v in weights.items()}
+    plain = {
+        k: v.detach().to("cpu").contiguous().clone() if isinstance(v, torch.Tensor) else v for k, v in weights.items()
+    }
     if format == "safetensors":
         safetensors_files.write_safetensors(out, plain, metadata)
     else:
@@ -316,16 +331,27 @@ def provenance(path) -> dict[str, str]:
     try:
         if is_best_file(p):
             record = best_record(p)
-            found = {"step": record["step"], "metric": record["metric"], "value": repr(float(record["value"])),
-                     "source_sha256": record.get("sha256") if isinstance(record.get("sha256"), str) else None}
+            found = {
+                "step": record["step"],
+                "metric": record["metric"],
+                "value": repr(float(record["value"])),
+                "source_sha256": record.get("sha256") if isinstance(record.get("sha256"), str) else None,
+            }
         else:
             info = find_checkpoint(p)
             recorded = marker(info.path)
             recorded_files = recorded.get("files")
-            entry = recorded_files.get(files.WEIGHTS) if isinstance(recorded_files, dict) and info.format == "standard" else None
+            entry = (
+                recorded_files.get(files.WEIGHTS)
+                if isinstance(recorded_files, dict) and info.format == "standard"
+                else None
+            )
             metrics = recorded.get("metrics")
-            found = {"step": info.step, "metrics": json.dumps(metrics, sort_keys=True) if isinstance(metrics, dict) else None,
-                     "source_sha256": entry.get("sha256") if isinstance(entry, dict) else None}
+            found = {
+                "step": info.step,
+                "metrics": json.dumps(metrics, sort_keys=True) if isinstance(metrics, dict) else None,
+                "source_sha256": entry.get("sha256") if isinstance(entry, dict) else None,
+            }
     except (OSError, ValueError):  # no record beside it, or no checkpoint: the weights alone
         return {}
     return {f"pimm_fn.{key}": str(value) for key, value in found.items() if isinstance(value, (str, int))}
@@ -385,7 +411,9 @@ def _trainer_parts(path: pathlib.Path, world_size: int) -> tuple[dict, list[str]
     parts = {}
     for prefix, text in texts.items():
         head = f"{prefix}/t/"
-        parts[prefix] = unpack(text, {k[len(head):]: kept.get(k, info) for k, info in shapes.items() if k.startswith(head)})
+        parts[prefix] = unpack(
+            text, {k[len(head) :]: kept.get(k, info) for k, info in shapes.items() if k.startswith(head)}
+        )
     problems = [f"trainer/ lacks the {p} part (the checkpoint says {world_size} rank(s) wrote it)" for p in missing]
     shards = sum(1 for k in meta if k.startswith("sharded/"))
     summary = f"trainer/: {len(meta)} tensors read ({read:,} bytes)" + (f", {shards} of them shards" if shards else "")

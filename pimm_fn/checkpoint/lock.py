@@ -61,12 +61,16 @@ import uuid
 import attrs
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint import files, storage
 from pimm_fn.checkpoint.errors import SaveDirLockError
 
 __all__ = [
-    "Holder", "read_holder", "stale_reason", "LOCK_NAME", "Lock", "take",
+    "Holder",
+    "read_holder",
+    "stale_reason",
+    "LOCK_NAME",
+    "Lock",
+    "take",
 ]
 
 
@@ -158,7 +162,7 @@ def _running(pid: int, since: float) -> bool:
         boot = next(float(line.split()[1]) for line in open("/proc/stat") if line.startswith("btime"))
     except (OSError, StopIteration, ValueError, IndexError):
         return True  # no /proc to tell a zombie or a reused pid: assume it runs
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     if fields[0] in ("Z", "X"):
         return False  # killed, not yet reaped
     started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
@@ -331,9 +335,7 @@ def _set_aside(path: pathlib.Path, held: Holder | None) -> bool:
 
 def _busy(path: pathlib.Path, held: Holder | None) -> SaveDirLockError:
     who = f"another run ({held})" if held is not None else "another run (its lock file is being written)"
-    gone = (
-        f"if that run is no longer running (on another host it cannot be checked from here), delete {path}"
-    )
+    gone = f"if that run is no longer running (on another host it cannot be checked from here), delete {path}"
     return SaveDirLockError(
         f"save_dir {str(path.parent)!r} is in use by {who}; its lock file is {path}. Two runs writing one "
         f"save_dir destroy each other's checkpoints, so this run wrote nothing. Wait for that run to end (or stop "

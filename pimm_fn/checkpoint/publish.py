@@ -61,8 +61,7 @@ import socket
 import time
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint import storage, validation
+from pimm_fn.checkpoint import files, storage, validation
 from pimm_fn.checkpoint.errors import (
     CheckpointError,
     CheckpointStorageError,
@@ -76,8 +75,15 @@ from pimm_fn.checkpoint.storage import StorePath
 from pimm_fn.checkpoint.validation import readable_or_set_aside
 
 __all__ = [
-    "fresh", "publish", "store_snapshot", "CheckpointStorageError", "write_receipt", "missing_receipts",
-    "check_receipts", "receipt_error", "RECEIPT_GRACE_S",
+    "fresh",
+    "publish",
+    "store_snapshot",
+    "CheckpointStorageError",
+    "write_receipt",
+    "missing_receipts",
+    "check_receipts",
+    "receipt_error",
+    "RECEIPT_GRACE_S",
 ]
 
 
@@ -225,8 +231,14 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path, step: int) -> pa
 
 
 def publish_staged(
-    model_dir: pathlib.Path, staging: pathlib.Path, step: int, world_size: int, metrics: dict | None = None, *,
-    weights_file: "files.BackgroundWrite | None" = None, digests: bool = False,
+    model_dir: pathlib.Path,
+    staging: pathlib.Path,
+    step: int,
+    world_size: int,
+    metrics: dict | None = None,
+    *,
+    weights_file: "files.BackgroundWrite | None" = None,
+    digests: bool = False,
 ) -> pathlib.Path:
     """Mark a staging directory whose files are all durable complete, and publish it (main rank).
 
@@ -366,7 +378,9 @@ def check_receipts(staging: pathlib.Path, group=None) -> None:
     if world == 1:
         return
     # Rank 0's absolute path: a relative save_dir resolves against each node's own working directory.
-    verdict = (missing_receipts(staging, world), socket.gethostname(), str(staging.absolute())) if dist.is_main() else None
+    verdict = (
+        (missing_receipts(staging, world), socket.gethostname(), str(staging.absolute())) if dist.is_main() else None
+    )
     missing, main_host, where = dist.broadcast_object(verdict, group=group)
     if not missing:
         return

@@ -21,14 +21,11 @@ from __future__ import annotations
 import os
 import pathlib
 
-from pimm_fn.core import retention
-
-from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint.formats import one_file
-from pimm_fn.checkpoint import storage
-from pimm_fn.checkpoint import validation
-from pimm_fn.checkpoint.files import info_from_marker
+from pimm_fn.checkpoint import files, storage, validation
 from pimm_fn.checkpoint.errors import storage_errors
+from pimm_fn.checkpoint.files import info_from_marker
+from pimm_fn.checkpoint.formats import one_file
+from pimm_fn.core import retention
 
 REMOVING = f"{files.STAGING}removed-"
 

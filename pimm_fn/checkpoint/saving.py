@@ -37,19 +37,21 @@ from typing import ClassVar
 import attrs
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files
+from pimm_fn.checkpoint import files, storage, validation
 from pimm_fn.checkpoint import publish as _publish
 from pimm_fn.checkpoint import retention as _retain
-from pimm_fn.checkpoint import storage, validation
 from pimm_fn.checkpoint.contents import TrainerContents, to_parts
 from pimm_fn.checkpoint.errors import SHARED
 from pimm_fn.checkpoint.files import FORMATS, SAVED_FOR, CheckpointInfo
-from pimm_fn.checkpoint.formats import one_file
-from pimm_fn.checkpoint.formats import standard
+from pimm_fn.checkpoint.formats import one_file, standard
 from pimm_fn.core import retention, validate
 
 __all__ = [
-    "LoadedCheckpoint", "load_checkpoint", "save_run", "save_checkpoint", "Saving",
+    "LoadedCheckpoint",
+    "load_checkpoint",
+    "save_run",
+    "save_checkpoint",
+    "Saving",
 ]
 
 
@@ -96,12 +98,33 @@ def save_run(
     """
     trainer, local = to_parts(contents)
     if background is not None:
-        background.save(model_dir, step=step, weights=weights, trainer=trainer, local=local, snapshot=snapshot,
-                        sharded=contents.sharded, keep=keep, metrics=metrics, digests=digests)
+        background.save(
+            model_dir,
+            step=step,
+            weights=weights,
+            trainer=trainer,
+            local=local,
+            snapshot=snapshot,
+            sharded=contents.sharded,
+            keep=keep,
+            metrics=metrics,
+            digests=digests,
+        )
         return None
-    return save_checkpoint(model_dir, step=step, weights=weights, trainer=trainer, local=local, format=format,
-                           snapshot=snapshot, sharded=contents.sharded, keep=keep, metrics=metrics, digests=digests,
-                           saved_for=saved_for)
+    return save_checkpoint(
+        model_dir,
+        step=step,
+        weights=weights,
+        trainer=trainer,
+        local=local,
+        format=format,
+        snapshot=snapshot,
+        sharded=contents.sharded,
+        keep=keep,
+        metrics=metrics,
+        digests=digests,
+        saved_for=saved_for,
+    )
 
 
 def save_checkpoint(
@@ -177,8 +200,10 @@ def save_checkpoint(
         recorded = {**(recorded or {}), SAVED_FOR: saved_for}
     root = storage.location(model_dir)
     if format == "legacy" and storage.is_store(root):
-        raise ValueError(f"save_checkpoint: checkpoint_format='legacy' publishes by a rename, which {root} (an fsspec "
-                         "store) does not have; use checkpoint_format='standard' there")
+        raise ValueError(
+            f"save_checkpoint: checkpoint_format='legacy' publishes by a rename, which {root} (an fsspec "
+            "store) does not have; use checkpoint_format='standard' there"
+        )
     world = dist.world_size()
     if format == "standard":
         staging = dist.run_on_main(lambda: _publish.fresh_staging(root, step), shared=SHARED)
@@ -194,7 +219,9 @@ def save_checkpoint(
             raise
 
         def publish() -> pathlib.Path:
-            return _publish.publish_staged(root, staging, step, world, recorded, weights_file=weights_file, digests=digests)
+            return _publish.publish_staged(
+                root, staging, step, world, recorded, weights_file=weights_file, digests=digests
+            )
 
     else:
         locals_by_rank = dist.gather_object(local)
@@ -210,7 +237,9 @@ def save_checkpoint(
         _retain.retain(root, policy, step)
         return CheckpointInfo(published, step, format, world)
 
-    return dist.run_on_main(publish_and_retain, shared=SHARED)  # rank 0's DiskFullError is raised as itself on every rank
+    return dist.run_on_main(
+        publish_and_retain, shared=SHARED
+    )  # rank 0's DiskFullError is raised as itself on every rank
 
 
 def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedCheckpoint:

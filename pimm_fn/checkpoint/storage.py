@@ -76,7 +76,7 @@ def location(value: str | os.PathLike) -> pathlib.Path | "StorePath":
         return pathlib.Path(value)
     scheme = _URL.match(value).group(1).lower()
     if scheme in _LOCAL:
-        return pathlib.Path(value[len(scheme) + 3:] or "/")
+        return pathlib.Path(value[len(scheme) + 3 :] or "/")
     check_url(value)
     return StorePath.from_url(value)
 
@@ -95,11 +95,14 @@ def check_url(url: str, *, what: str = "save_dir") -> None:
     except ImportError as exc:
         extra = _EXTRAS.get(scheme)
         fix = f"pip install 'pimm_fn[{extra}]'" if extra else f"install the fsspec package for {scheme!r} ({exc})"
-        raise ValueError(f"{what} {url!r} is on {scheme}://, whose storage package is not installed; {fix}, "
-                         f"or pass a local path") from None
+        raise ValueError(
+            f"{what} {url!r} is on {scheme}://, whose storage package is not installed; {fix}, or pass a local path"
+        ) from None
     except ValueError:
-        raise ValueError(f"{what} {url!r}: fsspec knows no storage protocol {scheme!r}; use a local path or a "
-                         f"URL fsspec knows (s3://, gs://, memory://, file://, ...)") from None
+        raise ValueError(
+            f"{what} {url!r}: fsspec knows no storage protocol {scheme!r}; use a local path or a "
+            f"URL fsspec knows (s3://, gs://, memory://, file://, ...)"
+        ) from None
 
 
 def _filesystem(url: str):
@@ -127,7 +130,7 @@ class StorePath:
         fs, path = _filesystem(url)
         scheme = _URL.match(url).group(1)
         path = path.rstrip("/") or path
-        return cls(f"{scheme}://{url[len(scheme) + 3:].rstrip('/')}", fs, path)
+        return cls(f"{scheme}://{url[len(scheme) + 3 :].rstrip('/')}", fs, path)
 
     def __reduce__(self):  # a process rebuilds its own filesystem from the URL (another rank, a worker)
         return (StorePath.from_url, (self.url,))
@@ -176,7 +179,7 @@ class StorePath:
     def relative_to(self, other: "StorePath") -> pathlib.PurePosixPath:
         if not self.path.startswith(other.path + "/"):
             raise ValueError(f"{self} is not inside {other}")
-        return pathlib.PurePosixPath(self.path[len(other.path) + 1:])
+        return pathlib.PurePosixPath(self.path[len(other.path) + 1 :])
 
     def as_posix(self) -> str:
         return self.url
@@ -230,8 +233,11 @@ class StorePath:
         self._fresh()
         found = self.fs.find(self.path, detail=True)
         head = self.path + "/"
-        return {name[len(head):]: int(info.get("size") or 0) for name, info in found.items()
-                if name.startswith(head) and info.get("type") == "file"}
+        return {
+            name[len(head) :]: int(info.get("size") or 0)
+            for name, info in found.items()
+            if name.startswith(head) and info.get("type") == "file"
+        }
 
     # -- reading and writing ---------------------------------------------------------------------
     def open(self, mode: str = "rb"):

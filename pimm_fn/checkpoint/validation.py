@@ -65,16 +65,20 @@ import pathlib
 import stat
 import warnings
 
-from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint import storage
-from pimm_fn.checkpoint.errors import CheckpointError, CheckpointStorageError, cause
+from pimm_fn.checkpoint import files, storage
+from pimm_fn.checkpoint.errors import CheckpointError, CheckpointStorageError, SetAsideWarning, cause
 from pimm_fn.checkpoint.files import CheckpointInfo, digest, info_from_marker
-from pimm_fn.checkpoint.formats import dcp_reading
-from pimm_fn.checkpoint.formats import one_file
-from pimm_fn.checkpoint.errors import SetAsideWarning
+from pimm_fn.checkpoint.formats import dcp_reading, one_file
 
 __all__ = [
-    "check_digests", "check_files", "confined", "read_marker", "validate", "SET_ASIDE", "readable_or_set_aside", "set_aside",
+    "check_digests",
+    "check_files",
+    "confined",
+    "read_marker",
+    "validate",
+    "SET_ASIDE",
+    "readable_or_set_aside",
+    "set_aside",
 ]
 
 
@@ -112,8 +116,10 @@ def confined(path: pathlib.Path, rel: object, *, listed_in: str = files.MARKER) 
         wanted, kind = (stat.S_ISREG, "a regular file") if i == len(parts) - 1 else (stat.S_ISDIR, "a directory")
         if stat.S_ISLNK(mode) or not wanted(mode):
             what = "a symbolic link" if stat.S_ISLNK(mode) else "not " + kind
-            problem = (f"lists {rel!r:.200}, whose {part!r:.80} is {what}: only regular files inside the "
-                       "checkpoint directory count (a damaged or crafted marker)")
+            problem = (
+                f"lists {rel!r:.200}, whose {part!r:.80} is {what}: only regular files inside the "
+                "checkpoint directory count (a damaged or crafted marker)"
+            )
             raise CheckpointError(path, listed_in, problem)
     return here
 
@@ -122,8 +128,12 @@ def _plain_parts(path: pathlib.Path, rel: object, listed_in: str) -> list[str]:
     """The parts of ``rel``, a name the checkpoint ``path`` lists, once sure it is a plain relative POSIX path."""
     parts = rel.split("/") if isinstance(rel, str) else None
     if not parts or rel.startswith("/") or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
-        raise CheckpointError(path, listed_in, f"lists {rel!r:.200}, which is not a plain relative path inside the "
-                                               "checkpoint directory: a damaged or crafted marker")
+        raise CheckpointError(
+            path,
+            listed_in,
+            f"lists {rel!r:.200}, which is not a plain relative path inside the "
+            "checkpoint directory: a damaged or crafted marker",
+        )
     return parts
 
 
@@ -182,7 +192,9 @@ def check_files(path: pathlib.Path, payload: dict, digests: bool) -> None:
     for needed in (weights, _METADATA):
         if needed not in recorded:
             raise CheckpointError(path, files.MARKER, f"lists no {needed}: it is not a pimm_fn checkpoint marker")
-    listing = path.files() if storage.is_store(path) else None  # on a store every size in one listing, not a request a file
+    listing = (
+        path.files() if storage.is_store(path) else None
+    )  # on a store every size in one listing, not a request a file
     for rel, record in recorded.items():
         _check_file(path, rel, record, digests, listing)
 
@@ -219,7 +231,9 @@ def check_digests(path: pathlib.Path, under: str) -> None:
 
 def _check_digest(path: pathlib.Path, rel: str, record: dict) -> None:
     if "sha256" in record and _digest(path, rel) != record["sha256"]:
-        raise CheckpointError(path, rel, "does not match the SHA-256 its marker records: its bytes changed since the save")
+        raise CheckpointError(
+            path, rel, "does not match the SHA-256 its marker records: its bytes changed since the save"
+        )
 
 
 def _size(path: pathlib.Path, rel: str, listed_in: str = files.MARKER) -> int:

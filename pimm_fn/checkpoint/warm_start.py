@@ -22,15 +22,15 @@ from collections.abc import Iterable, Mapping
 import attrs
 import torch
 
-from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint import storage, validation
+from pimm_fn.checkpoint import files, storage, validation
 from pimm_fn.checkpoint.discovery import find_checkpoint
-from pimm_fn.checkpoint.formats import one_file
-from pimm_fn.checkpoint.formats import safetensors_files, sharded
+from pimm_fn.checkpoint.formats import one_file, safetensors_files, sharded
 from pimm_fn.checkpoint.formats.one_file import check_best
 
 __all__ = [
-    "KeyRule", "WeightsReport", "remap_state_dict",
+    "KeyRule",
+    "WeightsReport",
+    "remap_state_dict",
 ]
 
 
@@ -81,7 +81,9 @@ def load_weights_file(path: str | os.PathLike) -> dict:
         check_best(p)
     content = one_file._load(p, mmap=False, checkpoint=owner)  # a checkpoint's damaged file is a CheckpointError
     if isinstance(content, Mapping) and isinstance(content.get("marker"), Mapping) and "weights" in content:
-        return one_file.checked_weights(content["weights"], p, p.name)  # a legacy checkpoint's: a state_dict, or damaged
+        return one_file.checked_weights(
+            content["weights"], p, p.name
+        )  # a legacy checkpoint's: a state_dict, or damaged
     if isinstance(content, Mapping):
         for key in ("state_dict", "model"):
             if isinstance(content.get(key), Mapping):
@@ -187,14 +189,14 @@ class KeyRule:
 
     def rewrite(self, name: str) -> str:
         """``name`` with this (bare) rule's prefix replaced."""
-        rest = name[len(self.old):]
+        rest = name[len(self.old) :]
         if self.whole and not self.new:
             return rest.lstrip(".")
         return self.new + rest
 
 
 def _unwrapped_key(name: str) -> str:
-    return name[len(_MODULE):] if name.startswith(_MODULE) else name
+    return name[len(_MODULE) :] if name.startswith(_MODULE) else name
 
 
 def remap_state_dict(
@@ -242,7 +244,9 @@ def remap_state_dict(
             name = rule.rewrite(name)
         name = _MODULE + name if wrapped else name
         if name in out:
-            raise ValueError(f"remap_state_dict: keys {origin[name]!r} and {key!r} both map to {name!r}; make the rules disjoint")
+            raise ValueError(
+                f"remap_state_dict: keys {origin[name]!r} and {key!r} both map to {name!r}; make the rules disjoint"
+            )
         out[name], origin[name] = value, key
     unmatched = [given.old for given, bare in rules.values() if bare.required and bare.old not in used]
     if unmatched:
@@ -283,7 +287,9 @@ def _normalized_rules(replacements) -> dict[str, tuple[KeyRule, KeyRule]]:
     for given in _rules_given(replacements):
         bare = given.bare()
         if bare.old in rules and rules[bare.old][1] != bare:
-            raise ValueError(f"remap_state_dict: rules {rules[bare.old][0].old!r} and {given.old!r} conflict "
-                             f"(same prefix once 'module.' is ignored)")
+            raise ValueError(
+                f"remap_state_dict: rules {rules[bare.old][0].old!r} and {given.old!r} conflict "
+                f"(same prefix once 'module.' is ignored)"
+            )
         rules.setdefault(bare.old, (given, bare))
     return rules

@@ -57,17 +57,19 @@ class Failure(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pimm_fn", description=__doc__.split("\n\n")[0],
+        prog="python -m pimm_fn",
+        description=__doc__.split("\n\n")[0],
         epilog="exit codes: 0 ok (status: finished), 1 a checkpoint incomplete or damaged (ls, verify: any of them), "
-               "2 usage error, 3 not found; status: 4 stopped mid-run (a crash, a kill), 75 to continue "
-               "(preempted, max_time)",
+        "2 usage error, 3 not found; status: 4 stopped mid-run (a crash, a kill), 75 to continue "
+        "(preempted, max_time)",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     status = commands.add_parser(
-        "status", help="how the run in a save_dir ended: finished (0), to continue (75), stopped mid-run (4)",
+        "status",
+        help="how the run in a save_dir ended: finished (0), to continue (75), stopped mid-run (4)",
         epilog="exit codes: 0 finished, 75 to continue (a preemption signal or max_time saved it: run it again with "
-               "resume=\"auto\"), 4 stopped mid-run (a crash, a kill, a Ctrl-C, or still running), 3 no checkpoint, "
-               "1 none can be read, 2 usage error",
+        'resume="auto"), 4 stopped mid-run (a crash, a kill, a Ctrl-C, or still running), 3 no checkpoint, '
+        "1 none can be read, 2 usage error",
     )
     status.add_argument("dir", metavar="DIR", help="a save_dir (or its model/ directory), a path or a URL")
     ls = commands.add_parser("ls", help="list every checkpoint under a save_dir or model_dir")
@@ -81,32 +83,45 @@ def _parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write a checkpoint's weights as a plain state dict or safetensors")
     export.add_argument("path", metavar="PATH", help="a checkpoint, a weights file, or a save_dir/model_dir (newest)")
     export.add_argument("out", metavar="OUT", help="the file to write: OUT.pth, or OUT.safetensors")
-    export.add_argument("--format", choices=("pth", "safetensors"),
-                        help="pth (torch.save) or safetensors (no pickle; needs pip install 'pimm_fn[safetensors]'); "
-                             "by default what OUT's suffix says")
+    export.add_argument(
+        "--format",
+        choices=("pth", "safetensors"),
+        help="pth (torch.save) or safetensors (no pickle; needs pip install 'pimm_fn[safetensors]'); "
+        "by default what OUT's suffix says",
+    )
     export.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
     _plan_arguments(commands.add_parser("plan", help="the effects a hook list would execute, step by step"))
     return parser
 
 
 def _plan_arguments(plan: argparse.ArgumentParser) -> None:
-    plan.add_argument("hooks", metavar="HOOKS",
-                      help="a Python list of pimm_fn hook factory calls, e.g. \"[save_every(4), log_every(2)]\" "
-                           "(evaluator stand-in: evaluate), or a pimm config file (.py or .json) "
-                           "with hooks=[dict(...)]")
+    plan.add_argument(
+        "hooks",
+        metavar="HOOKS",
+        help='a Python list of pimm_fn hook factory calls, e.g. "[save_every(4), log_every(2)]" '
+        "(evaluator stand-in: evaluate), or a pimm config file (.py or .json) "
+        "with hooks=[dict(...)]",
+    )
     plan.add_argument("--iters-per-epoch", type=int, required=True, metavar="N")
     budget = plan.add_mutually_exclusive_group()
     budget.add_argument("--max-epochs", type=int, metavar="E")
     budget.add_argument("--max-steps", type=int, metavar="S")
-    plan.add_argument("--metric", action="append", default=[], metavar="NAME=VALUE",
-                      help="a value every evaluation publishes (repeatable), so best_on and early_stop act")
+    plan.add_argument(
+        "--metric",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a value every evaluation publishes (repeatable), so best_on and early_stop act",
+    )
     plan.add_argument("--json", action="store_true", help="print one JSON document instead of text")
 
 
 _COMMANDS = {
     "status": ("pimm_fn.cli._show", "status"),
-    "ls": ("pimm_fn.cli._show", "ls"), "inspect": ("pimm_fn.cli._show", "inspect"),
-    "verify": ("pimm_fn.cli._verify", "verify"), "export": ("pimm_fn.cli._export", "export"),
+    "ls": ("pimm_fn.cli._show", "ls"),
+    "inspect": ("pimm_fn.cli._show", "inspect"),
+    "verify": ("pimm_fn.cli._verify", "verify"),
+    "export": ("pimm_fn.cli._export", "export"),
     "plan": ("pimm_fn.cli._plan", "plan"),
 }
 

@@ -20,8 +20,11 @@ def _format(args, out: pathlib.Path) -> str:
     named = "safetensors" if out.name.endswith(_SUFFIX) else "pth"
     if args.format is not None and args.format != named:
         fix = f"name it {out.stem}{_SUFFIX}" if args.format == "safetensors" else "give it another suffix (.pth)"
-        raise Failure(USAGE, f"--format {args.format} writing {str(out)!r}: readers tell a safetensors file by its "
-                             f"{_SUFFIX} suffix; {fix}")
+        raise Failure(
+            USAGE,
+            f"--format {args.format} writing {str(out)!r}: readers tell a safetensors file by its "
+            f"{_SUFFIX} suffix; {fix}",
+        )
     return named
 
 

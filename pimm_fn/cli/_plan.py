@@ -30,8 +30,21 @@ def evaluate(model):
 
 
 NAMESPACE = {
-    **{name: getattr(pf, name) for name in ("save_every", "best_on", "evaluate_every", "log_every", "load_weights",
-                                            "model_hook", "early_stop", "step_scheduler", "ema", "chain")},
+    **{
+        name: getattr(pf, name)
+        for name in (
+            "save_every",
+            "best_on",
+            "evaluate_every",
+            "log_every",
+            "load_weights",
+            "model_hook",
+            "early_stop",
+            "step_scheduler",
+            "ema",
+            "chain",
+        )
+    },
     "evaluate": evaluate,
 }
 
@@ -59,8 +72,10 @@ def _config_values(path: pathlib.Path, seen: tuple = ()) -> dict:
             continue  # imports, functions, unpacking: not configuration values
         try:
             values[node.targets[0].id] = eval(  # noqa: S307 - no builtins: literals, dict(), names assigned before
-                compile(ast.Expression(node.value), str(path), "eval"), {"__builtins__": {}},
-                {"dict": dict, "list": list, "tuple": tuple, **values})
+                compile(ast.Expression(node.value), str(path), "eval"),
+                {"__builtins__": {}},
+                {"dict": dict, "list": list, "tuple": tuple, **values},
+            )
         except Exception:  # noqa: BLE001 - a value we cannot read is left out; `hooks` missing is said below
             continue
         if node.targets[0].id == "_base_":
@@ -125,9 +140,15 @@ def plan(args) -> int:
         trace = pf.plan(hooks, iters_per_epoch=args.iters_per_epoch, metrics=lambda step, rank: metrics, **budget)
     except (TypeError, ValueError) as exc:
         raise Failure(USAGE, str(exc)) from None
-    rows = [{"step": e.step, "event": type(e.event).__name__,
-             "hook": repr(hooks[e.hook]) if 0 <= e.hook < len(hooks) else None, "effect": compact(e.effect)}
-            for e in trace]
+    rows = [
+        {
+            "step": e.step,
+            "event": type(e.event).__name__,
+            "hook": repr(hooks[e.hook]) if 0 <= e.hook < len(hooks) else None,
+            "effect": compact(e.effect),
+        }
+        for e in trace
+    ]
     emit({"hooks": [repr(h) for h in hooks], "effects": rows}, _table(rows), args.json)
     return OK
 

@@ -50,8 +50,20 @@ from pimm_fn.cli import DAMAGED, FINISHED, MID_RUN, NOT_FOUND, OK, TO_CONTINUE, 
 from pimm_fn.core import slots
 
 __all__ = [
-    "Entry", "entries", "entry_of", "model_dir_of", "is_checkpoint_dir", "is_best_file", "reason", "some_damaged",
-    "ls", "inspect", "row", "size_text", "values_text", "status",
+    "Entry",
+    "entries",
+    "entry_of",
+    "model_dir_of",
+    "is_checkpoint_dir",
+    "is_best_file",
+    "reason",
+    "some_damaged",
+    "ls",
+    "inspect",
+    "row",
+    "size_text",
+    "values_text",
+    "status",
 ]
 
 
@@ -149,12 +161,25 @@ def row(entry: Entry) -> dict:
     ``status`` is ``complete``, ``incomplete`` (no marker: never finished), ``damaged`` (a file
     missing or changed since the save), ``unfinished`` (a ``.staging-*`` leftover) or ``best``.
     """
-    out = {"name": entry.name, "kind": entry.kind, "format": entry.format, "step": entry.step, "epoch": None,
-           "status": "unfinished", "problem": None, "size": size_of(entry.path), "metrics": {}, "best": {}}
+    out = {
+        "name": entry.name,
+        "kind": entry.kind,
+        "format": entry.format,
+        "step": entry.step,
+        "epoch": None,
+        "status": "unfinished",
+        "problem": None,
+        "size": size_of(entry.path),
+        "metrics": {},
+        "best": {},
+    }
     if entry.kind == "unfinished":
         removing = is_removal(entry.path)
-        out["problem"] = ("a snapshot being removed by retention" if removing else
-                          "a save in progress or interrupted: never read, the next save removes it")
+        out["problem"] = (
+            "a snapshot being removed by retention"
+            if removing
+            else "a save in progress or interrupted: never read, the next save removes it"
+        )
         return out
     if entry.kind == "best":
         out["status"] = "best"
@@ -194,8 +219,16 @@ def _table(rows: list[dict]) -> str:
         lines.append((r["name"], _dash(r["step"]), _dash(r["epoch"]), status, size_text(r["size"]), detail))
     widths = [max(len(line[i]) for line in lines) for i in range(5)]
     return "\n".join(
-        "  ".join([line[0].ljust(widths[0]), line[1].rjust(widths[1]), line[2].rjust(widths[2]),
-                   line[3].ljust(widths[3]), line[4].rjust(widths[4]), line[5]]).rstrip()
+        "  ".join(
+            [
+                line[0].ljust(widths[0]),
+                line[1].rjust(widths[1]),
+                line[2].rjust(widths[2]),
+                line[3].ljust(widths[3]),
+                line[4].rjust(widths[4]),
+                line[5],
+            ]
+        ).rstrip()
         for line in lines
     )
 
@@ -249,10 +282,15 @@ def _tensor_summary(tree) -> dict:
 
 def _optimizer(state_dict: dict) -> dict:
     """Each param group's hyper-parameters and size, and how much state the optimizer keeps."""
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": len(g.get("params", ()))}
-              for g in state_dict.get("param_groups") or ()]
-    return {"param_groups": groups, "state_entries": len(state_dict.get("state") or {}),
-            **_tensor_summary(state_dict.get("state"))}
+    groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, "params": len(g.get("params", ()))}
+        for g in state_dict.get("param_groups") or ()
+    ]
+    return {
+        "param_groups": groups,
+        "state_entries": len(state_dict.get("state") or {}),
+        **_tensor_summary(state_dict.get("state")),
+    }
 
 
 def _plain(state_dict) -> dict | None:
@@ -271,8 +309,13 @@ def _inspect_best(path: pathlib.Path) -> dict:
         record = best_record(path)
     except (OSError, ValueError) as exc:
         record = {"problem": _unreadable_record(path, exc)}
-    return {"path": str(path), "format": "weights", "size": size_of(path), "best": record,
-            "weights": {**_tensor_summary(weights), "parameters": _numel(weights)}}
+    return {
+        "path": str(path),
+        "format": "weights",
+        "size": size_of(path),
+        "best": record,
+        "weights": {**_tensor_summary(weights), "parameters": _numel(weights)},
+    }
 
 
 def _numel(weights: dict) -> int:
@@ -298,44 +341,63 @@ def describe(path: pathlib.Path) -> dict:
         trainer = trainer_without_tensors(info.path)
         contents = from_parts(trainer, None) if isinstance(trainer, dict) and "state" in trainer else None
     except (OSError, ValueError, KeyError, TypeError, CheckpointException) as exc:
-        raise Failure(DAMAGED, f"{info.path} cannot be read ({reason(exc)}); "
-                               f"run `python -m pimm_fn verify {info.path}`") from None
-    found = {"path": str(info.path), "format": info.format, "step": info.step, "world_size": info.world_size,
-             "size": size_of(info.path), "recorded_metrics": marker.get("metrics"),
-             "weights": {**_tensor_summary(weights), "parameters": _numel(weights)}}
+        raise Failure(
+            DAMAGED, f"{info.path} cannot be read ({reason(exc)}); run `python -m pimm_fn verify {info.path}`"
+        ) from None
+    found = {
+        "path": str(info.path),
+        "format": info.format,
+        "step": info.step,
+        "world_size": info.world_size,
+        "size": size_of(info.path),
+        "recorded_metrics": marker.get("metrics"),
+        "weights": {**_tensor_summary(weights), "parameters": _numel(weights)},
+    }
     if contents is None:  # written by save_checkpoint with a trainer dict of one's own, not by loop
         return {**found, "trainer": trainer}
     r, saved = contents.replicated, contents.replicated.state
     return {
         **found,
-        "progress": attrs.asdict(saved.state.progress), "position": saved.state.position, "stop": saved.state.stop,
-        "metrics": dict(saved.state.metrics), "best": dict(saved.state.best), "slots": _slot_lines(saved.slots),
+        "progress": attrs.asdict(saved.state.progress),
+        "position": saved.state.position,
+        "stop": saved.state.stop,
+        "metrics": dict(saved.state.metrics),
+        "best": dict(saved.state.best),
+        "slots": _slot_lines(saved.slots),
         "optimizer": _optimizer(r.optimizer) if r.optimizer is not None else None,
         "optimizers": {name: _optimizer(sd) for name, sd in (r.optimizers or {}).items()} or None,
-        "scheduler": _plain(r.scheduler), "scaler": _plain(r.scaler),
-        "extra": {name: _tensor_summary(sd) for name, sd in (r.extra or {}).items()}, "sharded": r.sharded,
+        "scheduler": _plain(r.scheduler),
+        "scaler": _plain(r.scaler),
+        "extra": {name: _tensor_summary(sd) for name, sd in (r.extra or {}).items()},
+        "sharded": r.sharded,
     }
 
 
 def _weights_line(d: dict, label: str) -> str:
     w = d["weights"]
-    return f"{label}{w['tensors']} tensors, {w['parameters']} parameters" + (" (in the shards)" if d.get("sharded") else "")
+    return f"{label}{w['tensors']} tensors, {w['parameters']} parameters" + (
+        " (in the shards)" if d.get("sharded") else ""
+    )
 
 
 def _progress_line(d: dict) -> str:
     p = d["progress"]
     budget = f"max_steps {p['step_limit']}" if p.get("step_limit") else f"max_epochs {p['max_epochs']}"
     stop = f", stopped: {d['stop']}" if d["stop"] else ""
-    return (f"progress    step {p['global_step']}, epoch {p['epoch']} (iter {p['iter_in_epoch']} of "
-            f"{p['iters_per_epoch']}), {budget}, samples_seen {p['samples_seen']}, at {d['position']}{stop}")
+    return (
+        f"progress    step {p['global_step']}, epoch {p['epoch']} (iter {p['iter_in_epoch']} of "
+        f"{p['iters_per_epoch']}), {budget}, samples_seen {p['samples_seen']}, at {d['position']}{stop}"
+    )
 
 
 def _optimizer_lines(d: dict) -> list[str]:
     optimizers = {"": d["optimizer"]} if d["optimizer"] else {f" {k}": v for k, v in (d["optimizers"] or {}).items()}
     lines = []
     for name, opt in optimizers.items():
-        lines.append(f"optimizer{name}   {opt['state_entries']} state entries, {opt['tensors']} tensors "
-                     f"({size_text(opt['bytes'])}), {len(opt['param_groups'])} param group(s)")
+        lines.append(
+            f"optimizer{name}   {opt['state_entries']} state entries, {opt['tensors']} tensors "
+            f"({size_text(opt['bytes'])}), {len(opt['param_groups'])} param group(s)"
+        )
         lines += [f"  group {i}: {values_text(g)}" for i, g in enumerate(opt["param_groups"])]
     return lines
 
@@ -343,14 +405,21 @@ def _optimizer_lines(d: dict) -> list[str]:
 def _text(d: dict) -> str:
     """``inspect``'s data for people: one section a line."""
     if d.get("format") == "weights":
-        return "\n".join([f"best-model file  {d['path']}  ({size_text(d['size'])})", f"best             {d['best']}",
-                          _weights_line(d, "weights          ")])
+        return "\n".join(
+            [
+                f"best-model file  {d['path']}  ({size_text(d['size'])})",
+                f"best             {d['best']}",
+                _weights_line(d, "weights          "),
+            ]
+        )
     head = f"checkpoint  {d['path']}  ({d['format']}, {d['world_size']} rank(s), {size_text(d['size'])})"
     if "trainer" in d:  # not a loop's: its own trainer dict, tensors by shape
-        return "\n".join([head, f"step        {d['step']}", f"trainer     {d['trainer']!r:.400}",
-                          _weights_line(d, "weights     ")])
+        return "\n".join(
+            [head, f"step        {d['step']}", f"trainer     {d['trainer']!r:.400}", _weights_line(d, "weights     ")]
+        )
     lines = [
-        head, _progress_line(d),
+        head,
+        _progress_line(d),
         f"metrics     {values_text(d['metrics']) or '-'}",
         f"best        {values_text(d['best']) or '-'}",
         _weights_line(d, "weights     "),
@@ -388,21 +457,38 @@ def standing(model_dir) -> dict:
     skipped = [{"name": path.name, "problem": reason(error)} for path, error in passed]
     if info is None:
         if passed:
-            raise Failure(DAMAGED, f"no checkpoint under {str(model_dir)!r} can be read ({skipped[0]['name']}: "
-                                   f"{skipped[0]['problem']}); `python -m pimm_fn verify {model_dir}` says why")
-        raise Failure(NOT_FOUND, f"no checkpoint under {str(model_dir)!r}: the run never saved (it stopped before its "
-                                 f"first save), or this is not its save_dir")
+            raise Failure(
+                DAMAGED,
+                f"no checkpoint under {str(model_dir)!r} can be read ({skipped[0]['name']}: "
+                f"{skipped[0]['problem']}); `python -m pimm_fn verify {model_dir}` says why",
+            )
+        raise Failure(
+            NOT_FOUND,
+            f"no checkpoint under {str(model_dir)!r}: the run never saved (it stopped before its "
+            f"first save), or this is not its save_dir",
+        )
     try:
         saved_for = marker_of(info.path).get("saved_for")
         state = contents_of(info.path).replicated.state.state
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - not a loop's trainer state
-        raise Failure(USAGE, f"{info.path} holds no loop() progress ({reason(exc)}): status tells how a loop() run "
-                             f"ended; `python -m pimm_fn inspect {info.path}` shows what it holds") from None
+        raise Failure(
+            USAGE,
+            f"{info.path} holds no loop() progress ({reason(exc)}): status tells how a loop() run "
+            f"ended; `python -m pimm_fn inspect {info.path}` shows what it holds",
+        ) from None
     code = FINISHED if _ended(state) else TO_CONTINUE if saved_for is not None else MID_RUN
     p = state.progress
-    return {"model_dir": str(model_dir), "status": WORDS[code], "code": code, "checkpoint": str(info.path),
-            "step": info.step, "max_steps": p.max_steps, "saved_for": saved_for, "stop": state.stop,
-            "passed_over": skipped}
+    return {
+        "model_dir": str(model_dir),
+        "status": WORDS[code],
+        "code": code,
+        "checkpoint": str(info.path),
+        "step": info.step,
+        "max_steps": p.max_steps,
+        "saved_for": saved_for,
+        "stop": state.stop,
+        "passed_over": skipped,
+    }
 
 
 def _status_text(d: dict) -> str:
@@ -410,10 +496,12 @@ def _status_text(d: dict) -> str:
     if d["code"] == FINISHED:
         line = f"finished: {where}" + (f" (stopped early: {d['stop']})" if d["stop"] else "")
     elif d["code"] == TO_CONTINUE:
-        line = f"to continue: saved {where} for {d['saved_for']}; run it again with resume=\"auto\" to go on from it"
+        line = f'to continue: saved {where} for {d["saved_for"]}; run it again with resume="auto" to go on from it'
     else:
-        line = (f"stopped mid-run: its newest checkpoint is {where}, saved on the way, neither at the end nor for a "
-                f"stop (a crash, a kill, a Ctrl-C, or a run still going); resume=\"auto\" goes on from it")
+        line = (
+            f"stopped mid-run: its newest checkpoint is {where}, saved on the way, neither at the end nor for a "
+            f'stop (a crash, a kill, a Ctrl-C, or a run still going); resume="auto" goes on from it'
+        )
     passed = [f"  passed over: {s['name']} ({s['problem']})" for s in d["passed_over"]]
     return "\n".join([line, *passed])
 

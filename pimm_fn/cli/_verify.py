@@ -72,10 +72,10 @@ def check(entry: Entry, *, named: bool = False) -> Finding:
             return Finding(entry.name, entry.kind, notes=(f"leftover of an interrupted publish: {reason(exc)}",))
         unmarked = not is_marked(entry.path)
         damaged = exc.file if isinstance(exc, CheckpointError) and entry.path.is_dir() else None
-        return Finding(entry.name, entry.kind, problems=(reason(exc),), incomplete=unmarked,
-                       shared=shared_with(entry, damaged))
-    return Finding(entry.name, entry.kind, tuple(problems), tuple(notes),
-                   shared=shared_with(entry) if problems else ())
+        return Finding(
+            entry.name, entry.kind, problems=(reason(exc),), incomplete=unmarked, shared=shared_with(entry, damaged)
+        )
+    return Finding(entry.name, entry.kind, tuple(problems), tuple(notes), shared=shared_with(entry) if problems else ())
 
 
 def _links(path: pathlib.Path) -> dict:
@@ -135,8 +135,10 @@ def _targets(path: pathlib.Path) -> tuple[list[Entry], bool]:
 
 def _shared_text(shared: tuple) -> str:
     """What a damaged file's other links mean, for the text output."""
-    return (f"shares the damaged file(s) with {', '.join(shared)} (hard links: a snapshot and the last it was "
-            f"copied from are the same files), so the damage is theirs too")
+    return (
+        f"shares the damaged file(s) with {', '.join(shared)} (hard links: a snapshot and the last it was "
+        f"copied from are the same files), so the damage is theirs too"
+    )
 
 
 def _text(findings: list[Finding]) -> str:
@@ -152,8 +154,17 @@ def verify(args) -> int:
     """Verify a checkpoint, or every one under a save_dir/model_dir; exit 1 when any is damaged or incomplete."""
     targets, named = _targets(location(args.path))
     findings = [check(e, named=named) for e in targets]
-    data = [{"name": f.name, "kind": f.kind, "status": f.status, "problems": list(f.problems), "notes": list(f.notes),
-             "shared_with": list(f.shared)} for f in findings]
+    data = [
+        {
+            "name": f.name,
+            "kind": f.kind,
+            "status": f.status,
+            "problems": list(f.problems),
+            "notes": list(f.notes),
+            "shared_with": list(f.shared),
+        }
+        for f in findings
+    ]
     emit({"path": args.path, "ok": all(f.ok for f in findings), "entries": data}, _text(findings), args.json)
     damaged = [f.name for f in findings if not f.ok]
     if damaged:

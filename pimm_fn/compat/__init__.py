@@ -30,21 +30,27 @@ The torch-dependent parts (``HANDLERS``, ``split_weight_decay``,
 
 import importlib
 
-from pimm_fn.compat.saving import checkpoint_format
-from pimm_fn.compat.build import build_hooks
-from pimm_fn.compat.evaluators import pimm_evaluator
-from pimm_fn.compat.evaluators import final_evaluator
-from pimm_fn.compat.hookbase import HookBase, adapt, adapted
-from pimm_fn.compat.logs import WriterState, information_writer, iteration_timer
-from pimm_fn.compat.model_hooks import attention_mask_annealing, dtype_overrider, garbage_handler, pimm_model_hook
-from pimm_fn.compat.model_hooks import gradient_norm_logger, parameter_counter
+from pimm_fn.compat.build import DEFAULT_REGISTRY, HookRegistry, build_hooks, register_hook
+from pimm_fn.compat.evaluators import final_evaluator, pimm_evaluator
+from pimm_fn.compat.hookbase import HookBase, TrainerView, adapt, adapted
+from pimm_fn.compat.logs import WriterState, information_writer, iteration_timer, wandb_namer
+from pimm_fn.compat.model_hooks import (
+    attention_mask_annealing,
+    dtype_overrider,
+    garbage_handler,
+    gradient_norm_logger,
+    parameter_counter,
+    pimm_model_hook,
+)
 from pimm_fn.compat.monitors import ProfilerState, push_to_hub, resource_utilization_logger, runtime_profiler
-from pimm_fn.compat.options import parse_options
-from pimm_fn.compat.options import apply_options, override_hooks
-from pimm_fn.compat.build import DEFAULT_REGISTRY, HookRegistry, register_hook
-from pimm_fn.compat.logs import wandb_namer
-from pimm_fn.compat.saving import PIMM_BEST, PimmSaveState, checkpoint_saver, checkpoint_saver_iteration
-from pimm_fn.compat.hookbase import TrainerView
+from pimm_fn.compat.options import apply_options, override_hooks, parse_options
+from pimm_fn.compat.saving import (
+    PIMM_BEST,
+    PimmSaveState,
+    checkpoint_format,
+    checkpoint_saver,
+    checkpoint_saver_iteration,
+)
 from pimm_fn.compat.type_factories import REFUSED
 from pimm_fn.compat.warm_start import checkpoint_loader
 from pimm_fn.compat.weight_decay import weight_decay_exclusion, weight_decay_scheduler
@@ -60,15 +66,42 @@ _RUNTIME = {
 }
 
 __all__ = [
-    "build_hooks", "HookRegistry", "DEFAULT_REGISTRY", "REFUSED", "register_hook",
-    "apply_options", "override_hooks", "parse_options", "checkpoint_format",
-    "HookBase", "TrainerView", "adapt", "adapted",
-    "checkpoint_saver", "checkpoint_saver_iteration", "checkpoint_loader", "PimmSaveState", "PIMM_BEST",
-    "pimm_evaluator", "final_evaluator",
-    "information_writer", "WriterState", "iteration_timer", "wandb_namer", "gradient_norm_logger", "parameter_counter",
-    "weight_decay_exclusion", "weight_decay_scheduler", "attention_mask_annealing", "dtype_overrider",
-    "garbage_handler", "pimm_model_hook",
-    "resource_utilization_logger", "runtime_profiler", "ProfilerState", "push_to_hub",
+    "build_hooks",
+    "HookRegistry",
+    "DEFAULT_REGISTRY",
+    "REFUSED",
+    "register_hook",
+    "apply_options",
+    "override_hooks",
+    "parse_options",
+    "checkpoint_format",
+    "HookBase",
+    "TrainerView",
+    "adapt",
+    "adapted",
+    "checkpoint_saver",
+    "checkpoint_saver_iteration",
+    "checkpoint_loader",
+    "PimmSaveState",
+    "PIMM_BEST",
+    "pimm_evaluator",
+    "final_evaluator",
+    "information_writer",
+    "WriterState",
+    "iteration_timer",
+    "wandb_namer",
+    "gradient_norm_logger",
+    "parameter_counter",
+    "weight_decay_exclusion",
+    "weight_decay_scheduler",
+    "attention_mask_annealing",
+    "dtype_overrider",
+    "garbage_handler",
+    "pimm_model_hook",
+    "resource_utilization_logger",
+    "runtime_profiler",
+    "ProfilerState",
+    "push_to_hub",
     *_RUNTIME,
 ]
 

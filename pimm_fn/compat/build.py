@@ -67,7 +67,11 @@ from pimm_fn.compat.type_factories import BUILTINS, CONTEXT
 from pimm_fn.core.frozen import FrozenMap, freeze
 
 __all__ = [
-    "HookRegistry", "DEFAULT_REGISTRY", "register_hook", "build_hooks", "CONTEXT_KEYWORDS",
+    "HookRegistry",
+    "DEFAULT_REGISTRY",
+    "register_hook",
+    "build_hooks",
+    "CONTEXT_KEYWORDS",
 ]
 
 
@@ -200,8 +204,14 @@ def _build_one(where, config, registry, context):
                 f"({name} {accepts})"
             )
     params = inspect.signature(factory).parameters
-    missing = [n for n, p in params.items() if p.default is p.empty and n != CONTEXT and n not in options
-               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    missing = [
+        n
+        for n, p in params.items()
+        if p.default is p.empty
+        and n != CONTEXT
+        and n not in options
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    ]
     if missing:
         raise TypeError(f"build_hooks: {where} {name} needs keyword {missing[0]!r} (got {sorted(options)})")
     takes_context = CONTEXT in params
@@ -218,7 +228,7 @@ def _with_metrics(hooks: list) -> list:
     for i, hook in enumerate(hooks):
         if isinstance(hook, _PimmSaver) and hook.metric is None:
             before = [h for h in hooks[:i] if isinstance(h, _PimmEvaluator) and h.evaluate and h.metric]
-            after = [h for h in hooks[i + 1:] if isinstance(h, _PimmEvaluator) and h.evaluate and h.metric]
+            after = [h for h in hooks[i + 1 :] if isinstance(h, _PimmEvaluator) and h.evaluate and h.metric]
             source = before[-1] if before else after[0] if after else None
             if source is not None:
                 hook = attrs.evolve(hook, metric=source.metric[0], mode=source.metric[1])
@@ -233,9 +243,18 @@ def _with_metrics(hooks: list) -> list:
     return found
 
 
-def build_hooks(configs, *, registry: Mapping | None = None, options=None, hooks_override: Mapping | None = None,
-                weight: str | None = None, evaluate=None, tester: Callable | None = None,
-                context: Mapping | None = None, **unknown) -> list:
+def build_hooks(
+    configs,
+    *,
+    registry: Mapping | None = None,
+    options=None,
+    hooks_override: Mapping | None = None,
+    weight: str | None = None,
+    evaluate=None,
+    tester: Callable | None = None,
+    context: Mapping | None = None,
+    **unknown,
+) -> list:
     """pimm-style hook configs as a list of pimm_fn hooks, in the same order.
 
     pimm's overrides are applied first, in pimm's order (``hooks_override``,

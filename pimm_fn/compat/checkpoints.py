@@ -66,7 +66,13 @@ from pimm_fn.runtime.handlers import dispatch as runtime_handlers
 from pimm_fn.runtime.step.rng import capture_rng
 
 __all__ = [
-    "resume_progress", "is_legacy", "legacy_line", "item", "nested_state", "translate", "PimmCheckpoints",
+    "resume_progress",
+    "is_legacy",
+    "legacy_line",
+    "item",
+    "nested_state",
+    "translate",
+    "PimmCheckpoints",
     "PIMM_CHECKPOINTS",
 ]
 
@@ -95,8 +101,13 @@ def _counters(payload: Mapping, where) -> tuple[int, int, int | None, int, bool]
     trainer = payload.get("train_state") or payload.get("trainer")
     if not is_legacy(payload):
         i = trainer.get("iter_in_epoch", trainer.get("iteration", trainer.get("iter", 0)))
-        return (int(item(trainer.get("epoch", 0))), int(item(i or 0)), int(item(trainer.get("global_step", 0))),
-                int(item(trainer.get("samples_seen", 0))), False)
+        return (
+            int(item(trainer.get("epoch", 0))),
+            int(item(i or 0)),
+            int(item(trainer.get("global_step", 0))),
+            int(item(trainer.get("samples_seen", 0))),
+            False,
+        )
     if "epoch" not in payload:
         raise PimmCheckpointError(
             f"{where} holds model weights only (no 'epoch' or trainer state): nothing to resume. Warm-start a fresh "
@@ -126,7 +137,9 @@ def _steps_per_epoch(epoch, i, step, payload, given, legacy, where) -> int:
     )
 
 
-def resume_progress(payload: Mapping, where, iters_per_epoch, max_epochs, run_steps=None) -> tuple[Progress, str, str | None]:
+def resume_progress(
+    payload: Mapping, where, iters_per_epoch, max_epochs, run_steps=None
+) -> tuple[Progress, str, str | None]:
     """``(progress, position, note)``: where pimm would resume, as pimm_fn's state; ``note`` a warning to give.
 
     ``run_steps``: the resuming run's steps per epoch, which a legacy file is resumed with (pimm's rule).
@@ -138,21 +151,27 @@ def resume_progress(payload: Mapping, where, iters_per_epoch, max_epochs, run_st
     if legacy:
         start = max(0, epoch - 1) if 0 < i < ipe else epoch
         if 0 < i < ipe:
-            note = (f"{where}: legacy checkpoint is mid-epoch (epoch={epoch}, iter={i}) and has no dataloader state; "
-                    f"epoch {start} restarts from its first batch")
+            note = (
+                f"{where}: legacy checkpoint is mid-epoch (epoch={epoch}, iter={i}) and has no dataloader state; "
+                f"epoch {start} restarts from its first batch"
+            )
         step = start * ipe
     elif 0 < i < ipe:
         start = epoch
-        note = (f"{where}: checkpoint is mid-epoch (epoch {epoch}, step {i} of {ipe}) and its dataloader state is a "
-                f"pickle pimm_fn does not load; resuming from the beginning of the saved epoch and replaying "
-                f"already-completed batches (global_step {step} -> {epoch * ipe}), as pimm does without a cursor")
+        note = (
+            f"{where}: checkpoint is mid-epoch (epoch {epoch}, step {i} of {ipe}) and its dataloader state is a "
+            f"pickle pimm_fn does not load; resuming from the beginning of the saved epoch and replaying "
+            f"already-completed batches (global_step {step} -> {epoch * ipe}), as pimm does without a cursor"
+        )
         step = epoch * ipe
     else:
         start = epoch + (1 if i >= ipe else 0)
     scheduler = payload.get("scheduler")
     horizon = scheduler.get("total_steps") if isinstance(scheduler, Mapping) else None
     horizon = horizon if horizon is not None else (nested_state(scheduler) or {}).get("total_steps")
-    epochs = max_epochs if max_epochs is not None else _exact(item(horizon), ipe) if isinstance(item(horizon), int) else None
+    epochs = (
+        max_epochs if max_epochs is not None else _exact(item(horizon), ipe) if isinstance(item(horizon), int) else None
+    )
     epochs = max(epochs if epochs is not None else start, start)
     if start == 0:
         return Progress(ipe, epochs, 0, 0, 0, samples), "BeforeTrain", note
@@ -163,9 +182,11 @@ def legacy_line(path, payload, progress: Progress, position: str) -> str:
     """The console line saying a legacy file resumes with this run's steps per epoch, and where."""
     epoch, i = item(payload["epoch"]), item(payload.get("iter") or 0)
     at = progress.epoch + 1 if position == "AfterEpoch" else 0
-    return (f"{path} is pimm's legacy checkpoint (epoch={epoch}, iter={i}), which does not record its steps per "
-            f"epoch: taking this run's steps per epoch, {progress.iters_per_epoch}, as pimm takes its loader's "
-            f"length; resuming at epoch {at}, global_step {progress.global_step}")
+    return (
+        f"{path} is pimm's legacy checkpoint (epoch={epoch}, iter={i}), which does not record its steps per "
+        f"epoch: taking this run's steps per epoch, {progress.iters_per_epoch}, as pimm takes its loader's "
+        f"length; resuming at epoch {at}, global_step {progress.global_step}"
+    )
 
 
 IMPORT = ".staging-pimm-import"  # where a resume's translation goes, in the run's model/; the first save removes it
@@ -209,8 +230,13 @@ def _rng(entry, world: int, rank: int, where) -> dict:
     kind, keys, pos, has_gauss, cached = own["numpy"]
     found = {
         "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"kind": kind, "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
         "torch": own["torch"],
     }
     if own.get("torch_cuda"):
@@ -218,8 +244,15 @@ def _rng(entry, world: int, rank: int, where) -> dict:
     return found
 
 
-def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: int | None = None,
-              run_steps: int | None = None, say=None):
+def translate(
+    path,
+    out_dir,
+    *,
+    iters_per_epoch: int | None = None,
+    max_epochs: int | None = None,
+    run_steps: int | None = None,
+    say=None,
+):
     """Write the pimm checkpoint at ``path`` as a pimm_fn checkpoint in ``out_dir``; returns its ``CheckpointInfo``.
 
     Collective in a process group (every rank calls it; each translates its
@@ -253,8 +286,13 @@ def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: 
     trainer = payload.get("trainer") if isinstance(payload.get("trainer"), Mapping) else {}
     best = item(trainer["best_metric_value"] if "best_metric_value" in trainer else payload.get("best_metric_value"))
     finite = isinstance(best, (int, float)) and not isinstance(best, bool) and math.isfinite(best)
-    state = State(progress, rank=dist.rank(), world_size=dist.world_size(), position=position,
-                  best={PIMM_BEST: float(best)} if finite else {})
+    state = State(
+        progress,
+        rank=dist.rank(),
+        world_size=dist.world_size(),
+        position=position,
+        best={PIMM_BEST: float(best)} if finite else {},
+    )
     saved = SavedState(state, Keyed(()))
     scaler = payload.get("scaler")
     scaler = nested_state(scaler) if not isinstance(scaler, Mapping) or scaler.get("enabled", True) else None
@@ -268,8 +306,9 @@ def translate(path, out_dir, *, iters_per_epoch: int | None = None, max_epochs: 
         )
     replicated = Replicated(optimizer, nested_state(payload.get("scheduler")), scaler, saved)
     trainer_part, local = to_parts(TrainerContents(replicated, PerRank(saved, rng, cursor)))
-    return checkpoint.save_checkpoint(out_dir, step=progress.global_step, weights=ckpt.weights, trainer=trainer_part,
-                                      local=local, format="legacy")
+    return checkpoint.save_checkpoint(
+        out_dir, step=progress.global_step, weights=ckpt.weights, trainer=trainer_part, local=local, format="legacy"
+    )
 
 
 class PimmCheckpoints:
@@ -301,8 +340,10 @@ class PimmCheckpoints:
         remapped, skipped = remap_pimm_weights(source, effect.replacements, target, strict=effect.strict)
         result = module.load_state_dict(remapped, strict=effect.strict)
         missing, unexpected = list(result.missing_keys), list(result.unexpected_keys)
-        ctx.say(f"Loaded {len(target) - len(missing)}/{len(target)} model params from {effect.path} "
-                f"(missing: {len(missing)}, unexpected: {len(unexpected)})")
+        ctx.say(
+            f"Loaded {len(target) - len(missing)}/{len(target)} model params from {effect.path} "
+            f"(missing: {len(missing)}, unexpected: {len(unexpected)})"
+        )
         if skipped:
             ctx.say(f"Skipped {len(skipped)} shape-mismatched key(s), kept at init: {', '.join(skipped[:8])}")
         if missing:

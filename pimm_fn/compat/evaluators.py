@@ -54,22 +54,49 @@ from pimm_fn.hooks.evaluation import evaluator_name
 from pimm_fn.hooks.metric_names import check_spelling
 
 __all__ = [
-    "pimm_evaluator", "current_metric", "EVALUATOR_DEFAULTS", "deep_freeze", "final_evaluator",
+    "pimm_evaluator",
+    "current_metric",
+    "EVALUATOR_DEFAULTS",
+    "deep_freeze",
+    "final_evaluator",
 ]
 
 
 # Every keyword of pimm's registered evaluators, with pimm's defaults (``PIMM.md`` 2.3).
 EVALUATOR_DEFAULTS = {
-    "SemSegEvaluator": dict(write_cls_iou=False, every_n_steps=0, ignore_index=-1, macro_ignore_class_ids=None,
-                            per_instance_metrics=False),
+    "SemSegEvaluator": dict(
+        write_cls_iou=False, every_n_steps=0, ignore_index=-1, macro_ignore_class_ids=None, per_instance_metrics=False
+    ),
     "InstanceSegmentationEvaluator": dict(
-        every_n_steps=0, stuff_threshold=0.5, mask_threshold=0.5, class_names=None, stuff_classes=None,
-        iou_thresh=0.5, require_class_for_match=False, labels=None, prefix=None, primary_label=None,
-        set_current_metric=True, instance_key=None, segment_key=None, segment_fallback_key=None, log_ari=True,
-        select_metric="det_f1", log_val_loss=False),
+        every_n_steps=0,
+        stuff_threshold=0.5,
+        mask_threshold=0.5,
+        class_names=None,
+        stuff_classes=None,
+        iou_thresh=0.5,
+        require_class_for_match=False,
+        labels=None,
+        prefix=None,
+        primary_label=None,
+        set_current_metric=True,
+        instance_key=None,
+        segment_key=None,
+        segment_fallback_key=None,
+        log_ari=True,
+        select_metric="det_f1",
+        log_val_loss=False,
+    ),
     "MAEEvaluator": dict(every_n_steps=0, max_batches=None, log_pointclouds=True),
-    "PretrainEvaluator": dict(label="segment", write_cls_iou=True, every_n_steps=1, max_train_events=250,
-                              max_test_events=250, class_names=None, prefix="", train_config=None),
+    "PretrainEvaluator": dict(
+        label="segment",
+        write_cls_iou=True,
+        every_n_steps=1,
+        max_train_events=250,
+        max_test_events=250,
+        class_names=None,
+        prefix="",
+        train_config=None,
+    ),
 }
 
 
@@ -114,8 +141,9 @@ def current_metric(type_name: str, options: Mapping) -> tuple[str, str] | None:
 def _select_metric(instance, attribute, value):
     chosen = value.get("select_metric", "det_f1")
     if instance.type == "InstanceSegmentationEvaluator" and chosen not in ("det_f1", "val_head_loss"):
-        raise ValueError(f"InstanceSegmentationEvaluator: 'select_metric' must be 'det_f1' or 'val_head_loss' "
-                         f"(got {chosen!r})")
+        raise ValueError(
+            f"InstanceSegmentationEvaluator: 'select_metric' must be 'det_f1' or 'val_head_loss' (got {chosen!r})"
+        )
 
 
 @attrs.frozen(repr=False)
@@ -131,8 +159,10 @@ class _PimmEvaluator:
 
     def __attrs_post_init__(self):
         if self.evaluate and self.fn is None:
-            raise TypeError(f"pimm_evaluator: {self.type} needs 'fn', the evaluation fn(model) -> {{metric: value}}, "
-                            f"or evaluate=False (pimm's cfg.evaluate)")
+            raise TypeError(
+                f"pimm_evaluator: {self.type} needs 'fn', the evaluation fn(model) -> {{metric: value}}, "
+                f"or evaluate=False (pimm's cfg.evaluate)"
+            )
 
     @property
     def metric(self) -> tuple[str, str] | None:
@@ -168,9 +198,18 @@ class _PimmEvaluator:
                 said = (Log(step, f"eval/{self.type}", values),) if values else ()  # pimm's "Val result" line
                 name = self.metric[0] if self.metric else None
                 if name is not None and name not in values:  # the saver would never see it: say so, or refuse
-                    warning = check_spelling(f"{self.type}", name, event, step) or (Log(step, "warning", FrozenMap({
-                        "message": f"{self.type} published {sorted(values)} without {name!r}, pimm's current "
-                                   f"metric for it: no model_best follows from this evaluation"})),)
+                    warning = check_spelling(f"{self.type}", name, event, step) or (
+                        Log(
+                            step,
+                            "warning",
+                            FrozenMap(
+                                {
+                                    "message": f"{self.type} published {sorted(values)} without {name!r}, pimm's current "
+                                    f"metric for it: no model_best follows from this evaluation"
+                                }
+                            ),
+                        ),
+                    )
                     said += warning
                 return state, said
             case ev.AfterTrain() if self.type == "SemSegEvaluator" and "mIoU" in state.best:
@@ -224,8 +263,10 @@ class _FinalEvaluator:
 
     def __attrs_post_init__(self):
         if self.evaluate and self.tester is None:
-            raise TypeError("final_evaluator needs 'tester', the test fn(model) -> {metric: value} | None, "
-                            "or evaluate=False (pimm's cfg.evaluate)")
+            raise TypeError(
+                "final_evaluator needs 'tester', the test fn(model) -> {metric: value} | None, "
+                "or evaluate=False (pimm's cfg.evaluate)"
+            )
 
     @property
     def events(self) -> tuple:

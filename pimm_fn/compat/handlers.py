@@ -19,20 +19,25 @@ import time
 
 import torch
 
-from pimm_fn import checkpoint
-from pimm_fn import dist
+from pimm_fn import checkpoint, dist
 from pimm_fn.compat import monitors
 from pimm_fn.compat.checkpoints import PIMM_CHECKPOINTS
-from pimm_fn.compat.weight_decay import exclude_weight_decay, set_weight_decay
 from pimm_fn.compat.effects import (
-    AnnealAttention, CollectGarbage, CountParameters, ExcludeWeightDecay, FinalTest, LogGradientNorm,
-    OverrideDtype, SetWeightDecay, TimeStep,
+    AnnealAttention,
+    CollectGarbage,
+    CountParameters,
+    ExcludeWeightDecay,
+    FinalTest,
+    LogGradientNorm,
+    OverrideDtype,
+    SetWeightDecay,
+    TimeStep,
 )
-from pimm_fn.core.effects import LoadWeights, Log
+from pimm_fn.compat.weight_decay import exclude_weight_decay, set_weight_decay
+from pimm_fn.core.effects import LoadWeights, Log, named
 from pimm_fn.core.events import MetricsPublished
-from pimm_fn.core.effects import named
-from pimm_fn.runtime.handlers import dispatch as runtime_handlers
 from pimm_fn.runtime.engine.interpreter import unwrap
+from pimm_fn.runtime.handlers import dispatch as runtime_handlers
 from pimm_fn.runtime.handlers.evaluation import eval_mode
 
 __all__ = ["HANDLERS"]
@@ -55,8 +60,12 @@ def log_gradient_norm(effect: LogGradientNorm, state, ctx) -> tuple:
             total = torch.norm(torch.stack([torch.norm(g, effect.norm_type) for g in grads]), effect.norm_type)
         values[f"{effect.prefix}/total"] = float(total)
         if effect.per_layer:
-            values.update({f"{effect.prefix}/layers/{n.replace('.', '_')}": float(torch.norm(g.detach(), effect.norm_type))
-                           for n, g in named})
+            values.update(
+                {
+                    f"{effect.prefix}/layers/{n.replace('.', '_')}": float(torch.norm(g.detach(), effect.norm_type))
+                    for n, g in named
+                }
+            )
     else:
         values[f"{effect.prefix}/total"] = 0.0
     _log(state, ctx, effect.step, "grad_norm", values)
@@ -68,8 +77,18 @@ def count_parameters(effect: CountParameters, state, ctx) -> tuple:
     total = sum(p.numel() for p in module.parameters())
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
     step = state.progress.global_step
-    _log(state, ctx, step, "parameters", {"total": total, "trainable": trainable, "non_trainable": total - trainable,
-                                          "memory_mb": round(total * 4 / 2**20, 2)})
+    _log(
+        state,
+        ctx,
+        step,
+        "parameters",
+        {
+            "total": total,
+            "trainable": trainable,
+            "non_trainable": total - trainable,
+            "memory_mb": round(total * 4 / 2**20, 2),
+        },
+    )
     if effect.show_details:
         rows = []
         for name, child in module.named_modules():
@@ -106,8 +125,15 @@ def anneal_attention(effect: AnnealAttention, state, ctx) -> tuple:
     return ()
 
 
-_DTYPES = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-           "int8": torch.int8, "int16": torch.int16, "int32": torch.int32}
+_DTYPES = {
+    "float16": torch.float16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+    "int16": torch.int16,
+    "int32": torch.int32,
+}
 
 
 def _dtype_wrapper(method, dtype):
@@ -134,7 +160,8 @@ def override_dtype(effect: OverrideDtype, state, ctx) -> tuple:
         for name, child in module.named_children():
             full = f"{prefix}.{name}" if prefix else name
             if any(re.search(p, full) for p in effect.patterns) or any(
-                    re.search(p, type(child).__name__) for p in effect.class_patterns):
+                re.search(p, type(child).__name__) for p in effect.class_patterns
+            ):
                 for method_name in effect.methods:
                     method = getattr(child, method_name, None)
                     if callable(method) and getattr(method, "pimm_fn_dtype", None) is None:
@@ -188,8 +215,13 @@ class StepTimer:
             average = total / count
             seconds = int(effect.steps_left * average)
             remain = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
-            _log(state, ctx, effect.step, "timing", {"batch_time": average, "steps_left": effect.steps_left,
-                                                     "remain": remain})
+            _log(
+                state,
+                ctx,
+                effect.step,
+                "timing",
+                {"batch_time": average, "steps_left": effect.steps_left, "remain": remain},
+            )
         return ()
 
 
@@ -211,8 +243,13 @@ def final_test(effect: FinalTest, state, ctx) -> tuple:
         model.load_state_dict(checkpoint.load_weights_file(path), strict=True)
     with eval_mode(model), torch.inference_mode():
         result = tester(model)
-    values = None if result is None else named({k: float(v) for k, v in dict(result).items()},
-                                               f"tester {effect.tester!r} returned metric", effect.tester)
+    values = (
+        None
+        if result is None
+        else named(
+            {k: float(v) for k, v in dict(result).items()}, f"tester {effect.tester!r} returned metric", effect.tester
+        )
+    )
     values = dist.broadcast_object(values)
     return (MetricsPublished(values or {}, effect.tester, effect.step),)
 

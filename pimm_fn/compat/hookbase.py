@@ -44,7 +44,11 @@ from pimm_fn.core.effects import Effect
 from pimm_fn.core.frozen import FrozenMap, freeze
 
 __all__ = [
-    "TrainerView", "HookBase", "adapt", "is_pimm_hook", "adapted",
+    "TrainerView",
+    "HookBase",
+    "adapt",
+    "is_pimm_hook",
+    "adapted",
 ]
 
 
@@ -97,8 +101,18 @@ class TrainerView:
         # pimm's iter is the index of the step in hand: before it runs, the steps done so far.
         index = p.iter_in_epoch if isinstance(event, ev.BeforeStep) else max(p.iter_in_epoch - 1, 0)
         outputs = event.outputs if isinstance(event, ev.AfterStep) else FrozenMap()
-        return cls(p.epoch, p.max_epochs, index, p.global_step, p.iters_per_epoch, state.rank, state.world_size,
-                   state.metrics, state.best, outputs)
+        return cls(
+            p.epoch,
+            p.max_epochs,
+            index,
+            p.global_step,
+            p.iters_per_epoch,
+            state.rank,
+            state.world_size,
+            state.metrics,
+            state.best,
+            outputs,
+        )
 
 
 def _refuse(self, name, value):

@@ -33,19 +33,37 @@ from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool
 
 __all__ = [
-    "information_writer", "WriterState", "iteration_timer", "LARGE_OUTPUT_KEYS", "wandb_namer",
+    "information_writer",
+    "WriterState",
+    "iteration_timer",
+    "LARGE_OUTPUT_KEYS",
+    "wandb_namer",
 ]
 
 
 # Model outputs pimm's InformationWriter never logs (PIMM.md 2.4); also any key containing "match_".
-LARGE_OUTPUT_KEYS = frozenset({"seg_logits", "sem_logits", "instance_embedding", "vertex_embedding", "sigma", "point",
-                               "pred_logits", "pred_masks", "teacher_logits"})
+LARGE_OUTPUT_KEYS = frozenset(
+    {
+        "seg_logits",
+        "sem_logits",
+        "instance_embedding",
+        "vertex_embedding",
+        "sigma",
+        "point",
+        "pred_logits",
+        "pred_masks",
+        "teacher_logits",
+    }
+)
 
 
 def _scalars(outputs: Mapping) -> dict:
     """The outputs pimm's InformationWriter logs: no large or ``match_`` keys; ``total_loss`` reported as ``loss``."""
-    kept = {k: v for k, v in outputs.items() if k not in LARGE_OUTPUT_KEYS and "match_" not in k
-            and k not in ("loss", "total_loss")}
+    kept = {
+        k: v
+        for k, v in outputs.items()
+        if k not in LARGE_OUTPUT_KEYS and "match_" not in k and k not in ("loss", "total_loss")
+    }
     if "total_loss" in outputs:
         kept["loss"] = outputs["total_loss"]
     elif "loss" in outputs:
@@ -86,14 +104,24 @@ class _InformationWriter:
                 state = state.with_slot(WriterState(FrozenMap(sums), FrozenMap(counts)))
                 if step % self.log_frequency and not p.at_epoch_end:
                     return state, ()
-                where = {"epoch": p.epoch + 1, "of_epochs": p.max_epochs, "iter": p.iter_in_epoch, "of": p.iters_per_epoch}
+                where = {
+                    "epoch": p.epoch + 1,
+                    "of_epochs": p.max_epochs,
+                    "iter": p.iter_in_epoch,
+                    "of": p.iters_per_epoch,
+                }
                 values = named(values, "information_writer: the train step returned output", "train")
                 return state, (Log(step + self.step_offset, "train", FrozenMap({**where, **values})),)
             case ev.AfterEpoch(epoch=epoch):
                 slot = state.slot
-                means = named({k: v / slot.counts[k] for k, v in slot.sums.items()},
-                              "information_writer: the train step returned output", "train")
-                return state.with_slot(WriterState()), (Log(p.global_step, "epoch", FrozenMap({"epoch": epoch + 1, **means})),)
+                means = named(
+                    {k: v / slot.counts[k] for k, v in slot.sums.items()},
+                    "information_writer: the train step returned output",
+                    "train",
+                )
+                return state.with_slot(WriterState()), (
+                    Log(p.global_step, "epoch", FrozenMap({"epoch": epoch + 1, **means})),
+                )
         return state, ()
 
     def __repr__(self):
@@ -190,7 +218,9 @@ class _WandbNamer:
     keys: tuple = attrs.field(default=(), converter=tuple)
     sep: str = "-"
     format_numbers: bool = attrs.field(default=True, validator=is_bool)
-    extra: tuple = attrs.field(default=(), converter=lambda e: () if e is None else (e,) if isinstance(e, str) else tuple(e))
+    extra: tuple = attrs.field(
+        default=(), converter=lambda e: () if e is None else (e,) if isinstance(e, str) else tuple(e)
+    )
 
     def name(self, config: Mapping) -> str | None:
         """The run name for ``config``, or ``None`` when no part exists."""

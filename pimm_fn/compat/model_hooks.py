@@ -29,8 +29,13 @@ from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, non_empty_str, number, one_of
 
 __all__ = [
-    "attention_mask_annealing", "dtype_overrider", "DTYPES", "garbage_handler", "pimm_model_hook",
-    "gradient_norm_logger", "parameter_counter",
+    "attention_mask_annealing",
+    "dtype_overrider",
+    "DTYPES",
+    "garbage_handler",
+    "pimm_model_hook",
+    "gradient_norm_logger",
+    "parameter_counter",
 ]
 
 
@@ -92,19 +97,39 @@ class _DtypeOverrider:
     verbose: bool = attrs.field(default=False, validator=is_bool)
 
     def __call__(self, state, event):
-        return state, (OverrideDtype(self.patterns, self.class_patterns, self.dtype, self.methods_to_override,
-                                     self.override_parameters, self.verbose),)
+        return state, (
+            OverrideDtype(
+                self.patterns,
+                self.class_patterns,
+                self.dtype,
+                self.methods_to_override,
+                self.override_parameters,
+                self.verbose,
+            ),
+        )
 
     def __repr__(self):
-        defaults = {"patterns": (), "class_patterns": (), "dtype": "float32", "methods_to_override": ("forward",),
-                    "override_parameters": False, "verbose": False}
+        defaults = {
+            "patterns": (),
+            "class_patterns": (),
+            "dtype": "float32",
+            "methods_to_override": ("forward",),
+            "override_parameters": False,
+            "verbose": False,
+        }
         args = [f"{k}={getattr(self, k)!r}" for k, v in defaults.items() if getattr(self, k) != v]
         return f"dtype_overrider({', '.join(args)})"
 
 
 @hook_factory
-def dtype_overrider(patterns=None, class_patterns=None, dtype: str = "float32", methods_to_override=None,
-                    override_parameters: bool = False, verbose: bool = False):
+def dtype_overrider(
+    patterns=None,
+    class_patterns=None,
+    dtype: str = "float32",
+    methods_to_override=None,
+    override_parameters: bool = False,
+    verbose: bool = False,
+):
     """pimm's ``DtypeOverrider``: run matched modules in ``dtype`` (LayerNorm in float32 under bf16, say).
 
     A module matches when ``re.search`` finds one of ``patterns`` in its
@@ -181,8 +206,11 @@ class _BoundPimmModelHook:
         """Every event for a model with ``on_event``; else the events of the pimm methods it has (quiet steps stay quiet)."""
         if callable(getattr(self.model, "on_event", None)):
             return None
-        return tuple(cls for cls, name in _METHODS.items()
-                     if name != "modify_config" and callable(getattr(self.model, name, None)))
+        return tuple(
+            cls
+            for cls, name in _METHODS.items()
+            if name != "modify_config" and callable(getattr(self.model, name, None))
+        )
 
     def __call__(self, state, event):
         on_event = getattr(self.model, "on_event", None)
@@ -263,8 +291,9 @@ class _GradientNormLogger:
 
 
 @hook_factory
-def gradient_norm_logger(norm_type: float = 2.0, log_per_layer: bool = False, log_frequency: int = 1,
-                         prefix: str = "grad_norm"):
+def gradient_norm_logger(
+    norm_type: float = 2.0, log_per_layer: bool = False, log_frequency: int = 1, prefix: str = "grad_norm"
+):
     """pimm's ``GradientNormLogger``: the gradients' norm every ``log_frequency`` global steps.
 
     Emits:
@@ -300,8 +329,9 @@ class _ParameterCounter:
 
 
 @hook_factory
-def parameter_counter(show_details: bool = True, show_gradients: bool = True, sort_by_params: bool = True,
-                      min_params: int = 0):
+def parameter_counter(
+    show_details: bool = True, show_gradients: bool = True, sort_by_params: bool = True, min_params: int = 0
+):
     """pimm's ``ParameterCounter``: log the model's parameter counts before training.
 
     Emits:

@@ -46,8 +46,13 @@ from pimm_fn.runtime.handlers import dispatch as runtime_handlers
 from pimm_fn.runtime.handlers.profiler import new_profile
 
 __all__ = [
-    "resource_utilization_logger", "runtime_profiler", "ProfilerState", "push_to_hub", "log_resources",
-    "Profiler", "upload_to_hub",
+    "resource_utilization_logger",
+    "runtime_profiler",
+    "ProfilerState",
+    "push_to_hub",
+    "log_resources",
+    "Profiler",
+    "upload_to_hub",
 ]
 
 
@@ -57,8 +62,7 @@ def _args(hook, defaults: dict) -> str:
 
 
 # -- ResourceUtilizationLogger ---------------------------------------------------------------------------------------
-_RESOURCE_DEFAULTS = dict(prefix="resources", log_per_gpu=False, log_cpu=True, log_system_memory=True,
-                          per_process=True)
+_RESOURCE_DEFAULTS = dict(prefix="resources", log_per_gpu=False, log_cpu=True, log_system_memory=True, per_process=True)
 
 
 @attrs.frozen(repr=False)
@@ -80,8 +84,11 @@ class _ResourceUtilizationLogger:
         return self.log_frequency
 
     def __call__(self, state, event):
-        return state, (LogResources(event.step, self.prefix, self.log_per_gpu, self.log_cpu, self.log_system_memory,
-                                    self.per_process),)
+        return state, (
+            LogResources(
+                event.step, self.prefix, self.log_per_gpu, self.log_cpu, self.log_system_memory, self.per_process
+            ),
+        )
 
     def __repr__(self):
         rest = _args(self, _RESOURCE_DEFAULTS)
@@ -89,8 +96,14 @@ class _ResourceUtilizationLogger:
 
 
 @hook_factory
-def resource_utilization_logger(log_frequency: int = 10, prefix: str = "resources", log_per_gpu: bool = False,
-                                log_cpu: bool = True, log_system_memory: bool = True, per_process: bool = True):
+def resource_utilization_logger(
+    log_frequency: int = 10,
+    prefix: str = "resources",
+    log_per_gpu: bool = False,
+    log_cpu: bool = True,
+    log_system_memory: bool = True,
+    per_process: bool = True,
+):
     """pimm's ``ResourceUtilizationLogger``: CPU, memory and CUDA memory every ``log_frequency`` global steps.
 
     Emits:
@@ -116,8 +129,9 @@ class ProfilerState:
     stop_at: int = 0
 
 
-_PROFILER_DEFAULTS = dict(forward=True, backward=True, interrupt=False, warm_up=2, sort_by="cuda_time_total",
-                          row_limit=30, memory=True)
+_PROFILER_DEFAULTS = dict(
+    forward=True, backward=True, interrupt=False, warm_up=2, sort_by="cuda_time_total", row_limit=30, memory=True
+)
 
 
 @attrs.frozen(repr=False)
@@ -156,8 +170,15 @@ class _RuntimeProfiler:
 
 
 @hook_factory
-def runtime_profiler(forward: bool = True, backward: bool = True, interrupt: bool = False, warm_up: int = 2,
-                     sort_by: str = "cuda_time_total", row_limit: int = 30, memory: bool = True):
+def runtime_profiler(
+    forward: bool = True,
+    backward: bool = True,
+    interrupt: bool = False,
+    warm_up: int = 2,
+    sort_by: str = "cuda_time_total",
+    row_limit: int = 30,
+    memory: bool = True,
+):
     """pimm's ``RuntimeProfiler``: ``torch.profiler`` over the run's first ``warm_up + 1`` steps.
 
     Whole steps are profiled (forward, backward and the optimizer step;
@@ -197,8 +218,11 @@ class _PushToHub:
     name: str | None = attrs.field(default=None, validator=optional(non_empty_str))
 
     def __call__(self, state, event):
-        return state, (PushToHub(state.progress.global_step, self.repo_id, self.checkpoint, self.private,
-                                 self.revision, self.name),)
+        return state, (
+            PushToHub(
+                state.progress.global_step, self.repo_id, self.checkpoint, self.private, self.revision, self.name
+            ),
+        )
 
     def __repr__(self):
         rest = _args(self, _HUB_DEFAULTS)
@@ -206,8 +230,13 @@ class _PushToHub:
 
 
 @hook_factory
-def push_to_hub(repo_id: str, checkpoint: str = "model_best", private: bool = True, revision: str | None = None,
-                name: str | None = None):
+def push_to_hub(
+    repo_id: str,
+    checkpoint: str = "model_best",
+    private: bool = True,
+    revision: str | None = None,
+    name: str | None = None,
+):
     """pimm's ``PushToHub`` (``on_train_end``): upload the final weights to the Hugging Face Hub after training.
 
     Emits:
@@ -262,9 +291,11 @@ def _gpu(effect: LogResources) -> dict:
             values[f"gpu{i}_memory_reserved_gb"] = torch.cuda.memory_reserved(i) / _GB
         return values
     device = torch.cuda.current_device()
-    return {"gpu_memory_allocated_gb": torch.cuda.memory_allocated(device) / _GB,
-            "gpu_memory_reserved_gb": torch.cuda.memory_reserved(device) / _GB,
-            "gpu_memory_max_allocated_gb": torch.cuda.max_memory_allocated(device) / _GB}
+    return {
+        "gpu_memory_allocated_gb": torch.cuda.memory_allocated(device) / _GB,
+        "gpu_memory_reserved_gb": torch.cuda.memory_reserved(device) / _GB,
+        "gpu_memory_max_allocated_gb": torch.cuda.max_memory_allocated(device) / _GB,
+    }
 
 
 def _cpu(effect: LogResources) -> dict:
@@ -289,28 +320,40 @@ def _cpu(effect: LogResources) -> dict:
     if effect.cpu:
         load1, load5, load15 = os.getloadavg()
         cpus = os.cpu_count() or 1
-        values.update(load_avg_1min=load1, load_avg_5min=load5, load_avg_15min=load15, load_per_cpu_1min=load1 / cpus,
-                      num_cpus=cpus)
+        values.update(
+            load_avg_1min=load1,
+            load_avg_5min=load5,
+            load_avg_15min=load15,
+            load_per_cpu_1min=load1 / cpus,
+            num_cpus=cpus,
+        )
         if psutil is not None:
             values["cpu_percent"] = psutil.cpu_percent(interval=None)
     if effect.memory:
         if psutil is not None:
             memory = psutil.virtual_memory()
-            values.update(system_memory_used_gb=memory.used / _GB, system_memory_total_gb=memory.total / _GB,
-                          system_memory_pct=memory.percent)
+            values.update(
+                system_memory_used_gb=memory.used / _GB,
+                system_memory_total_gb=memory.total / _GB,
+                system_memory_pct=memory.percent,
+            )
         else:
             total, free = _proc_kb("/proc/meminfo", "MemTotal"), _proc_kb("/proc/meminfo", "MemAvailable")
             if total and free is not None:
-                values.update(system_memory_used_gb=(total - free) * 1024 / _GB, system_memory_total_gb=total * 1024 / _GB,
-                              system_memory_pct=100.0 * (total - free) / total)
+                values.update(
+                    system_memory_used_gb=(total - free) * 1024 / _GB,
+                    system_memory_total_gb=total * 1024 / _GB,
+                    system_memory_pct=100.0 * (total - free) / total,
+                )
     return values
 
 
 def log_resources(effect: LogResources, state, ctx) -> tuple:
     """Measure and log ``Log(step, "resources", {"<prefix>/<name>": value})`` with pimm's names."""
     values = {**_gpu(effect), **_cpu(effect)}
-    runtime_handlers.log(Log(effect.step, "resources", {f"{effect.prefix}/{k}": v for k, v in values.items()}),
-                         state, ctx)
+    runtime_handlers.log(
+        Log(effect.step, "resources", {f"{effect.prefix}/{k}": v for k, v in values.items()}), state, ctx
+    )
     return ()
 
 
@@ -374,8 +417,10 @@ def stage_for_hub(effect: PushToHub, ctx) -> Path:
     if effect.checkpoint == "model_best":
         source = ctx.model_dir / "model_best.pth"
         if not source.is_file():
-            raise FileNotFoundError(f"PushToHub(checkpoint='model_best') uploads {source}, which this run never wrote "
-                                    f"(no evaluation improved the tracked metric); pass checkpoint='last'")
+            raise FileNotFoundError(
+                f"PushToHub(checkpoint='model_best') uploads {source}, which this run never wrote "
+                f"(no evaluation improved the tracked metric); pass checkpoint='last'"
+            )
         weights = checkpoint.load_weights_file(source)  # the weights alone, whatever else the file holds
     else:
         weights = {k: v.detach().cpu() for k, v in ctx.weights().items()}
@@ -389,8 +434,12 @@ def upload_to_hub(effect: PushToHub, state, ctx) -> tuple:
     folder = stage_for_hub(effect, ctx)
     api = hub.HfApi()
     api.create_repo(effect.repo_id, private=effect.private, exist_ok=True)
-    api.upload_folder(repo_id=effect.repo_id, folder_path=str(folder), revision=effect.revision,
-                      commit_message=f"pimm_fn: {effect.checkpoint} after step {effect.step}")
+    api.upload_folder(
+        repo_id=effect.repo_id,
+        folder_path=str(folder),
+        revision=effect.revision,
+        commit_message=f"pimm_fn: {effect.checkpoint} after step {effect.step}",
+    )
     ctx.say(f"PushToHub: uploaded {folder} to {effect.repo_id}")
     return ()
 

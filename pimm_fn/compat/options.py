@@ -43,7 +43,11 @@ from collections.abc import Iterable, Mapping
 from pimm_fn.compat.type_factories import BUILTINS
 
 __all__ = [
-    "parse_value", "parse_options", "apply_options", "override_hooks", "split_options",
+    "parse_value",
+    "parse_options",
+    "apply_options",
+    "override_hooks",
+    "split_options",
 ]
 
 
@@ -86,7 +90,7 @@ def parse_value(text: str):
     while text:
         comma = _next_comma(text)
         values.append(parse_value(text[:comma]))
-        text = text[comma + 1:]
+        text = text[comma + 1 :]
     return tuple(values) if is_tuple else values
 
 
@@ -104,7 +108,9 @@ def parse_options(options) -> dict:
     if isinstance(options, Mapping):
         return dict(options)
     if isinstance(options, str):
-        raise TypeError(f"options must be a list of 'KEY=VALUE' strings (got the string {options!r}): wrap it in a list")
+        raise TypeError(
+            f"options must be a list of 'KEY=VALUE' strings (got the string {options!r}): wrap it in a list"
+        )
     parsed = {}
     for item in options:
         if not isinstance(item, str) or "=" not in item:
@@ -254,7 +260,9 @@ def apply_options(cfg: Mapping, options=None, *, known=None) -> dict:
     override = cfg.pop("hooks_override", None)
     if override:
         if not isinstance(override, Mapping):
-            raise TypeError(f"hooks_override must be a dict {{HookType: {{'param.path': value}}}} (got {override!r:.80})")
+            raise TypeError(
+                f"hooks_override must be a dict {{HookType: {{'param.path': value}}}} (got {override!r:.80})"
+            )
         _by_type(hooks or [], override, known, "hooks_override")
     options = parse_options(options)
     if not options:

@@ -27,12 +27,20 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from pimm_fn import checkpoint
 from pimm_fn.checkpoint import inspection
-from pimm_fn.checkpoint.formats import dcp_reading
 from pimm_fn.checkpoint.errors import shown
+from pimm_fn.checkpoint.formats import dcp_reading
 
 __all__ = [
-    "PimmCheckpointError", "PimmCheckpoint", "read_pimm_checkpoint", "latest_pimm_checkpoint", "pimm_source",
-    "safe_load", "unwrapped", "state_dict_of", "is_pimm_fn", "holds_pimm_fn",
+    "PimmCheckpointError",
+    "PimmCheckpoint",
+    "read_pimm_checkpoint",
+    "latest_pimm_checkpoint",
+    "pimm_source",
+    "safe_load",
+    "unwrapped",
+    "state_dict_of",
+    "is_pimm_fn",
+    "holds_pimm_fn",
 ]
 
 MARKER = ".complete"  # pimm's success marker (path.py::checkpoint_success_file)
@@ -87,8 +95,10 @@ def _read_dcp(directory: pathlib.Path) -> dict:
         raise PimmCheckpointError(f"Incomplete DCP checkpoint: {directory} (no {MARKER} marker)")
     meta = dcp_reading.metadata(directory, within="")
     paths = _paths(directory, meta)
-    template = {key: dcp_reading.empty(md, directory, key, within="") if isinstance(md, TensorStorageMetadata)
-                else None for key, md in meta.state_dict_metadata.items()}
+    template = {
+        key: dcp_reading.empty(md, directory, key, within="") if isinstance(md, TensorStorageMetadata) else None
+        for key, md in meta.state_dict_metadata.items()
+    }
     dcp_reading.load(template, directory, within="", meta=meta, plain_values=True)  # plain values: weights_only
     nested: dict = {}
     for key, value in template.items():
@@ -107,11 +117,15 @@ def _paths(directory: pathlib.Path, meta) -> dict[str, tuple]:
     paths: dict[str, tuple] = {}
     for key in meta.state_dict_metadata:
         path = planned.get(key, (key,))
-        if not isinstance(path, (tuple, list)) or not path or not all(
-                isinstance(p, (str, int)) and not isinstance(p, bool) for p in path):
+        if (
+            not isinstance(path, (tuple, list))
+            or not path
+            or not all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in path)
+        ):
             raise PimmCheckpointError(
                 f"{directory / '.metadata'} places {key!r} at {shown(path)}, where DCP writes a non-empty tuple of "
-                f"names and indices: the checkpoint was not written by pimm's dcp.save, or was altered")
+                f"names and indices: the checkpoint was not written by pimm's dcp.save, or was altered"
+            )
         paths[key] = tuple(path)
     owner = {path: key for key, path in paths.items()}
     for key, path in paths.items():
@@ -120,16 +134,16 @@ def _paths(directory: pathlib.Path, meta) -> dict[str, tuple]:
             raise PimmCheckpointError(
                 f"{directory / '.metadata'} places {key!r} at {shown(path)} and {clash!r} at "
                 f"{shown(paths[clash])}: one would overwrite the other; the checkpoint was not written by pimm's "
-                f"dcp.save, or was altered")
+                f"dcp.save, or was altered"
+            )
     return paths
-
 
 
 def unwrapped(weights: Mapping) -> dict:
     """``weights`` without DDP's ``module.`` prefix, when every key has it (pimm_fn keeps bare keys)."""
     keys = list(weights)
     if keys and all(k.startswith("module.") for k in keys):
-        return {k[len("module."):]: v for k, v in weights.items()}
+        return {k[len("module.") :]: v for k, v in weights.items()}
     return dict(weights)
 
 
@@ -183,12 +197,16 @@ def read_pimm_checkpoint(path) -> PimmCheckpoint:
         if _is_complete(path):
             payload = _read_dcp(path)
             return PimmCheckpoint(path, unwrapped(state_dict_of(payload, path)), payload)
-        raise PimmCheckpointError(f"Incomplete checkpoint directory: {path} (no {MARKER} marker, or a split "
-                                  f"checkpoint without {WEIGHTS} or a complete {TRAINER}/)")
+        raise PimmCheckpointError(
+            f"Incomplete checkpoint directory: {path} (no {MARKER} marker, or a split "
+            f"checkpoint without {WEIGHTS} or a complete {TRAINER}/)"
+        )
     if not path.exists():
         raise FileNotFoundError(f"No weight found at: {path}")
     content = safe_load(path)
-    payload = {k: v for k, v in content.items() if k not in ("model", "state_dict")} if isinstance(content, Mapping) else {}
+    payload = (
+        {k: v for k, v in content.items() if k not in ("model", "state_dict")} if isinstance(content, Mapping) else {}
+    )
     return PimmCheckpoint(path, unwrapped(state_dict_of(content, path)), payload)
 
 

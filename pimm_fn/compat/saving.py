@@ -44,8 +44,13 @@ from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import finite, int_at_least, is_bool, non_empty_str, one_of, optional
 
 __all__ = [
-    "BACKENDS", "format_of", "checkpoint_format", "checkpoint_saver", "checkpoint_saver_iteration",
-    "PimmSaveState", "PIMM_BEST",
+    "BACKENDS",
+    "format_of",
+    "checkpoint_format",
+    "checkpoint_saver",
+    "checkpoint_saver_iteration",
+    "PimmSaveState",
+    "PIMM_BEST",
 ]
 
 
@@ -61,7 +66,9 @@ def format_of(value) -> str:
     """
     fmt = value.lower() if isinstance(value, str) else value
     if fmt not in BACKENDS:
-        raise ValueError(f"checkpoint_format must be 'standard' or 'legacy' (or the deprecated 'dcp'/'torch'), got {value!r}")
+        raise ValueError(
+            f"checkpoint_format must be 'standard' or 'legacy' (or the deprecated 'dcp'/'torch'), got {value!r}"
+        )
     return BACKENDS[fmt]
 
 
@@ -79,8 +86,11 @@ def checkpoint_format(cfg) -> str:
     """
     chosen = cfg.get("checkpoint_format")
     if chosen is None:
-        backends = [h.get("backend") for h in cfg.get("hooks") or () if isinstance(h, dict)
-                    and h.get("type") == "CheckpointSaverIteration" and h.get("backend") is not None]
+        backends = [
+            h.get("backend")
+            for h in cfg.get("hooks") or ()
+            if isinstance(h, dict) and h.get("type") == "CheckpointSaverIteration" and h.get("backend") is not None
+        ]
         chosen = backends[0] if backends else "standard"
     return format_of(chosen)
 
@@ -180,27 +190,39 @@ class _PimmSaver:
         if better:
             best = value
             state = attrs.evolve(state, best=state.best.set(self.metric, value))
-            effects = (WriteBest(self.metric, value, step, event.weights),
-                       _message(step, f"Best validation {self.metric} updated to: {value:.4f}"))
+            effects = (
+                WriteBest(self.metric, value, step, event.weights),
+                _message(step, f"Best validation {self.metric} updated to: {value:.4f}"),
+            )
         if best is None:
             return state, effects
         return state, (*effects, _message(step, f"Currently Best {self.metric}: {best:.4f}"))
 
     def __repr__(self):
         if self.iteration:
-            name, args = "checkpoint_saver_iteration", [("save_freq", None), ("save_iter_checkpoints", False),
-                                                        ("backend", None)]
+            name, args = (
+                "checkpoint_saver_iteration",
+                [("save_freq", None), ("save_iter_checkpoints", False), ("backend", None)],
+            )
         else:
-            name, args = "checkpoint_saver", [("save_freq", None), ("evaluator_every_n_steps", None),
-                                              ("evaluate", True)]
+            name, args = (
+                "checkpoint_saver",
+                [("save_freq", None), ("evaluator_every_n_steps", None), ("evaluate", True)],
+            )
         args += [("metric", None), ("mode", "max")]
         shown = ", ".join(f"{k}={getattr(self, k)!r}" for k, default in args if getattr(self, k) != default)
         return f"{name}({shown})"
 
 
 @hook_factory
-def checkpoint_saver(save_freq: int | None = None, evaluator_every_n_steps: int | None = None, *,
-                     evaluate: bool = True, metric: str | None = None, mode: str = "max"):
+def checkpoint_saver(
+    save_freq: int | None = None,
+    evaluator_every_n_steps: int | None = None,
+    *,
+    evaluate: bool = True,
+    metric: str | None = None,
+    mode: str = "max",
+):
     """pimm's ``CheckpointSaver``: save every ``save_freq`` global steps and at evaluation steps, and at the end.
 
     Args:
@@ -229,8 +251,14 @@ def checkpoint_saver(save_freq: int | None = None, evaluator_every_n_steps: int 
 
 
 @hook_factory
-def checkpoint_saver_iteration(save_freq: int | None = None, save_iter_checkpoints: bool = False,
-                               backend: str | None = None, *, metric: str | None = None, mode: str = "max"):
+def checkpoint_saver_iteration(
+    save_freq: int | None = None,
+    save_iter_checkpoints: bool = False,
+    backend: str | None = None,
+    *,
+    metric: str | None = None,
+    mode: str = "max",
+):
     """pimm's ``CheckpointSaverIteration``: save every ``save_freq`` global steps, and at the end.
 
     Args:

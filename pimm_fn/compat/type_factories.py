@@ -11,13 +11,17 @@ factories raise it.
 import inspect
 from collections.abc import Mapping
 
-from pimm_fn.compat.evaluators import EVALUATOR_DEFAULTS, pimm_evaluator
-from pimm_fn.compat.evaluators import final_evaluator
-from pimm_fn.compat.logs import information_writer, iteration_timer
-from pimm_fn.compat.model_hooks import attention_mask_annealing, dtype_overrider, garbage_handler, pimm_model_hook
-from pimm_fn.compat.model_hooks import gradient_norm_logger, parameter_counter
+from pimm_fn.compat.evaluators import EVALUATOR_DEFAULTS, final_evaluator, pimm_evaluator
+from pimm_fn.compat.logs import information_writer, iteration_timer, wandb_namer
+from pimm_fn.compat.model_hooks import (
+    attention_mask_annealing,
+    dtype_overrider,
+    garbage_handler,
+    gradient_norm_logger,
+    parameter_counter,
+    pimm_model_hook,
+)
 from pimm_fn.compat.monitors import push_to_hub, resource_utilization_logger, runtime_profiler
-from pimm_fn.compat.logs import wandb_namer
 from pimm_fn.compat.saving import checkpoint_saver, checkpoint_saver_iteration
 from pimm_fn.compat.warm_start import checkpoint_loader
 from pimm_fn.compat.weight_decay import weight_decay_exclusion, weight_decay_scheduler
@@ -43,8 +47,9 @@ def _checkpoint_saver_iteration(save_freq=None, save_iter_checkpoints=False, bac
 
 
 def _checkpoint_loader(keywords="", replacement=None, replacements=None, strict=False, *, context):
-    return checkpoint_loader(context.get("weight"), keywords=keywords, replacement=replacement,
-                             replacements=replacements, strict=strict)
+    return checkpoint_loader(
+        context.get("weight"), keywords=keywords, replacement=replacement, replacements=replacements, strict=strict
+    )
 
 
 def _information_writer(log_frequency=1, step_offset=0):
@@ -95,10 +100,16 @@ def _wandb_namer(keys=(), sep="-", format_numbers=True, extra=None):
     return wandb_namer(keys, sep, format_numbers, extra)
 
 
-def _weight_decay_exclusion(exclude_bias_from_wd=True, exclude_norm_from_wd=True, exclude_gamma_from_wd=True,
-                            exclude_token_from_wd=True, exclude_ndim_1_from_wd=True):
-    return weight_decay_exclusion(exclude_bias_from_wd, exclude_norm_from_wd, exclude_gamma_from_wd,
-                                  exclude_token_from_wd, exclude_ndim_1_from_wd)
+def _weight_decay_exclusion(
+    exclude_bias_from_wd=True,
+    exclude_norm_from_wd=True,
+    exclude_gamma_from_wd=True,
+    exclude_token_from_wd=True,
+    exclude_ndim_1_from_wd=True,
+):
+    return weight_decay_exclusion(
+        exclude_bias_from_wd, exclude_norm_from_wd, exclude_gamma_from_wd, exclude_token_from_wd, exclude_ndim_1_from_wd
+    )
 
 
 def _weight_decay_scheduler(base_value=0.04, final_value=0.2, warmup_ratio=1.0):
@@ -117,8 +128,15 @@ def _attention_mask_annealing(log_frequency=100, log_per_layer=False, prefix="an
     return attention_mask_annealing(log_frequency, log_per_layer, prefix)
 
 
-def _dtype_overrider(patterns=None, class_patterns=None, dtype="float32", methods_to_override=None,
-                     override_parameters=False, verbose=False, check_interval=10):
+def _dtype_overrider(
+    patterns=None,
+    class_patterns=None,
+    dtype="float32",
+    methods_to_override=None,
+    override_parameters=False,
+    verbose=False,
+    check_interval=10,
+):
     int_at_least(1).check(check_interval, "check_interval", owner="DtypeOverrider")  # accepted; unused, as in pimm
     return dtype_overrider(patterns, class_patterns, dtype, methods_to_override, override_parameters, verbose)
 
@@ -127,28 +145,47 @@ def _garbage_handler(interval=150, disable_auto=True, empty_cache=False):
     return garbage_handler(interval, disable_auto, empty_cache)
 
 
-def _resource_utilization_logger(log_frequency=10, prefix="resources", log_per_gpu=False, log_cpu=True,
-                                 log_system_memory=True, per_process=True):
+def _resource_utilization_logger(
+    log_frequency=10, prefix="resources", log_per_gpu=False, log_cpu=True, log_system_memory=True, per_process=True
+):
     return resource_utilization_logger(log_frequency, prefix, log_per_gpu, log_cpu, log_system_memory, per_process)
 
 
-def _runtime_profiler(forward=True, backward=True, interrupt=False, warm_up=2, sort_by="cuda_time_total", row_limit=30,
-                      memory=True):
+def _runtime_profiler(
+    forward=True, backward=True, interrupt=False, warm_up=2, sort_by="cuda_time_total", row_limit=30, memory=True
+):
     return runtime_profiler(forward, backward, interrupt, warm_up, sort_by, row_limit, memory)
 
 
-def _push_to_hub(repo_id, checkpoint="model_best", weights_only=True, private=True, token=None, revision=None,
-                 name=None, on_train_end=True, on_best=False, every_n_epochs=None, every_n_steps=None, background=True,
-                 squash_history=True, squash_every_n_pushes=None):
+def _push_to_hub(
+    repo_id,
+    checkpoint="model_best",
+    weights_only=True,
+    private=True,
+    token=None,
+    revision=None,
+    name=None,
+    on_train_end=True,
+    on_best=False,
+    every_n_epochs=None,
+    every_n_steps=None,
+    background=True,
+    squash_history=True,
+    squash_every_n_pushes=None,
+):
     # Accepted as pimm's and without effect here: weights_only (only weights are uploaded), background (the one
     # upload after training blocks), squash_history / squash_every_n_pushes (one commit per run).
     if token is not None:
-        raise ValueError("'token' in a config ends up in checkpoints and logs: drop it and log in with "
-                         "`huggingface-cli login` or set HF_TOKEN")
+        raise ValueError(
+            "'token' in a config ends up in checkpoints and logs: drop it and log in with "
+            "`huggingface-cli login` or set HF_TOKEN"
+        )
     if on_best or every_n_epochs is not None or every_n_steps is not None:
-        raise ValueError(f"pushes during training (on_best={on_best!r}, every_n_epochs={every_n_epochs!r}, "
-                         f"every_n_steps={every_n_steps!r}) are not supported: the weights are pushed once, after "
-                         f"training (on_train_end=True)")
+        raise ValueError(
+            f"pushes during training (on_best={on_best!r}, every_n_epochs={every_n_epochs!r}, "
+            f"every_n_steps={every_n_steps!r}) are not supported: the weights are pushed once, after "
+            f"training (on_train_end=True)"
+        )
     if not on_train_end:
         raise ValueError("on_train_end=False pushes nothing: drop the hook instead")
     return push_to_hub(repo_id, "last" if checkpoint in ("last", "model_last") else checkpoint, private, revision, name)

@@ -37,7 +37,10 @@ from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import is_bool, non_empty_str, optional
 
 __all__ = [
-    "checkpoint_loader", "load_pimm_weights", "pimm_rules", "remap_pimm_weights",
+    "checkpoint_loader",
+    "load_pimm_weights",
+    "pimm_rules",
+    "remap_pimm_weights",
 ]
 
 
@@ -75,8 +78,14 @@ class _CheckpointLoader:
 
 
 @hook_factory
-def checkpoint_loader(weight: str | None = None, *, keywords: str = "", replacement: str | None = None,
-                      replacements: dict | None = None, strict: bool = False):
+def checkpoint_loader(
+    weight: str | None = None,
+    *,
+    keywords: str = "",
+    replacement: str | None = None,
+    replacements: dict | None = None,
+    strict: bool = False,
+):
     """pimm's ``CheckpointLoader``: warm-start a fresh run from ``weight`` with pimm's key rules.
 
     ``weight`` is pimm's ``cfg.weight``: a pimm ``weights.pth``, a pimm
@@ -110,8 +119,10 @@ def checkpoint_loader(weight: str | None = None, *, keywords: str = "", replacem
     fspath = getattr(weight, "__fspath__", None)
     weight = fspath() if fspath else weight
     if isinstance(weight, str) and weight.startswith("hf://"):
-        raise ValueError(f"weight {weight!r}: download Hub weights first (huggingface_hub.hf_hub_download) and pass "
-                         f"the local file; the loop reads local files only")
+        raise ValueError(
+            f"weight {weight!r}: download Hub weights first (huggingface_hub.hf_hub_download) and pass "
+            f"the local file; the loop reads local files only"
+        )
     if replacements is not None:
         if not isinstance(replacements, dict):
             raise TypeError(
@@ -160,7 +171,7 @@ def load_pimm_weights(path) -> dict:
 
 
 def _strip(name: str) -> str:
-    return name[len("module."):] if name.startswith("module.") else name
+    return name[len("module.") :] if name.startswith("module.") else name
 
 
 def pimm_rules(rules) -> list:
@@ -204,8 +215,11 @@ def remap_pimm_weights(weights: Mapping, rules, model_state: Mapping, *, strict:
     out, _ = checkpoint.remap_state_dict(weights, pimm_rules(rules), model_state)
     skipped = ()
     if not strict:
-        skipped = tuple(k for k, v in out.items() if k in model_state and hasattr(v, "shape")
-                        and tuple(v.shape) != tuple(model_state[k].shape))
+        skipped = tuple(
+            k
+            for k, v in out.items()
+            if k in model_state and hasattr(v, "shape") and tuple(v.shape) != tuple(model_state[k].shape)
+        )
         out = {k: v for k, v in out.items() if k not in skipped}
     loaded = sum(1 for k in model_state if k in out)
     if model_state and loaded == 0 and not strict:

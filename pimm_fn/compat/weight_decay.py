@@ -35,8 +35,13 @@ from pimm_fn.core.validate import is_bool, number
 from pimm_fn.runtime.engine.interpreter import unwrap
 
 __all__ = [
-    "weight_decay_exclusion", "weight_decay_scheduler", "cosine_value", "split_weight_decay",
-    "excluded_from_weight_decay", "exclude_weight_decay", "set_weight_decay",
+    "weight_decay_exclusion",
+    "weight_decay_scheduler",
+    "cosine_value",
+    "split_weight_decay",
+    "excluded_from_weight_decay",
+    "exclude_weight_decay",
+    "set_weight_decay",
 ]
 
 
@@ -55,9 +60,16 @@ class _WeightDecayExclusion:
     @property
     def flags(self) -> dict:
         """The exclusion rules as ``split_weight_decay`` takes them."""
-        return {n.removeprefix("exclude_").removesuffix("_from_wd"): getattr(self, n)
-                for n in ("exclude_bias_from_wd", "exclude_norm_from_wd", "exclude_gamma_from_wd",
-                          "exclude_token_from_wd", "exclude_ndim_1_from_wd")}
+        return {
+            n.removeprefix("exclude_").removesuffix("_from_wd"): getattr(self, n)
+            for n in (
+                "exclude_bias_from_wd",
+                "exclude_norm_from_wd",
+                "exclude_gamma_from_wd",
+                "exclude_token_from_wd",
+                "exclude_ndim_1_from_wd",
+            )
+        }
 
     def __call__(self, state, event):
         return state, (ExcludeWeightDecay(**self.flags),)
@@ -68,9 +80,13 @@ class _WeightDecayExclusion:
 
 
 @hook_factory
-def weight_decay_exclusion(exclude_bias_from_wd: bool = True, exclude_norm_from_wd: bool = True,
-                           exclude_gamma_from_wd: bool = True, exclude_token_from_wd: bool = True,
-                           exclude_ndim_1_from_wd: bool = True):
+def weight_decay_exclusion(
+    exclude_bias_from_wd: bool = True,
+    exclude_norm_from_wd: bool = True,
+    exclude_gamma_from_wd: bool = True,
+    exclude_token_from_wd: bool = True,
+    exclude_ndim_1_from_wd: bool = True,
+):
     """pimm's ``WeightDecayExclusion``: biases, norms, ``gamma``, tokens and 1-D parameters without weight decay.
 
     The split is ``pimm_fn.compat.split_weight_decay(model, optimizer,
@@ -84,8 +100,9 @@ def weight_decay_exclusion(exclude_bias_from_wd: bool = True, exclude_norm_from_
     >>> weight_decay_exclusion(exclude_token_from_wd=False)
     weight_decay_exclusion(exclude_token_from_wd=False)
     """
-    return _WeightDecayExclusion(exclude_bias_from_wd, exclude_norm_from_wd, exclude_gamma_from_wd,
-                                 exclude_token_from_wd, exclude_ndim_1_from_wd)
+    return _WeightDecayExclusion(
+        exclude_bias_from_wd, exclude_norm_from_wd, exclude_gamma_from_wd, exclude_token_from_wd, exclude_ndim_1_from_wd
+    )
 
 
 def cosine_value(index: int, base: float, final: float, total: float) -> float:
@@ -140,8 +157,13 @@ def weight_decay_scheduler(base_value: float = 0.04, final_value: float = 0.2, w
 def excluded_from_weight_decay(name: str, param, *, bias=True, norm=True, gamma=True, token=True, ndim_1=True) -> bool:
     """pimm's rule: a ``.bias``, a name holding ``norm``/``gamma``/``token`` (any case), or a 1-D parameter."""
     lowered = name.lower()
-    return ((bias and name.endswith(".bias")) or (norm and "norm" in lowered) or (gamma and "gamma" in lowered)
-            or (token and "token" in lowered) or (ndim_1 and param.ndim == 1))
+    return (
+        (bias and name.endswith(".bias"))
+        or (norm and "norm" in lowered)
+        or (gamma and "gamma" in lowered)
+        or (token and "token" in lowered)
+        or (ndim_1 and param.ndim == 1)
+    )
 
 
 def split_weight_decay(model, optimizer, *, bias=True, norm=True, gamma=True, token=True, ndim_1=True):
@@ -185,18 +207,23 @@ def exclude_weight_decay(effect: ExcludeWeightDecay, state, ctx) -> tuple:
     """Refuse to train when the optimizer is not split as ``WeightDecayExclusion`` asks (see ``split_weight_decay``)."""
     rules = dict(bias=effect.bias, norm=effect.norm, gamma=effect.gamma, token=effect.token, ndim_1=effect.ndim_1)
     names = {id(p): n for n, p in unwrap(ctx.model).named_parameters()}
-    fix = (f"call pimm_fn.compat.split_weight_decay(model, optimizer, **{rules!r}) after building the optimizer, "
-           f"before its scheduler and pf.loop")
+    fix = (
+        f"call pimm_fn.compat.split_weight_decay(model, optimizer, **{rules!r}) after building the optimizer, "
+        f"before its scheduler and pf.loop"
+    )
     for optimizer in ctx.named_optimizers().values():
         for i, group in enumerate(optimizer.param_groups):
             if "apply_wd" not in group:
-                raise ValueError(f"WeightDecayExclusion: param group {i} is not split into decayed and undecayed "
-                                 f"parameters: {fix}")
+                raise ValueError(
+                    f"WeightDecayExclusion: param group {i} is not split into decayed and undecayed parameters: {fix}"
+                )
             for p in group["params"]:
                 name = names.get(id(p))
                 if name and excluded_from_weight_decay(name, p, **rules) == group["apply_wd"]:
-                    raise ValueError(f"WeightDecayExclusion: {name!r} is in a group with apply_wd={group['apply_wd']}, "
-                                     f"against the hook's rules {rules}: {fix}")
+                    raise ValueError(
+                        f"WeightDecayExclusion: {name!r} is in a group with apply_wd={group['apply_wd']}, "
+                        f"against the hook's rules {rules}: {fix}"
+                    )
     return ()
 
 

@@ -1,7 +1,6 @@
 """The pure core: values, the fold, the lifecycle and dry runs. Imports no torch."""
 
-from pimm_fn.core import events
-from pimm_fn.core import effects
+from pimm_fn.core import effects, events
 from pimm_fn.core.codec import register_slot_type
 from pimm_fn.core.fold import Chain, TraceEntry, chain
 from pimm_fn.core.frozen import FrozenMap

@@ -64,8 +64,9 @@ def fresh_progress(iters_per_epoch: int, *, max_epochs: int | None = None, max_s
     if max_steps is None:
         # Without max_steps, max_epochs is given: check_budget saw to that.
         return Progress(iters_per_epoch=iters_per_epoch, max_epochs=cast(int, max_epochs))
-    return Progress(iters_per_epoch=iters_per_epoch, max_epochs=math.ceil(max_steps / iters_per_epoch),
-                    step_limit=max_steps)
+    return Progress(
+        iters_per_epoch=iters_per_epoch, max_epochs=math.ceil(max_steps / iters_per_epoch), step_limit=max_steps
+    )
 
 
 def epochs_reaching(state: State) -> int:
@@ -144,6 +145,7 @@ def budget_lines(before: Progress, after: Progress, *, max_steps: int | None = N
     >>> budget_lines(Progress(10, 3, global_step=25, step_limit=25), Progress(10, 5, global_step=25, step_limit=50))
     ('max_steps 25 -> max_steps 50: training goes on to step 50',)
     """
+
     def said(p: Progress) -> str:
         return f"max_steps {p.step_limit}" if p.step_limit is not None else f"max_epochs {p.max_epochs}"
 

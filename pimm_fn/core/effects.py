@@ -41,8 +41,24 @@ import attrs
 from pimm_fn.core.frozen import FrozenMap, freeze, repr_unless_none
 
 __all__ = [
-    "FIELDS", "POSITION", "RESERVED", "fits", "named", "row", "unrow", "Scope", "Effect", "SaveCheckpoint",
-    "WriteBest", "Evaluate", "Log", "LoadWeights", "Stop", "StepScheduler", "UpdateEma", "Call",
+    "FIELDS",
+    "POSITION",
+    "RESERVED",
+    "fits",
+    "named",
+    "row",
+    "unrow",
+    "Scope",
+    "Effect",
+    "SaveCheckpoint",
+    "WriteBest",
+    "Evaluate",
+    "Log",
+    "LoadWeights",
+    "Stop",
+    "StepScheduler",
+    "UpdateEma",
+    "Call",
 ]
 
 
@@ -395,8 +411,10 @@ class Call(Effect):
         """
         module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
         bound = getattr(fn, "__self__", None)
-        if not (isinstance(module, str) and isinstance(qualname, str)) or "<" in qualname or (
-            bound is not None and type(bound).__name__ != "module"
+        if (
+            not (isinstance(module, str) and isinstance(qualname, str))
+            or "<" in qualname
+            or (bound is not None and type(bound).__name__ != "module")
         ):
             raise ValueError(
                 f"Call.of: {fn!r:.80} has no name another process can find it by (a lambda, a function defined "

@@ -31,10 +31,10 @@ import attrs
 
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import hook_list
-from pimm_fn.core.hook_list import check_hooks
-from pimm_fn.core.hook_results import checked_result, checked_update
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import AfterStep, Event
+from pimm_fn.core.hook_list import check_hooks
+from pimm_fn.core.hook_results import checked_result, checked_update
 from pimm_fn.core.schedule import advance, stepped, stepped_state
 from pimm_fn.core.state import Progress, State
 from pimm_fn.core.trace import TraceEntry  # defined beside Trace; importable from here as before
@@ -109,7 +109,9 @@ class Chain:
 
     hooks: tuple[Any, ...] = attrs.field(converter=tuple)
     name: str | None = None
-    _calls: dict[type, tuple[tuple[int, Any, Any], ...]] = attrs.field(factory=dict, eq=False, repr=False, hash=False, alias="_calls")
+    _calls: dict[type, tuple[tuple[int, Any, Any], ...]] = attrs.field(
+        factory=dict, eq=False, repr=False, hash=False, alias="_calls"
+    )
     _declared: tuple[protocol.Declared, ...] = _cached(_declare)
     _step: tuple[tuple[int, int, Any], ...] = _cached(_step_subscribers)
     _cadences: tuple[int, ...] = _cached(_cadences_of)
@@ -225,7 +227,9 @@ class Chain:
             slots[i] = accumulate(slots[i], outputs)
         return tuple(slots)
 
-    def fold(self, state: State, event: Event, slots: tuple[Any, ...]) -> tuple[State, tuple[Any, ...], list[tuple[int, Effect]]]:
+    def fold(
+        self, state: State, event: Event, slots: tuple[Any, ...]
+    ) -> tuple[State, tuple[Any, ...], list[tuple[int, Effect]]]:
         """Fold the hooks over ``event``; returns (state, new slots, [(index, effect)])."""
         state, slots, emitted = self._fold(state, event, slots)
         return (state if state.slot is None else state.with_slot(None)), slots, emitted
@@ -292,7 +296,9 @@ class Chain:
                 emitted.extend((i, e) for e in effects)
         return state, tuple(new_slots) if new_slots else slots, emitted
 
-    def update(self, slot: tuple[Any, ...] | None, state: State, event: Event) -> tuple[tuple[Any, ...], State, tuple[Effect, ...]]:
+    def update(
+        self, slot: tuple[Any, ...] | None, state: State, event: Event
+    ) -> tuple[tuple[Any, ...], State, tuple[Effect, ...]]:
         """The hook protocol's ``update``: the children's slots as one tuple, handed apart from ``state``."""
         state, slots, emitted = self._fold(state, event, slot if slot is not None else self.init())
         return slots, state, tuple(e for _, e in emitted)

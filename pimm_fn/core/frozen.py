@@ -121,7 +121,9 @@ def repr_unless_none(*names: str) -> Callable[[Any], str]:
     """
 
     def __repr__(self: Any) -> str:
-        shown = (f for f in type(self).__attrs_attrs__ if f.repr and not (f.name in names and getattr(self, f.name) is None))
+        shown = (
+            f for f in type(self).__attrs_attrs__ if f.repr and not (f.name in names and getattr(self, f.name) is None)
+        )
         return f"{type(self).__name__}({', '.join(f'{f.name}={getattr(self, f.name)!r}' for f in shown)})"
 
     return __repr__

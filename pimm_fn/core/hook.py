@@ -146,8 +146,12 @@ class Declared:
     emits: tuple | None
     reads_metrics: tuple
     reads_outputs: bool = True
-    update: Callable[[Any, Any, Any], Any] | None = None  # ``update(slot, state, event)``, or ``None``: the hook is called as ``hook(state, event)``
-    accumulate_all: Callable[[Any, Sequence[Any]], Any] | None = None  # ``accumulate_all(slot, outputs_seq)``, or ``None``: ``accumulate`` on each
+    update: Callable[[Any, Any, Any], Any] | None = (
+        None  # ``update(slot, state, event)``, or ``None``: the hook is called as ``hook(state, event)``
+    )
+    accumulate_all: Callable[[Any, Sequence[Any]], Any] | None = (
+        None  # ``accumulate_all(slot, outputs_seq)``, or ``None``: ``accumulate`` on each
+    )
 
     def wants(self, event_type) -> bool:
         if self.events is None:
@@ -198,12 +202,23 @@ def declared(hook) -> Declared:
             f"('accumulate'): a hook that sums the outputs reads them; drop one of the two"
         )
     update, many = getattr(hook, "update", None), getattr(hook, "accumulate_all", None) if accumulate else None
-    for name, fn, shape in (("update", update, "(slot, state, event)"), ("accumulate_all", many, "(slot, outputs_seq)")):
+    for name, fn, shape in (
+        ("update", update, "(slot, state, event)"),
+        ("accumulate_all", many, "(slot, outputs_seq)"),
+    ):
         if fn is not None and not callable(fn):
             raise TypeError(f"hook {hook!r:.80}: '{name}' must be callable as {name}{shape} (got {fn!r:.80})")
     return Declared(
-        key(hook), _types(hook, "events"), _every(hook), accumulate, rank_consistent, _types(hook, "emits"), reads,
-        reads_outputs, update, many,
+        key(hook),
+        _types(hook, "events"),
+        _every(hook),
+        accumulate,
+        rank_consistent,
+        _types(hook, "emits"),
+        reads,
+        reads_outputs,
+        update,
+        many,
     )
 
 

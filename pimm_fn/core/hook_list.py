@@ -75,9 +75,7 @@ def check_hooks(hooks, where: str = "hooks") -> tuple:
     for position, hook in enumerate(hooks):
         if getattr(hook, "hook_factory", False) is True:
             name = getattr(hook, "__name__", repr(hook))
-            raise TypeError(
-                f"'{where}' holds the hook factory {name} itself: call it to make a hook, e.g. {name}(...)"
-            )
+            raise TypeError(f"'{where}' holds the hook factory {name} itself: call it to make a hook, e.g. {name}(...)")
         if not callable(hook):
             raise TypeError(
                 f"'{where}' position {position}: a hook must be callable as hook(state, event) (got {hook!r:.80})"
@@ -162,7 +160,9 @@ def averages(hooks) -> dict:
         provide = getattr(hook, "averages", None)
         for name, decay in (provide() if callable(provide) else {}).items():
             if name in found:
-                raise ValueError(f"two hooks keep a weight average named {name!r}: give each ema(..., name=...) its own")
+                raise ValueError(
+                    f"two hooks keep a weight average named {name!r}: give each ema(..., name=...) its own"
+                )
             found[name] = decay
     return found
 

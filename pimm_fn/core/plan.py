@@ -13,11 +13,11 @@ from pimm_fn.core import events as ev
 from pimm_fn.core import summary
 from pimm_fn.core.budget import check_budget, epochs_reaching, fresh_progress
 from pimm_fn.core.effects import Evaluate, Stop
-from pimm_fn.core.frozen import freeze
 from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots
+from pimm_fn.core.frozen import freeze
 from pimm_fn.core.preemption import Boundaries
 from pimm_fn.core.processing import process
-from pimm_fn.core.schedule import advance, last_quiet_step, next_event, skip_to, state_at_step
+from pimm_fn.core.schedule import last_quiet_step, next_event, skip_to, state_at_step
 from pimm_fn.core.state import Progress, State
 from pimm_fn.core.trace import Trace
 
@@ -59,7 +59,11 @@ class RecordingExecutor:
             return (ev.StopRequested(effect.step, effect.reason),) if isinstance(effect, Stop) else ()
         source_rank = 0 if effect.broadcast else state.rank
         values = self.metrics(effect.step, source_rank) or {}
-        return (ev.MetricsPublished(values, effect.evaluator, effect.step, consistent=effect.broadcast, weights=effect.weights),)
+        return (
+            ev.MetricsPublished(
+                values, effect.evaluator, effect.step, consistent=effect.broadcast, weights=effect.weights
+            ),
+        )
 
 
 def at_boundary(event, following) -> bool:
@@ -73,7 +77,15 @@ def at_boundary(event, following) -> bool:
 
 
 def run_schedule(
-    hooks: Chain, state: State, executor, outputs=None, *, stop=None, visit=None, skip_quiet=True, clock=None,
+    hooks: Chain,
+    state: State,
+    executor,
+    outputs=None,
+    *,
+    stop=None,
+    visit=None,
+    skip_quiet=True,
+    clock=None,
     boundary=None,
 ) -> State:
     """Walk the lifecycle from ``state`` to the end (or until ``stop(state)``, checked after each event).
@@ -183,9 +195,18 @@ def _placeholders(outputs):
 
 
 def plan(
-    hooks, *, iters_per_epoch: int, max_epochs: int | None = None, max_steps: int | None = None,
-    start_step: int = 0, start: Progress | None = None, metrics=None, outputs=("loss",), clock=None,
-    max_time: float | None = None, margin: float = 0.0,
+    hooks,
+    *,
+    iters_per_epoch: int,
+    max_epochs: int | None = None,
+    max_steps: int | None = None,
+    start_step: int = 0,
+    start: Progress | None = None,
+    metrics=None,
+    outputs=("loss",),
+    clock=None,
+    max_time: float | None = None,
+    margin: float = 0.0,
 ) -> Trace:
     """The effects ``hooks`` would execute, in order, as ``TraceEntry`` values.
 

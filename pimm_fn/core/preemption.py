@@ -106,16 +106,26 @@ class Boundaries:
     ``stopped`` is then ``(step, reason)``.
     """
 
-    def __init__(self, requests: Mapping[int, int], *, world_size: int, every: int | None = 1,
-                 clock: Callable[[int], float] | None = None, max_time: float | None = None,
-                 margin: float = 0.0, reason: str = "SIGTERM") -> None:
+    def __init__(
+        self,
+        requests: Mapping[int, int],
+        *,
+        world_size: int,
+        every: int | None = 1,
+        clock: Callable[[int], float] | None = None,
+        max_time: float | None = None,
+        margin: float = 0.0,
+        reason: str = "SIGTERM",
+    ) -> None:
         self.requests, self.every, self.clock = dict(requests), every, clock
         self.lagged = lags(world_size)
         self.max_time, self.margin, self.reason = max_time, margin, reason
         self.stopped: tuple[int, str] | None = None
         self._last = 0.0
         self._issued = 0  # the step of the last comparison started
-        self._pending: tuple[str | None, int | None] | None = None  # (reason, rank 0's cadence) of the comparison in flight
+        self._pending: tuple[str | None, int | None] | None = (
+            None  # (reason, rank 0's cadence) of the comparison in flight
+        )
         self._next: int | None = None  # the step of the next comparison
         self._cadence = every or 1
 

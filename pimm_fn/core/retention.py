@@ -26,7 +26,15 @@ from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.validate import finite, int_at_least, is_callable, non_empty_str, one_of, optional
 
 __all__ = [
-    "Snapshot", "Decision", "keep_last", "keep_every", "keep_best", "any_of", "decide", "resolve", "recordable",
+    "Snapshot",
+    "Decision",
+    "keep_last",
+    "keep_every",
+    "keep_best",
+    "any_of",
+    "decide",
+    "resolve",
+    "recordable",
 ]
 
 
@@ -62,7 +70,7 @@ class _KeepLast(_Policy):
     def __call__(self, snapshots) -> frozenset:
         steps = sorted(s.step for s in snapshots)
         # Never steps[len(steps) - n:]: with fewer than n snapshots that start is negative and slices from the end.
-        return frozenset(steps[max(0, len(steps) - self.n):] if self.n else ())
+        return frozenset(steps[max(0, len(steps) - self.n) :] if self.n else ())
 
     def __repr__(self):
         return f"keep_last({self.n})"

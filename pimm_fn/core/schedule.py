@@ -103,7 +103,9 @@ def stepped(p: Progress, event: ev.AfterStep) -> Progress:
     return p.advanced(1, event.batch_size)
 
 
-def skip_to(state: State, step: int, *, batch_size: int = 0, samples: int | None = None, slots: tuple[Any, ...] | None = None) -> State:
+def skip_to(
+    state: State, step: int, *, batch_size: int = 0, samples: int | None = None, slots: tuple[Any, ...] | None = None
+) -> State:
     """``state`` after ``AfterStep(step)``, reached in one jump over steps no hook is called on.
 
     Exactly what walking ``BeforeStep``/``AfterStep`` of each step from

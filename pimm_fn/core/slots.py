@@ -183,7 +183,9 @@ def _mismatch(path: tuple, found: str, expected: str, undecodable: str = "") -> 
         f"hook {key!r}: {what}. The hook changed since the checkpoint was written: resume with the hook (and the "
         f"slot classes, registered with pimm_fn.register_slot_type) that wrote it, or give the new hook another identity "
         f"(pimm_fn.chain(hook, name='...')) so that it starts from a fresh slot",
-        key=key, found=found, expected=expected,
+        key=key,
+        found=found,
+        expected=expected,
     )
 
 
@@ -207,7 +209,9 @@ def by_position(hooks, slots: tuple, _path: tuple = ()) -> tuple:
             f"the checkpoint was written by a run with {count} hook(s){where}, this run has {len(hooks)}: resume "
             f"with the same hook list (this checkpoint keeps its slots by position, not by hook identity, so they "
             f"are matched by position)",
-            key=_PATH.join(_path), found=f"{count} slot(s)", expected=f"{len(hooks)} slot(s)",
+            key=_PATH.join(_path),
+            found=f"{count} slot(s)",
+            expected=f"{len(hooks)} slot(s)",
         )
     out = []
     for hook, slot in zip(hooks, slots):
@@ -267,7 +271,12 @@ def _saved_type(data) -> str:
         for tag in ("__attrs__", "__enum__"):
             if isinstance(data.get(tag), str):
                 return data[tag].replace(":", ".")
-        for tag, kind in (("__tuple__", "tuple"), ("__map__", "FrozenMap"), ("__dict__", "dict"), ("__float__", "float")):
+        for tag, kind in (
+            ("__tuple__", "tuple"),
+            ("__map__", "FrozenMap"),
+            ("__dict__", "dict"),
+            ("__float__", "float"),
+        ):
             if tag in data:
                 return kind
     return type(data).__name__

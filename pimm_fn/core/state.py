@@ -121,9 +121,13 @@ class Progress:
         5
         """
         return type(self)(
-            iters_per_epoch=self.iters_per_epoch, max_epochs=self.max_epochs, epoch=self.epoch,
-            iter_in_epoch=self.iter_in_epoch + steps, global_step=self.global_step + steps,
-            samples_seen=self.samples_seen + samples, step_limit=self.step_limit,
+            iters_per_epoch=self.iters_per_epoch,
+            max_epochs=self.max_epochs,
+            epoch=self.epoch,
+            iter_in_epoch=self.iter_in_epoch + steps,
+            global_step=self.global_step + steps,
+            samples_seen=self.samples_seen + samples,
+            step_limit=self.step_limit,
         )
 
     @property
@@ -231,6 +235,14 @@ class State:
         (``attrs.evolve`` walks the fields generically, at twice the cost).
         """
         return type(self)(
-            progress=progress, rank=self.rank, world_size=self.world_size, metrics=self.metrics, best=self.best,
-            config=self.config, slots=slots, slot=slot, position=position, stop=self.stop,
+            progress=progress,
+            rank=self.rank,
+            world_size=self.world_size,
+            metrics=self.metrics,
+            best=self.best,
+            config=self.config,
+            slots=slots,
+            slot=slot,
+            position=position,
+            stop=self.stop,
         )

@@ -26,8 +26,20 @@ from pimm_fn.core import hook as protocol
 from pimm_fn.core.effects import Log, SaveCheckpoint
 
 __all__ = [
-    "number", "pairs", "cut", "compact", "event_label", "hook_label", "progress_line", "state_rows", "run_rows",
-    "render_text", "fields_repr", "trace_title", "trace_table", "table_text",
+    "number",
+    "pairs",
+    "cut",
+    "compact",
+    "event_label",
+    "hook_label",
+    "progress_line",
+    "state_rows",
+    "run_rows",
+    "render_text",
+    "fields_repr",
+    "trace_title",
+    "trace_table",
+    "table_text",
 ]
 
 
@@ -66,8 +78,11 @@ def _is_default(field, value) -> bool:
 
 def _compact(value) -> str:
     if attrs.has(type(value)):
-        shown = (f"{f.name}={_compact(getattr(value, f.name))}" for f in attrs.fields(type(value))
-                 if f.repr and not f.name.startswith("_") and not _is_default(f, getattr(value, f.name)))
+        shown = (
+            f"{f.name}={_compact(getattr(value, f.name))}"
+            for f in attrs.fields(type(value))
+            if f.repr and not f.name.startswith("_") and not _is_default(f, getattr(value, f.name))
+        )
         return f"{type(value).__name__}({', '.join(shown)})"
     if isinstance(value, float):
         return number(value)
@@ -104,8 +119,11 @@ def event_label(event) -> str:
     """
     elided = _ELIDED.get(type(event), ())
     fields = attrs.fields(type(event))
-    shown = [f"{f.name}={getattr(event, f.name)!r}" for f in fields
-             if f.name not in elided and not _is_default(f, getattr(event, f.name)) or f.name == "step"]
+    shown = [
+        f"{f.name}={getattr(event, f.name)!r}"
+        for f in fields
+        if f.name not in elided and not _is_default(f, getattr(event, f.name)) or f.name == "step"
+    ]
     left_out = any(f.name in elided and not _is_default(f, getattr(event, f.name)) for f in fields)
     return f"{type(event).__name__}({', '.join(shown + ['...'] * left_out)})"
 
@@ -144,8 +162,10 @@ def progress_line(progress, world_size: int = 1) -> str:
     budget = f"max_steps={p.step_limit}" if p.step_limit is not None else f"max_epochs={p.max_epochs}"
     ranks = f" on {world_size} ranks" if world_size > 1 else ""
     samples = f", {p.samples_seen * world_size} samples{ranks}" if p.samples_seen else ""
-    return (f"step {p.global_step}/{p.global_step + p.steps_left}, epoch {p.epoch} "
-            f"(iter {p.iter_in_epoch}/{p.iters_per_epoch}), {budget}{samples}")
+    return (
+        f"step {p.global_step}/{p.global_step + p.steps_left}, epoch {p.epoch} "
+        f"(iter {p.iter_in_epoch}/{p.iters_per_epoch}), {budget}{samples}"
+    )
 
 
 def _where(state) -> str:
@@ -203,9 +223,11 @@ def run_rows(state, hooks, trace) -> list:
     rows = state_rows(state, hooks)
     save = next((e.effect for e in reversed(trace) if isinstance(e.effect, SaveCheckpoint)), None)
     log = next((e.effect for e in reversed(trace) if isinstance(e.effect, Log) and e.effect.kind == "train"), None)
-    found = [("last save", f"step {save.step}" + " (final)" * save.final if save is not None else "none in run.trace"),
-             ("last train log", f"step {log.step}: {pairs(log.values)}" if log is not None else "none in run.trace"),
-             ("trace", f"{len(trace)} effect{'s' * (len(trace) != 1)} (run.trace)")]
+    found = [
+        ("last save", f"step {save.step}" + " (final)" * save.final if save is not None else "none in run.trace"),
+        ("last train log", f"step {log.step}: {pairs(log.values)}" if log is not None else "none in run.trace"),
+        ("trace", f"{len(trace)} effect{'s' * (len(trace) != 1)} (run.trace)"),
+    ]
     at = next(i for i, (label, _) in enumerate(rows) if label == "best") + 1
     return rows[:at] + found + rows[at:]
 
@@ -248,6 +270,7 @@ def trace_table(entries, hooks=None) -> tuple:
 
     ``hooks`` are the hooks' labels in list order, as ``TraceEntry.hook`` indexes them.
     """
+
     def row(e):
         known = hooks is not None and 0 <= e.hook < len(hooks)
         hook = cut(hooks[e.hook], WIDTH // 2) if known else f"#{e.hook}"
@@ -285,6 +308,9 @@ def trace_title(entries) -> str:
     """
     if not entries:
         return "Trace: no effects"
-    steps = f"step {entries[0].step}" if entries[0].step == entries[-1].step else \
-        f"steps {entries[0].step} to {entries[-1].step}"
+    steps = (
+        f"step {entries[0].step}"
+        if entries[0].step == entries[-1].step
+        else f"steps {entries[0].step} to {entries[-1].step}"
+    )
     return f"Trace: {len(entries)} effect{'s' * (len(entries) != 1)}, {steps}"

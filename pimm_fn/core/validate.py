@@ -27,9 +27,22 @@ from collections.abc import Mapping
 import attrs
 
 __all__ = [
-    "Validator", "invalid", "shown", "finite", "refused_call",
-    "int_at_least", "number", "one_of", "instance_of", "subclass_of", "has_methods", "optional", "mapping_of",
-    "is_bool", "is_callable", "non_empty_str",
+    "Validator",
+    "invalid",
+    "shown",
+    "finite",
+    "refused_call",
+    "int_at_least",
+    "number",
+    "one_of",
+    "instance_of",
+    "subclass_of",
+    "has_methods",
+    "optional",
+    "mapping_of",
+    "is_bool",
+    "is_callable",
+    "non_empty_str",
 ]
 
 
@@ -184,8 +197,12 @@ def int_at_least(minimum: int) -> Validator:
     Traceback (most recent call last):
     ValueError: loop: 'keep_snapshots' must be an int >= 0 (got -1)
     """
-    return _Check("int_at_least", (minimum,), test=lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum,
-                  description=f"an int >= {minimum}")
+    return _Check(
+        "int_at_least",
+        (minimum,),
+        test=lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= minimum,
+        description=f"an int >= {minimum}",
+    )
 
 
 def _bound(value) -> str:
@@ -211,8 +228,12 @@ def number(*, at_least=None, above=None, below=None) -> Validator:
         description = " ".join(["a finite number", *(f"{signs[k]} {_bound(b)}" for k, b in bounds)])
 
     def test(v):
-        return finite(v) and (at_least is None or v >= at_least) and (above is None or v > above) and (
-            below is None or v < below)
+        return (
+            finite(v)
+            and (at_least is None or v >= at_least)
+            and (above is None or v > above)
+            and (below is None or v < below)
+        )
 
     return _Check("number", (), bounds, test=test, description=description)
 
@@ -224,6 +245,7 @@ def one_of(*choices) -> Validator:
     Traceback (most recent call last):
     ValueError: best_on: 'mode' must be one of ['max', 'min'] (got 'MAX')
     """
+
     def test(v):
         try:
             return any(v == c and type(v) is type(c) for c in choices)
@@ -240,11 +262,18 @@ def instance_of(*types, expected: str | None = None) -> Validator:
     Traceback (most recent call last):
     TypeError: loop: 'config' must be a dict of settings (got [1])
     """
+
     def test(v):  # True is an int to Python, never to an argument that counts
         return isinstance(v, types) and (bool in types or not isinstance(v, bool))
 
-    return _Check("instance_of", tuple(types), (("expected", expected),) if expected else (), test=test,
-                  description=expected or " or ".join(f"a {t.__qualname__}" for t in types), error=TypeError)
+    return _Check(
+        "instance_of",
+        tuple(types),
+        (("expected", expected),) if expected else (),
+        test=test,
+        description=expected or " or ".join(f"a {t.__qualname__}" for t in types),
+        error=TypeError,
+    )
 
 
 def subclass_of(base: type) -> Validator:
@@ -254,15 +283,21 @@ def subclass_of(base: type) -> Validator:
     Traceback (most recent call last):
     TypeError: 'key' must be a subclass of Exception (got 'SaveCheckpoint')
     """
-    return _Check("subclass_of", (base,), test=lambda v: isinstance(v, type) and issubclass(v, base),
-                  description=f"a subclass of {base.__qualname__}", error=TypeError)
+    return _Check(
+        "subclass_of",
+        (base,),
+        test=lambda v: isinstance(v, type) and issubclass(v, base),
+        description=f"a subclass of {base.__qualname__}",
+        error=TypeError,
+    )
 
 
 is_bool = _Check("is_bool", None, test=lambda v: isinstance(v, bool), description="a bool", error=TypeError)
 """``True`` or ``False`` (not ``0``, ``"no"`` or ``None``); ``TypeError`` otherwise."""
 
-non_empty_str = _Check("non_empty_str", None, test=lambda v: isinstance(v, str) and bool(v),
-                       description="a non-empty str", error=TypeError)
+non_empty_str = _Check(
+    "non_empty_str", None, test=lambda v: isinstance(v, str) and bool(v), description="a non-empty str", error=TypeError
+)
 """A ``str`` with at least one character; ``TypeError`` otherwise."""
 
 is_callable = _Check("is_callable", None, test=callable, description="callable", error=TypeError)
@@ -355,7 +390,9 @@ class _MappingOf(Validator):
     error = TypeError
 
     def accepts(self, value) -> bool:
-        return isinstance(value, Mapping) and all(self.key.accepts(k) and self.value.accepts(v) for k, v in value.items())
+        return isinstance(value, Mapping) and all(
+            self.key.accepts(k) and self.value.accepts(v) for k, v in value.items()
+        )
 
     @property
     def expected(self) -> str:
@@ -364,11 +401,15 @@ class _MappingOf(Validator):
     def check(self, value, name: str, *, owner: str | None = None):
         if not isinstance(value, Mapping):
             raise invalid(owner, name, self.expected, value, hint=self.hint, error=TypeError)
-        where, whole = (f"{owner}: " if owner else ""), f"'{name}' must be {self.expected}" + (
-            f"; {self.hint}" if self.hint else "")
+        where, whole = (
+            (f"{owner}: " if owner else ""),
+            f"'{name}' must be {self.expected}" + (f"; {self.hint}" if self.hint else ""),
+        )
         for k, v in value.items():
             if not self.key.accepts(k):
-                raise self.key.error(f"{where}'{name}' has the key {shown(k)}, which is not {self.key.expected}: {whole}")
+                raise self.key.error(
+                    f"{where}'{name}' has the key {shown(k)}, which is not {self.key.expected}: {whole}"
+                )
             if not self.value.accepts(v):
                 raise self.value.error(
                     f"{where}'{name}' entry {_repr(k)} must be {self.value.expected} (got {shown(v)}): {whole}"

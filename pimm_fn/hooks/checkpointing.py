@@ -110,8 +110,9 @@ class _SaveEvery:
 
 
 @hook_factory
-def save_every(n: int | None = None, *, minutes: float | None = None, snapshots: bool = False,
-               async_save: bool = False):
+def save_every(
+    n: int | None = None, *, minutes: float | None = None, snapshots: bool = False, async_save: bool = False
+):
     """Save a checkpoint every ``n`` global steps, and once after training.
 
     The cadence is ``global_step % n == 0``, so it continues from resumed

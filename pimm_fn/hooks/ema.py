@@ -20,8 +20,10 @@ class _Ema:
     reads_outputs: ClassVar[bool] = False  # averages the weights: the step's outputs stay on the device
     emits: ClassVar[tuple] = (UpdateEma,)
     rank_consistent: ClassVar[bool] = True  # decides from the global step alone
-    decay: float = attrs.field(converter=lambda v: float(v) if isinstance(v, int) and not isinstance(v, bool) else v,
-                               validator=number(at_least=0, below=1).with_hint("0.999 is usual"))
+    decay: float = attrs.field(
+        converter=lambda v: float(v) if isinstance(v, int) and not isinstance(v, bool) else v,
+        validator=number(at_least=0, below=1).with_hint("0.999 is usual"),
+    )
     every: int = attrs.field(default=1, validator=int_at_least(1))
     name: str = attrs.field(default="ema", validator=non_empty_str)
 
@@ -40,7 +42,9 @@ class _Ema:
         return called_plainly(self, state, event)
 
     def __repr__(self):
-        extra = ("" if self.every == 1 else f", every={self.every}") + ("" if self.name == "ema" else f", name={self.name!r}")
+        extra = ("" if self.every == 1 else f", every={self.every}") + (
+            "" if self.name == "ema" else f", name={self.name!r}"
+        )
         return f"ema({self.decay!r}{extra})"
 
 

@@ -6,11 +6,10 @@ import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.codec import register_slot_type
-from pimm_fn.core.effects import Log
+from pimm_fn.core.effects import Log, named
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook_list import hook_factory
-from pimm_fn.core.effects import named
 from pimm_fn.core.validate import int_at_least
 
 __all__ = ["log_every", "LogState"]

@@ -14,10 +14,34 @@ __all__ = ["lower_is_better", "check_spelling"]
 
 
 # Words that name a quantity where lower is better: best_on of one with no mode would keep the worst model.
-_LOWER_IS_BETTER = frozenset({
-    "loss", "losses", "error", "errors", "err", "mse", "rmse", "mae", "mape", "nll", "perplexity", "ppl",
-    "wer", "cer", "ter", "bce", "ce", "kl", "kld", "huber", "distance", "epe", "regret", "cost",
-})
+_LOWER_IS_BETTER = frozenset(
+    {
+        "loss",
+        "losses",
+        "error",
+        "errors",
+        "err",
+        "mse",
+        "rmse",
+        "mae",
+        "mape",
+        "nll",
+        "perplexity",
+        "ppl",
+        "wer",
+        "cer",
+        "ter",
+        "bce",
+        "ce",
+        "kl",
+        "kld",
+        "huber",
+        "distance",
+        "epe",
+        "regret",
+        "cost",
+    }
+)
 
 
 def lower_is_better(metric: str) -> bool:
@@ -61,4 +85,3 @@ def check_spelling(caller: str, metric: str, event, step: int) -> tuple:
     if event.consistent:
         raise ValueError(message)
     return (Log(step, "warning", {"message": message}),)
-

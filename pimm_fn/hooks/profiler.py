@@ -78,8 +78,9 @@ class _Profile:
     active: int = attrs.field(default=3, validator=int_at_least(1))
     repeat: int = attrs.field(default=1, validator=int_at_least(1))
     skip_first: int = attrs.field(default=0, validator=_STEPS)
-    dir: str | None = attrs.field(default=None, converter=lambda d: d if d is None else str(d),
-                                  validator=optional(instance_of(str)))
+    dir: str | None = attrs.field(
+        default=None, converter=lambda d: d if d is None else str(d), validator=optional(instance_of(str))
+    )
     memory: bool = attrs.field(default=False, validator=instance_of(bool))
     shapes: bool = attrs.field(default=False, validator=instance_of(bool))
 
@@ -89,8 +90,9 @@ class _Profile:
         return self.skip_first + self.repeat * (self.wait + self.warmup + self.active)
 
     def _start(self) -> StartProfiler:
-        return StartProfiler(self.skip_first, self.wait, self.warmup, self.active, self.repeat, self.dir,
-                             self.memory, self.shapes)
+        return StartProfiler(
+            self.skip_first, self.wait, self.warmup, self.active, self.repeat, self.dir, self.memory, self.shapes
+        )
 
     def update(self, slot, state, event):
         """The hook protocol's ``update`` (no slot): called so, it builds no ``State`` after a hook with one."""
@@ -110,14 +112,26 @@ class _Profile:
         return called_plainly(self, state, event)
 
     def __repr__(self):
-        given = [f"{f.name}={getattr(self, f.name)!r}" for f in attrs.fields(type(self))
-                 if getattr(self, f.name) != f.default]
+        given = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in attrs.fields(type(self))
+            if getattr(self, f.name) != f.default
+        ]
         return f"profile({', '.join(given)})"
 
 
 @hook_factory
-def profile(wait: int = 1, warmup: int = 1, active: int = 3, repeat: int = 1, skip_first: int = 0, *,
-            dir=None, memory: bool = False, shapes: bool = False):
+def profile(
+    wait: int = 1,
+    warmup: int = 1,
+    active: int = 3,
+    repeat: int = 1,
+    skip_first: int = 0,
+    *,
+    dir=None,
+    memory: bool = False,
+    shapes: bool = False,
+):
     """Profile a window of training steps with ``torch.profiler``, a TensorBoard trace per recorded cycle.
 
     The schedule is ``torch.profiler.schedule``'s: after ``skip_first``

@@ -1,13 +1,10 @@
 """The impure edge: the engine that walks a run, its step, data feed, resume, logs and evaluation, and the handlers of the effects."""
 
-from pimm_fn.runtime.errors import ResumeNotExactWarning
-from pimm_fn.runtime.errors import CollectiveDivergenceError
 from pimm_fn.runtime.engine.interpreter import Interpreter
-from pimm_fn.runtime.errors import MissingHandlerError
 from pimm_fn.runtime.engine.loop import Loop, loop
-from pimm_fn.runtime.errors import ResumeError
-from pimm_fn.runtime.step.train_step import train_step
+from pimm_fn.runtime.errors import CollectiveDivergenceError, MissingHandlerError, ResumeError, ResumeNotExactWarning
 from pimm_fn.runtime.step.configurable import TrainStep
+from pimm_fn.runtime.step.train_step import train_step
 
 __all__ = [
     "Loop",

@@ -41,10 +41,23 @@ from pimm_fn.core.events import AfterStep
 from pimm_fn.core.validate import finite
 
 __all__ = [
-    "CollectiveDivergenceError", "PeerFailureError", "MissingHandlerError", "ResumeError", "NonFiniteLossError",
-    "NonFiniteLossWarning", "Preempted", "ResumeNotExactWarning", "ConfigurationWarning", "NonFiniteMetricWarning",
-    "Advice", "configuration_messages", "saver_before_evaluator", "unpublished_metrics", "nothing_to_train",
-    "near_miss", "namespaced",
+    "CollectiveDivergenceError",
+    "PeerFailureError",
+    "MissingHandlerError",
+    "ResumeError",
+    "NonFiniteLossError",
+    "NonFiniteLossWarning",
+    "Preempted",
+    "ResumeNotExactWarning",
+    "ConfigurationWarning",
+    "NonFiniteMetricWarning",
+    "Advice",
+    "configuration_messages",
+    "saver_before_evaluator",
+    "unpublished_metrics",
+    "nothing_to_train",
+    "near_miss",
+    "namespaced",
 ]
 
 
@@ -67,13 +80,16 @@ class ResumeError(RuntimeError):
     """
 
 
-_RESUME = ("the weights already hold the update from that loss, so run() would raise this again: build the run anew "
-           "from the last checkpoint (pimm_fn.loop(..., resume='auto')) with a lower lr")
+_RESUME = (
+    "the weights already hold the update from that loss, so run() would raise this again: build the run anew "
+    "from the last checkpoint (pimm_fn.loop(..., resume='auto')) with a lower lr"
+)
 
 _ADVICE = {  # by whether the step in use can skip: a built-in step can, a custom step_fn cannot
     True: f"{_RESUME}, or with training=pimm_fn.Training(on_nonfinite='skip') to leave such batches out of the update",
     False: f"{_RESUME}, or have your step_fn leave optimizer.step() out when its loss is not finite",
 }
+
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss is NaN or infinite, under ``loop(training=Training(on_nonfinite="raise"))`` (the default).
@@ -155,7 +171,8 @@ def unpublished_metrics(hooks) -> list[str]:
     return [
         f"{d.key} reads metric {metric!r}, but no hook evaluates anything, so it never appears: "
         f"add evaluate_every(n, fn) before it"
-        for d in found for metric in d.reads_metrics
+        for d in found
+        for metric in d.reads_metrics
     ]
 
 
@@ -173,7 +190,7 @@ def saver_before_evaluator(hooks, *, iters_per_epoch: int, max_epochs: int) -> l
     for i, saver in enumerate(found):
         if not saver.may_emit(SaveCheckpoint) or not saver.wants(AfterStep):
             continue
-        for evaluator in found[i + 1:]:
+        for evaluator in found[i + 1 :]:
             if not evaluator.may_emit(Evaluate) or not evaluator.wants(AfterStep):
                 continue
             common = math.lcm(saver.every, evaluator.every)
@@ -193,8 +210,9 @@ def near_miss(metric: str, names) -> str | None:
     ('mIoU', None)
     """
     lowered = {name.lower(): name for name in names}
-    return lowered.get(metric.lower()) or next(iter(difflib.get_close_matches(metric, list(names), n=1, cutoff=0.8)),
-                                               None)
+    return lowered.get(metric.lower()) or next(
+        iter(difflib.get_close_matches(metric, list(names), n=1, cutoff=0.8)), None
+    )
 
 
 def namespaced(metric: str, names) -> str | None:
@@ -252,12 +270,16 @@ class Advice:
             if metric in names:
                 continue
             prefixed = namespaced(metric, names)
-            close = prefixed or near_miss(metric, names) or next(
-                iter(difflib.get_close_matches(metric, names, n=1, cutoff=0.5)), None)
-            message = (f"{', '.join(readers)} waits for metric {metric!r}, but the evaluators publish {names}"
-                       + (f": did you mean {close!r}?" if close else
-                          ": read one of these, or have an evaluator publish it")
-                       + (" (a loader_evaluator puts its name before each metric it publishes)" if prefixed else ""))
+            close = (
+                prefixed
+                or near_miss(metric, names)
+                or next(iter(difflib.get_close_matches(metric, names, n=1, cutoff=0.5)), None)
+            )
+            message = (
+                f"{', '.join(readers)} waits for metric {metric!r}, but the evaluators publish {names}"
+                + (f": did you mean {close!r}?" if close else ": read one of these, or have an evaluator publish it")
+                + (" (a loader_evaluator puts its name before each metric it publishes)" if prefixed else "")
+            )
             if consistent:
                 raise ValueError(message)
             self._say(("unread", metric), message)
@@ -272,7 +294,8 @@ class Advice:
             warnings.warn(
                 f"{', '.join(readers)} got metric {metric!r} = {value!r}{at} from evaluator {evaluator!r}: a "
                 f"non-finite value never improves, so no best is written for it; training goes on",
-                NonFiniteMetricWarning, stacklevel=3,
+                NonFiniteMetricWarning,
+                stacklevel=3,
             )
 
     def _say(self, key, message: str) -> None:

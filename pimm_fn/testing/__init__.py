@@ -12,8 +12,7 @@ streams, rank-local inputs and hook stacks for hypothesis. Imports no torch.
 """
 
 from pimm_fn.testing.assertions import assert_collective_agreement, assert_resume_continuity
-from pimm_fn.testing.simulation import simulate
-from pimm_fn.testing.simulation import SimEntry, SimulationResult
+from pimm_fn.testing.simulation import SimEntry, SimulationResult, simulate
 
 __all__ = [
     "simulate",

@@ -32,7 +32,11 @@ from pimm_fn.core.plan import plan
 from pimm_fn.testing.simulation import SimulationResult, past_the_end, resume_points, simulate
 
 __all__ = [
-    "assert_collective_agreement", "assert_resume_continuity", "published_metrics", "moments", "matches_plan",
+    "assert_collective_agreement",
+    "assert_resume_continuity",
+    "published_metrics",
+    "moments",
+    "matches_plan",
 ]
 
 
@@ -148,8 +152,11 @@ def _entry_text(entry) -> str:
 
 
 def _differing_fields(a, b) -> list:
-    return [name for name in ("progress", "metrics", "best", "config", "slots", "position")
-            if not _same(getattr(a, name), getattr(b, name))]
+    return [
+        name
+        for name in ("progress", "metrics", "best", "config", "slots", "position")
+        if not _same(getattr(a, name), getattr(b, name))
+    ]
 
 
 def assert_resume_continuity(hooks, *, resume_at, **simulate_kwargs) -> None:
@@ -199,8 +206,15 @@ def assert_resume_continuity(hooks, *, resume_at, **simulate_kwargs) -> None:
     for k in reached:
         resumed = simulate(hooks, resume_at=k, **simulate_kwargs)
         for rank in range(baseline.world_size):
-            _check_rank(rank, k, baseline.traces[rank], resumed.traces[rank], resumed.resume_index[rank][0],
-                        baseline.states[rank], resumed.states[rank])
+            _check_rank(
+                rank,
+                k,
+                baseline.traces[rank],
+                resumed.traces[rank],
+                resumed.resume_index[rank][0],
+                baseline.states[rank],
+                resumed.states[rank],
+            )
 
 
 def _check_rank(rank, k, uninterrupted, stitched, resume_index, final, resumed_final) -> None:
@@ -210,7 +224,8 @@ def _check_rank(rank, k, uninterrupted, stitched, resume_index, final, resumed_f
         b = continued[i] if i < len(continued) else None
         if a is None or b is None or not _same(a, b):
             after = (
-                f"entry {i - resume_index + 1} after the resume" if i >= resume_index
+                f"entry {i - resume_index + 1} after the resume"
+                if i >= resume_index
                 else f"entry {i}, before the resume: the simulation itself is not deterministic"
             )
             raise AssertionError(
@@ -248,9 +263,15 @@ def moments(trace) -> list:
     What a plan predicts of a run: the numbers a ``Log`` carries (losses)
     exist only in the real run.
     """
-    return [(e.step, type(e.event).__name__, e.hook,
-             ("Log", e.effect.step, e.effect.kind) if isinstance(e.effect, Log) else e.effect)
-            for e in trace]
+    return [
+        (
+            e.step,
+            type(e.event).__name__,
+            e.hook,
+            ("Log", e.effect.step, e.effect.kind) if isinstance(e.effect, Log) else e.effect,
+        )
+        for e in trace
+    ]
 
 
 def matches_plan(trace, hooks, **schedule) -> bool:

@@ -41,8 +41,16 @@ from pimm_fn.core.state import State
 from pimm_fn.core.validate import int_at_least, is_bool
 
 __all__ = [
-    "check_count", "metric_source", "outputs_of", "resume_points", "past_the_end", "stops_of", "hook_list",
-    "SimEntry", "SimulationResult", "simulate",
+    "check_count",
+    "metric_source",
+    "outputs_of",
+    "resume_points",
+    "past_the_end",
+    "stops_of",
+    "hook_list",
+    "SimEntry",
+    "SimulationResult",
+    "simulate",
 ]
 
 
@@ -59,11 +67,11 @@ def metric_source(metrics) -> Callable:
         for step, values in metrics.items():
             if not isinstance(step, int) or not isinstance(values, Mapping):
                 raise TypeError(
-                    f"simulate: 'metrics' as a mapping must be {{step: {{name: value}}}} "
-                    f"(got {step!r}: {values!r:.80})"
+                    f"simulate: 'metrics' as a mapping must be {{step: {{name: value}}}} (got {step!r}: {values!r:.80})"
                 )
         return lambda step, rank: metrics.get(step)
     if callable(metrics):
+
         def checked(step, rank):
             values = metrics(step, rank)
             if values is not None and not isinstance(values, Mapping):
@@ -138,16 +146,19 @@ def stops_of(preempt, world_size, every, clock, max_time, margin, points):
     requests = dict(preempt or {})
     for rank, step in requests.items():
         if not (isinstance(rank, int) and 0 <= rank < world_size and isinstance(step, int) and step >= 1):
-            raise ValueError(f"simulate: 'preempt' must map ranks in [0, {world_size}) to steps >= 1 "
-                             f"(got {rank!r}: {step!r})")
+            raise ValueError(
+                f"simulate: 'preempt' must map ranks in [0, {world_size}) to steps >= 1 (got {rank!r}: {step!r})"
+            )
     if not requests and max_time is None and clock is None:
         return None
     if points:
         raise ValueError("simulate: pass either 'resume_at' or 'preempt'/'clock'/'max_time', not both")
+
     def stops(first: bool) -> Boundaries:
         """The first process of a rank gets the signals; a resumed one only its clock and budget."""
-        return Boundaries(requests if first else {}, world_size=world_size, every=every, max_time=max_time,
-                          margin=margin)
+        return Boundaries(
+            requests if first else {}, world_size=world_size, every=every, max_time=max_time, margin=margin
+        )
 
     return stops
 
@@ -263,8 +274,9 @@ def _run_rank(hooks: Chain, state: State, executor: _SimExecutor, outputs, point
     for k in points:
         executor.target, executor.captured = k, None
         # visit=k: a jump over quiet steps ends before step k, whose checkpoint point ends the segment.
-        ended = run_schedule(hooks, state, executor, outputs, stop=executor.at_checkpoint, visit=k,
-                             skip_quiet=skip_quiet)
+        ended = run_schedule(
+            hooks, state, executor, outputs, stop=executor.at_checkpoint, visit=k, skip_quiet=skip_quiet
+        )
         if executor.captured is None:
             raise ValueError(past_the_end(k, ended))
         index.append(len(executor.entries))
@@ -387,7 +399,11 @@ def simulate(
     traces, states, indices, preempted = [], [], [], []
     for rank in range(world_size):
         state = initial_state(
-            hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps, rank=rank,
+            hooks.hooks,
+            iters_per_epoch=iters_per_epoch,
+            max_epochs=max_epochs,
+            max_steps=max_steps,
+            rank=rank,
             world_size=world_size,
         )
         executor = _SimExecutor(source, rank=rank)
@@ -395,8 +411,9 @@ def simulate(
         if stops is None:
             states.append(_run_rank(hooks, state, executor, outputs_of(local, rank), points, index, skip_quiet))
         else:
-            final, stopped = _run_preempted(hooks, state, executor, outputs_of(local, rank), skip_quiet, stops, clock,
-                                            index)
+            final, stopped = _run_preempted(
+                hooks, state, executor, outputs_of(local, rank), skip_quiet, stops, clock, index
+            )
             states.append(final)
             preempted.append(stopped)
         traces.append(tuple(executor.entries))

@@ -40,8 +40,18 @@ from hypothesis import strategies as st
 from pimm_fn.hooks import best_on, evaluate_every, log_every, save_every
 
 __all__ = [
-    "Schedule", "MetricStream", "LocalInputs", "schedules", "metric_streams", "rank_local_inputs", "hook_stacks",
-    "miou", "STANDARD_ORDERS", "StepClock", "step_clocks", "preemption_requests",
+    "Schedule",
+    "MetricStream",
+    "LocalInputs",
+    "schedules",
+    "metric_streams",
+    "rank_local_inputs",
+    "hook_stacks",
+    "miou",
+    "STANDARD_ORDERS",
+    "StepClock",
+    "step_clocks",
+    "preemption_requests",
 ]
 
 
@@ -85,8 +95,10 @@ def schedules(draw, *, max_world_size=16, max_iters_per_epoch=6, min_epochs=1, m
     iters = draw(st.integers(1, max_iters_per_epoch))
     epochs = draw(st.integers(min_epochs, max_epochs))
     steps = iters * epochs
-    points = () if steps == 0 or max_resumes == 0 else tuple(
-        sorted(draw(st.lists(st.integers(1, steps), unique=True, max_size=max_resumes)))
+    points = (
+        ()
+        if steps == 0 or max_resumes == 0
+        else tuple(sorted(draw(st.lists(st.integers(1, steps), unique=True, max_size=max_resumes))))
     )
     return Schedule(world_size, iters, epochs, points)
 
@@ -230,8 +242,14 @@ def hook_stacks(draw, *, max_every=6, metric="mIoU", evaluator=miou, orders=STAN
     # Built with st.builds so that hypothesis prints each hook as its factory call.
     every = st.integers(1, max_every)
     hooks = {
-        "evaluate": draw(st.builds(evaluate_every, st.integers(0, max_every), st.just(evaluator),
-                                   broadcast=st.sampled_from((True, False) if broadcast is None else (broadcast,)))),
+        "evaluate": draw(
+            st.builds(
+                evaluate_every,
+                st.integers(0, max_every),
+                st.just(evaluator),
+                broadcast=st.sampled_from((True, False) if broadcast is None else (broadcast,)),
+            )
+        ),
         "save": draw(st.builds(save_every, every, snapshots=st.booleans())),
         "best": draw(st.builds(best_on, st.just(metric), mode=st.sampled_from(("max", "min")))),
         "log": draw(st.builds(log_every, every)),

@@ -19,16 +19,23 @@ def test_loop_overhead_runs_quick_with_the_peers_that_are_installed():
 
     result = loop_overhead.run(quick=True)
     rows = result["variants"]
-    assert {"raw PyTorch loop", "pimm_fn, no hooks", "pimm_fn, standard stack", "pimm_fn, 10 trivial hooks"} <= set(rows)
+    assert {"raw PyTorch loop", "pimm_fn, no hooks", "pimm_fn, standard stack", "pimm_fn, 10 trivial hooks"} <= set(
+        rows
+    )
     assert all(r["intervals"] > 0 and r["step_us_p10"] > 0 for r in rows.values())
     assert set(result["dispatch_us_per_event"]) == {"pimm_fn process(), 10 hooks", "Python list of 10 callbacks"}
     assert set(result["driver_alone_us_per_step"]) == {"no hooks", "standard stack"}
     assert all(us > 0 for us in result["driver_alone_us_per_step"].values())
 
 
-@pytest.mark.parametrize("peer, row", [("lightning", "Lightning, 10 no-op callbacks"),
-                                       ("ignite", "Ignite Engine, 10 handlers"),
-                                       ("torchtnt", "torchtnt, 10 callbacks")])
+@pytest.mark.parametrize(
+    "peer, row",
+    [
+        ("lightning", "Lightning, 10 no-op callbacks"),
+        ("ignite", "Ignite Engine, 10 handlers"),
+        ("torchtnt", "torchtnt, 10 callbacks"),
+    ],
+)
 def test_each_peer_trains_the_same_workload(peer, row):
     """A peer that is installed trains the benchmark's workload and reports its step stamps."""
     pytest.importorskip(peer)
@@ -124,4 +131,6 @@ def test_the_layout_benchmark_counts_this_checkout_and_its_two_trips():
     assert found["modules"] == len(list((root / "pimm_fn").rglob("*.py"))) and found["floors"] >= 2, found
     for trip in ("save", "resume"):
         entered = found["trips"][trip]
-        assert 0 < entered["modules"] <= entered["functions"] and "pimm_fn.checkpoint.saving" in entered["entered"], found
+        assert 0 < entered["modules"] <= entered["functions"] and "pimm_fn.checkpoint.saving" in entered["entered"], (
+            found
+        )

@@ -43,8 +43,11 @@ def republish(source, model_dir, *, trainer=None, local=None, entries=None, weig
     """
     genuine_trainer, genuine_local, genuine_weights, info = parts(source)
     written = save_checkpoint(
-        model_dir, step=info.step, weights=dict(genuine_weights if weights is None else weights),
-        trainer={**genuine_trainer, **(trainer or {})}, local={**genuine_local, **(local or {})},
+        model_dir,
+        step=info.step,
+        weights=dict(genuine_weights if weights is None else weights),
+        trainer={**genuine_trainer, **(trainer or {})},
+        local={**genuine_local, **(local or {})},
         sharded=entries or None,
     )
     return written.path

@@ -42,8 +42,11 @@ import struct
 def hashes(root) -> dict:
     """``{relative path: SHA-256}`` of every file under ``root``: to show that a refusal changed nothing."""
     root = pathlib.Path(root)
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))
-            if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def damage(path, how: str) -> None:
@@ -133,9 +136,11 @@ def why_not_unwritable(scratch) -> str | None:
     try:
         _set_immutable(probe, True)
     except OSError as exc:
-        return (f"no way to make a directory unwritable here: the immutable flag (chattr +i) was refused "
-                f"({exc.strerror}); it needs CAP_LINUX_IMMUTABLE (a container: --cap-add LINUX_IMMUTABLE) and a "
-                f"filesystem that keeps the flag (ext4, xfs, btrfs, tmpfs)")
+        return (
+            f"no way to make a directory unwritable here: the immutable flag (chattr +i) was refused "
+            f"({exc.strerror}); it needs CAP_LINUX_IMMUTABLE (a container: --cap-add LINUX_IMMUTABLE) and a "
+            f"filesystem that keeps the flag (ext4, xfs, btrfs, tmpfs)"
+        )
     try:
         (probe / "x").touch()
         return "the immutable flag was set but did not stop a write here"

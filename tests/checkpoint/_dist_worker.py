@@ -16,8 +16,13 @@ def local_state(rank):
     import torch
 
     torch.manual_seed(100 + rank)
-    return {"rng": torch.get_rng_state(), "rank": rank, "cursor": {"index": 10 * rank},
-            "state": json.dumps({"rank": rank}), "noise": torch.randn(3)}
+    return {
+        "rng": torch.get_rng_state(),
+        "rank": rank,
+        "cursor": {"index": 10 * rank},
+        "state": json.dumps({"rank": rank}),
+        "noise": torch.randn(3),
+    }
 
 
 def replicated_state():
@@ -47,7 +52,9 @@ def main(rank, world, root):
     local = local_state(rank)
 
     save_checkpoint(model_dir, step=10, weights=weights, trainer=trainer, local=local, snapshot=True)
-    info = save_checkpoint(model_dir, step=20, weights=weights, trainer=trainer, local=local, snapshot=True, keep_snapshots=1)
+    info = save_checkpoint(
+        model_dir, step=20, weights=weights, trainer=trainer, local=local, snapshot=True, keep_snapshots=1
+    )
     assert (info.path, info.step, info.world_size) == (model_dir / "last", 20, world)
     latest = latest_checkpoint(model_dir)
     loaded = load_checkpoint(latest)

@@ -15,7 +15,9 @@ def assert_same(a, b, path="obj"):
     """Assert two trees are equal in type, structure, dtype and bits."""
     assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
     if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape, f"{path}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"
+        assert a.dtype == b.dtype and a.shape == b.shape, (
+            f"{path}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"
+        )
         assert torch.equal(_bits(a), _bits(b)), f"{path}: tensor bits differ"
     elif isinstance(a, (np.ndarray, np.generic)):
         assert a.dtype == b.dtype and np.shape(a) == np.shape(b), f"{path}: numpy dtype/shape differ"

@@ -29,7 +29,9 @@ def test_async_save_round_trips_like_a_synchronous_one(tmp_path):
     info = checkpoint.save_checkpoint_async(tmp_path, step=4, weights=weights, trainer=trainer, local={"r": 1}).wait()
     loaded = checkpoint.load_checkpoint(info)
     assert info == checkpoint.latest_checkpoint(tmp_path) and info.step == 4
-    assert torch.equal(loaded.weights["w"], weights["w"]) and torch.equal(loaded.trainer["optimizer"]["m"], trainer["optimizer"]["m"])
+    assert torch.equal(loaded.weights["w"], weights["w"]) and torch.equal(
+        loaded.trainer["optimizer"]["m"], trainer["optimizer"]["m"]
+    )
     assert loaded.local == {"r": 1}
 
 
@@ -114,7 +116,8 @@ def test_resume_from_an_async_checkpoint_is_bit_identical(tmp_path):
     run()
     assert tw.same_weights(tw.weights(sync_model), tw.weights(async_model))
     resumed_model, resumed = tw.build(
-        tmp_path / "resumed", hooks=[pf.save_every(4, async_save=True, snapshots=True)],
+        tmp_path / "resumed",
+        hooks=[pf.save_every(4, async_save=True, snapshots=True)],
         resume=str(tmp_path / "async" / "model" / "iter_8"),
     )
     assert resumed.state.progress.global_step == 8

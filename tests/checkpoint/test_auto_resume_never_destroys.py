@@ -25,8 +25,9 @@ hooks = tw.snapshotting
 
 
 def resumed(run_dir, fmt="standard"):
-    return tw.build(run_dir, hooks=hooks(), max_epochs=3, resume="auto", fmt=fmt, console=True,
-                    watching=pf.Watching(progress=False))
+    return tw.build(
+        run_dir, hooks=hooks(), max_epochs=3, resume="auto", fmt=fmt, console=True, watching=pf.Watching(progress=False)
+    )
 
 
 def only_last(finished_runs, tmp_path) -> pathlib.Path:
@@ -121,4 +122,9 @@ def test_the_refusal_pickles_with_everything_it_names():
     again = pickle.loads(pickle.dumps(error))
     assert isinstance(again, pf.CheckpointError) and isinstance(again, ValueError)
     assert (again.path, again.file, again.problem, again.rejected, str(again)) == (
-        error.path, error.file, error.problem, error.rejected, str(error))
+        error.path,
+        error.file,
+        error.problem,
+        error.rejected,
+        str(error),
+    )

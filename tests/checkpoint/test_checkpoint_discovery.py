@@ -11,8 +11,9 @@ from pimm_fn.checkpoint import find_checkpoint, latest_checkpoint, load_checkpoi
 
 
 def _save(model_dir, step, **kw):
-    return save_checkpoint(model_dir, step=step, weights={"w": torch.full((2,), float(step))},
-                           trainer={"step": step}, local={"r": 0}, **kw)
+    return save_checkpoint(
+        model_dir, step=step, weights={"w": torch.full((2,), float(step))}, trainer={"step": step}, local={"r": 0}, **kw
+    )
 
 
 def test_empty_or_missing_dir_has_no_checkpoint(tmp_path):

@@ -10,7 +10,16 @@ from hypothesis import strategies as st
 
 from pimm_fn.checkpoint.formats.pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
 
-_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.uint8, torch.bool, torch.int8]
+_DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int64,
+    torch.uint8,
+    torch.bool,
+    torch.int8,
+]
 
 
 @st.composite
@@ -27,8 +36,12 @@ def tensors(draw):
 
 
 leaves = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=8), tensors(),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+    tensors(),
 )
 keys = st.one_of(st.text(max_size=5), st.integers(-5, 5), st.booleans(), st.none(), st.tuples(st.integers(0, 3)))
 trees = st.recursive(
@@ -49,8 +62,14 @@ def test_pack_unpack_round_trips_any_nested_tree(same, tree):
 
 def test_pack_keeps_tuples_int_keys_and_numpy_rng_state(same):
     """Optimizer-style int keys, tuples, numpy RNG state and numpy scalars survive exactly."""
-    obj = {"state": {0: {"step": torch.tensor(3.0)}}, "betas": (0.9, 0.999), "np": np.random.get_state(),
-           "s": np.float32(1.5), "big": 2**80, "neg0": -0.0}
+    obj = {
+        "state": {0: {"step": torch.tensor(3.0)}},
+        "betas": (0.9, 0.999),
+        "np": np.random.get_state(),
+        "s": np.float32(1.5),
+        "big": 2**80,
+        "neg0": -0.0,
+    }
     out = unpack(*pack(obj))
     same(obj, out)
     assert str(out["neg0"]) == "-0.0"

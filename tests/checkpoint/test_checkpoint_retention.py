@@ -9,8 +9,9 @@ from pimm_fn.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 
 
 def _save(model_dir, step, **kw):
-    return save_checkpoint(model_dir, step=step, weights={"w": torch.full((2,), float(step))},
-                           trainer={"step": step}, local={}, **kw)
+    return save_checkpoint(
+        model_dir, step=step, weights={"w": torch.full((2,), float(step))}, trainer={"step": step}, local={}, **kw
+    )
 
 
 @pytest.mark.parametrize("fmt, name", [("standard", "iter_{}"), ("legacy", "iter_{}.pth")])

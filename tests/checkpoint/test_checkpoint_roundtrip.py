@@ -21,10 +21,19 @@ def _trained_state():
         model(torch.randn(5, 4)).square().mean().backward()
         opt.step()
         sched.step()
-    trainer = {"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "scaler": scaler.state_dict(),
-               "epoch": 1, "best": None, "done": False}
-    local = {"rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-             "state": json.dumps({"hook": {"count": 3}}), "cursor": {"epoch": 0, "index": 17}}
+    trainer = {
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "scaler": scaler.state_dict(),
+        "epoch": 1,
+        "best": None,
+        "done": False,
+    }
+    local = {
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+        "state": json.dumps({"hook": {"count": 3}}),
+        "cursor": {"epoch": 0, "index": 17},
+    }
     return model, opt, trainer, local
 
 
@@ -64,7 +73,12 @@ def test_standard_layout_on_disk(tmp_path):
     last = tmp_path / "last"
     assert sorted(p.name for p in last.iterdir()) == ["COMPLETE", "model.pth", "receipts", "trainer"]
     marker = json.loads((last / "COMPLETE").read_text())
-    assert {k: v for k, v in marker.items() if k != "files"} == {"step": 3, "format": "standard", "world_size": 1, "version": 1}
+    assert {k: v for k, v in marker.items() if k != "files"} == {
+        "step": 3,
+        "format": "standard",
+        "world_size": 1,
+        "version": 1,
+    }
     assert sorted(marker["files"]) == ["model.pth", "trainer/.metadata", "trainer/__0_0.distcp"]
     assert (last / "trainer" / ".metadata").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
@@ -73,7 +87,9 @@ def test_standard_layout_on_disk(tmp_path):
 def test_save_replaces_last_and_keeps_one_copy(tmp_path):
     """A second save publishes the new step and removes the retired one."""
     for step in (1, 2):
-        save_checkpoint(tmp_path, step=step, weights={"w": torch.full((1,), float(step))}, trainer={"s": step}, local={})
+        save_checkpoint(
+            tmp_path, step=step, weights={"w": torch.full((1,), float(step))}, trainer={"s": step}, local={}
+        )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last"]
     loaded = load_checkpoint(latest_checkpoint(tmp_path))
     assert loaded.info.step == 2 and loaded.trainer == {"s": 2} and loaded.weights["w"].item() == 2.0

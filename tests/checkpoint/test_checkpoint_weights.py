@@ -19,11 +19,14 @@ def test_write_best_writes_weights_and_metadata_atomically(tmp_path, same):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model_best.json", "model_best.pth"]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"value": float("nan")}, "'value' must be a finite number"),
-    ({"metric": ""}, "'metric' must be a non-empty str"),
-    ({"step": -1}, "'step' must be an int >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"value": float("nan")}, "'value' must be a finite number"),
+        ({"metric": ""}, "'metric' must be a non-empty str"),
+        ({"step": -1}, "'step' must be an int >= 0"),
+    ],
+)
 def test_write_best_rejects_bad_values(tmp_path, kwargs, match):
     """NaN values, empty metric names and negative steps are refused before writing."""
     with pytest.raises(ValueError, match=match):
@@ -33,12 +36,15 @@ def test_write_best_rejects_bad_values(tmp_path, kwargs, match):
 
 def test_remap_longest_rule_wins():
     """Of two matching prefixes the longer one applies."""
-    sd, _ = remap_state_dict({"backbone.stem.w": 1, "backbone.x": 2},
-                             {"backbone.": "enc.", "backbone.stem.": "stem."}, ["stem.w", "enc.x"])
+    sd, _ = remap_state_dict(
+        {"backbone.stem.w": 1, "backbone.x": 2}, {"backbone.": "enc.", "backbone.stem.": "stem."}, ["stem.w", "enc.x"]
+    )
     assert sd == {"stem.w": 1, "enc.x": 2}
 
 
-@pytest.mark.parametrize("source_prefix, target_prefix", [("module.", ""), ("", "module."), ("module.", "module."), ("", "")])
+@pytest.mark.parametrize(
+    "source_prefix, target_prefix", [("module.", ""), ("", "module."), ("module.", "module."), ("", "")]
+)
 def test_remap_adapts_module_prefix_to_target(source_prefix, target_prefix):
     """DDP's 'module.' prefix is stripped or added to match the target; rules work either way."""
     state = {source_prefix + "a.w": 1, source_prefix + "b": 2}

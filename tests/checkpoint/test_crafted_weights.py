@@ -26,8 +26,11 @@ import _tiny_workload as tw  # noqa: E402
 
 NOT_WEIGHTS = {
     "a list": ([1, 2], r"holds a list where a state_dict \(a dict of tensors\) is expected"),
-    "strings and numbers": ({"hidden.weight": "x", "hidden.bias": 3}, r"maps 'hidden.weight' to a str where a "
-                                                                      r"state_dict holds a tensor"),
+    "strings and numbers": (
+        {"hidden.weight": "x", "hidden.bias": 3},
+        r"maps 'hidden.weight' to a str where a "
+        r"state_dict holds a tensor",
+    ),
     "a key that is no name": ({0: torch.ones(1)}, r"has a key 0 \(an int\) where a state_dict has names"),
     "nothing": (None, r"holds a NoneType"),
 }
@@ -97,15 +100,27 @@ def test_auto_resume_skips_crafted_weights_for_the_older_intact_checkpoint(saved
     for checkpoint in ("last", "iter_10"):
         replace_weights(fmt, checkpoint_named(fmt, model_dir, checkpoint), NOT_WEIGHTS[name][0])
     file = "model.pth" if fmt == "standard" else "'weights' entry"  # a legacy file is named as the checkpoint
-    model, run = tw.build(model_dir.parent, hooks=hooks(), max_epochs=3, resume="auto", fmt=fmt, console=True,
-                          watching=pf.Watching(progress=False))
+    model, run = tw.build(
+        model_dir.parent,
+        hooks=hooks(),
+        max_epochs=3,
+        resume="auto",
+        fmt=fmt,
+        console=True,
+        watching=pf.Watching(progress=False),
+    )
     skipped = [line for line in capsys.readouterr().out.splitlines() if "skipped checkpoint" in line]
     assert run.state.progress.global_step == 8
     assert len(skipped) == 2 and all(file in line for line in skipped), skipped
     run()
     trained = tw.weights(model)
-    reference, again = tw.build(tmp_path / "ref", hooks=hooks(), max_epochs=3, fmt=fmt,  # one run at a time: one RNG
-                                resume=str(checkpoint_named(fmt, saved[1] / "model", "iter_8")))
+    reference, again = tw.build(
+        tmp_path / "ref",
+        hooks=hooks(),
+        max_epochs=3,
+        fmt=fmt,  # one run at a time: one RNG
+        resume=str(checkpoint_named(fmt, saved[1] / "model", "iter_8")),
+    )
     again()
     assert tw.same_weights(trained, tw.weights(reference))
 
@@ -117,8 +132,11 @@ def test_a_sound_state_dict_of_another_model_is_no_damage(saved, tmp_path):
     last = checkpoint_named(fmt, copied(saved, tmp_path) / "model", "last")
     replace_weights(fmt, last, {"other.weight": torch.ones(2, 4)})
     assert list(load_checkpoint(find_checkpoint(last)).weights) == ["other.weight"]
-    with pytest.raises(pf.ResumeError, match=r"weights do not fit this run's TinyNet \(missing .*; unexpected other"
-                                             r"\.weight\)\. Build the model the checkpoint was written with") as raised:
+    with pytest.raises(
+        pf.ResumeError,
+        match=r"weights do not fit this run's TinyNet \(missing .*; unexpected other"
+        r"\.weight\)\. Build the model the checkpoint was written with",
+    ) as raised:
         tw.build(tmp_path / "again", hooks=hooks(), max_epochs=3, resume=str(last), fmt=fmt)
     assert not isinstance(raised.value, pf.CheckpointError)
 

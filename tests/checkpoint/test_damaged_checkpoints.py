@@ -42,8 +42,9 @@ def saved(tmp_path_factory):
 
 def resumed(run_dir, resume):
     """The run rebuilt from ``resume``, with a budget left, its console on: skipped checkpoints are said there."""
-    return tw.build(run_dir, hooks=hooks(), max_epochs=3, resume=resume, console=True,
-                    watching=pf.Watching(progress=False))
+    return tw.build(
+        run_dir, hooks=hooks(), max_epochs=3, resume=resume, console=True, watching=pf.Watching(progress=False)
+    )
 
 
 def copied(saved, tmp_path) -> pathlib.Path:
@@ -137,8 +138,9 @@ def test_the_marker_records_every_file_with_its_size(saved):
 
 def test_digests_are_recorded_on_request_and_catch_bytes_changed_in_place(tmp_path):
     """With digests=True the marker holds SHA-256s; validate(digests=True) names a file overwritten at the same size."""
-    info = checkpoint.save_checkpoint(tmp_path, step=3, weights={"w": torch.ones(8)}, trainer={"m": torch.zeros(8)},
-                                      local={}, digests=True)
+    info = checkpoint.save_checkpoint(
+        tmp_path, step=3, weights={"w": torch.ones(8)}, trainer={"m": torch.zeros(8)}, local={}, digests=True
+    )
     files = json.loads((info.path / "COMPLETE").read_text())["files"]
     data = info.path / "trainer" / "__0_0.distcp"
     assert files["model.pth"]["sha256"] == hashlib.sha256((info.path / "model.pth").read_bytes()).hexdigest()
@@ -153,8 +155,9 @@ def test_digests_are_recorded_on_request_and_catch_bytes_changed_in_place(tmp_pa
 
 def test_a_marker_without_files_still_loads_and_a_short_data_file_is_still_found(tmp_path):
     """A checkpoint from before sizes were recorded loads; the DCP metadata still tells a data file cut short."""
-    info = checkpoint.save_checkpoint(tmp_path, step=2, weights={"w": torch.ones(4)}, trainer={"m": torch.ones(64)},
-                                      local={"r": 1})
+    info = checkpoint.save_checkpoint(
+        tmp_path, step=2, weights={"w": torch.ones(4)}, trainer={"m": torch.ones(64)}, local={"r": 1}
+    )
     marker = info.path / "COMPLETE"
     payload = json.loads(marker.read_text())
     del payload["files"]
@@ -169,12 +172,19 @@ def test_a_marker_without_files_still_loads_and_a_short_data_file_is_still_found
 
 def test_checkpoint_error_is_a_value_error_that_pickles():
     """CheckpointError is caught by `except ValueError` and crosses processes unchanged."""
-    for error in (CheckpointError("runs/x/model/last", "model.pth", "is missing"),
-                  CheckpointError("runs/x/model/model_best.pth", "model_best.pth", "is cut", advice="Restore it")):
+    for error in (
+        CheckpointError("runs/x/model/last", "model.pth", "is missing"),
+        CheckpointError("runs/x/model/model_best.pth", "model_best.pth", "is cut", advice="Restore it"),
+    ):
         again = pickle.loads(pickle.dumps(error))
         assert isinstance(error, ValueError) and pf.CheckpointError is CheckpointError
         assert (again.path, again.file, again.problem, again.advice, str(again)) == (
-            error.path, error.file, error.problem, error.advice, str(error))
+            error.path,
+            error.file,
+            error.problem,
+            error.advice,
+            str(error),
+        )
     assert str(error) == "checkpoint runs/x/model/model_best.pth: model_best.pth is cut. Restore it"
 
 
@@ -187,14 +197,25 @@ def test_a_sharded_save_records_its_shards_and_a_damaged_one_is_skipped(one_rank
         net = torch.nn.Sequential(torch.nn.Linear(4, 1))
         fully_shard(net)
         data = torch.utils.data.DataLoader(tw.dataset(16), batch_size=8)
-        return pf.loop(Regression(net), torch.optim.Adam(net.parameters(), lr=0.01), data, hooks=hooks(), max_epochs=epochs,
-                       save_dir=tmp_path, resume=resume,
-                       saving=pf.Saving(weights_file=False), watching=pf.Watching(console=console, progress=False))
+        return pf.loop(
+            Regression(net),
+            torch.optim.Adam(net.parameters(), lr=0.01),
+            data,
+            hooks=hooks(),
+            max_epochs=epochs,
+            save_dir=tmp_path,
+            resume=resume,
+            saving=pf.Saving(weights_file=False),
+            watching=pf.Watching(console=console, progress=False),
+        )
 
     build().run()  # 8 steps: last/ and iter_4, iter_8 (hard links of last/)
     last = tmp_path / "model" / "last"
     assert sorted(json.loads((last / "COMPLETE").read_text())["files"]) == [
-        "model.pth.skipped", "trainer/.metadata", "trainer/__0_0.distcp"]
+        "model.pth.skipped",
+        "trainer/.metadata",
+        "trainer/__0_0.distcp",
+    ]
     shard = last / "trainer" / "__0_0.distcp"
     size = shard.stat().st_size
     shard.unlink()  # a new file at the same size: iter_8's link keeps the old bytes

@@ -35,25 +35,33 @@ class _Net(torch.nn.Module):
 def _loop(save_dir, *, resume=None, async_save=False, digests=True, max_epochs=1, console=False):
     torch.manual_seed(0)
     model = _Net()
-    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), [torch.ones(2, 128)] * 4,
-                   hooks=[pf.save_every(2, snapshots=True, async_save=async_save)], max_epochs=max_epochs,
-                   save_dir=save_dir, resume=resume,
-                   saving=pf.Saving(digests=digests), watching=pf.Watching(console=console, progress=False))
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        [torch.ones(2, 128)] * 4,
+        hooks=[pf.save_every(2, snapshots=True, async_save=async_save)],
+        max_epochs=max_epochs,
+        save_dir=save_dir,
+        resume=resume,
+        saving=pf.Saving(digests=digests),
+        watching=pf.Watching(console=console, progress=False),
+    )
 
 
 def _flip(path, count=16):
     """Flip ``count`` bytes in the middle of ``path``, in place: the same size, other bytes."""
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
-    data[middle:middle + count] = bytes(b ^ 0xFF for b in data[middle:middle + count])
+    data[middle : middle + count] = bytes(b ^ 0xFF for b in data[middle : middle + count])
     with open(path, "r+b") as f:  # in place: a snapshot hard-linked to it sees the same bytes
         f.write(data)
 
 
 def _cli(*args):
     """``python -m pimm_fn ARGS`` in a subprocess, bounded: a hang is a failure, not a stuck suite."""
-    return subprocess.run([sys.executable, "-m", "pimm_fn", *map(str, args)], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "pimm_fn", *map(str, args)], capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.fixture
@@ -90,8 +98,9 @@ def test_digests_off_records_sizes_only_and_digests_must_be_a_bool(tmp_path):
 def test_save_checkpoint_async_hashes_the_weights_file_as_written(tmp_path):
     """The background save's weights file digest (hashed while written) equals the file's."""
     weights = {"w": torch.randn(300, 300), "b": torch.arange(7)}
-    info = save_checkpoint_async(tmp_path, step=3, weights=weights, trainer={"x": torch.ones(5)}, local={},
-                                 digests=True).wait()
+    info = save_checkpoint_async(
+        tmp_path, step=3, weights=weights, trainer={"x": torch.ones(5)}, local={}, digests=True
+    ).wait()
     files = json.loads((info.path / "COMPLETE").read_text())["files"]
     assert files["model.pth"]["sha256"] == digest(info.path / "model.pth")
     assert validate(info.path, digests=True) == info
@@ -136,9 +145,14 @@ def test_a_warm_start_from_the_flipped_checkpoint_raises_before_training(flipped
     torch.manual_seed(1)
     model = _Net()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(2, 128)] * 2,
-                  hooks=[pf.load_weights(str(flipped / "last"))], max_epochs=1,
-                  watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        [torch.ones(2, 128)] * 2,
+        hooks=[pf.load_weights(str(flipped / "last"))],
+        max_epochs=1,
+        watching=pf.Watching(console=False, progress=False),
+    )
     with pytest.raises(CheckpointError, match="model.pth does not match the SHA-256") as caught:
         run()
     assert "load_weights" in str(caught.value)  # the advice names the warm start's way out too
@@ -167,10 +181,16 @@ def _best_run(save_dir, *, digests=True):
     torch.manual_seed(0)
     model = _Net()
     scores = iter([1.0, 2.0])
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), [torch.ones(2, 128)] * 4,
-                  hooks=[pf.evaluate_every(2, lambda m: {"acc": next(scores)}), pf.best_on("acc")], max_epochs=1,
-                  save_dir=save_dir, saving=pf.Saving(digests=digests),
-                  watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        [torch.ones(2, 128)] * 4,
+        hooks=[pf.evaluate_every(2, lambda m: {"acc": next(scores)}), pf.best_on("acc")],
+        max_epochs=1,
+        save_dir=save_dir,
+        saving=pf.Saving(digests=digests),
+        watching=pf.Watching(console=False, progress=False),
+    )
     run()
     return run, model
 
@@ -190,8 +210,11 @@ def test_a_best_model_whose_bytes_changed_is_refused_wherever_it_is_read(tmp_pat
     best = tmp_path / "model" / "model_best.pth"
     _flip(best)
     own = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(CheckpointError, match="model_best.pth does not match the SHA-256 model_best.json records.*"
-                                              "Restore it from a copy, or use a checkpoint's weights instead"):
+    with pytest.raises(
+        CheckpointError,
+        match="model_best.pth does not match the SHA-256 model_best.json records.*"
+        "Restore it from a copy, or use a checkpoint's weights instead",
+    ):
         run.test(lambda model: {"acc": 0.0}, weights="best")
     assert all(torch.equal(v, own[k]) for k, v in model.state_dict().items())
     with pytest.raises(CheckpointError, match="model_best.pth does not match the SHA-256"):
@@ -206,7 +229,7 @@ def test_a_best_model_record_without_a_digest_or_unreadable_checks_nothing(tmp_p
     """A best file written without digests, or whose .json is not a record, loads as before (its own read checks it)."""
     _best_run(tmp_path, digests=False)
     best = tmp_path / "model" / "model_best.pth"
-    for text in ("[1, 2]", "{\"sha256\": 7}", "not json"):
+    for text in ("[1, 2]", '{"sha256": 7}', "not json"):
         best.with_suffix(".json").write_text(text)
         assert set(load_weights_file(best)) == {"layer.weight", "layer.bias"}
 
@@ -223,12 +246,14 @@ def crafted(tmp_path):
     """A model_dir whose last is intact and whose snapshots' markers name things outside or not regular files."""
     model_dir = tmp_path / "model"
     for step in (1, 2, 3, 4, 5):
-        save_checkpoint(model_dir, step=step, weights={"w": torch.ones(64)}, trainer={}, local={}, snapshot=True,
-                        digests=True)
+        save_checkpoint(
+            model_dir, step=step, weights={"w": torch.ones(64)}, trainer={}, local={}, snapshot=True, digests=True
+        )
     outside = tmp_path / "outside.bin"
     outside.write_bytes(b"x" * 12_345)
-    _rewrite_marker(model_dir / "iter_1", lambda f: f.update({"../../../../../../../../dev/zero": {"size": 0,
-                                                                                                "sha256": "0" * 64}}))
+    _rewrite_marker(
+        model_dir / "iter_1", lambda f: f.update({"../../../../../../../../dev/zero": {"size": 0, "sha256": "0" * 64}})
+    )
     _rewrite_marker(model_dir / "iter_2", lambda f: f.update({str(outside): {"size": 12_345, "sha256": "0" * 64}}))
     moved = model_dir / "iter_3" / "model.pth"  # a link to a true copy of itself outside: same size, same bytes
     shutil.copy(moved, tmp_path / "copy.pth")
@@ -239,8 +264,9 @@ def crafted(tmp_path):
     return model_dir
 
 
-@pytest.mark.parametrize("name, names", [("iter_1", "dev/zero"), ("iter_2", "outside.bin"), ("iter_3", "model.pth"),
-                                         ("iter_4", "pipe")])
+@pytest.mark.parametrize(
+    "name, names", [("iter_1", "dev/zero"), ("iter_2", "outside.bin"), ("iter_3", "model.pth"), ("iter_4", "pipe")]
+)
 def test_a_marker_naming_anything_but_a_regular_file_inside_is_damaged(crafted, name, names):
     """`..`, an absolute path, a symbolic link and a FIFO make the marker damaged, with or without digests."""
     for digests in (False, True):

@@ -25,7 +25,10 @@ import _tiny_workload as tw  # noqa: E402
 from _disk_faults import full_disk  # noqa: E402
 
 MODES = {"sync": dict(), "async": dict(async_save=True), "legacy": dict()}
-CASES = [("sync", site) for site in ("model.pth", "__0_0.distcp", ".metadata", "COMPLETE", "model_best.pth", "model_best.json")]
+CASES = [
+    ("sync", site)
+    for site in ("model.pth", "__0_0.distcp", ".metadata", "COMPLETE", "model_best.pth", "model_best.json")
+]
 CASES += [("async", site) for site in ("model.pth", "__0_0.distcp", ".metadata", "COMPLETE")]
 CASES += [("legacy", "last.pth")]
 
@@ -35,7 +38,9 @@ def hooks(mode):
 
 
 def build(save_dir, mode, **kwargs):
-    return tw.build(save_dir, hooks=hooks(mode), max_epochs=3, fmt="legacy" if mode == "legacy" else "standard", **kwargs)
+    return tw.build(
+        save_dir, hooks=hooks(mode), max_epochs=3, fmt="legacy" if mode == "legacy" else "standard", **kwargs
+    )
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +90,9 @@ def test_a_failed_best_write_leaves_no_temporary_file_and_the_old_best(tmp_path)
     """write_best out of space keeps model_best.pth/.json as they were and leaves no .staging-* file behind."""
     checkpoint.write_best(tmp_path, {"w": torch.zeros(4)}, metric="m", value=1.0, step=1)
     before = {p.name: digest(p) for p in tmp_path.iterdir()}
-    with full_disk(tmp_path, "model_best.json"), pytest.raises(DiskFullError, match="the previous model_best is intact"):
+    with (
+        full_disk(tmp_path, "model_best.json"),
+        pytest.raises(DiskFullError, match="the previous model_best is intact"),
+    ):
         checkpoint.write_best(tmp_path, {"w": torch.ones(4)}, metric="m", value=2.0, step=2)
     assert {p.name: digest(p) for p in tmp_path.iterdir()} == before

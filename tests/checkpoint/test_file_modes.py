@@ -30,14 +30,25 @@ def test_best_weights_export_and_checkpoints_get_the_modes_of_the_umask(tmp_path
     expected = 0o666 & ~umask
     write_best(tmp_path, {"w": torch.zeros(2)}, metric="m", value=1.0, step=1)
     write_best(tmp_path, {"w": torch.zeros(2)}, metric="acc", value=1.0, step=1, per_metric=True)
-    save_checkpoint(tmp_path, step=1, weights={"w": torch.zeros(2)}, trainer={}, local={}, format="legacy",
-                    snapshot=True)
+    save_checkpoint(
+        tmp_path, step=1, weights={"w": torch.zeros(2)}, trainer={}, local={}, format="legacy", snapshot=True
+    )
     save_checkpoint(tmp_path / "std", step=1, weights={"w": torch.zeros(2)}, trainer={}, local={})
     assert main(["export", str(tmp_path / "std"), str(tmp_path / "exported.pth")]) == OK
     with open(tmp_path / "plain.txt", "w"):
         pass
-    files = ["model_best.pth", "model_best.json", "model_best_acc.pth", "model_best_acc.json", "last.pth",
-             "iter_1.pth", "exported.pth", "plain.txt", "std/last/model.pth", "std/last/COMPLETE"]
+    files = [
+        "model_best.pth",
+        "model_best.json",
+        "model_best_acc.pth",
+        "model_best_acc.json",
+        "last.pth",
+        "iter_1.pth",
+        "exported.pth",
+        "plain.txt",
+        "std/last/model.pth",
+        "std/last/COMPLETE",
+    ]
     assert {name: oct(_mode(tmp_path / name)) for name in files} == {name: oct(expected) for name in files}
     assert not list(tmp_path.glob(".staging-*"))
 

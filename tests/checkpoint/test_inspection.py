@@ -39,13 +39,20 @@ def test_a_checkpoint_is_described_without_reading_its_tensors(model_dir):
     assert inspection.marker(model_dir / "iter_4.pth")["step"] == 4
     assert inspection.trainer_without_tensors(model_dir / "last") == {"lr": 0.1}
     weights = inspection.weights_without_tensors(model_dir / "last")
-    assert weights == {"w": inspection.TensorInfo("float32", (2, 3), 24), "b": inspection.TensorInfo("float32", (3,), 12)}
+    assert weights == {
+        "w": inspection.TensorInfo("float32", (2, 3), 24),
+        "b": inspection.TensorInfo("float32", (3,), 12),
+    }
     assert inspection.size_of(model_dir / "last") > 36
 
 
 def test_read_back_reads_every_byte_and_names_a_damaged_file(model_dir):
     """A sound checkpoint reads back with notes; a data file cut short is a CheckpointError naming it."""
-    for path, best in ((model_dir / "last", False), (model_dir / "iter_4.pth", False), (model_dir / "model_best.pth", True)):
+    for path, best in (
+        (model_dir / "last", False),
+        (model_dir / "iter_4.pth", False),
+        (model_dir / "model_best.pth", True),
+    ):
         problems, notes = inspection.read_back(path, best=best)
         assert problems == [] and notes, path
     data = next((model_dir / "last" / "trainer").glob("*.distcp"))

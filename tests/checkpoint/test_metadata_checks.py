@@ -67,6 +67,7 @@ def _each_tensor(change):
     def apply(meta):
         for entry in _tensors(meta).values():
             change(entry)
+
     return apply
 
 
@@ -74,12 +75,14 @@ def _each_storage(change):
     def apply(meta):
         for info in meta.storage_data.values():
             change(info)
+
     return apply
 
 
 def _first_entry(value):
     def apply(meta):
         meta.state_dict_metadata[next(iter(meta.state_dict_metadata))] = value
+
     return apply
 
 
@@ -88,36 +91,67 @@ def _setter(obj, name, value):
 
 
 CASES = {  # name -> (change, what the error says)
-    "state_dict_metadata a list": (lambda m: _setter(m, "state_dict_metadata", [1, 2]),
-                                   r"has state_dict_metadata \[1, 2\] where DCP writes dict"),
+    "state_dict_metadata a list": (
+        lambda m: _setter(m, "state_dict_metadata", [1, 2]),
+        r"has state_dict_metadata \[1, 2\] where DCP writes dict",
+    ),
     "storage_data a list": (lambda m: _setter(m, "storage_data", [1]), r"has storage_data \[1\] where DCP writes dict"),
     "planner_data a list": (lambda m: _setter(m, "planner_data", ["x"]), r"has planner_data \['x'\]"),
-    "storage_meta an int": (lambda m: _setter(m, "storage_meta", 3), r"has storage_meta 3 where DCP writes StorageMeta"),
+    "storage_meta an int": (
+        lambda m: _setter(m, "storage_meta", 3),
+        r"has storage_meta 3 where DCP writes StorageMeta",
+    ),
     "an entry an int": (_first_entry(5), r"lists '[^']+' as an object of type int, which DCP never writes"),
-    "an entry keyed by an int": (lambda m: m.state_dict_metadata.update({7: m.state_dict_metadata.popitem()[1]}),
-                                 r"lists an entry named 7 where DCP writes a string"),
-    "offset a string": (_each_storage(lambda i: _setter(i, "offset", "x")),
-                        r"has the offset of the storage of '[^']+' 'x' where DCP writes int"),
+    "an entry keyed by an int": (
+        lambda m: m.state_dict_metadata.update({7: m.state_dict_metadata.popitem()[1]}),
+        r"lists an entry named 7 where DCP writes a string",
+    ),
+    "offset a string": (
+        _each_storage(lambda i: _setter(i, "offset", "x")),
+        r"has the offset of the storage of '[^']+' 'x' where DCP writes int",
+    ),
     "length negative": (_each_storage(lambda i: _setter(i, "length", -1)), r"the length of the storage of .* -1"),
-    "relative_path None": (_each_storage(lambda i: _setter(i, "relative_path", None)),
-                           r"lacks the relative_path of the storage of '[^']+'"),
-    "properties None": (_each_tensor(lambda e: _setter(e, "properties", None)),
-                        r"has the properties of tensor '[^']+' None where DCP writes TensorProperties"),
-    "dtype a string": (_each_tensor(lambda e: _setter(e.properties, "dtype", "float32")),
-                       r"has the dtype of tensor '[^']+' 'float32' where DCP writes dtype"),
-    "size a string": (_each_tensor(lambda e: _setter(e, "size", "abc")),
-                      r"has the size of tensor '[^']+' 'abc' where DCP writes Size or tuple"),
-    "size with a bool": (_each_tensor(lambda e: _setter(e, "size", (True,) * len(e.size))),
-                         r"has the size of tensor .* where DCP writes integers in \[0, 2\*\*63\)"),
-    "size beyond what is stored": (_each_tensor(lambda e: (_setter(e, "size", torch.Size([10**12])), _setter(
-        e, "chunks", [ChunkStorageMetadata(torch.Size([0]), torch.Size([10**12]))]))),
-                                   r"\(1,000,000,000,000 bytes\) stored in [\d,]+ bytes"),
-    "chunks None": (_each_tensor(lambda e: _setter(e, "chunks", None)),
-                    r"has the chunks of tensor '[^']+' None where DCP writes list"),
-    "a chunk outside the tensor": (_each_tensor(lambda e: _setter(e.chunks[0], "offsets", torch.Size([5] * len(e.size)))),
-                                   r"outside its size"),
-    "a chunk of another rank": (_each_tensor(lambda e: _setter(e.chunks[0], "sizes", torch.Size([1, 1, 1, 1, 1]))),
-                                r"not of the tensor's rank"),
+    "relative_path None": (
+        _each_storage(lambda i: _setter(i, "relative_path", None)),
+        r"lacks the relative_path of the storage of '[^']+'",
+    ),
+    "properties None": (
+        _each_tensor(lambda e: _setter(e, "properties", None)),
+        r"has the properties of tensor '[^']+' None where DCP writes TensorProperties",
+    ),
+    "dtype a string": (
+        _each_tensor(lambda e: _setter(e.properties, "dtype", "float32")),
+        r"has the dtype of tensor '[^']+' 'float32' where DCP writes dtype",
+    ),
+    "size a string": (
+        _each_tensor(lambda e: _setter(e, "size", "abc")),
+        r"has the size of tensor '[^']+' 'abc' where DCP writes Size or tuple",
+    ),
+    "size with a bool": (
+        _each_tensor(lambda e: _setter(e, "size", (True,) * len(e.size))),
+        r"has the size of tensor .* where DCP writes integers in \[0, 2\*\*63\)",
+    ),
+    "size beyond what is stored": (
+        _each_tensor(
+            lambda e: (
+                _setter(e, "size", torch.Size([10**12])),
+                _setter(e, "chunks", [ChunkStorageMetadata(torch.Size([0]), torch.Size([10**12]))]),
+            )
+        ),
+        r"\(1,000,000,000,000 bytes\) stored in [\d,]+ bytes",
+    ),
+    "chunks None": (
+        _each_tensor(lambda e: _setter(e, "chunks", None)),
+        r"has the chunks of tensor '[^']+' None where DCP writes list",
+    ),
+    "a chunk outside the tensor": (
+        _each_tensor(lambda e: _setter(e.chunks[0], "offsets", torch.Size([5] * len(e.size)))),
+        r"outside its size",
+    ),
+    "a chunk of another rank": (
+        _each_tensor(lambda e: _setter(e.chunks[0], "sizes", torch.Size([1, 1, 1, 1, 1]))),
+        r"not of the tensor's rank",
+    ),
     "chunks missing": (_each_tensor(lambda e: _setter(e, "chunks", [])), r"holding 0 elements where its size"),
 }
 
@@ -153,15 +187,20 @@ def test_auto_resume_skips_crafted_metadata_for_the_older_intact_checkpoint(save
     run_dir = copied(saved, tmp_path)
     for checkpoint in ("last", "iter_10"):
         craft(run_dir / "model" / checkpoint, CASES[name][0])
-    model, run = tw.build(run_dir, hooks=hooks(), max_epochs=3, resume="auto", console=True,
-                          watching=pf.Watching(progress=False))
+    model, run = tw.build(
+        run_dir, hooks=hooks(), max_epochs=3, resume="auto", console=True, watching=pf.Watching(progress=False)
+    )
     skipped = [line for line in capsys.readouterr().out.splitlines() if "skipped checkpoint" in line]
     assert run.state.progress.global_step == 8
     assert len(skipped) == 2 and all(METADATA in line for line in skipped), skipped
     run()
     trained = tw.weights(model)
-    reference, again = tw.build(tmp_path / "ref", hooks=hooks(), max_epochs=3,  # one run at a time: one global RNG
-                                resume=str(saved[0] / "model" / "iter_8"))
+    reference, again = tw.build(
+        tmp_path / "ref",
+        hooks=hooks(),
+        max_epochs=3,  # one run at a time: one global RNG
+        resume=str(saved[0] / "model" / "iter_8"),
+    )
     again()
     assert tw.same_weights(trained, tw.weights(reference))
 
@@ -169,14 +208,32 @@ def test_auto_resume_skips_crafted_metadata_for_the_older_intact_checkpoint(save
 # -- any field, any value ------------------------------------------------------------------------------
 # Values of every type a pickle can put in a field (a valid dtype is left out: DCP does not record the dtype a data
 # file stores, so a swapped one converts silently, as it would in DCP itself; digests=True catches such an edit).
-OTHERS = (None, 0, -1, 3, 2**70, 2.5, "x", True, (), (1,), [], [1, 2], {}, {"a": 1}, torch.Size([10**6]),
-          torch.strided, ChunkStorageMetadata(torch.Size([0]), torch.Size([1])))
+OTHERS = (
+    None,
+    0,
+    -1,
+    3,
+    2**70,
+    2.5,
+    "x",
+    True,
+    (),
+    (1,),
+    [],
+    [1, 2],
+    {},
+    {"a": 1},
+    torch.Size([10**6]),
+    torch.strided,
+    ChunkStorageMetadata(torch.Size([0]), torch.Size([1])),
+)
 
 
 def _slots(meta) -> list[tuple]:
     """Every field of the genuine metadata, as (object path, attribute): what a crafted pickle can fill."""
-    found = [(("meta",), name) for name in ("state_dict_metadata", "storage_data", "planner_data", "storage_meta",
-                                            "version")]
+    found = [
+        (("meta",), name) for name in ("state_dict_metadata", "storage_data", "planner_data", "storage_meta", "version")
+    ]
     for key, entry in _tensors(meta).items():
         found += [(("entry", key), name) for name in ("properties", "size", "chunks")]
         # memory_format is pickled as an enum member, which unpickling checks: it cannot hold another value

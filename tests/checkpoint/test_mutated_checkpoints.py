@@ -102,8 +102,9 @@ def _retyped(genuine) -> st.SearchStrategy:
 
 
 def _field(where: str, part: dict) -> st.SearchStrategy:
-    return st.sampled_from(sorted(part)).flatmap(lambda key: st.builds(Mutation, st.just(where), st.just(key),
-                                                                       _retyped(part[key])))
+    return st.sampled_from(sorted(part)).flatmap(
+        lambda key: st.builds(Mutation, st.just(where), st.just(key), _retyped(part[key]))
+    )
 
 
 def mutations(path: pathlib.Path) -> st.SearchStrategy:
@@ -121,7 +122,8 @@ def mutations(path: pathlib.Path) -> st.SearchStrategy:
         _field("marker", marker),
         st.just(Mutation("claim", "sharded/model")),
         st.sampled_from(sorted(files, key=str)).flatmap(
-            lambda key: st.builds(Mutation, st.just("marker"), st.just(key), _retyped(files[key]))),
+            lambda key: st.builds(Mutation, st.just("marker"), st.just(key), _retyped(files[key]))
+        ),
     )
 
 
@@ -174,11 +176,17 @@ def test_a_checkpoint_without_scheduler_state_is_not_resumed_into_a_scheduler_in
 def _pimm_payload() -> dict:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
-    return {"model": {"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}},
-            "optimizer": {"state_dict": {"state": {"weight": {"step": torch.tensor(1.0)}},
-                                         "param_groups": [{"lr": 0.1, "params": ["weight"]}]}},
-            "trainer": {"epoch": 2, "iter_in_epoch": 0, "global_step": 10, "samples_seen": 40, "best": None},
-            "dataloader": {"state": b"\x80\x04K\x01."}}
+    return {
+        "model": {"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}},
+        "optimizer": {
+            "state_dict": {
+                "state": {"weight": {"step": torch.tensor(1.0)}},
+                "param_groups": [{"lr": 0.1, "params": ["weight"]}],
+            }
+        },
+        "trainer": {"epoch": 2, "iter_in_epoch": 0, "global_step": 10, "samples_seen": 40, "best": None},
+        "dataloader": {"state": b"\x80\x04K\x01."},
+    }
 
 
 def _leaves(tree, prefix=()):

@@ -55,8 +55,14 @@ def _names(url: str) -> list[str]:
 
 
 def _small_save(model_dir, step, **kwargs):
-    return pf.checkpoint.save_checkpoint(model_dir, step=step, weights={"w": torch.full((3,), float(step))},
-                                         trainer={"lr": 0.1}, local={"seed": step}, **kwargs)
+    return pf.checkpoint.save_checkpoint(
+        model_dir,
+        step=step,
+        weights={"w": torch.full((3,), float(step))},
+        trainer={"lr": 0.1},
+        local={"seed": step},
+        **kwargs,
+    )
 
 
 def test_loop_saves_and_resumes_bit_identical_with_best_model(url, tmp_path, monkeypatch):
@@ -100,7 +106,9 @@ def test_retention_deletes_only_after_the_newer_is_committed(url):
         _small_save(model_dir, step, snapshot=True, keep=pf.keep_last(2), digests=True)
     names = _names(model_dir)
     assert sorted(n for n in names if n.startswith("iter_")) == ["iter_3", "iter_4"]
-    assert [n for n in names if n.startswith("last")] and all(n.startswith("last-4-") for n in names if n.startswith("last"))
+    assert [n for n in names if n.startswith("last")] and all(
+        n.startswith("last-4-") for n in names if n.startswith("last")
+    )
     latest = pf.checkpoint.latest_checkpoint(model_dir)
     assert latest.step == 4 and pf.checkpoint.validate(latest.path, digests=True).step == 4
     assert torch.equal(pf.checkpoint.load_checkpoint(latest).weights["w"], torch.full((3,), 4.0))
@@ -164,6 +172,7 @@ def test_a_checkpoint_on_a_store_is_checked_from_one_listing(url, monkeypatch):
     def per_file(name):
         def refuse(self, *args):
             raise AssertionError(f"{name} of {self.name}: validation asked the store once per file")
+
         return refuse
 
     monkeypatch.setattr(storage.StorePath, "stat", per_file("stat"))
@@ -201,8 +210,14 @@ pf.checkpoint.save_checkpoint(model_dir, step=2, weights={"w": torch.ones(1000)}
 
 def test_sigkill_mid_save_leaves_the_previous_checkpoint_discoverable(s3_endpoint, tmp_path):
     model_dir = f"s3://{_s3.new_bucket()}/run/model"
-    done = subprocess.run([sys.executable, "-c", _KILLED_SAVE, model_dir], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    done = subprocess.run(
+        [sys.executable, "-c", _KILLED_SAVE, model_dir],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == -9, done.stderr[-3000:]
     half = [p for p in storage.location(model_dir).iterdir() if p.name.startswith("last-2-")]
     assert len(half) == 1 and (half[0] / "model.pth").is_file() and (half[0] / "trainer" / ".metadata").is_file()
@@ -261,7 +276,9 @@ def test_a_missing_bucket_is_refused_naming_it_and_never_created(s3_endpoint, tm
     monkeypatch.chdir(tmp_path)
     typo = f"pimm-typo-{uuid.uuid4().hex[:8]}"
     refused = rf"the bucket '{typo}' of s3://{typo}/exp\S* does not exist, and pimm_fn creates no bucket unless asked"
-    with pytest.raises(pf.checkpoint.CheckpointStorageError, match=rf"loop: save_dir 's3://{typo}/exp': {refused}") as raised:
+    with pytest.raises(
+        pf.checkpoint.CheckpointStorageError, match=rf"loop: save_dir 's3://{typo}/exp': {refused}"
+    ) as raised:
         tw.build(f"s3://{typo}/exp", hooks=[pf.save_every(2)])
     assert "this run wrote nothing" in str(raised.value)
     assert str(raised.value).endswith("or pass loop(..., saving=pimm_fn.Saving(create_bucket=True))")

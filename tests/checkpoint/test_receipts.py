@@ -39,8 +39,9 @@ def test_an_async_save_publishes_its_receipt(tmp_path):
 def test_receipts_leave_loading_discovery_snapshots_and_retention_as_they_were(tmp_path):
     """A checkpoint with receipts loads, is discovered, snapshots with them and is pruned like any other."""
     for step in (1, 2, 3):
-        save_checkpoint(tmp_path, step=step, weights=WEIGHTS, trainer=TRAINER, local=LOCAL, snapshot=True,
-                        keep_snapshots=2)
+        save_checkpoint(
+            tmp_path, step=step, weights=WEIGHTS, trainer=TRAINER, local=LOCAL, snapshot=True, keep_snapshots=2
+        )
     latest = latest_checkpoint(tmp_path)
     loaded = load_checkpoint(latest)
     assert latest.step == 3 and loaded.trainer == TRAINER and loaded.local == LOCAL
@@ -75,8 +76,10 @@ def test_missing_receipts_is_empty_at_once_when_every_receipt_is_there(tmp_path)
 def test_the_storage_error_names_the_rank_both_hosts_the_path_and_the_fix():
     """The message says which rank's files rank 0 lacks, where, and to put save_dir on shared storage."""
     message = _receipts.receipt_error("/runs/x/model/.staging-last-4", [1, 3], "node-b", "node-a", wrote=True)
-    assert message.startswith("save_dir is not shared between nodes: rank 1's files (host node-b) are missing "
-                              "on rank 0 (host node-a) at /runs/x/model/.staging-last-4 (ranks [1, 3] in all); ")
+    assert message.startswith(
+        "save_dir is not shared between nodes: rank 1's files (host node-b) are missing "
+        "on rank 0 (host node-a) at /runs/x/model/.staging-last-4 (ranks [1, 3] in all); "
+    )
     assert "put save_dir on storage every node sees" in message and "nothing was published" in message
 
 

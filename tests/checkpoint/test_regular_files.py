@@ -40,9 +40,16 @@ class _Net(torch.nn.Module):
 def _run(save_dir, *, resume=None, max_epochs=1, console=False):
     torch.manual_seed(0)
     model = _Net()
-    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(2, 4)] * 4,
-                   hooks=[pf.save_every(2, snapshots=True)], max_epochs=max_epochs, save_dir=save_dir,
-                   resume=resume, watching=pf.Watching(console=console, progress=False))
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        [torch.ones(2, 4)] * 4,
+        hooks=[pf.save_every(2, snapshots=True)],
+        max_epochs=max_epochs,
+        save_dir=save_dir,
+        resume=resume,
+        watching=pf.Watching(console=console, progress=False),
+    )
 
 
 # -- the readers -----------------------------------------------------------------------------------

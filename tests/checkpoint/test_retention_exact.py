@@ -61,8 +61,9 @@ def _on_disk(model_dir) -> set:
 
 
 def _save(model_dir, step, **kw):
-    return save_checkpoint(model_dir, step=step, weights={"w": torch.full((1,), float(step))}, trainer={}, local={},
-                           snapshot=True, **kw)
+    return save_checkpoint(
+        model_dir, step=step, weights={"w": torch.full((1,), float(step))}, trainer={}, local={}, snapshot=True, **kw
+    )
 
 
 # -- the bug of the first release: fewer snapshots than n -----------------------------------------
@@ -96,9 +97,16 @@ def test_loop_keep_snapshots_3_keeps_three_after_every_save(tmp_path):
     """Saving(keep=keep_last(3)) with a snapshot every step: after each step the newest min(step, 3) snapshots exist."""
     torch.manual_seed(0)
     model = _Net()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(1, 2)] * 6,
-                  hooks=[pf.save_every(1, snapshots=True)], max_epochs=1, save_dir=tmp_path,
-                  saving=pf.Saving(keep=pf.keep_last(3)), watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        [torch.ones(1, 2)] * 6,
+        hooks=[pf.save_every(1, snapshots=True)],
+        max_epochs=1,
+        save_dir=tmp_path,
+        saving=pf.Saving(keep=pf.keep_last(3)),
+        watching=pf.Watching(console=False, progress=False),
+    )
     for step in range(1, 7):
         run.step()
         assert _on_disk(tmp_path / "model") == set(range(max(1, step - 2), step + 1)), f"after step {step}"
@@ -107,16 +115,19 @@ def test_loop_keep_snapshots_3_keeps_three_after_every_save(tmp_path):
 def test_background_saves_keep_last_n_with_fewer_snapshots(tmp_path):
     """A background save applies retention as the synchronous one: keep_last(4) over 3 saves keeps all three."""
     for step in (1, 2, 3):
-        save_checkpoint_async(tmp_path, step=step, weights={"w": torch.zeros(1)}, trainer={}, local={},
-                              snapshot=True, keep=keep_last(4)).wait()
+        save_checkpoint_async(
+            tmp_path, step=step, weights={"w": torch.zeros(1)}, trainer={}, local={}, snapshot=True, keep=keep_last(4)
+        ).wait()
         assert _on_disk(tmp_path) == set(range(1, step + 1))
 
 
 # -- the property: after every save, disk == the model ---------------------------------------------
 @settings(max_examples=25, deadline=None)
-@given(spec=specs, values=st.lists(st.one_of(st.none(), st.sampled_from([0.1, 0.5, 0.9]), st.floats(0, 1)),
-                                   min_size=1, max_size=7),
-       fmt=st.sampled_from(["standard", "legacy"]))
+@given(
+    spec=specs,
+    values=st.lists(st.one_of(st.none(), st.sampled_from([0.1, 0.5, 0.9]), st.floats(0, 1)), min_size=1, max_size=7),
+    fmt=st.sampled_from(["standard", "legacy"]),
+)
 def test_disk_matches_an_independent_model_after_every_save(tmp_path_factory, spec, values, fmt):
     """For any policy and run (often fewer snapshots than a policy's n), the snapshots on disk after each save are
     exactly the model's: what it keeps of the previous survivors plus the new snapshot."""

@@ -50,9 +50,12 @@ def test_a_crafted_sharded_claim_with_a_pickled_shard_is_refused_and_never_run(g
     plain model raises CheckpointError before any DCP read, and the payload never runs (today it ran on resume)."""
     marker = tmp_path / "ran"
     trainer, _, weights, _ = parts(genuine)
-    crafted = republish(genuine, tmp_path / "crafted" / "model",
-                        trainer={"sharded": True, "optimizer": {"state": {}, "param_groups": None}},
-                        entries={f"sharded/model/{name}": Payload(marker) for name in weights})
+    crafted = republish(
+        genuine,
+        tmp_path / "crafted" / "model",
+        trainer={"sharded": True, "optimizer": {"state": {}, "param_groups": None}},
+        entries={f"sharded/model/{name}": Payload(marker) for name in weights},
+    )
     with pytest.raises(pf.CheckpointError, match=r"sharded/model/.*pickled object"):
         _resume(crafted, tmp_path / "run")
     assert not marker.exists()
@@ -98,8 +101,11 @@ def test_an_entry_of_another_shape_or_dtype_is_a_checkpoint_error(genuine):
     """Where a tensor is expected, one of another shape or dtype is refused before a byte is read, naming both."""
     meta = safe_reading.metadata(genuine).state_dict_metadata
     entry = meta["trainer/skeleton"]
-    with pytest.raises(pf.CheckpointError, match=r"holds 'trainer/skeleton' as a uint8\[\d+\] tensor where this run "
-                                                 r"expects uint8\[1\]"):
+    with pytest.raises(
+        pf.CheckpointError,
+        match=r"holds 'trainer/skeleton' as a uint8\[\d+\] tensor where this run "
+        r"expects uint8\[1\]",
+    ):
         safe_reading.load({"trainer/skeleton": torch.empty(1, dtype=torch.uint8)}, genuine)
     with pytest.raises(pf.CheckpointError, match=r"expects float32"):
         safe_reading.load({"trainer/skeleton": torch.empty(entry.size, dtype=torch.float32)}, genuine)
@@ -170,17 +176,24 @@ def _getattr_pickle(module: str, target: str, name: str) -> bytes:
     return b"\x80\x04" + found + _text(name) + b"\x86R."  # TUPLE2, REDUCE, STOP
 
 
-@pytest.mark.parametrize("module, target, name", [
-    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "__init__"),  # not a member name
-    ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "_missing_"),
-    ("torch.distributed.checkpoint.metadata", "TensorProperties", "create_from_tensor"),  # a DCP class, no enum
-    ("torch", "Size", "__class__"),  # admitted, but no enum at all
-    ("torch.distributed.checkpoint.metadata", "torch", "load"),  # a module attribute of a DCP module
-])
+@pytest.mark.parametrize(
+    "module, target, name",
+    [
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "__init__"),  # not a member name
+        ("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING", "_missing_"),
+        ("torch.distributed.checkpoint.metadata", "TensorProperties", "create_from_tensor"),  # a DCP class, no enum
+        ("torch", "Size", "__class__"),  # admitted, but no enum at all
+        ("torch.distributed.checkpoint.metadata", "torch", "load"),  # a module attribute of a DCP module
+    ],
+)
 def test_getattr_is_never_applied_to_anything_but_a_dcp_enum_member(module, target, name):
     """builtins.getattr in metadata is honoured only as getattr(<DCP enum>, <member name>); anything else refused."""
-    assert MetadataUnpickler(io.BytesIO(_getattr_pickle(module, "_MEM_FORMAT_ENCODING", "TORCH_CHANNELS_LAST"))) \
-        .load() is _MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST if module.endswith("metadata") else True
+    assert (
+        MetadataUnpickler(io.BytesIO(_getattr_pickle(module, "_MEM_FORMAT_ENCODING", "TORCH_CHANNELS_LAST"))).load()
+        is _MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST
+        if module.endswith("metadata")
+        else True
+    )
     with pytest.raises(pickle.UnpicklingError):
         MetadataUnpickler(io.BytesIO(_getattr_pickle(module, target, name))).load()
 
@@ -209,8 +222,10 @@ def test_a_getattr_os_system_payload_never_runs(tmp_path):
         with pytest.raises(pickle.UnpicklingError):
             MetadataUnpickler(io.BytesIO(buffer.getvalue())).load()
     assert not marker.exists()
-    assert MetadataUnpickler(io.BytesIO(_as_311(_MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST))).load() \
+    assert (
+        MetadataUnpickler(io.BytesIO(_as_311(_MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST))).load()
         is _MEM_FORMAT_ENCODING.TORCH_CHANNELS_LAST
+    )
 
 
 # -- one layer, no bypass -------------------------------------------------------------------------------
@@ -222,8 +237,11 @@ def _dcp_reads(tree: ast.AST, dcp_names: set) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in _FORBIDDEN:
             found.append(node.attr)
-        if isinstance(node, ast.Attribute) and node.attr in ("load", "load_state_dict") \
-                and ast.unparse(node.value) in {"torch.distributed.checkpoint", *dcp_names}:
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in ("load", "load_state_dict")
+            and ast.unparse(node.value) in {"torch.distributed.checkpoint", *dcp_names}
+        ):
             found.append(f"{ast.unparse(node.value)}.{node.attr}")
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch.distributed.checkpoint"):
             found += [a.name for a in node.names if a.name in _FORBIDDEN | {"load", "load_state_dict"}]
@@ -259,10 +277,13 @@ def test_no_module_outside_the_layer_reads_dcp_itself():
 
 def test_the_scan_would_see_a_bypass():
     """The scan flags the shapes a bypass would take (so the test above can fail)."""
-    source = ("import torch.distributed.checkpoint as dcp\n"
-              "from torch.distributed.checkpoint import FileSystemReader\n"
-              "dcp.load(s, storage_reader=FileSystemReader(p))\n")
+    source = (
+        "import torch.distributed.checkpoint as dcp\n"
+        "from torch.distributed.checkpoint import FileSystemReader\n"
+        "dcp.load(s, storage_reader=FileSystemReader(p))\n"
+    )
     tree = ast.parse(source)
     assert sorted(_dcp_reads(tree, _dcp_aliases(tree))) == ["FileSystemReader", "FileSystemReader", "dcp.load"]
     assert _dcp_reads(ast.parse("import torch\ntorch.distributed.checkpoint.load(s)\n"), set()) == [
-        "torch.distributed.checkpoint.load"]
+        "torch.distributed.checkpoint.load"
+    ]

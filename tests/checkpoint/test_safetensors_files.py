@@ -20,14 +20,25 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from _stuck import within  # noqa: E402
 
 EVERY_DTYPE = {
-    "f32": torch.randn(3, 4), "f64": torch.randn(5, dtype=torch.float64), "f16": torch.randn(2, 3).half(),
-    "bf16": torch.randn(7).bfloat16(), "i64": torch.arange(-3, 3), "i32": torch.arange(4, dtype=torch.int32),
-    "i16": torch.arange(3, dtype=torch.int16), "i8": torch.arange(-2, 2, dtype=torch.int8),
-    "u8": torch.arange(250, 256, dtype=torch.uint8), "u16": torch.tensor([65535, 1], dtype=torch.uint16),
-    "u32": torch.tensor([2**32 - 1], dtype=torch.uint32), "u64": torch.tensor([2**63 + 5], dtype=torch.uint64),
-    "bool": torch.tensor([True, False, True]), "c64": torch.randn(2, dtype=torch.complex64),
-    "f8": torch.randn(4).to(torch.float8_e4m3fn), "f8b": torch.randn(4).to(torch.float8_e5m2),
-    "scalar": torch.tensor(2.5), "empty": torch.zeros(0, 3), "nan": torch.tensor([float("nan"), -0.0, float("inf")]),
+    "f32": torch.randn(3, 4),
+    "f64": torch.randn(5, dtype=torch.float64),
+    "f16": torch.randn(2, 3).half(),
+    "bf16": torch.randn(7).bfloat16(),
+    "i64": torch.arange(-3, 3),
+    "i32": torch.arange(4, dtype=torch.int32),
+    "i16": torch.arange(3, dtype=torch.int16),
+    "i8": torch.arange(-2, 2, dtype=torch.int8),
+    "u8": torch.arange(250, 256, dtype=torch.uint8),
+    "u16": torch.tensor([65535, 1], dtype=torch.uint16),
+    "u32": torch.tensor([2**32 - 1], dtype=torch.uint32),
+    "u64": torch.tensor([2**63 + 5], dtype=torch.uint64),
+    "bool": torch.tensor([True, False, True]),
+    "c64": torch.randn(2, dtype=torch.complex64),
+    "f8": torch.randn(4).to(torch.float8_e4m3fn),
+    "f8b": torch.randn(4).to(torch.float8_e5m2),
+    "scalar": torch.tensor(2.5),
+    "empty": torch.zeros(0, 3),
+    "nan": torch.tensor([float("nan"), -0.0, float("inf")]),
 }
 
 
@@ -95,8 +106,9 @@ def _sharded(root, tensors, shards):
         save_file({k: tensors[k] for k in names}, str(root / name), metadata={"format": "pt"})
         weight_map.update({k: name for k in names})
     total = sum(t.numel() * t.element_size() for t in tensors.values())
-    (root / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                   "weight_map": dict(sorted(weight_map.items()))}))
+    (root / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))})
+    )
     return root / "model.safetensors.index.json"
 
 
@@ -111,18 +123,37 @@ def test_a_sharded_hub_model_reads_whole_through_its_index(tmp_path, same):
     same(load_weights_file(tmp_path), TENSORS)
 
 
-@pytest.mark.parametrize("change, file, match", [
-    (lambda index: index.update(weight_map={"a.w": "../model-00001-of-00002.safetensors"}), "model.safetensors.index.json",
-     r"maps 'a.w' to '\.\./model-00001-of-00002.safetensors': a shard must be a .safetensors file beside the index"),
-    (lambda index: index.update(weight_map={"a.w": "/etc/passwd"}), "model.safetensors.index.json", "beside the index"),
-    (lambda index: index.update(weight_map=[]), "model.safetensors.index.json", "has no 'weight_map'"),
-    (lambda index: index["weight_map"].update({"d.w": "model-00003-of-00003.safetensors"}),
-     "model-00003-of-00003.safetensors", "is missing, though model.safetensors.index.json names it"),
-    (lambda index: index["weight_map"].update({"d.w": "model-00002-of-00002.safetensors"}),
-     "model.safetensors.index.json", r"maps \['d.w'\] to shards that do not hold them"),
-    (lambda index: index["weight_map"].update({"a.w": "model-00002-of-00002.safetensors"}),
-     "model-00001-of-00002.safetensors", r"holds \['a.w'\], which model.safetensors.index.json does not map to it"),
-])
+@pytest.mark.parametrize(
+    "change, file, match",
+    [
+        (
+            lambda index: index.update(weight_map={"a.w": "../model-00001-of-00002.safetensors"}),
+            "model.safetensors.index.json",
+            r"maps 'a.w' to '\.\./model-00001-of-00002.safetensors': a shard must be a .safetensors file beside the index",
+        ),
+        (
+            lambda index: index.update(weight_map={"a.w": "/etc/passwd"}),
+            "model.safetensors.index.json",
+            "beside the index",
+        ),
+        (lambda index: index.update(weight_map=[]), "model.safetensors.index.json", "has no 'weight_map'"),
+        (
+            lambda index: index["weight_map"].update({"d.w": "model-00003-of-00003.safetensors"}),
+            "model-00003-of-00003.safetensors",
+            "is missing, though model.safetensors.index.json names it",
+        ),
+        (
+            lambda index: index["weight_map"].update({"d.w": "model-00002-of-00002.safetensors"}),
+            "model.safetensors.index.json",
+            r"maps \['d.w'\] to shards that do not hold them",
+        ),
+        (
+            lambda index: index["weight_map"].update({"a.w": "model-00002-of-00002.safetensors"}),
+            "model-00001-of-00002.safetensors",
+            r"holds \['a.w'\], which model.safetensors.index.json does not map to it",
+        ),
+    ],
+)
 def test_an_index_that_does_not_fit_its_shards_is_refused_naming_the_file(tmp_path, change, file, match):
     """A shard outside the index's directory, missing, or holding other tensors than the index says is a CheckpointError."""
     index_path = _sharded(tmp_path, TENSORS, [["a.w", "c.w"], ["b.w"]])
@@ -137,41 +168,111 @@ def test_an_index_that_does_not_fit_its_shards_is_refused_naming_the_file(tmp_pa
 F32_2 = {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}
 CRAFTED = {
     "empty": (b"", None, None, r"is 0 bytes: no safetensors file"),
-    "header-too-large": (b"{}", b"", MAX_HEADER + 1, r"gives its header as 100,000,001 bytes, over the 100,000,000 a header may have"),
+    "header-too-large": (
+        b"{}",
+        b"",
+        MAX_HEADER + 1,
+        r"gives its header as 100,000,001 bytes, over the 100,000,000 a header may have",
+    ),
     "header-past-the-end": (b"{}", b"", 1000, r"is cut short: its header is 1,000 bytes, 2 follow the first 8"),
     "header-not-utf8": (b"\xff\xfe{}", b"", None, r"has a header that does not parse"),
     "header-not-json": (b"{'w': 1}", b"", None, r"has a header that does not parse"),
     "header-nested-deep": (b"[" * 100_000, b"", None, r"has a header that does not parse"),
     "header-a-list": ([1, 2], b"", None, r"has a header holding a JSON list, not an object of tensors"),
-    "name-twice": (b'{"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, '
-                   b'"w": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}}', b"ab", None, r"'w' appears twice"),
-    "no-offsets": ({"w": {"dtype": "F32", "shape": [2]}}, b"\0" * 8, None, r"describes tensor 'w' as .* expected dtype"),
+    "name-twice": (
+        b'{"w": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, '
+        b'"w": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}}',
+        b"ab",
+        None,
+        r"'w' appears twice",
+    ),
+    "no-offsets": (
+        {"w": {"dtype": "F32", "shape": [2]}},
+        b"\0" * 8,
+        None,
+        r"describes tensor 'w' as .* expected dtype",
+    ),
     "negative-dim": ({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, b"\0" * 8, None, "expected dtype"),
     "bool-dim": ({"w": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, b"\0" * 4, None, "expected dtype"),
-    "float-offset": ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8.0]}}, b"\0" * 8, None, "expected dtype"),
-    "three-offsets": ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4, 8]}}, b"\0" * 8, None, "expected dtype"),
-    "end-before-begin": ({"w": {"dtype": "U8", "shape": [0], "data_offsets": [4, 0]}}, b"\0" * 4, None, "do not fit it"),
-    "past-the-data": ({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8, None,
-                      r"gives tensor 'w' the bytes 0..16, past the 8 of its data: cut short"),
-    "wrong-size": ({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, b"\0" * 8, None,
-                   r"gives tensor 'w' \(F32 \[3\]: 12 bytes\) the bytes 0..8: they do not fit it"),
-    "sharing-bytes": ({**F32_2, "v": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None,
-                      r"has tensors sharing bytes at byte 8 of its data \(tensor 'v' starts at 4\)"),
-    "a-gap": ({"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}, b"\0" * 8, None,
-              r"has bytes no tensor owns at byte 0"),
+    "float-offset": (
+        {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8.0]}},
+        b"\0" * 8,
+        None,
+        "expected dtype",
+    ),
+    "three-offsets": (
+        {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4, 8]}},
+        b"\0" * 8,
+        None,
+        "expected dtype",
+    ),
+    "end-before-begin": (
+        {"w": {"dtype": "U8", "shape": [0], "data_offsets": [4, 0]}},
+        b"\0" * 4,
+        None,
+        "do not fit it",
+    ),
+    "past-the-data": (
+        {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}},
+        b"\0" * 8,
+        None,
+        r"gives tensor 'w' the bytes 0..16, past the 8 of its data: cut short",
+    ),
+    "wrong-size": (
+        {"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}},
+        b"\0" * 8,
+        None,
+        r"gives tensor 'w' \(F32 \[3\]: 12 bytes\) the bytes 0..8: they do not fit it",
+    ),
+    "sharing-bytes": (
+        {**F32_2, "v": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}},
+        b"\0" * 8,
+        None,
+        r"has tensors sharing bytes at byte 8 of its data \(tensor 'v' starts at 4\)",
+    ),
+    "a-gap": (
+        {"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}},
+        b"\0" * 8,
+        None,
+        r"has bytes no tensor owns at byte 0",
+    ),
     "trailing-bytes": (F32_2, b"\0" * 12, None, r"has 4 bytes after its last tensor"),
-    "unknown-dtype": ({"w": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8, None,
-                      r"holds tensor 'w' of dtype 'Q7': no dtype pimm_fn reads"),
-    "packed-4-bit": ({"w": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}}, b"\0", None,
-                     r"holds tensor 'w' of dtype 'F4': no dtype pimm_fn reads"),
-    "metadata-not-strings": ({"__metadata__": {"step": 3}, **F32_2}, b"\0" * 8, None,
-                             r"has a __metadata__ that is not an object of strings"),
-    "bool-byte-2": ({"b": {"dtype": "BOOL", "shape": [2], "data_offsets": [0, 2]}}, b"\x01\x02", None,
-                    r"holds bool tensor 'b' with bytes other than 0 and 1"),
-    "shape-torch-cannot-make": ({"w": {"dtype": "F32", "shape": [0, 2**62, 2**62], "data_offsets": [0, 0]}}, b"", None,
-                                r"describes tensor 'w' with a shape torch cannot make"),
-    "digest-not-matching": ({"__metadata__": {SHA256: "0" * 64}, **F32_2}, b"\0" * 8, None,
-                            r"does not match the SHA-256 its header records"),
+    "unknown-dtype": (
+        {"w": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 8]}},
+        b"\0" * 8,
+        None,
+        r"holds tensor 'w' of dtype 'Q7': no dtype pimm_fn reads",
+    ),
+    "packed-4-bit": (
+        {"w": {"dtype": "F4", "shape": [2], "data_offsets": [0, 1]}},
+        b"\0",
+        None,
+        r"holds tensor 'w' of dtype 'F4': no dtype pimm_fn reads",
+    ),
+    "metadata-not-strings": (
+        {"__metadata__": {"step": 3}, **F32_2},
+        b"\0" * 8,
+        None,
+        r"has a __metadata__ that is not an object of strings",
+    ),
+    "bool-byte-2": (
+        {"b": {"dtype": "BOOL", "shape": [2], "data_offsets": [0, 2]}},
+        b"\x01\x02",
+        None,
+        r"holds bool tensor 'b' with bytes other than 0 and 1",
+    ),
+    "shape-torch-cannot-make": (
+        {"w": {"dtype": "F32", "shape": [0, 2**62, 2**62], "data_offsets": [0, 0]}},
+        b"",
+        None,
+        r"describes tensor 'w' with a shape torch cannot make",
+    ),
+    "digest-not-matching": (
+        {"__metadata__": {SHA256: "0" * 64}, **F32_2},
+        b"\0" * 8,
+        None,
+        r"does not match the SHA-256 its header records",
+    ),
 }
 
 
@@ -196,8 +297,11 @@ def test_a_flipped_byte_in_the_tensors_of_an_exported_file_is_caught_by_its_dige
     raw = bytearray(path.read_bytes())
     raw[-3] ^= 0x40
     path.write_bytes(bytes(raw))
-    with pytest.raises(CheckpointError, match=r"w.safetensors does not match the SHA-256 its header records .*"
-                                              r"Replace it with an intact copy"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"w.safetensors does not match the SHA-256 its header records .*"
+        r"Replace it with an intact copy",
+    ):
         load_weights_file(path)
 
 
@@ -231,12 +335,14 @@ def written(tmp_path_factory):
 
 
 @given(data=st.data())
-def test_a_file_cut_short_or_with_any_byte_changed_reads_whole_or_is_a_checkpoint_error(written, tmp_path_factory, data):
+def test_a_file_cut_short_or_with_any_byte_changed_reads_whole_or_is_a_checkpoint_error(
+    written, tmp_path_factory, data
+):
     """Truncated anywhere or with one byte changed, a file either reads (a change the header allows) or is refused:
     never another exception."""
     raw = bytearray(written)
     if data.draw(st.booleans(), label="cut"):
-        raw = raw[:data.draw(st.integers(0, len(raw) - 1), label="length")]
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1), label="length")]
     else:
         raw[data.draw(st.integers(0, len(raw) - 1), label="at")] ^= data.draw(st.integers(1, 255), label="xor")
     path = tmp_path_factory.mktemp("case") / "w.safetensors"
@@ -249,8 +355,11 @@ def test_a_file_cut_short_or_with_any_byte_changed_reads_whole_or_is_a_checkpoin
     assert all(tensors[k].dtype == v.dtype and torch.equal(tensors[k], v) for k, v in FUZZED.items())
 
 
-@pytest.mark.parametrize("change", [(b'"i":', b'"h":'), (b'"I64"', b'"F64"'), (b'"shape":[2,3]', b'"shape":[3,2]')],
-                         ids=["renamed", "other-dtype", "other-shape"])
+@pytest.mark.parametrize(
+    "change",
+    [(b'"i":', b'"h":'), (b'"I64"', b'"F64"'), (b'"shape":[2,3]', b'"shape":[3,2]')],
+    ids=["renamed", "other-dtype", "other-shape"],
+)
 def test_a_header_changed_where_the_format_still_allows_it_is_refused_by_the_digest(tmp_path_factory, change):
     """A tensor renamed, given another dtype of its size or another shape of its numel: the SHA-256 refuses it."""
     raw = _written(tmp_path_factory)

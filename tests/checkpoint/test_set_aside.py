@@ -109,18 +109,30 @@ def test_set_aside_names_never_collide_and_discovery_and_retention_never_see_the
     assert inspection.kind_of(model_dir / "damaged-copy1-2") == ("set aside", None)
     shutil.copytree(model_dir / "iter_4", model_dir / "damaged-iter_4")
     assert inspection.kind_of(model_dir / "damaged-iter_4") == ("set aside", 4)
-    pf.checkpoint.save_checkpoint(model_dir, step=20, weights={"w": tw.torch.ones(1)}, trainer={}, local={},
-                                  snapshot=True, keep=pf.keep_last(1))
+    pf.checkpoint.save_checkpoint(
+        model_dir, step=20, weights={"w": tw.torch.ones(1)}, trainer={}, local={}, snapshot=True, keep=pf.keep_last(1)
+    )
     assert sorted(p.name for p in model_dir.glob("damaged-*")) == [
-        "damaged-copy1", "damaged-copy1-2", "damaged-copy2", "damaged-iter_4"]
+        "damaged-copy1",
+        "damaged-copy1-2",
+        "damaged-copy2",
+        "damaged-iter_4",
+    ]
 
 
 REFUSED = {  # (format, the damaged entry the storage will not move, what the save of step 8 comes to)
-    "last": ("standard", "last", "the checkpoint of step 8 is not published (its staging directory .staging-last-8 is "
-                                 "removed)"),
+    "last": (
+        "standard",
+        "last",
+        "the checkpoint of step 8 is not published (its staging directory .staging-last-8 is removed)",
+    ),
     "last.pth": ("legacy", "last.pth", "the checkpoint of step 8 is not published (nothing of it was written)"),
-    "iter_8": ("standard", "iter_8", "the snapshot iter_8 is not made (its staging .staging-iter_8 is removed); the "
-                                     "checkpoint itself was published as last, and is intact"),
+    "iter_8": (
+        "standard",
+        "iter_8",
+        "the snapshot iter_8 is not made (its staging .staging-iter_8 is removed); the "
+        "checkpoint itself was published as last, and is intact",
+    ),
 }
 
 

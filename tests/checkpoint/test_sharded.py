@@ -60,27 +60,52 @@ def test_a_save_before_the_first_step_leaves_a_fresh_optimizer_fresh(one_rank_gr
     optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
     shards, rest = sharded.state(net, optimizer)
     assert not optimizer.state and rest == {"state": {}, "param_groups": None}
-    assert sorted(shards) == [sharded.MODEL + k for k in ("body.0.bias", "body.0.weight", "body.2.bias", "body.2.weight")]
+    assert sorted(shards) == [
+        sharded.MODEL + k for k in ("body.0.bias", "body.0.weight", "body.2.bias", "body.2.weight")
+    ]
 
 
 def test_sharded_checkpoint_without_a_weights_file_resumes_exactly_and_its_weights_assemble(one_rank_group, tmp_path):
     """weights_file=False: no model.pth, a note in its place; resume reads the shards; load_weights_file gathers them."""
     hooks = [pf.save_every(4)]
     reference_net = _sharded_net()
-    reference = pf.loop(reference_net, torch.optim.Adam(reference_net.parameters(), lr=0.01), _data(), hooks=hooks,
-                        max_epochs=3, save_dir=tmp_path / "ref",
-                        saving=pf.Saving(weights_file=False), watching=pf.Watching(console=False))
+    reference = pf.loop(
+        reference_net,
+        torch.optim.Adam(reference_net.parameters(), lr=0.01),
+        _data(),
+        hooks=hooks,
+        max_epochs=3,
+        save_dir=tmp_path / "ref",
+        saving=pf.Saving(weights_file=False),
+        watching=pf.Watching(console=False),
+    )
     reference()
     net = _sharded_net()
-    run = pf.loop(net, torch.optim.Adam(net.parameters(), lr=0.01), _data(), hooks=hooks, max_epochs=3,
-                  save_dir=tmp_path / "run", saving=pf.Saving(weights_file=False), watching=pf.Watching(console=False))
+    run = pf.loop(
+        net,
+        torch.optim.Adam(net.parameters(), lr=0.01),
+        _data(),
+        hooks=hooks,
+        max_epochs=3,
+        save_dir=tmp_path / "run",
+        saving=pf.Saving(weights_file=False),
+        watching=pf.Watching(console=False),
+    )
     run.run(steps=6)  # saved at 4
     last = tmp_path / "run" / "model" / "last"
     assert not (last / "model.pth").exists() and "weights_file=False" in (last / "model.pth.skipped").read_text()
     net = _sharded_net()
-    resumed = pf.loop(net, torch.optim.Adam(net.parameters(), lr=0.01), _data(), hooks=hooks, max_epochs=3,
-                      save_dir=tmp_path / "run", resume="auto",
-                      saving=pf.Saving(weights_file=False), watching=pf.Watching(console=False))
+    resumed = pf.loop(
+        net,
+        torch.optim.Adam(net.parameters(), lr=0.01),
+        _data(),
+        hooks=hooks,
+        max_epochs=3,
+        save_dir=tmp_path / "run",
+        resume="auto",
+        saving=pf.Saving(weights_file=False),
+        watching=pf.Watching(console=False),
+    )
     assert resumed.state.progress.global_step == 4
     resumed()
     final = _full(net)
@@ -91,9 +116,16 @@ def test_sharded_checkpoint_without_a_weights_file_resumes_exactly_and_its_weigh
 def test_sharded_weights_read_from_shards_whose_bytes_changed_are_refused(one_rank_group, tmp_path):
     """weights_file=False with digests: the weights come from trainer/'s data files, so their digests are checked."""
     net = _sharded_net()
-    pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.01), _data(), hooks=[pf.save_every(4)], max_epochs=1,
-            save_dir=tmp_path, saving=pf.Saving(weights_file=False, digests=True),
-            watching=pf.Watching(console=False))()
+    pf.loop(
+        net,
+        torch.optim.SGD(net.parameters(), lr=0.01),
+        _data(),
+        hooks=[pf.save_every(4)],
+        max_epochs=1,
+        save_dir=tmp_path,
+        saving=pf.Saving(weights_file=False, digests=True),
+        watching=pf.Watching(console=False),
+    )()
     last = tmp_path / "model" / "last"
     assert set(load_weights_file(last)) == set(_full(net))
     data = next(p for p in (last / "trainer").iterdir() if p.suffix == ".distcp")
@@ -106,8 +138,15 @@ def test_sharded_weights_read_from_shards_whose_bytes_changed_are_refused(one_ra
 
 def test_sharded_best_model_is_the_gathered_full_state_dict(one_rank_group, tmp_path):
     net = _sharded_net()
-    run = pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.01), _data(), max_epochs=1, save_dir=tmp_path,
-                  hooks=[pf.evaluate_every(2, score), pf.best_on("score")], watching=pf.Watching(console=False))
+    run = pf.loop(
+        net,
+        torch.optim.SGD(net.parameters(), lr=0.01),
+        _data(),
+        max_epochs=1,
+        save_dir=tmp_path,
+        hooks=[pf.evaluate_every(2, score), pf.best_on("score")],
+        watching=pf.Watching(console=False),
+    )
     run()
     best = torch.load(tmp_path / "model" / "model_best.pth", weights_only=True)
     assert {k: type(v) for k, v in best.items()} == dict.fromkeys(best, torch.Tensor)
@@ -123,16 +162,29 @@ def test_a_sharded_model_wrapped_in_ddp_as_well_is_refused_with_the_fix(one_rank
 def test_a_sharded_model_in_the_legacy_format_is_refused_with_the_fix(one_rank_group, tmp_path):
     net = _sharded_net()
     with pytest.raises(ValueError, match="checkpoint_format='standard'"):
-        pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.1), _data(), max_epochs=1, save_dir=tmp_path,
-                hooks=[pf.save_every(2)], saving=pf.Saving(checkpoint_format="legacy"))
+        pf.loop(
+            net,
+            torch.optim.SGD(net.parameters(), lr=0.1),
+            _data(),
+            max_epochs=1,
+            save_dir=tmp_path,
+            hooks=[pf.save_every(2)],
+            saving=pf.Saving(checkpoint_format="legacy"),
+        )
 
 
 def test_best_on_a_rank_local_metric_of_a_sharded_model_says_to_broadcast(one_rank_group, tmp_path):
     """A sharded best write gathers on every rank, so every rank must decide alike: broadcast=False is refused."""
     net = _sharded_net()
-    run = pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.1), _data(), max_epochs=1, save_dir=tmp_path,
-                  hooks=[pf.evaluate_every(2, score, broadcast=False), pf.best_on("score")],
-                  watching=pf.Watching(console=False))
+    run = pf.loop(
+        net,
+        torch.optim.SGD(net.parameters(), lr=0.1),
+        _data(),
+        max_epochs=1,
+        save_dir=tmp_path,
+        hooks=[pf.evaluate_every(2, score, broadcast=False), pf.best_on("score")],
+        watching=pf.Watching(console=False),
+    )
     with pytest.raises(ValueError, match="broadcast=True"):
         run()
 
@@ -140,13 +192,28 @@ def test_best_on_a_rank_local_metric_of_a_sharded_model_says_to_broadcast(one_ra
 def test_a_sharded_model_refuses_a_replicated_checkpoint_before_touching_anything(one_rank_group, tmp_path):
     torch.manual_seed(0)
     plain = Net()
-    pf.loop(plain, torch.optim.SGD(plain.parameters(), lr=0.1), _data(), max_epochs=1, save_dir=tmp_path,
-            hooks=[pf.save_every(2)], watching=pf.Watching(console=False)).run(steps=2)
+    pf.loop(
+        plain,
+        torch.optim.SGD(plain.parameters(), lr=0.1),
+        _data(),
+        max_epochs=1,
+        save_dir=tmp_path,
+        hooks=[pf.save_every(2)],
+        watching=pf.Watching(console=False),
+    ).run(steps=2)
     net = _sharded_net()
     before = _full(net)
     with pytest.raises(pf.ResumeError, match="replicated"):
-        pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.1), _data(), max_epochs=1, save_dir=tmp_path,
-                hooks=[pf.save_every(2)], resume="auto", watching=pf.Watching(console=False))
+        pf.loop(
+            net,
+            torch.optim.SGD(net.parameters(), lr=0.1),
+            _data(),
+            max_epochs=1,
+            save_dir=tmp_path,
+            hooks=[pf.save_every(2)],
+            resume="auto",
+            watching=pf.Watching(console=False),
+        )
     assert all(torch.equal(v, before[k]) for k, v in _full(net).items())
 
 
@@ -154,16 +221,31 @@ def test_a_sharded_checkpoint_resumes_into_an_unsharded_model(one_rank_group, tm
     """DCP assembles full tensors from the shards: the plain model gets the sharded run's exact weights."""
     net = _sharded_net()
     optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
-    pf.loop(net, optimizer, _data(), max_epochs=1, save_dir=tmp_path, hooks=[pf.save_every(2)],
-            watching=pf.Watching(console=False)).run(steps=2)
+    pf.loop(
+        net,
+        optimizer,
+        _data(),
+        max_epochs=1,
+        save_dir=tmp_path,
+        hooks=[pf.save_every(2)],
+        watching=pf.Watching(console=False),
+    ).run(steps=2)
     saved = _full(net)
     torch.manual_seed(1)
     plain = Net()
     plain_optimizer = torch.optim.Adam(plain.parameters(), lr=0.01)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pf.loop(plain, plain_optimizer, _data(), max_epochs=1, save_dir=tmp_path, hooks=[pf.save_every(2)],
-                resume="auto", watching=pf.Watching(console=False))
+        pf.loop(
+            plain,
+            plain_optimizer,
+            _data(),
+            max_epochs=1,
+            save_dir=tmp_path,
+            hooks=[pf.save_every(2)],
+            resume="auto",
+            watching=pf.Watching(console=False),
+        )
     assert all(torch.equal(plain.state_dict()[k], v) for k, v in saved.items())
     assert plain_optimizer.state_dict()["state"][0]["exp_avg"].shape == (8, 4)
 
@@ -172,16 +254,38 @@ def test_a_background_save_of_a_sharded_model_resumes_exactly(one_rank_group, tm
     """async_save=True: the shards are copied before the next optimizer step changes them."""
     hooks = [pf.save_every(3, async_save=True)]
     reference_net = _sharded_net()
-    pf.loop(reference_net, torch.optim.Adam(reference_net.parameters(), lr=0.01), _data(), hooks=hooks,
-            max_epochs=2, save_dir=tmp_path / "ref", watching=pf.Watching(console=False))()
+    pf.loop(
+        reference_net,
+        torch.optim.Adam(reference_net.parameters(), lr=0.01),
+        _data(),
+        hooks=hooks,
+        max_epochs=2,
+        save_dir=tmp_path / "ref",
+        watching=pf.Watching(console=False),
+    )()
     net = _sharded_net()
-    run = pf.loop(net, torch.optim.Adam(net.parameters(), lr=0.01), _data(), hooks=hooks, max_epochs=2,
-                  save_dir=tmp_path / "run", watching=pf.Watching(console=False))
+    run = pf.loop(
+        net,
+        torch.optim.Adam(net.parameters(), lr=0.01),
+        _data(),
+        hooks=hooks,
+        max_epochs=2,
+        save_dir=tmp_path / "run",
+        watching=pf.Watching(console=False),
+    )
     run.run(steps=5)  # saved at 3 in the background, then two more steps
     run.ctx.wait_for_save()
     net = _sharded_net()
-    resumed = pf.loop(net, torch.optim.Adam(net.parameters(), lr=0.01), _data(), hooks=hooks, max_epochs=2,
-                      save_dir=tmp_path / "run", resume="auto", watching=pf.Watching(console=False))
+    resumed = pf.loop(
+        net,
+        torch.optim.Adam(net.parameters(), lr=0.01),
+        _data(),
+        hooks=hooks,
+        max_epochs=2,
+        save_dir=tmp_path / "run",
+        resume="auto",
+        watching=pf.Watching(console=False),
+    )
     assert resumed.state.progress.global_step == 3
     resumed()
     final = _full(net)
@@ -194,7 +298,13 @@ def test_a_sharded_run_warm_starts_from_a_plain_weights_file(one_rank_group, tmp
     plain = Net()
     torch.save(plain.state_dict(), tmp_path / "pretrained.pth")
     net = _sharded_net()
-    run = pf.loop(net, torch.optim.SGD(net.parameters(), lr=0.0), _data(), max_epochs=1,
-                  hooks=[pf.load_weights(tmp_path / "pretrained.pth")], watching=pf.Watching(console=False))
+    run = pf.loop(
+        net,
+        torch.optim.SGD(net.parameters(), lr=0.0),
+        _data(),
+        max_epochs=1,
+        hooks=[pf.load_weights(tmp_path / "pretrained.pth")],
+        watching=pf.Watching(console=False),
+    )
     run.step()  # BeforeTrain loads; a step at lr 0 leaves the weights as loaded
     assert all(torch.equal(v, plain.state_dict()[k]) for k, v in _full(net).items())

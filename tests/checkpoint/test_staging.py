@@ -19,8 +19,14 @@ SENTINEL = 1234.56789  # a value whose bytes appear nowhere else
 
 def test_staged_tensors_are_exact_contiguous_copies_with_storages_of_their_own():
     """Each staged tensor equals its source, is contiguous, and its storage holds exactly its bytes."""
-    src = {"a": torch.randn(5, 7).t(), "b": torch.arange(10, dtype=torch.int64), "c": torch.tensor([True, False]),
-           "d": torch.empty(0, 3), "e": torch.tensor(2.5), "plain": 3}
+    src = {
+        "a": torch.randn(5, 7).t(),
+        "b": torch.arange(10, dtype=torch.int64),
+        "c": torch.tensor([True, False]),
+        "d": torch.empty(0, 3),
+        "e": torch.tensor(2.5),
+        "plain": 3,
+    }
     staged = _staging.StagingArea().stage(src)
     assert list(staged) == list(src) and staged["plain"] == 3
     for key in "abcde":
@@ -57,11 +63,21 @@ def _files_contain(root, needle: bytes) -> list:
 def test_reused_staging_memory_never_leaks_one_saves_bytes_into_the_next(tmp_path, same):
     """After a save of a large state, a save of a smaller one reuses the idle area yet writes only its own bytes."""
     needle = torch.tensor([SENTINEL] * 4, dtype=torch.float64).numpy().tobytes()
-    big = {"w": torch.full((4096,), SENTINEL, dtype=torch.float64), "b": torch.full((64,), SENTINEL, dtype=torch.float64)}
-    checkpoint.save_checkpoint_async(tmp_path / "a", step=1, weights=dict(big), trainer={"opt": dict(big)}, local={}).wait()
+    big = {
+        "w": torch.full((4096,), SENTINEL, dtype=torch.float64),
+        "b": torch.full((64,), SENTINEL, dtype=torch.float64),
+    }
+    checkpoint.save_checkpoint_async(
+        tmp_path / "a", step=1, weights=dict(big), trainer={"opt": dict(big)}, local={}
+    ).wait()
     assert _files_contain(tmp_path / "a" / "last", needle)  # the needle is findable when present
-    small_w, small_t = {"w": torch.arange(100, dtype=torch.float64)}, {"opt": {"m": torch.ones(10, dtype=torch.float64)}}
-    info = checkpoint.save_checkpoint_async(tmp_path / "b", step=2, weights=small_w, trainer=small_t, local={"r": 1}).wait()
+    small_w, small_t = (
+        {"w": torch.arange(100, dtype=torch.float64)},
+        {"opt": {"m": torch.ones(10, dtype=torch.float64)}},
+    )
+    info = checkpoint.save_checkpoint_async(
+        tmp_path / "b", step=2, weights=small_w, trainer=small_t, local={"r": 1}
+    ).wait()
     assert not _files_contain(tmp_path / "b", needle)
     loaded = checkpoint.load_checkpoint(info)
     same(loaded.weights, small_w)
@@ -146,7 +162,7 @@ def test_the_marker_comes_after_every_file_and_directory_is_durable(tmp_path, mo
         checkpoint.save_checkpoint(tmp_path, **args)
     marker = events.index(_layout.MARKER)
     assert {"model.pth", "dcp", "dir:trainer"} <= set(events[:marker])
-    assert events[marker + 1:] == ["dir:.staging", f"dir:{tmp_path.name}"]
+    assert events[marker + 1 :] == ["dir:.staging", f"dir:{tmp_path.name}"]
 
 
 @pytest.fixture
@@ -187,7 +203,8 @@ def test_a_prewarm_readies_the_area_the_first_save_then_fills_without_allocating
 
 
 def test_a_save_arriving_during_a_slow_prewarm_takes_its_memory_over_and_writes_exact_values(
-        tmp_path, no_idle_area, monkeypatch, same):
+    tmp_path, no_idle_area, monkeypatch, same
+):
     """The prewarm stops at its next chunk and hands its area to the save: one area, exact bytes, no wait for the rest."""
     monkeypatch.setattr(_staging, "_CHUNK", 256)  # 32+ chunks, each followed by a pause
     weights, trainer = _prewarm_state()

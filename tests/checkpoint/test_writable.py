@@ -49,7 +49,7 @@ def test_a_model_dir_that_cannot_be_written_is_refused_before_the_first_step(run
         tw.build(run_dir, hooks=tw.snapshotting(), max_epochs=2, fmt=fmt)
     message = str(raised.value)
     assert message.startswith("save_dir cannot hold checkpoints: a save creates, renames and deletes"), message
-    assert f"rank 0 (host " in message and f"at {model_dir}: PermissionError" in message, message
+    assert "rank 0 (host " in message and f"at {model_dir}: PermissionError" in message, message
     assert "trained no step" in message and f"Make {model_dir} {FIX}" in message, message
     assert _entries(run_dir) == ["model"] and _entries(model_dir) == []
     tw.build(run_dir, hooks=tw.snapshotting(), max_epochs=2, fmt=fmt)[1]()  # writable again: the run goes on
@@ -68,8 +68,11 @@ def test_a_run_that_writes_nothing_is_not_probed(run_dir):
 CASES = {  # the first write of step 8: (hooks, format, what the error names)
     "standard save": (lambda: [pf.save_every(4)], "standard", "the staging directory .staging-last-8"),
     "legacy save": (lambda: [pf.save_every(4)], "legacy", "last.pth"),
-    "best model": (lambda: [pf.evaluate_every(4, tw.negative_mse, name="val"), pf.best_on("score"), pf.save_every(4)],
-                   "standard", "model_best.pth and model_best.json"),
+    "best model": (
+        lambda: [pf.evaluate_every(4, tw.negative_mse, name="val"), pf.best_on("score"), pf.save_every(4)],
+        "standard",
+        "model_best.pth and model_best.json",
+    ),
 }
 
 
@@ -107,7 +110,10 @@ def test_on_a_store_the_probe_is_an_object_written_and_deleted(s3_endpoint):
     writable.check_writable(save_dir, every_rank=True)
     assert (save_dir / "model").iterdir() == []
     missing = f"pimm-missing-{uuid.uuid4().hex[:8]}"
-    with pytest.raises(CheckpointStorageError, match=rf"save_dir cannot hold checkpoints: .* rank 0 \(host .*\) at "
-                                                     rf"s3://{missing}/run/model: FileNotFoundError"):
+    with pytest.raises(
+        CheckpointStorageError,
+        match=rf"save_dir cannot hold checkpoints: .* rank 0 \(host .*\) at "
+        rf"s3://{missing}/run/model: FileNotFoundError",
+    ):
         writable.check_writable(storage.location(f"s3://{missing}/run"), every_rank=True)
     assert not storage.location(f"s3://{missing}").bucket_exists()

@@ -26,7 +26,9 @@ from pimm_fn.core.retention import keep_best, keep_last
 
 def _cli(*args):
     """``python -m pimm_fn ARGS`` as a script runs it."""
-    return subprocess.run([sys.executable, "-m", "pimm_fn", *map(str, args)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "pimm_fn", *map(str, args)], capture_output=True, text=True, timeout=60
+    )
 
 
 class _Net(torch.nn.Module):
@@ -50,11 +52,23 @@ def runs(tmp_path_factory):
     torch.manual_seed(0)
     model = _Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    hooks = [pf.evaluate_every(2, val), pf.best_on("acc"), pf.best_on("loss", mode="min"),
-             pf.save_every(2, snapshots=True)]
-    pf.loop(model, optimizer, [torch.ones(1, 3)] * 4, hooks=hooks, max_epochs=3, save_dir=root / "run",
-            scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 4),
-            saving=pf.Saving(keep=keep_last(2) | keep_best(1, "acc")), watching=pf.Watching(console=False))()
+    hooks = [
+        pf.evaluate_every(2, val),
+        pf.best_on("acc"),
+        pf.best_on("loss", mode="min"),
+        pf.save_every(2, snapshots=True),
+    ]
+    pf.loop(
+        model,
+        optimizer,
+        [torch.ones(1, 3)] * 4,
+        hooks=hooks,
+        max_epochs=3,
+        save_dir=root / "run",
+        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, 4),
+        saving=pf.Saving(keep=keep_last(2) | keep_best(1, "acc")),
+        watching=pf.Watching(console=False),
+    )()
     broken = root / "broken" / "model"
     shutil.copytree(root / "run" / "model", broken)
     (broken / "iter_10" / "COMPLETE").unlink()  # never finished, as far as anyone can tell
@@ -62,10 +76,23 @@ def runs(tmp_path_factory):
     data.write_bytes(data.read_bytes()[:100])  # cut short after the save
     staging = _publish.fresh_staging(broken, 14)  # a save interrupted before its marker
     _standard.write_state(staging, _standard.packed_state({"step": 14}, {}))
-    save_checkpoint(root / "legacy", step=3, weights={"w": torch.ones(2)}, trainer={"lr": 0.1}, local={},
-                    format="legacy", snapshot=True)
-    save_checkpoint(root / "sharded", step=5, weights=None, trainer={}, local={},
-                    sharded={"sharded/model/w": torch.arange(6.0).reshape(2, 3)})
+    save_checkpoint(
+        root / "legacy",
+        step=3,
+        weights={"w": torch.ones(2)},
+        trainer={"lr": 0.1},
+        local={},
+        format="legacy",
+        snapshot=True,
+    )
+    save_checkpoint(
+        root / "sharded",
+        step=5,
+        weights=None,
+        trainer={},
+        local={},
+        sharded={"sharded/model/w": torch.arange(6.0).reshape(2, 3)},
+    )
     save_checkpoint(root / "digest", step=7, weights={"w": torch.zeros(64)}, trainer={}, local={}, digests=True)
     return root
 
@@ -76,8 +103,15 @@ def test_scripts_get_data_on_stdout_messages_on_stderr_and_documented_exit_codes
     verified = _cli("verify", runs / "broken")
     assert verified.returncode == DAMAGED
     lines = {line.split()[1]: line.split()[0] for line in verified.stdout.splitlines()}
-    assert lines == {"last": "OK", "iter_12": "OK", "iter_10": "INCOMPLETE", "iter_4": "DAMAGED",
-                     "model_best_acc.pth": "OK", "model_best_loss.pth": "OK", ".staging-last-14": "NOTE"}
+    assert lines == {
+        "last": "OK",
+        "iter_12": "OK",
+        "iter_10": "INCOMPLETE",
+        "iter_4": "DAMAGED",
+        "model_best_acc.pth": "OK",
+        "model_best_loss.pth": "OK",
+        ".staging-last-14": "NOTE",
+    }
     assert verified.stderr == "pimm_fn verify: 2 of 7 damaged or incomplete: iter_10, iter_4\n"
 
     planned = _cli("plan", "[save_every(4)]", "--iters-per-epoch", 4, "--max-epochs", 2)
@@ -107,7 +141,11 @@ def test_ls_lists_every_checkpoint_with_its_status_step_epoch_and_best_values(ru
     assert err == "pimm_fn ls: 2 of 7 damaged or incomplete: iter_10, iter_4\n"
     rows = {r["name"]: r for r in json.loads(out)["entries"]}
     assert [rows[n]["status"] for n in ("last", "iter_12", "iter_10", "iter_4")] == [
-        "complete", "complete", "incomplete", "damaged"]
+        "complete",
+        "complete",
+        "incomplete",
+        "damaged",
+    ]
     assert (rows["last"]["step"], rows["last"]["epoch"], rows["last"]["best"]) == (12, 2, {"acc": 0.9, "loss": 1.0})
     assert rows["iter_4"]["problem"].endswith("(cut short)") and rows[".staging-last-14"]["status"] == "unfinished"
     assert rows["model_best_acc.pth"]["best"] == {"acc": 0.9} and rows["model_best_loss.pth"]["step"] == 2
@@ -148,9 +186,15 @@ def test_export_as_safetensors_writes_the_same_tensors_and_records_step_metric_a
     with safe_open(str(tmp_path / "b.safetensors"), "pt") as f:
         metadata, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
     pth = torch.load(tmp_path / "b.pth", weights_only=True)
-    assert tensors.keys() == pth.keys() and all(v.dtype == pth[k].dtype and torch.equal(v, pth[k]) for k, v in tensors.items())
+    assert tensors.keys() == pth.keys() and all(
+        v.dtype == pth[k].dtype and torch.equal(v, pth[k]) for k, v in tensors.items()
+    )
     assert {k: v for k, v in metadata.items() if k != "pimm_fn.sha256"} == {
-        "format": "pt", "pimm_fn.step": "4", "pimm_fn.metric": "acc", "pimm_fn.value": "0.9"}
+        "format": "pt",
+        "pimm_fn.step": "4",
+        "pimm_fn.metric": "acc",
+        "pimm_fn.value": "0.9",
+    }
 
     assert main(["export", str(runs / "digest"), str(tmp_path / "d.safetensors"), "--format", "safetensors"]) == OK
     with safe_open(str(tmp_path / "d.safetensors"), "pt") as f:
@@ -160,8 +204,9 @@ def test_export_as_safetensors_writes_the_same_tensors_and_records_step_metric_a
     assert metadata["pimm_fn.source_sha256"] == marker["files"]["model.pth"]["sha256"]
 
 
-def test_export_refuses_a_format_its_out_name_contradicts_and_names_the_missing_extra(runs, tmp_path, capsys,
-                                                                                      monkeypatch):
+def test_export_refuses_a_format_its_out_name_contradicts_and_names_the_missing_extra(
+    runs, tmp_path, capsys, monkeypatch
+):
     """--format against OUT's suffix is a usage error saying the name to use; without the safetensors package the
     error names the extra to install; nothing is written either way."""
     best = str(runs / "run" / "model" / "model_best_acc.pth")
@@ -197,8 +242,15 @@ def test_verify_says_a_damaged_file_is_shared_with_the_snapshot_hard_linked_to_i
     """A snapshot is hard links to last's files: a file cut short in last is damaged in iter_3 too, and verify says
     so of both (text and --json), naming the other and counting a link outside; iter_2, of its own files, is ok."""
     for step in (2, 3):
-        save_checkpoint(tmp_path, step=step, weights={"w": torch.ones(64) * step}, trainer={"lr": 0.1}, local={},
-                        format=fmt, snapshot=True)
+        save_checkpoint(
+            tmp_path,
+            step=step,
+            weights={"w": torch.ones(64) * step},
+            trainer={"lr": 0.1},
+            local={},
+            format=fmt,
+            snapshot=True,
+        )
     suffix = ".pth" if fmt == "legacy" else ""
     weights = tmp_path / f"last{suffix}" if fmt == "legacy" else tmp_path / "last" / "model.pth"
     weights.write_bytes(weights.read_bytes()[:100])  # in place: the same file under both names
@@ -209,8 +261,10 @@ def test_verify_says_a_damaged_file_is_shared_with_the_snapshot_hard_linked_to_i
     assert found[f"iter_3{suffix}"]["shared_with"] == [f"last{suffix}", "1 link(s) elsewhere"]
     assert found[f"iter_2{suffix}"]["status"] == "ok" and found[f"iter_2{suffix}"]["shared_with"] == []
     assert main(["verify", str(tmp_path / f"iter_3{suffix}")]) == DAMAGED
-    assert (f"shares the damaged file(s) with last{suffix}, 1 link(s) elsewhere (hard links: a snapshot and the last it was copied from "
-            "are the same files), so the damage is theirs too") in capsys.readouterr().out
+    assert (
+        f"shares the damaged file(s) with last{suffix}, 1 link(s) elsewhere (hard links: a snapshot and the last it was copied from "
+        "are the same files), so the damage is theirs too"
+    ) in capsys.readouterr().out
 
 
 def test_ls_and_inspect_as_text_for_people(runs, capsys):
@@ -218,8 +272,14 @@ def test_ls_and_inspect_as_text_for_people(runs, capsys):
     assert main(["ls", str(runs / "run")]) == OK
     table = capsys.readouterr().out.splitlines()
     assert table[0].split() == ["NAME", "STEP", "EPOCH", "STATUS", "SIZE", "METRICS"]
-    assert [line.split()[0] for line in table[1:]] == ["last", "iter_12", "iter_10", "iter_4", "model_best_acc.pth",
-                                                       "model_best_loss.pth"]
+    assert [line.split()[0] for line in table[1:]] == [
+        "last",
+        "iter_12",
+        "iter_10",
+        "iter_4",
+        "model_best_acc.pth",
+        "model_best_loss.pth",
+    ]
     assert "acc=0.9 loss=1  best: acc=0.9 loss=1" in table[4]
     assert main(["inspect", str(runs / "legacy")]) == OK
     text = capsys.readouterr().out
@@ -244,15 +304,22 @@ def test_plan_prints_the_trace_of_an_expression_or_a_pimm_config(tmp_path, capsy
     expected = pf.plan(hooks, iters_per_epoch=10, max_epochs=3)
     assert planned["hooks"] == [repr(h) for h in hooks]
     assert [(r["step"], r["effect"]) for r in planned["effects"]] == [(e.step, compact(e.effect)) for e in expected]
-    assert main(["plan", "[best_on('m')]", "--iters-per-epoch", "2", "--max-epochs", "1", "--metric", "m=high"]) == USAGE
+    assert (
+        main(["plan", "[best_on('m')]", "--iters-per-epoch", "2", "--max-epochs", "1", "--metric", "m=high"]) == USAGE
+    )
 
 
 def test_a_folder_named_pimm_fn_where_the_command_runs_is_named_not_an_attribute_error(tmp_path):
     """From a directory holding a pimm_fn/ folder (a clone's parent), the command works, or (an editable install,
     which that folder hides) exits 2 naming the folder and the fix, with no traceback."""
     (tmp_path / "pimm_fn").mkdir()
-    done = subprocess.run([sys.executable, "-m", "pimm_fn", "plan", "[save_every(4)]", "--iters-per-epoch", "4",
-                           "--max-epochs", "2"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "pimm_fn", "plan", "[save_every(4)]", "--iters-per-epoch", "4", "--max-epochs", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     if done.returncode == OK:  # an installed (not editable) package is found before any folder
         assert done.stdout.endswith("2 effects\n"), done
         return

@@ -21,8 +21,15 @@ def run_url():
     with _s3.s3_server():
         url = f"s3://{_s3.new_bucket()}/run"
         for step in (1, 2):
-            pf.checkpoint.save_checkpoint(url + "/model", step=step, weights={"w": torch.arange(3.0) + step},
-                                          trainer={"lr": 0.1}, local={}, snapshot=True, digests=True)
+            pf.checkpoint.save_checkpoint(
+                url + "/model",
+                step=step,
+                weights={"w": torch.arange(3.0) + step},
+                trainer={"lr": 0.1},
+                local={},
+                snapshot=True,
+                digests=True,
+            )
         pf.checkpoint.write_best(url + "/model", {"w": torch.ones(3)}, metric="acc", value=0.5, step=2)
         (storage.location(url) / "model" / "last-9-0123abcd" / "model.pth").write_bytes(b"half")  # no marker
         yield url

@@ -38,8 +38,12 @@ def test_a_finished_run_is_0_and_a_script_gets_the_same_code(tmp_path, capsys):
     tw.finished(tmp_path / "run")
     code, found = _status(capsys, tmp_path / "run")
     assert (code, found["status"], found["step"], found["saved_for"]) == (FINISHED, "finished", 10, None)
-    done = subprocess.run([sys.executable, "-m", "pimm_fn", "status", str(tmp_path / "run")], capture_output=True,
-                          text=True, timeout=TIMEOUT)
+    done = subprocess.run(
+        [sys.executable, "-m", "pimm_fn", "status", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert (done.returncode, done.stderr) == (FINISHED, "") and done.stdout.startswith("finished: step 10 of 10"), done
 
 
@@ -55,8 +59,12 @@ def test_a_preempted_run_is_75_and_names_the_signal_then_0_once_resumed_to_the_e
 
 def test_a_killed_run_is_4_stopped_mid_run(tmp_path, capsys):
     """A script SIGKILLed at step 7 (saves every 3 steps): status stopped mid-run at step 6, exit 4."""
-    killed = subprocess.run([sys.executable, str(pathlib.Path(tw.__file__)), str(tmp_path / "run"), "--kill-at", "7"],
-                            capture_output=True, text=True, timeout=TIMEOUT)
+    killed = subprocess.run(
+        [sys.executable, str(pathlib.Path(tw.__file__)), str(tmp_path / "run"), "--kill-at", "7"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
     assert killed.returncode == -signal.SIGKILL, killed
     code, found = _status(capsys, tmp_path / "run")
     assert (code, found["status"], found["step"], found["saved_for"]) == (MID_RUN, "stopped mid-run", 6, None)
@@ -66,8 +74,7 @@ def test_a_killed_run_is_4_stopped_mid_run(tmp_path, capsys):
 
 def test_an_early_stop_is_finished(tmp_path, capsys):
     """early_stop ends training before its budget: finished (0), and the stop's reason said."""
-    hooks = [pf.evaluate_every(1, lambda model: {"score": 1.0}), pf.early_stop("score", patience=1),
-             pf.save_every(100)]
+    hooks = [pf.evaluate_every(1, lambda model: {"score": 1.0}), pf.early_stop("score", patience=1), pf.save_every(100)]
     _, run = tw.build(tmp_path / "run", hooks=hooks, max_epochs=2)
     run()
     code, found = _status(capsys, tmp_path / "run")

@@ -30,8 +30,9 @@ DEEP = "[" * 100000
 
 def _cli(*args):
     """``python -m pimm_fn ARGS`` in a subprocess, bounded: a hang is a failure, not a stuck suite."""
-    return subprocess.run([sys.executable, "-m", "pimm_fn", *map(str, args)], capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "pimm_fn", *map(str, args)], capture_output=True, text=True, timeout=60
+    )
 
 
 def _main(capsys, *args) -> tuple[int, str, str]:
@@ -58,10 +59,19 @@ def trained(tmp_path_factory):
     scores = iter([0.1, 0.5])
     torch.manual_seed(0)
     model = _Net()
-    pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), [torch.ones(2, 4)] * 4,
-            hooks=[pf.evaluate_every(2, lambda m: {"acc": next(scores)}), pf.best_on("acc"),
-                   pf.save_every(2, snapshots=True)],
-            max_epochs=1, save_dir=root, watching=pf.Watching(console=False, progress=False))()
+    pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        [torch.ones(2, 4)] * 4,
+        hooks=[
+            pf.evaluate_every(2, lambda m: {"acc": next(scores)}),
+            pf.best_on("acc"),
+            pf.save_every(2, snapshots=True),
+        ],
+        max_epochs=1,
+        save_dir=root,
+        watching=pf.Watching(console=False, progress=False),
+    )()
     return root
 
 
@@ -87,8 +97,13 @@ def _rows(capsys, save_dir, code=OK) -> dict:
     return {r["name"]: r for r in json.loads(out)["entries"]}
 
 
-@pytest.mark.parametrize("content, problem", [(None, "COMPLETE is a FIFO, not a regular file"),
-                                              (DEEP, "COMPLETE is not valid JSON (nested too deeply to parse)")])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "COMPLETE is a FIFO, not a regular file"),
+        (DEEP, "COMPLETE is not valid JSON (nested too deeply to parse)"),
+    ],
+)
 def test_a_fifo_or_too_deep_marker_is_a_damaged_row_in_ls_inspect_and_verify(run_dir, capsys, content, problem):
     """last/COMPLETE a FIFO or 100,000 brackets deep: ls marks last damaged; ls, inspect and verify exit 1, at once."""
     _replace(run_dir / "model" / "last" / "COMPLETE", content)
@@ -115,14 +130,17 @@ def test_scripts_get_an_exit_code_and_one_line_not_a_wait_or_a_traceback(run_dir
     assert [line.split()[3] for line in listed.stdout.splitlines()[1:3]] == ["DAMAGED", "DAMAGED"]
 
 
-@pytest.mark.parametrize("content, problem", [
-    (None, "model_best.json is a FIFO, not a regular file"),
-    (DEEP, "model_best.json is damaged (ValueError: nested too deeply to parse)"),
-    ("[1]", "model_best.json is damaged (ValueError: holds a JSON list, not a record"),
-    ('"x"', "model_best.json is damaged (ValueError: holds a JSON str, not a record"),
-    ('{"metric": [1], "step": 4, "value": 1.0}', "model_best.json is damaged (ValueError: 'metric' must be a str"),
-    ('{"metric": "acc", "value": 1.0}', "model_best.json is damaged (ValueError: 'step' must be an int >= 0"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (None, "model_best.json is a FIFO, not a regular file"),
+        (DEEP, "model_best.json is damaged (ValueError: nested too deeply to parse)"),
+        ("[1]", "model_best.json is damaged (ValueError: holds a JSON list, not a record"),
+        ('"x"', "model_best.json is damaged (ValueError: holds a JSON str, not a record"),
+        ('{"metric": [1], "step": 4, "value": 1.0}', "model_best.json is damaged (ValueError: 'metric' must be a str"),
+        ('{"metric": "acc", "value": 1.0}', "model_best.json is damaged (ValueError: 'step' must be an int >= 0"),
+    ],
+)
 def test_a_damaged_best_record_is_a_problem_in_ls_and_inspect_and_verify_answers(run_dir, capsys, content, problem):
     """A FIFO, too deep JSON or not a record as model_best.json: ls and inspect say which file and why, verify calls
     the best model damaged (which metric it is the best of, and its digest, cannot be read); none waits."""
@@ -139,12 +157,20 @@ def test_a_damaged_best_record_is_a_problem_in_ls_and_inspect_and_verify_answers
 @pytest.fixture
 def listed_metrics(tmp_path):
     """Two checkpoints whose markers record metrics as a list, not a dict: a standard one and a legacy one."""
-    save_checkpoint(tmp_path / "standard", step=3, weights={"w": torch.ones(2)}, trainer={}, local={},
-                    metrics={"acc": 0.5})
+    save_checkpoint(
+        tmp_path / "standard", step=3, weights={"w": torch.ones(2)}, trainer={}, local={}, metrics={"acc": 0.5}
+    )
     marker = tmp_path / "standard" / "last" / "COMPLETE"
     marker.write_text(json.dumps({**json.loads(marker.read_text()), "metrics": [1]}))
-    save_checkpoint(tmp_path / "legacy", step=3, weights={"w": torch.ones(2)}, trainer={}, local={},
-                    metrics={"acc": 0.5}, format="legacy")
+    save_checkpoint(
+        tmp_path / "legacy",
+        step=3,
+        weights={"w": torch.ones(2)},
+        trainer={},
+        local={},
+        metrics={"acc": 0.5},
+        format="legacy",
+    )
     path = tmp_path / "legacy" / "last.pth"
     content = torch.load(path, weights_only=True)
     content["marker"]["metrics"] = [1]

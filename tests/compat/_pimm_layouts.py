@@ -39,19 +39,37 @@ def payload(ctx, state, *, best=None) -> dict:
     scheduler = ctx.scheduler
     cursor = {"format": "pimm.torchdata_state.v1", "state": pickle.dumps({"samples_yielded": 0})}
     return {
-        "schema": "pimm.trainer_checkpoint", "version": 3, "checkpoint_version": 3,
+        "schema": "pimm.trainer_checkpoint",
+        "version": 3,
+        "checkpoint_version": 3,
         "model": {"state_dict": model.state_dict()},
-        "optimizer": {"state_dict": get_optimizer_state_dict(model, ctx.optimizer, options=StateDictOptions()),
-                      "class": type(ctx.optimizer).__name__, "format": "torch.distributed.checkpoint.state_dict"},
-        "scheduler": {"state_dict": scheduler.state_dict() if scheduler else None,
-                      "class": type(scheduler).__name__, "total_steps": getattr(scheduler, "total_steps", None)},
+        "optimizer": {
+            "state_dict": get_optimizer_state_dict(model, ctx.optimizer, options=StateDictOptions()),
+            "class": type(ctx.optimizer).__name__,
+            "format": "torch.distributed.checkpoint.state_dict",
+        },
+        "scheduler": {
+            "state_dict": scheduler.state_dict() if scheduler else None,
+            "class": type(scheduler).__name__,
+            "total_steps": getattr(scheduler, "total_steps", None),
+        },
         "scaler": {"enabled": False, "state_dict": None},
-        "dataloader": {"backend": "DataLoader", "world_size": 1, "batch_size_per_rank": 4, "num_workers": 0,
-                       "drop_last": False,
-                       "state": {"_pimm_distributed_state": True, "world_size": 1, "states": [cursor]}},
+        "dataloader": {
+            "backend": "DataLoader",
+            "world_size": 1,
+            "batch_size_per_rank": 4,
+            "num_workers": 0,
+            "drop_last": False,
+            "state": {"_pimm_distributed_state": True, "world_size": 1, "states": [cursor]},
+        },
         "rng": {"world_size": 1, "state": {"world_size": 1, "states": [pimm_rng()]}},
-        "trainer": {"epoch": epoch, "iter_in_epoch": iteration, "global_step": state.progress.global_step,
-                    "samples_seen": state.progress.samples_seen, "best_metric_value": best},
+        "trainer": {
+            "epoch": epoch,
+            "iter_in_epoch": iteration,
+            "global_step": state.progress.global_step,
+            "samples_seen": state.progress.samples_seen,
+            "best_metric_value": best,
+        },
         "logger": {"backend": "tensorboard", "wandb": {"run_id": None, "resume_step": None}},
         "distributed": {"world_size": 1, "backend": None, "rank_order": [0]},
     }
@@ -86,10 +104,15 @@ def write_file(model_dir, content: dict) -> None:
 def pointcept(ctx, state) -> dict:
     """An older Pointcept-style file: epoch (completed epochs), iter, positional optimizer, no RNG."""
     epoch, iteration = next_position(state.progress)
-    return {"epoch": epoch, "iter": iteration, "state_dict": unwrap(ctx.model).state_dict(),
-            "optimizer": ctx.optimizer.state_dict(),
-            "scheduler": ctx.scheduler.state_dict() if ctx.scheduler else None, "scaler": None,
-            "best_metric_value": float("-inf")}
+    return {
+        "epoch": epoch,
+        "iter": iteration,
+        "state_dict": unwrap(ctx.model).state_dict(),
+        "optimizer": ctx.optimizer.state_dict(),
+        "scheduler": ctx.scheduler.state_dict() if ctx.scheduler else None,
+        "scaler": None,
+        "best_metric_value": float("-inf"),
+    }
 
 
 def pimm_saver(layout: str, *, best=None):

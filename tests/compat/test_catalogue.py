@@ -8,8 +8,15 @@ import pytest
 import pimm_fn as pf
 from pimm_fn.compat import REFUSED, build_hooks
 from pimm_fn.compat.effects import (
-    AnnealAttention, CollectGarbage, CountParameters, ExcludeWeightDecay, FinalTest, LogGradientNorm, OverrideDtype,
-    SetWeightDecay, TimeStep,
+    AnnealAttention,
+    CollectGarbage,
+    CountParameters,
+    ExcludeWeightDecay,
+    FinalTest,
+    LogGradientNorm,
+    OverrideDtype,
+    SetWeightDecay,
+    TimeStep,
 )
 from pimm_fn.compat.evaluators import current_metric
 from pimm_fn.core import events as ev
@@ -40,15 +47,29 @@ TINY_CRASH = [
 ]
 PANSEG = [
     dict(type="WandbNamer", keys=("model.type", "data.train.max_len", "amp_dtype", "seed"), extra="joint-fft"),
-    dict(type="WeightDecayExclusion", exclude_bias_from_wd=True, exclude_norm_from_wd=True,
-         exclude_gamma_from_wd=True, exclude_token_from_wd=True, exclude_ndim_1_from_wd=True),
+    dict(
+        type="WeightDecayExclusion",
+        exclude_bias_from_wd=True,
+        exclude_norm_from_wd=True,
+        exclude_gamma_from_wd=True,
+        exclude_token_from_wd=True,
+        exclude_ndim_1_from_wd=True,
+    ),
     dict(type="CheckpointLoader", replacements={}, strict=False),
     dict(type="ParameterCounter", show_details=True, show_gradients=False, sort_by_params=False, min_params=1),
     dict(type="IterationTimer", warmup_iter=2),
     dict(type="InformationWriter"),
-    dict(type="InstanceSegmentationEvaluator", every_n_steps=6, stuff_threshold=0.5, mask_threshold=0.5,
-         iou_thresh=0.5, class_names={"particle": PARTICLES, "interaction": ["nu", "cosmic"]},
-         require_class_for_match=False, labels=("particle", "interaction"), primary_label="particle"),
+    dict(
+        type="InstanceSegmentationEvaluator",
+        every_n_steps=6,
+        stuff_threshold=0.5,
+        mask_threshold=0.5,
+        iou_thresh=0.5,
+        class_names={"particle": PARTICLES, "interaction": ["nu", "cosmic"]},
+        require_class_for_match=False,
+        labels=("particle", "interaction"),
+        primary_label="particle",
+    ),
     dict(type="CheckpointSaver", save_freq=None, evaluator_every_n_steps=6),
     dict(type="FinalEvaluator", test_last=True),
 ]
@@ -69,16 +90,25 @@ SONATA_PRETRAIN = [
     dict(type="ParameterCounter", show_details=False, show_gradients=False, sort_by_params=True, min_params=1),
     dict(type="WeightDecayExclusion"),
     dict(type="CheckpointLoader"),
-    dict(type="DtypeOverrider", class_patterns=["LayerNorm"], dtype="float32", override_parameters=True,
-         methods_to_override=["forward"]),
+    dict(
+        type="DtypeOverrider",
+        class_patterns=["LayerNorm"],
+        dtype="float32",
+        override_parameters=True,
+        methods_to_override=["forward"],
+    ),
     dict(type="ModelHook"),
     dict(type="WeightDecayScheduler", base_value=0.04, final_value=0.2, warmup_ratio=1.0),
     dict(type="IterationTimer", warmup_iter=2),
     dict(type="InformationWriter"),
     dict(type="CheckpointSaverIteration", save_freq=1000),
     dict(type="GradientNormLogger", log_frequency=10, log_per_layer=False),
-    dict(type="PretrainEvaluator", write_cls_iou=True, every_n_steps=4, train_config=dict(
-        criteria=[dict(type="CrossEntropyLoss", weight=[1.0, 2.0])])),
+    dict(
+        type="PretrainEvaluator",
+        write_cls_iou=True,
+        every_n_steps=4,
+        train_config=dict(criteria=[dict(type="CrossEntropyLoss", weight=[1.0, 2.0])]),
+    ),
     dict(type="PrototypeUsageLogger", log_frequency=10, prefix="prototypes"),
     dict(type="FeatureStdMonitor", log_frequency=10, prefix="feature_std", monitor_student=True),
     dict(type="LogitEntropyLogger", logits_key="teacher_logits"),
@@ -97,16 +127,42 @@ POLARMAE = [
     dict(type="RuntimeProfiler", interrupt=False),
     dict(type="PushToHub", repo_id="someone/model"),
 ]
-CONFIGS = {"default_runtime": DEFAULT_RUNTIME, "tiny_crash": TINY_CRASH, "panseg": PANSEG,
-           "annealing_detector": ANNEALING_DETECTOR, "sonata_pretrain": SONATA_PRETRAIN, "polarmae": POLARMAE}
+CONFIGS = {
+    "default_runtime": DEFAULT_RUNTIME,
+    "tiny_crash": TINY_CRASH,
+    "panseg": PANSEG,
+    "annealing_detector": ANNEALING_DETECTOR,
+    "sonata_pretrain": SONATA_PRETRAIN,
+    "polarmae": POLARMAE,
+}
 
 # Every hook type pimm's configs name (the counts of issue 13, plus the base types).
 PIMM_CONFIG_TYPES = {
-    "CheckpointLoader", "CheckpointSaver", "CheckpointSaverIteration", "InformationWriter", "IterationTimer",
-    "SemSegEvaluator", "WandbNamer", "WeightDecayExclusion", "FinalEvaluator", "GradientNormLogger",
-    "ParameterCounter", "InstanceSegmentationEvaluator", "AttentionMaskAnnealingHook", "ModelHook", "DtypeOverrider",
-    "WeightDecayScheduler", "PretrainEvaluator", "PrototypeUsageLogger", "FeatureStdMonitor", "SimulateCrash",
-    "ResourceUtilizationLogger", "LogitEntropyLogger", "RuntimeProfiler", "GarbageHandler", "MAEEvaluator",
+    "CheckpointLoader",
+    "CheckpointSaver",
+    "CheckpointSaverIteration",
+    "InformationWriter",
+    "IterationTimer",
+    "SemSegEvaluator",
+    "WandbNamer",
+    "WeightDecayExclusion",
+    "FinalEvaluator",
+    "GradientNormLogger",
+    "ParameterCounter",
+    "InstanceSegmentationEvaluator",
+    "AttentionMaskAnnealingHook",
+    "ModelHook",
+    "DtypeOverrider",
+    "WeightDecayScheduler",
+    "PretrainEvaluator",
+    "PrototypeUsageLogger",
+    "FeatureStdMonitor",
+    "SimulateCrash",
+    "ResourceUtilizationLogger",
+    "LogitEntropyLogger",
+    "RuntimeProfiler",
+    "GarbageHandler",
+    "MAEEvaluator",
     "PushToHub",
 }
 
@@ -148,28 +204,34 @@ def test_panseg_config_evaluates_and_saves_on_the_same_steps_and_tracks_the_prim
     assert _effects(hooks, FinalTest, iters_per_epoch=6, max_epochs=2) == [(12, FinalTest(12, "FinalEvaluator", True))]
 
 
-@pytest.mark.parametrize("type_name, options, metric", [
-    ("SemSegEvaluator", {}, ("mIoU", "max")),
-    ("MAEEvaluator", {}, ("neg_val_loss", "max")),
-    ("PretrainEvaluator", {}, ("mF1", "max")),
-    ("InstanceSegmentationEvaluator", {}, ("val/ins_det_f1", "max")),
-    ("InstanceSegmentationEvaluator", {"labels": "particle"}, ("val/particle/ins_det_f1", "max")),
-    ("InstanceSegmentationEvaluator", {"labels": ("a", "b"), "primary_label": "b"}, ("val/b/ins_det_f1", "max")),
-    ("InstanceSegmentationEvaluator", {"labels": "a", "prefix": "/test/"}, ("test/ins_det_f1", "max")),
-    ("InstanceSegmentationEvaluator", {"select_metric": "val_head_loss"}, ("val/head_loss_total", "min")),
-    ("InstanceSegmentationEvaluator", {"set_current_metric": False}, None),
-])
+@pytest.mark.parametrize(
+    "type_name, options, metric",
+    [
+        ("SemSegEvaluator", {}, ("mIoU", "max")),
+        ("MAEEvaluator", {}, ("neg_val_loss", "max")),
+        ("PretrainEvaluator", {}, ("mF1", "max")),
+        ("InstanceSegmentationEvaluator", {}, ("val/ins_det_f1", "max")),
+        ("InstanceSegmentationEvaluator", {"labels": "particle"}, ("val/particle/ins_det_f1", "max")),
+        ("InstanceSegmentationEvaluator", {"labels": ("a", "b"), "primary_label": "b"}, ("val/b/ins_det_f1", "max")),
+        ("InstanceSegmentationEvaluator", {"labels": "a", "prefix": "/test/"}, ("test/ins_det_f1", "max")),
+        ("InstanceSegmentationEvaluator", {"select_metric": "val_head_loss"}, ("val/head_loss_total", "min")),
+        ("InstanceSegmentationEvaluator", {"set_current_metric": False}, None),
+    ],
+)
 def test_each_evaluator_names_pimms_current_metric(type_name, options, metric):
     """The metric the savers track is the one pimm's evaluator publishes as current (PIMM.md 2.3)."""
     assert current_metric(type_name, options) == metric
 
 
-@pytest.mark.parametrize("config, steps", [
-    (dict(type="SemSegEvaluator"), [4, 8, 12]),
-    (dict(type="SemSegEvaluator", every_n_steps=5), [5, 10]),
-    (dict(type="PretrainEvaluator"), list(range(1, 13))),
-    (dict(type="MAEEvaluator", every_n_steps=6), [6, 12]),
-])
+@pytest.mark.parametrize(
+    "config, steps",
+    [
+        (dict(type="SemSegEvaluator"), [4, 8, 12]),
+        (dict(type="SemSegEvaluator", every_n_steps=5), [5, 10]),
+        (dict(type="PretrainEvaluator"), list(range(1, 13))),
+        (dict(type="MAEEvaluator", every_n_steps=6), [6, 12]),
+    ],
+)
 def test_evaluators_run_on_pimms_cadence(config, steps):
     """every_n_steps > 0: after global steps it divides; 0: at each epoch's end (PretrainEvaluator defaults to 1)."""
     hooks = build_hooks([config], evaluate=evaluate)
@@ -206,8 +268,9 @@ def test_weight_decay_follows_pimms_cosine_by_global_step(ratio):
 
 def test_wandb_namer_names_the_run_from_the_config_unless_the_command_line_did():
     """At ModifyConfig the name joins the dotted keys' values (numbers as K/M/B) and extra; a CLI name is kept."""
-    namer = build_hooks([dict(type="WandbNamer", keys=("model.type", "data.train.max_len", "amp_dtype", "seed"),
-                              extra="fft")])[0]
+    namer = build_hooks(
+        [dict(type="WandbNamer", keys=("model.type", "data.train.max_len", "amp_dtype", "seed"), extra="fft")]
+    )[0]
     cfg = {"model": {"type": "Sonata-v1m1"}, "data": {"train": {"max_len": 1000000}}, "amp_dtype": None, "seed": 0}
     state, _ = namer(State(Progress(1, 1), config=cfg), ev.ModifyConfig())
     assert state.config["wandb_run_name"] == "Sonata-v1m1-1M-0-fft"
@@ -239,16 +302,27 @@ def test_information_writer_logs_pimms_selection_at_its_steps_and_epoch_averages
 def test_cadenced_diagnostics_follow_the_global_step_and_restart_nothing_on_resume():
     """Gradient norms every log_frequency global steps (pimm counts its own calls, restarting at 0 on resume);
     annealing told the step before training and after each step; garbage every interval steps of each epoch."""
-    hooks = build_hooks([dict(type="GradientNormLogger", log_frequency=3), dict(type="AttentionMaskAnnealingHook",
-                         log_frequency=4), dict(type="GarbageHandler", interval=2)])
+    hooks = build_hooks(
+        [
+            dict(type="GradientNormLogger", log_frequency=3),
+            dict(type="AttentionMaskAnnealingHook", log_frequency=4),
+            dict(type="GarbageHandler", interval=2),
+        ]
+    )
     schedule = dict(iters_per_epoch=5, max_epochs=2)
     assert [s for s, _ in _effects(hooks, LogGradientNorm, **schedule)] == [3, 6, 9]
     anneal = _effects(hooks, AnnealAttention, **schedule)
     assert anneal[0] == (0, AnnealAttention(0)) and [e.step for _, e in anneal[1:]] == list(range(1, 11))
     assert [e.step for _, e in anneal if e.log] == [4, 8]
     garbage = [(s, e.collect, e.automatic) for s, e in _effects(hooks, CollectGarbage, **schedule)]
-    assert garbage == [(0, False, False), (2, True, None), (4, True, None), (7, True, None), (9, True, None),
-                       (10, True, True)]
+    assert garbage == [
+        (0, False, False),
+        (2, True, None),
+        (4, True, None),
+        (7, True, None),
+        (9, True, None),
+        (10, True, True),
+    ]
     resumed = pf.plan(hooks, start_step=5, **schedule)
     assert [e.effect.step for e in resumed if isinstance(e.effect, LogGradientNorm)] == [6, 9]
     assert resumed[0].effect == AnnealAttention(5)
@@ -259,17 +333,28 @@ def test_iteration_timer_times_every_step_and_reports_at_each_epochs_end():
     hooks = build_hooks([dict(type="IterationTimer", warmup_iter=1)])
     timed = [e for _, e in _effects(hooks, TimeStep, iters_per_epoch=4, max_epochs=2)]
     assert [(t.step, t.steps_left, t.warmup, t.report) for t in timed] == [
-        (1, 7, True, False), (2, 6, True, False), (3, 5, False, False), (4, 4, False, True),
-        (5, 3, True, False), (6, 2, True, False), (7, 1, False, False), (8, 0, False, True)]
+        (1, 7, True, False),
+        (2, 6, True, False),
+        (3, 5, False, False),
+        (4, 4, False, True),
+        (5, 3, True, False),
+        (6, 2, True, False),
+        (7, 1, False, False),
+        (8, 0, False, True),
+    ]
 
 
 def test_once_before_training_hooks_request_their_work_at_before_train():
     """ParameterCounter, WeightDecayExclusion and DtypeOverrider act once, before the first step."""
-    hooks = build_hooks([h for h in SONATA_PRETRAIN if h["type"] in
-                         ("ParameterCounter", "WeightDecayExclusion", "DtypeOverrider")])
+    hooks = build_hooks(
+        [h for h in SONATA_PRETRAIN if h["type"] in ("ParameterCounter", "WeightDecayExclusion", "DtypeOverrider")]
+    )
     trace = pf.plan(hooks, iters_per_epoch=2, max_epochs=1)
     assert [(type(e.event).__name__, type(e.effect)) for e in trace] == [
-        ("BeforeTrain", CountParameters), ("BeforeTrain", ExcludeWeightDecay), ("BeforeTrain", OverrideDtype)]
+        ("BeforeTrain", CountParameters),
+        ("BeforeTrain", ExcludeWeightDecay),
+        ("BeforeTrain", OverrideDtype),
+    ]
     assert trace[2].effect == OverrideDtype(class_patterns=("LayerNorm",), override_parameters=True)
 
 
@@ -279,8 +364,14 @@ def test_the_default_runtime_writes_model_best_for_its_final_evaluator():
     hooks = build_hooks(DEFAULT_RUNTIME, evaluate=evaluate, tester=evaluate)
     trace = pf.plan(hooks, iters_per_epoch=3, max_epochs=2, metrics={3: {"mIoU": 0.1}, 6: {"mIoU": 0.2}})
     kinds = [(e.step, type(e.effect).__name__) for e in trace if not isinstance(e.effect, (Log, TimeStep))]
-    assert kinds == [(3, "Evaluate"), (3, "WriteBest"), (6, "Evaluate"), (6, "WriteBest"), (6, "FinalTest"),
-                     (6, "SaveCheckpoint")]
+    assert kinds == [
+        (3, "Evaluate"),
+        (3, "WriteBest"),
+        (6, "Evaluate"),
+        (6, "WriteBest"),
+        (6, "FinalTest"),
+        (6, "SaveCheckpoint"),
+    ]
 
 
 def test_built_hooks_read_like_their_factory_calls_and_pickle():
@@ -292,8 +383,9 @@ def test_built_hooks_read_like_their_factory_calls_and_pickle():
 
     namespace = {**vars(compat), "FrozenMap": FrozenMap, "evaluate": evaluate}
     for config in CONFIGS.values():
-        hooks = build_hooks([h for h in config if h["type"] not in REFUSED], weight="w.pth", evaluate=evaluate,
-                            tester=evaluate)
+        hooks = build_hooks(
+            [h for h in config if h["type"] not in REFUSED], weight="w.pth", evaluate=evaluate, tester=evaluate
+        )
         for hook in hooks:
             assert eval(repr(hook), namespace) == hook, repr(hook)
             assert pickle.loads(pickle.dumps(hook)) == hook

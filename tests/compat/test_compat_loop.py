@@ -100,15 +100,28 @@ def test_a_pimm_config_runs_with_the_catalogue_handlers(tmp_path):
         return {"allAcc": 1.0}
 
     hooks = build_hooks(CONFIG, evaluate=score, tester=tester)
-    run = pf.loop(model, optimizer, DataLoader(data(), batch_size=4), hooks=[*hooks, EpochNote()], max_epochs=2,
-                  save_dir=tmp_path, handlers=HANDLERS,
-                  watching=pf.Watching(console=False), training=pf.Training(config={"model": "Net", "seed": 1500}))
+    run = pf.loop(
+        model,
+        optimizer,
+        DataLoader(data(), batch_size=4),
+        hooks=[*hooks, EpochNote()],
+        max_epochs=2,
+        save_dir=tmp_path,
+        handlers=HANDLERS,
+        watching=pf.Watching(console=False),
+        training=pf.Training(config={"model": "Net", "seed": 1500}),
+    )
     state = run()
     assert gc.isenabled()
     assert state.config["wandb_run_name"] == "Net-1.5K"
     assert [g["apply_wd"] for g in optimizer.param_groups] == [True, False]
-    assert [g["weight_decay"] for g in optimizer.param_groups] == [pytest.approx(0.2 - 0.08 * (1 + math.cos(math.pi * 5 / 6))), 0.0]
-    assert getattr(model.norm.forward, "pimm_fn_dtype", None) is torch.float64 and model.norm.weight.dtype == torch.float64
+    assert [g["weight_decay"] for g in optimizer.param_groups] == [
+        pytest.approx(0.2 - 0.08 * (1 + math.cos(math.pi * 5 / 6))),
+        0.0,
+    ]
+    assert (
+        getattr(model.norm.forward, "pimm_fn_dtype", None) is torch.float64 and model.norm.weight.dtype == torch.float64
+    )
     assert model.anneal_steps == [0, 1, 2, 3, 4, 5, 6] and model.epochs_seen == [0, 1]
     assert tested == [True] and (tmp_path / "model" / "model_best.pth").is_file()
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
@@ -125,8 +138,15 @@ def test_weight_decay_exclusion_refuses_an_optimizer_that_was_not_split():
     """The split must precede the scheduler and the optimizer's load: the hook refuses to train without it."""
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters())
-    run = pf.loop(model, optimizer, DataLoader(data(), batch_size=4), hooks=build_hooks([CONFIG[1]]), max_epochs=1,
-                  handlers=HANDLERS, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        optimizer,
+        DataLoader(data(), batch_size=4),
+        hooks=build_hooks([CONFIG[1]]),
+        max_epochs=1,
+        handlers=HANDLERS,
+        watching=pf.Watching(console=False),
+    )
     with pytest.raises(ValueError, match=r"param group 0 is not split .*split_weight_decay\(model, optimizer"):
         run.step()
 
@@ -134,7 +154,13 @@ def test_weight_decay_exclusion_refuses_an_optimizer_that_was_not_split():
 def test_pf_loop_takes_a_class_based_hook_directly():
     """A HookBase object in loop(hooks=...) is adapted; its methods see the trainer view and return effects."""
     model = Net()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(data(), batch_size=6),
-                  hooks=[EpochNote()], max_epochs=2, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        DataLoader(data(), batch_size=6),
+        hooks=[EpochNote()],
+        max_epochs=2,
+        watching=pf.Watching(console=False),
+    )
     run()
     assert [(e.step, e.effect.values["epoch"]) for e in run.trace] == [(2, 0), (4, 1)]

@@ -103,18 +103,34 @@ class Net(torch.nn.Module):
 
 def _loop(model, hooks, handlers=None, max_epochs=1, **kwargs):
     data = DataLoader(TensorDataset(torch.randn(4, 3)), batch_size=2)
-    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), data, hooks=hooks, max_epochs=max_epochs,
-                   handlers=handlers, watching=pf.Watching(console=False), **kwargs)
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        data,
+        hooks=hooks,
+        max_epochs=max_epochs,
+        handlers=handlers,
+        watching=pf.Watching(console=False),
+        **kwargs,
+    )
 
 
 def test_each_dialect_goes_to_its_handler(tmp_path):
     """Without compat's handlers a pimm-dialect warm start is refused naming them; with them, pimm_fn's own warm
     start keeps pimm_fn's rules (a rule matching nothing is an error) while pimm's skips a key of another shape."""
     source = Net()
-    torch.save({"state_dict": {"module.backbone.weight": source.encoder.weight.detach(),
-                               "module.backbone.bias": torch.zeros(5)}}, tmp_path / "w.pth")
-    pimm = build_hooks([dict(type="CheckpointLoader", keywords="backbone", replacement="encoder")],
-                       weight=str(tmp_path / "w.pth"))
+    torch.save(
+        {
+            "state_dict": {
+                "module.backbone.weight": source.encoder.weight.detach(),
+                "module.backbone.bias": torch.zeros(5),
+            }
+        },
+        tmp_path / "w.pth",
+    )
+    pimm = build_hooks(
+        [dict(type="CheckpointLoader", keywords="backbone", replacement="encoder")], weight=str(tmp_path / "w.pth")
+    )
     with pytest.raises(pf.MissingHandlerError, match=r"'pimm' dialect .*loop\(handlers=pimm_fn\.compat\.HANDLERS\)"):
         _loop(Net(), pimm).step()
     model = Net()

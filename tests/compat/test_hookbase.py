@@ -118,7 +118,6 @@ def test_plan_sees_adapted_effects_beside_native_hooks():
         (8, SaveCheckpoint(8), 0),
         (12, SaveCheckpoint(12), 1),  # an adapted hook's plain save comes before
         (12, SaveCheckpoint(12, deferred=True), 0),  # save_every's deferred epoch-end one
-
     ]
 
 

@@ -50,8 +50,18 @@ def build(save_dir, *, layout=None, resume=None, random=True, epochs=3, config=C
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=15)
     handlers = {**HANDLERS, **({SaveCheckpoint: pimm_saver(layout, best=0.25)} if layout else {})}
     loader = DataLoader(data(), batch_size=4, shuffle=random)
-    run = pf.loop(model, optimizer, loader, hooks=build_hooks(config), max_epochs=epochs, save_dir=save_dir,
-                  scheduler=scheduler, resume=resume, handlers=handlers, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        optimizer,
+        loader,
+        hooks=build_hooks(config),
+        max_epochs=epochs,
+        save_dir=save_dir,
+        scheduler=scheduler,
+        resume=resume,
+        handlers=handlers,
+        watching=pf.Watching(console=False),
+    )
     return model, run
 
 
@@ -59,9 +69,14 @@ def same(a, b) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
-@pytest.mark.parametrize("layout, name, random", [
-    ("split", "last", True), ("file", "model_last.pth", True), ("pointcept", "model_last.pth", False),
-])
+@pytest.mark.parametrize(
+    "layout, name, random",
+    [
+        ("split", "last", True),
+        ("file", "model_last.pth", True),
+        ("pointcept", "model_last.pth", False),
+    ],
+)
 def test_a_run_resumed_from_pimms_layout_ends_bit_identical_to_continuing_in_pimm_fn(tmp_path, layout, name, random):
     """A pimm checkpoint of the epoch boundary at step 10 (model, Adam moments, OneCycleLR, RNG; Pointcept files
     without RNG) resumes to the same weights as the run that went on."""
@@ -71,7 +86,13 @@ def test_a_run_resumed_from_pimms_layout_ends_bit_identical_to_continuing_in_pim
     run.run()
     resumed_model, resumed = build(tmp_path / "b", resume=tmp_path / "pimm" / name, random=random)
     p = resumed.state.progress
-    assert (p.epoch, p.iter_in_epoch, p.global_step, p.max_epochs, resumed.state.position) == (1, 5, 10, 3, "AfterEpoch")
+    assert (p.epoch, p.iter_in_epoch, p.global_step, p.max_epochs, resumed.state.position) == (
+        1,
+        5,
+        10,
+        3,
+        "AfterEpoch",
+    )
     if layout != "pointcept":
         assert resumed.state.best == {PIMM_BEST: 0.25}
     resumed.run()
@@ -144,30 +165,48 @@ def test_checkpoint_loader_warm_starts_from_a_pimm_split_checkpoint_with_pimms_r
     """CheckpointLoader with weight=<pimm save_path>: keys renamed on whole components (module. ignored), a key of
     another shape skipped and kept at init, the rest loaded; a rule set matching nothing is refused."""
     source = Net()
-    weights = {f"module.backbone.{k[len('encoder.'):]}" if k.startswith("encoder.") else f"module.{k}": v
-               for k, v in source.state_dict().items()}
+    weights = {
+        f"module.backbone.{k[len('encoder.') :]}" if k.startswith("encoder.") else f"module.{k}": v
+        for k, v in source.state_dict().items()
+    }
     weights["module.head.bias"] = torch.zeros(3)  # another shape: skipped
     model_dir = tmp_path / "pimm" / "model"
     model_dir.mkdir(parents=True)
     torch.save({"state_dict": weights}, tmp_path / "w.pth")
     (model_dir / "last").mkdir()
     shutil.copy(tmp_path / "w.pth", model_dir / "last" / "weights.pth")
-    hooks = build_hooks([dict(type="CheckpointLoader", keywords="backbone", replacement="encoder")],
-                        weight=str(tmp_path / "pimm"))
+    hooks = build_hooks(
+        [dict(type="CheckpointLoader", keywords="backbone", replacement="encoder")], weight=str(tmp_path / "pimm")
+    )
     torch.manual_seed(1)
     model = Net()
     init_bias = model.head.bias.clone()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), DataLoader(data(), batch_size=10),
-                  hooks=hooks, max_epochs=1, handlers=HANDLERS, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(data(), batch_size=10),
+        hooks=hooks,
+        max_epochs=1,
+        handlers=HANDLERS,
+        watching=pf.Watching(console=False),
+    )
     run.step()
     assert torch.equal(model.encoder.weight, source.encoder.weight) and torch.equal(model.norm.bias, source.norm.bias)
     assert torch.equal(model.head.bias, init_bias)
-    nothing = build_hooks([dict(type="CheckpointLoader", keywords="backbone", replacement="trunk")],
-                          weight=str(tmp_path / "w.pth"))
+    nothing = build_hooks(
+        [dict(type="CheckpointLoader", keywords="backbone", replacement="trunk")], weight=str(tmp_path / "w.pth")
+    )
     other = Net()
     other.encoder, other.norm, other.head = torch.nn.Linear(3, 4), torch.nn.Identity(), torch.nn.Linear(4, 2)
-    run = pf.loop(other, torch.optim.SGD(other.parameters(), lr=0.0), DataLoader(data(), batch_size=10),
-                  hooks=nothing, max_epochs=1, handlers=HANDLERS, watching=pf.Watching(console=False))
+    run = pf.loop(
+        other,
+        torch.optim.SGD(other.parameters(), lr=0.0),
+        DataLoader(data(), batch_size=10),
+        hooks=nothing,
+        max_epochs=1,
+        handlers=HANDLERS,
+        watching=pf.Watching(console=False),
+    )
     with pytest.raises(RuntimeError, match=r"^Checkpoint load matched 0 of 4 model parameters"):
         run.step()
 
@@ -195,10 +234,16 @@ def test_a_split_checkpoint_reads_back_the_payload_pimm_wrote(tmp_path):
     optimizer = torch.optim.Adam(model.parameters())
     model(next(iter(DataLoader(data(), batch_size=4))))["loss"].backward()
     optimizer.step()
-    payload = {"model": {"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}},
-               "optimizer": {"state_dict": {"state": {"encoder.weight": {"step": torch.tensor(1.0)}},
-                                            "param_groups": [{"lr": 0.1, "params": ["encoder.weight"]}]}},
-               "trainer": {"epoch": 2, "iter_in_epoch": 0, "global_step": 10, "samples_seen": 40}}
+    payload = {
+        "model": {"state_dict": {f"module.{k}": v for k, v in model.state_dict().items()}},
+        "optimizer": {
+            "state_dict": {
+                "state": {"encoder.weight": {"step": torch.tensor(1.0)}},
+                "param_groups": [{"lr": 0.1, "params": ["encoder.weight"]}],
+            }
+        },
+        "trainer": {"epoch": 2, "iter_in_epoch": 0, "global_step": 10, "samples_seen": 40},
+    }
     write_split(tmp_path, payload)
     read = read_pimm_checkpoint(tmp_path / "last")
     assert list(read.weights) == list(model.state_dict())

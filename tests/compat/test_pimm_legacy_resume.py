@@ -39,8 +39,17 @@ def _build(save_dir, *, pimm=False, resume=None, config=(dict(type="CheckpointSa
     model = Net()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     handlers = {**HANDLERS, **({SaveCheckpoint: pimm_saver("pointcept")} if pimm else {})}
-    run = pf.loop(model, optimizer, _loader(), hooks=build_hooks(list(config)), max_epochs=3, save_dir=save_dir,
-                  resume=resume, handlers=handlers, watching=pf.Watching(console=True))
+    run = pf.loop(
+        model,
+        optimizer,
+        _loader(),
+        hooks=build_hooks(list(config)),
+        max_epochs=3,
+        save_dir=save_dir,
+        resume=resume,
+        handlers=handlers,
+        watching=pf.Watching(console=True),
+    )
     return model, run
 
 
@@ -64,9 +73,11 @@ def test_a_legacy_model_last_resumes_with_this_runs_steps_per_epoch_and_says_so(
     capsys.readouterr()
     resumed_model, resumed = _build(tmp_path / "b", resume=saved)
     said = capsys.readouterr().out
-    assert (f"{saved} is pimm's legacy checkpoint (epoch=2, iter=0), which does not record its steps per epoch: "
-            f"taking this run's steps per epoch, 5, as pimm takes its loader's length; resuming at epoch 2, "
-            f"global_step 10") in said
+    assert (
+        f"{saved} is pimm's legacy checkpoint (epoch=2, iter=0), which does not record its steps per epoch: "
+        f"taking this run's steps per epoch, 5, as pimm takes its loader's length; resuming at epoch 2, "
+        f"global_step 10"
+    ) in said
     assert said.count("legacy checkpoint") == 1
     p = resumed.state.progress
     assert (p.epoch, p.iter_in_epoch, p.iters_per_epoch, p.global_step, p.max_epochs) == (1, 5, 5, 10, 3)

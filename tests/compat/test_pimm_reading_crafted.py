@@ -28,8 +28,11 @@ def split_checkpoint(directory: pathlib.Path) -> pathlib.Path:
     torch.save({"state_dict": {"w": torch.ones(2)}}, directory / "weights.pth")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no process group: DCP says it saves in a single process
-        dcp.save({"trainer": {"epoch": 1, "global_step": 4}, "t": torch.arange(3.0)},
-                 checkpoint_id=directory / "trainer.dcp", no_dist=True)
+        dcp.save(
+            {"trainer": {"epoch": 1, "global_step": 4}, "t": torch.arange(3.0)},
+            checkpoint_id=directory / "trainer.dcp",
+            no_dist=True,
+        )
     for marker in (directory, directory / "trainer.dcp"):
         (marker / ".complete").write_text("ok\n")
     return directory
@@ -49,13 +52,18 @@ def _keys(meta) -> list:
 
 
 PLACEMENTS = {  # name -> (planner_data from the metadata, what the error says)
-    "a path that is an int": (lambda m: {k: 5 for k in _keys(m)}, r"places '[^']+' at 5, where DCP writes a "
-                                                                  r"non-empty tuple of names and indices"),
+    "a path that is an int": (
+        lambda m: {k: 5 for k in _keys(m)},
+        r"places '[^']+' at 5, where DCP writes a "
+        r"non-empty tuple of names and indices",
+    ),
     "an empty path": (lambda m: {k: () for k in _keys(m)}, r"places '[^']+' at \(\), where DCP writes"),
     "a list inside a path": (lambda m: {k: ([1], "x") for k in _keys(m)}, r"places '[^']+' at \(\[1\], 'x'\)"),
     "a bool inside a path": (lambda m: {k: (True,) for k in _keys(m)}, r"places '[^']+' at \(True,\)"),
-    "one path inside another": (lambda m: {k: ("a",) if i == 0 else ("a", f"b{i}") for i, k in enumerate(_keys(m))},
-                                r"places '[^']+' at \('a', 'b\d'\) and '[^']+' at \('a',\): one would overwrite"),
+    "one path inside another": (
+        lambda m: {k: ("a",) if i == 0 else ("a", f"b{i}") for i, k in enumerate(_keys(m))},
+        r"places '[^']+' at \('a', 'b\d'\) and '[^']+' at \('a',\): one would overwrite",
+    ),
     "two entries on one path": (lambda m: {k: ("same",) for k in _keys(m)}, r"at \('same',\): one would overwrite"),
 }
 

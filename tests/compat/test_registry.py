@@ -7,9 +7,21 @@ import pytest
 
 import pimm_fn as pf
 from pimm_fn.compat import (
-    DEFAULT_REGISTRY, REFUSED, HookBase, HookRegistry, build_hooks, checkpoint_loader, checkpoint_saver,
-    checkpoint_saver_iteration, final_evaluator, information_writer, iteration_timer, pimm_evaluator,
-    pimm_model_hook, register_hook, wandb_namer,
+    DEFAULT_REGISTRY,
+    REFUSED,
+    HookBase,
+    HookRegistry,
+    build_hooks,
+    checkpoint_loader,
+    checkpoint_saver,
+    checkpoint_saver_iteration,
+    final_evaluator,
+    information_writer,
+    iteration_timer,
+    pimm_evaluator,
+    pimm_model_hook,
+    register_hook,
+    wandb_namer,
 )
 
 
@@ -29,22 +41,43 @@ PIMM_DEFAULTS = {
     "InformationWriter": dict(log_frequency=1, step_offset=0),
     "IterationTimer": dict(warmup_iter=1),
     "WandbNamer": dict(keys=(), sep="-", format_numbers=True, extra=None),
-    "WeightDecayExclusion": dict(exclude_bias_from_wd=True, exclude_norm_from_wd=True, exclude_gamma_from_wd=True,
-                                 exclude_token_from_wd=True, exclude_ndim_1_from_wd=True),
+    "WeightDecayExclusion": dict(
+        exclude_bias_from_wd=True,
+        exclude_norm_from_wd=True,
+        exclude_gamma_from_wd=True,
+        exclude_token_from_wd=True,
+        exclude_ndim_1_from_wd=True,
+    ),
     "WeightDecayScheduler": dict(base_value=0.04, final_value=0.2, warmup_ratio=1.0),
     "GradientNormLogger": dict(norm_type=2.0, log_per_layer=False, log_frequency=1, prefix="grad_norm"),
     "ParameterCounter": dict(show_details=True, show_gradients=True, sort_by_params=True, min_params=0),
     "AttentionMaskAnnealingHook": dict(log_frequency=100, log_per_layer=False, prefix="anneal"),
-    "DtypeOverrider": dict(patterns=None, class_patterns=None, dtype="float32", methods_to_override=None,
-                           override_parameters=False, verbose=False, check_interval=10),
+    "DtypeOverrider": dict(
+        patterns=None,
+        class_patterns=None,
+        dtype="float32",
+        methods_to_override=None,
+        override_parameters=False,
+        verbose=False,
+        check_interval=10,
+    ),
     "GarbageHandler": dict(interval=150, disable_auto=True, empty_cache=False),
     "FinalEvaluator": dict(test_last=False),
     "ModelHook": {},
-    "SemSegEvaluator": dict(write_cls_iou=False, every_n_steps=0, ignore_index=-1, macro_ignore_class_ids=None,
-                            per_instance_metrics=False),
+    "SemSegEvaluator": dict(
+        write_cls_iou=False, every_n_steps=0, ignore_index=-1, macro_ignore_class_ids=None, per_instance_metrics=False
+    ),
     "MAEEvaluator": dict(every_n_steps=0, max_batches=None, log_pointclouds=True),
-    "PretrainEvaluator": dict(label="segment", write_cls_iou=True, every_n_steps=1, max_train_events=250,
-                              max_test_events=250, class_names=None, prefix="", train_config=None),
+    "PretrainEvaluator": dict(
+        label="segment",
+        write_cls_iou=True,
+        every_n_steps=1,
+        max_train_events=250,
+        max_test_events=250,
+        class_names=None,
+        prefix="",
+        train_config=None,
+    ),
 }
 
 
@@ -75,14 +108,23 @@ def _id(value) -> str:
         (dict(type="CheckpointSaver"), {}, checkpoint_saver()),
         (dict(type="CheckpointSaver", save_freq=5, evaluator_every_n_steps=10), {}, checkpoint_saver(5, 10)),
         (dict(type="CheckpointLoader"), {}, checkpoint_loader()),
-        (dict(type="CheckpointLoader", keywords="module.", replacement="backbone.", strict=True), {"weight": "w.pth"},
-         checkpoint_loader("w.pth", keywords="module.", replacement="backbone.", strict=True)),
+        (
+            dict(type="CheckpointLoader", keywords="module.", replacement="backbone.", strict=True),
+            {"weight": "w.pth"},
+            checkpoint_loader("w.pth", keywords="module.", replacement="backbone.", strict=True),
+        ),
         (dict(type="InformationWriter", log_frequency=20), {}, information_writer(20)),
         (dict(type="IterationTimer", warmup_iter=2), {}, iteration_timer(2)),
-        (dict(type="SemSegEvaluator", every_n_steps=100), {"evaluate": score},
-         pimm_evaluator("SemSegEvaluator", score, every_n_steps=100)),
-        (dict(type="SemSegEvaluator", write_cls_iou=True), {"evaluate": {"SemSegEvaluator": score}},
-         pimm_evaluator("SemSegEvaluator", score, write_cls_iou=True)),
+        (
+            dict(type="SemSegEvaluator", every_n_steps=100),
+            {"evaluate": score},
+            pimm_evaluator("SemSegEvaluator", score, every_n_steps=100),
+        ),
+        (
+            dict(type="SemSegEvaluator", write_cls_iou=True),
+            {"evaluate": {"SemSegEvaluator": score}},
+            pimm_evaluator("SemSegEvaluator", score, write_cls_iou=True),
+        ),
         (dict(type="SemSegEvaluator"), {"evaluate": False}, pimm_evaluator("SemSegEvaluator", None, evaluate=False)),
         (dict(type="FinalEvaluator", test_last=True), {"tester": score}, final_evaluator(score, test_last=True)),
         (dict(type="ModelHook"), {}, pimm_model_hook()),
@@ -116,61 +158,83 @@ KNOWN = sorted(DEFAULT_REGISTRY)
     "configs, context, error, message",
     [
         (
-            [dict(type="CheckpointSaverr")], {}, ValueError,
+            [dict(type="CheckpointSaverr")],
+            {},
+            ValueError,
             f"build_hooks: hooks[0] has unknown type 'CheckpointSaverr': did you mean 'CheckpointSaver'? "
             f"(known types: {KNOWN})",
         ),
         (
-            [dict(type="InformationWriter"), "CheckpointSaver"], {}, TypeError,
+            [dict(type="InformationWriter"), "CheckpointSaver"],
+            {},
+            TypeError,
             "build_hooks: hooks[1] must be a dict with a 'type' key, a pimm_fn hook or a HookBase "
             "(got str: 'CheckpointSaver')",
         ),
         ([dict(save_freq=1)], {}, ValueError, "build_hooks: hooks[0] has no 'type' key (got {'save_freq': 1})"),
         (
-            [dict(type="CheckpointSaver", save_frq=1)], {}, TypeError,
+            [dict(type="CheckpointSaver", save_frq=1)],
+            {},
+            TypeError,
             "build_hooks: hooks[0] CheckpointSaver got unknown keyword 'save_frq': did you mean 'save_freq'? "
             "(CheckpointSaver accepts ['save_freq', 'evaluator_every_n_steps'])",
         ),
         (
-            [dict(type="InformationWriter", log_interval=5)], {}, TypeError,
+            [dict(type="InformationWriter", log_interval=5)],
+            {},
+            TypeError,
             "build_hooks: hooks[0] InformationWriter got unknown keyword 'log_interval' "
             "(InformationWriter accepts ['log_frequency', 'step_offset'])",
         ),
         (
-            [dict(type="CheckpointSaverIteration", save_freq=0)], {}, ValueError,
+            [dict(type="CheckpointSaverIteration", save_freq=0)],
+            {},
+            ValueError,
             "build_hooks: hooks[0] CheckpointSaverIteration: checkpoint_saver: 'save_freq' must be None or an int "
             ">= 1 (got 0)",
         ),
         (
-            [dict(type="CheckpointLoader", replacements=[("a", "b")])], {}, TypeError,
+            [dict(type="CheckpointLoader", replacements=[("a", "b")])],
+            {},
+            TypeError,
             "build_hooks: hooks[0] CheckpointLoader: CheckpointLoader.replacements must be a {keyword: replacement} "
             "dict, got list",
         ),
         (
-            [dict(type="SemSegEvaluator")], {}, ValueError,
+            [dict(type="SemSegEvaluator")],
+            {},
+            ValueError,
             "build_hooks: hooks[0] SemSegEvaluator: needs the evaluation to run: pass build_hooks(..., evaluate=fn) "
             "or evaluate={'SemSegEvaluator': fn}, where fn(model) returns {metric: value} (pimm computes them from "
             "its val loader; here fn does), or evaluate=False (pimm's cfg.evaluate=False)",
         ),
         (
-            [dict(type="InstanceSegmentationEvaluator", select_metric="f1")], {"evaluate": score}, ValueError,
+            [dict(type="InstanceSegmentationEvaluator", select_metric="f1")],
+            {"evaluate": score},
+            ValueError,
             "build_hooks: hooks[0] InstanceSegmentationEvaluator: InstanceSegmentationEvaluator: 'select_metric' "
             "must be 'det_f1' or 'val_head_loss' (got 'f1')",
         ),
         (
-            [dict(type="SemSegEvaluator"), dict(type="FinalEvaluator")], {"evaluate": score}, ValueError,
+            [dict(type="SemSegEvaluator"), dict(type="FinalEvaluator")],
+            {"evaluate": score},
+            ValueError,
             "build_hooks: hooks[1] FinalEvaluator: needs the test to run after training: pass build_hooks(..., "
             "tester=fn), where fn(model) runs pimm's cfg.test tester on the model it is given and returns "
             "{metric: value} or None, or evaluate=False",
         ),
         (
-            [dict(type="FinalEvaluator")], {"tester": score}, ValueError,
+            [dict(type="FinalEvaluator")],
+            {"tester": score},
+            ValueError,
             "build_hooks: FinalEvaluator(test_last=False) tests model_best.pth, which no hook of this list writes "
             "(a CheckpointSaver after an evaluator writes it when the evaluator's metric improves): add an "
             "evaluator, or pass test_last=True",
         ),
         (
-            [dict(type="DtypeOverrider", dtype="fp32")], {}, ValueError,
+            [dict(type="DtypeOverrider", dtype="fp32")],
+            {},
+            ValueError,
             "build_hooks: hooks[0] DtypeOverrider: dtype_overrider: 'dtype' must be one of ['float16', 'float32', "
             "'float64', 'bfloat16', 'int8', 'int16', 'int32'] (got 'fp32')",
         ),
@@ -185,7 +249,9 @@ def test_bad_configs_fail_with_an_exact_explanation(configs, context, error, mes
 
 def test_build_hooks_refuses_a_keyword_it_does_not_take():
     """A typo in build_hooks' own keywords (wieght=) is an error with a suggestion, not swallowed."""
-    with pytest.raises(TypeError, match=r"^build_hooks\(\) got an unexpected keyword 'wieght': did you mean 'weight'\?"):
+    with pytest.raises(
+        TypeError, match=r"^build_hooks\(\) got an unexpected keyword 'wieght': did you mean 'weight'\?"
+    ):
         build_hooks([dict(type="CheckpointLoader")], wieght="w.pth")
     with pytest.raises(TypeError, match=r"pass \['weight'\] as build_hooks' own keywords"):
         build_hooks([], context={"weight": "w.pth"})
@@ -238,5 +304,6 @@ def test_factories_of_your_own_receive_the_context():
         return pf.save_every(context["steps"]) if context["weight"] is None else pf.load_weights(context["weight"])
 
     assert build_hooks([dict(type="Every")], registry={"Every": every}, context={"steps": 4}) == [pf.save_every(4)]
-    assert build_hooks([dict(type="Every")], registry=HookRegistry({"Every": every}), weight="w.pth",
-                       context={"steps": 4}) == [pf.load_weights("w.pth")]
+    assert build_hooks(
+        [dict(type="Every")], registry=HookRegistry({"Every": every}), weight="w.pth", context={"steps": 4}
+    ) == [pf.load_weights("w.pth")]

@@ -20,22 +20,27 @@ HAS_HUB = importlib.util.find_spec("huggingface_hub") is not None
 
 
 def _effects(configs, ipe=5, epochs=2):
-    return [(e.step, type(e.effect).__name__) for e in pf.plan(build_hooks(configs), iters_per_epoch=ipe,
-                                                                   max_epochs=epochs)]
+    return [
+        (e.step, type(e.effect).__name__) for e in pf.plan(build_hooks(configs), iters_per_epoch=ipe, max_epochs=epochs)
+    ]
 
 
 def test_resources_are_measured_every_log_frequency_global_steps():
     """pimm's default of 10 and any log_frequency: one LogResources per multiple of it, across epochs."""
     assert _effects([dict(type="ResourceUtilizationLogger", log_frequency=3)]) == [
-        (3, "LogResources"), (6, "LogResources"), (9, "LogResources")]
+        (3, "LogResources"),
+        (6, "LogResources"),
+        (9, "LogResources"),
+    ]
     assert [s for s, _ in _effects([dict(type="ResourceUtilizationLogger")], ipe=10, epochs=3)] == [10, 20, 30]
 
 
 def test_the_profiler_covers_the_first_warm_up_plus_one_steps_and_interrupt_stops_the_run():
     """Started before training, stopped after step warm_up + 1; with interrupt=True the run stops there."""
     assert _effects([dict(type="RuntimeProfiler", warm_up=2)]) == [(0, "StartProfiler"), (3, "StopProfiler")]
-    trace = pf.plan(build_hooks([dict(type="RuntimeProfiler", warm_up=0, interrupt=True)]), iters_per_epoch=5,
-                    max_epochs=2)
+    trace = pf.plan(
+        build_hooks([dict(type="RuntimeProfiler", warm_up=0, interrupt=True)]), iters_per_epoch=5, max_epochs=2
+    )
     assert [type(e.effect) for e in trace] == [fx.StartProfiler, fx.StopProfiler, Stop]
     assert trace[-1].step == 1
 
@@ -43,7 +48,9 @@ def test_the_profiler_covers_the_first_warm_up_plus_one_steps_and_interrupt_stop
 def test_a_run_shorter_than_the_profiling_window_still_stops_the_profiler():
     """Fewer steps than warm_up + 1: the profiler is stopped (and its output written) after training."""
     assert _effects([dict(type="RuntimeProfiler", warm_up=5)], ipe=2, epochs=1) == [
-        (0, "StartProfiler"), (2, "StopProfiler")]
+        (0, "StartProfiler"),
+        (2, "StopProfiler"),
+    ]
 
 
 def test_push_to_hub_pushes_once_after_training_and_refuses_what_it_cannot_do():
@@ -71,16 +78,27 @@ def _run(tmp_path, configs):
     torch.manual_seed(0)
     model = Net()
     x = torch.randn(12, 3, generator=torch.Generator().manual_seed(0))
-    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01),
-                   DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4),
-                   hooks=build_hooks(configs), max_epochs=2, save_dir=tmp_path, handlers=HANDLERS,
-                   watching=pf.Watching(console=False, progress=False))
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4),
+        hooks=build_hooks(configs),
+        max_epochs=2,
+        save_dir=tmp_path,
+        handlers=HANDLERS,
+        watching=pf.Watching(console=False, progress=False),
+    )
 
 
 def test_a_run_logs_its_resources_and_writes_the_profile(tmp_path):
     """The handlers log this process's memory under pimm's names and write the trace and table into save_dir."""
-    run = _run(tmp_path, [dict(type="ResourceUtilizationLogger", log_frequency=2),
-                          dict(type="RuntimeProfiler", warm_up=1, sort_by="cpu_time_total", row_limit=5)])
+    run = _run(
+        tmp_path,
+        [
+            dict(type="ResourceUtilizationLogger", log_frequency=2),
+            dict(type="RuntimeProfiler", warm_up=1, sort_by="cpu_time_total", row_limit=5),
+        ],
+    )
     run()
     records = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     resources = [r for r in records if r["kind"] == "resources"]

@@ -15,8 +15,11 @@ from pimm_fn.core.state import Progress, State
 
 def _saves(hooks, **schedule):
     """``(step, event, snapshot, deferred, final)`` of each planned save."""
-    return [(e.step, type(e.event).__name__, e.effect.snapshot, e.effect.deferred, e.effect.final)
-            for e in pf.plan(hooks, **schedule) if isinstance(e.effect, SaveCheckpoint)]
+    return [
+        (e.step, type(e.event).__name__, e.effect.snapshot, e.effect.deferred, e.effect.final)
+        for e in pf.plan(hooks, **schedule)
+        if isinstance(e.effect, SaveCheckpoint)
+    ]
 
 
 S, E, T = "AfterStep", "AfterEpoch", "AfterTrain"
@@ -24,30 +27,76 @@ S, E, T = "AfterStep", "AfterEpoch", "AfterTrain"
 SAVER_CASES = [
     # CheckpointSaver(save_freq=4), 10 steps an epoch, 3 epochs: every 4 steps with a snapshot, the step-20 save
     # deferred to its epoch's end, and the final save at 30 (not a multiple of 4: no snapshot).
-    (dict(type="CheckpointSaver", save_freq=4), 10, 3, [
-        (4, S, True, False, False), (8, S, True, False, False), (12, S, True, False, False),
-        (16, S, True, False, False), (20, E, True, True, False), (24, S, True, False, False),
-        (28, S, True, False, False), (30, T, False, False, True)]),
+    (
+        dict(type="CheckpointSaver", save_freq=4),
+        10,
+        3,
+        [
+            (4, S, True, False, False),
+            (8, S, True, False, False),
+            (12, S, True, False, False),
+            (16, S, True, False, False),
+            (20, E, True, True, False),
+            (24, S, True, False, False),
+            (28, S, True, False, False),
+            (30, T, False, False, True),
+        ],
+    ),
     # save_freq=None (pimm's default): the final save only.
     (dict(type="CheckpointSaver", save_freq=None), 10, 3, [(30, T, False, False, True)]),
     # A save on the last step of the run is the deferred one; no second, final save of the same step.
-    (dict(type="CheckpointSaver", save_freq=5), 10, 2, [
-        (5, S, True, False, False), (10, E, True, True, False), (15, S, True, False, False),
-        (20, E, True, True, False)]),
+    (
+        dict(type="CheckpointSaver", save_freq=5),
+        10,
+        2,
+        [
+            (5, S, True, False, False),
+            (10, E, True, True, False),
+            (15, S, True, False, False),
+            (20, E, True, True, False),
+        ],
+    ),
     # Evaluation steps save too, without snapshots (not multiples of save_freq).
-    (dict(type="CheckpointSaver", evaluator_every_n_steps=3), 4, 2, [
-        (3, S, False, False, False), (6, S, False, False, False), (8, T, False, False, True)]),
-    (dict(type="CheckpointSaver", save_freq=4, evaluator_every_n_steps=6), 6, 2, [
-        (4, S, True, False, False), (6, E, False, True, False), (8, S, True, False, False),
-        (12, E, True, True, False)]),
+    (
+        dict(type="CheckpointSaver", evaluator_every_n_steps=3),
+        4,
+        2,
+        [(3, S, False, False, False), (6, S, False, False, False), (8, T, False, False, True)],
+    ),
+    (
+        dict(type="CheckpointSaver", save_freq=4, evaluator_every_n_steps=6),
+        6,
+        2,
+        [
+            (4, S, True, False, False),
+            (6, E, False, True, False),
+            (8, S, True, False, False),
+            (12, E, True, True, False),
+        ],
+    ),
     # CheckpointSaverIteration: save_freq defaults to None (the final save only); snapshots only when asked.
     (dict(type="CheckpointSaverIteration"), 10, 3, [(30, T, False, False, True)]),
-    (dict(type="CheckpointSaverIteration", save_freq=4), 10, 3, [
-        (4, S, False, False, False), (8, S, False, False, False), (12, S, False, False, False),
-        (16, S, False, False, False), (20, E, False, True, False), (24, S, False, False, False),
-        (28, S, False, False, False), (30, T, False, False, True)]),
-    (dict(type="CheckpointSaverIteration", save_freq=5, save_iter_checkpoints=True), 5, 2, [
-        (5, E, True, True, False), (10, E, True, True, False)]),
+    (
+        dict(type="CheckpointSaverIteration", save_freq=4),
+        10,
+        3,
+        [
+            (4, S, False, False, False),
+            (8, S, False, False, False),
+            (12, S, False, False, False),
+            (16, S, False, False, False),
+            (20, E, False, True, False),
+            (24, S, False, False, False),
+            (28, S, False, False, False),
+            (30, T, False, False, True),
+        ],
+    ),
+    (
+        dict(type="CheckpointSaverIteration", save_freq=5, save_iter_checkpoints=True),
+        5,
+        2,
+        [(5, E, True, True, False), (10, E, True, True, False)],
+    ),
 ]
 
 
@@ -70,18 +119,23 @@ def test_a_resumed_plan_saves_what_the_uninterrupted_run_saves_after_it(start):
     full = pf.plan(hooks, iters_per_epoch=10, max_epochs=3)
     resumed = pf.plan(hooks, iters_per_epoch=10, max_epochs=3, start_step=start)
     assert [e.effect for e in resumed if isinstance(e.effect, SaveCheckpoint)] == [
-        e.effect for e in full if isinstance(e.effect, SaveCheckpoint) and e.step > start]
+        e.effect for e in full if isinstance(e.effect, SaveCheckpoint) and e.step > start
+    ]
 
 
 def test_save_iteration_logs_pimms_lines_and_the_final_save_says_so():
     """'Saving checkpoint at global step N' at each save step (deferred ones too), 'Saving final checkpoint' last."""
     hooks = build_hooks([dict(type="CheckpointSaverIteration", save_freq=3)])
-    lines = [(e.step, e.effect.values["message"]) for e in pf.plan(hooks, iters_per_epoch=3, max_epochs=2)
-             if isinstance(e.effect, Log)]
+    lines = [
+        (e.step, e.effect.values["message"])
+        for e in pf.plan(hooks, iters_per_epoch=3, max_epochs=2)
+        if isinstance(e.effect, Log)
+    ]
     assert lines == [(3, "Saving checkpoint at global step 3"), (6, "Saving checkpoint at global step 6")]
     final = build_hooks([dict(type="CheckpointSaver")])
-    assert [e.effect.values["message"] for e in pf.plan(final, iters_per_epoch=3, max_epochs=1)
-            if isinstance(e.effect, Log)] == ["Saving final checkpoint"]
+    assert [
+        e.effect.values["message"] for e in pf.plan(final, iters_per_epoch=3, max_epochs=1) if isinstance(e.effect, Log)
+    ] == ["Saving final checkpoint"]
 
 
 def _score(model):
@@ -96,9 +150,15 @@ def _best_writes(config_list, metrics, ipe=5, epochs=3, **context):
 
 def test_the_saver_tracks_the_current_metric_of_the_evaluator_before_it():
     """build_hooks hands each saver the metric pimm's evaluator publishes (PIMM.md 2.3), with its direction."""
-    hooks = build_hooks([dict(type="SemSegEvaluator"), dict(type="CheckpointSaver"),
-                         dict(type="InstanceSegmentationEvaluator", select_metric="val_head_loss"),
-                         dict(type="CheckpointSaverIteration", save_freq=10)], evaluate=_score)
+    hooks = build_hooks(
+        [
+            dict(type="SemSegEvaluator"),
+            dict(type="CheckpointSaver"),
+            dict(type="InstanceSegmentationEvaluator", select_metric="val_head_loss"),
+            dict(type="CheckpointSaverIteration", save_freq=10),
+        ],
+        evaluate=_score,
+    )
     assert (hooks[1].metric, hooks[1].mode) == ("mIoU", "max")
     assert (hooks[3].metric, hooks[3].mode) == ("val/head_loss_total", "min")
 
@@ -110,15 +170,20 @@ def test_best_follows_each_evaluation_strictly_and_never_a_nan():
     writes, trace = _best_writes([dict(type="SemSegEvaluator"), dict(type="CheckpointSaver")], metrics)
     assert writes == [(5, "mIoU", 0.4)]
     messages = [e.effect.values["message"] for e in trace if isinstance(e.effect, Log) and e.effect.kind == "info"]
-    assert messages[:3] == ["Best validation mIoU updated to: 0.4000", "Currently Best mIoU: 0.4000",
-                            "Currently Best mIoU: 0.4000"]
+    assert messages[:3] == [
+        "Best validation mIoU updated to: 0.4000",
+        "Currently Best mIoU: 0.4000",
+        "Currently Best mIoU: 0.4000",
+    ]
 
 
 def test_a_lower_is_better_metric_improves_downwards():
     """InstanceSegmentationEvaluator(select_metric='val_head_loss') publishes a loss: lower values are better."""
     metrics = {5: {"val/head_loss_total": 2.0}, 10: {"val/head_loss_total": 3.0}, 15: {"val/head_loss_total": 1.0}}
-    writes, _ = _best_writes([dict(type="InstanceSegmentationEvaluator", select_metric="val_head_loss"),
-                              dict(type="CheckpointSaver")], metrics)
+    writes, _ = _best_writes(
+        [dict(type="InstanceSegmentationEvaluator", select_metric="val_head_loss"), dict(type="CheckpointSaver")],
+        metrics,
+    )
     assert writes == [(5, "val/head_loss_total", 2.0), (15, "val/head_loss_total", 1.0)]
 
 
@@ -138,16 +203,20 @@ def test_checkpoint_loader_warm_starts_a_fresh_run_only_and_none_without_a_weigh
     assert pf.plan(build_hooks([dict(type="CheckpointLoader")]), iters_per_epoch=2, max_epochs=1) == ()
     hooks = build_hooks([dict(type="CheckpointLoader", keywords="backbone", replacement="encoder")], weight="w.pth")
     assert pf.plan(hooks, iters_per_epoch=2, max_epochs=1)[0].effect == LoadPimmWeights(
-        "w.pth", (("backbone", "encoder"),), False)
+        "w.pth", (("backbone", "encoder"),), False
+    )
     assert pf.plan(hooks, iters_per_epoch=2, max_epochs=2, start_step=2) == ()
 
 
-@pytest.mark.parametrize("config, rules", [
-    (dict(type="CheckpointLoader"), (("", ""),)),
-    (dict(type="CheckpointLoader", keywords="module.backbone"), (("module.backbone", "module.backbone"),)),
-    (dict(type="CheckpointLoader", replacements={"a": "b", "c": "d"}), (("a", "b"), ("c", "d"))),
-    (dict(type="CheckpointLoader", replacements={}), ()),
-])
+@pytest.mark.parametrize(
+    "config, rules",
+    [
+        (dict(type="CheckpointLoader"), (("", ""),)),
+        (dict(type="CheckpointLoader", keywords="module.backbone"), (("module.backbone", "module.backbone"),)),
+        (dict(type="CheckpointLoader", replacements={"a": "b", "c": "d"}), (("a", "b"), ("c", "d"))),
+        (dict(type="CheckpointLoader", replacements={}), ()),
+    ],
+)
 def test_checkpoint_loader_rules_are_pimms(config, rules):
     """replacement=None keeps keys unchanged; replacements={} is no rule at all (PIMM.md 2.2)."""
     assert build_hooks([config], weight="w.pth")[0].rules == rules
@@ -155,11 +224,16 @@ def test_checkpoint_loader_rules_are_pimms(config, rules):
 
 def test_saver_values_repr_compare_and_pickle():
     """The hooks read like their factory calls, compare by value and pickle."""
-    hooks = build_hooks([dict(type="CheckpointSaver", save_freq=4), dict(type="CheckpointSaverIteration",
-                        save_freq=10, save_iter_checkpoints=True, backend="dcp")])
+    hooks = build_hooks(
+        [
+            dict(type="CheckpointSaver", save_freq=4),
+            dict(type="CheckpointSaverIteration", save_freq=10, save_iter_checkpoints=True, backend="dcp"),
+        ]
+    )
     assert [repr(h) for h in hooks] == [
         "checkpoint_saver(save_freq=4)",
-        "checkpoint_saver_iteration(save_freq=10, save_iter_checkpoints=True, backend='dcp')"]
+        "checkpoint_saver_iteration(save_freq=10, save_iter_checkpoints=True, backend='dcp')",
+    ]
     assert pickle.loads(pickle.dumps(hooks)) == hooks
     loader = checkpoint_loader("w.pth", keywords="backbone", replacement="encoder", strict=True)
     assert repr(loader) == "checkpoint_loader('w.pth', keywords='backbone', replacement='encoder', strict=True)"

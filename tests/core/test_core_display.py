@@ -27,8 +27,9 @@ def accuracy(model):
 def _state(**changes) -> State:
     progress = Progress(5, 2, epoch=1, iter_in_epoch=3, global_step=8, samples_seen=64)
     slots = (None, SaveEveryState(6), BestState(-5.186985492706299, 8), tuple(float(i) for i in range(1000)))
-    fields = dict(metrics={"score": -5.186985492706299}, best={"score": -5.186985492706299}, slots=slots,
-                  position="AfterStep")
+    fields = dict(
+        metrics={"score": -5.186985492706299}, best={"score": -5.186985492706299}, slots=slots, position="AfterStep"
+    )
     return State(progress, **{**fields, **changes})
 
 

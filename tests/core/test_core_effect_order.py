@@ -5,10 +5,10 @@ from hypothesis import strategies as st
 
 import pimm_fn as pf
 from pimm_fn.core import events as ev
-from pimm_fn.core.effects import Evaluate, Log, SaveCheckpoint, Stop, WriteBest
+from pimm_fn.core.effects import Evaluate, Log, SaveCheckpoint, WriteBest
 from pimm_fn.testing import simulate
 from pimm_fn.testing.assertions import moments
-from pimm_fn.testing.strategies import hook_stacks, metric_streams, miou, schedules
+from pimm_fn.testing.strategies import hook_stacks, metric_streams, schedules
 
 
 def accuracy(model):
@@ -24,8 +24,11 @@ ORDERS = {
 
 def _moments(trace) -> list:
     """(step, what) of the evaluation logs and best writes, in execution order."""
-    return [(e.step, "eval log" if isinstance(e.effect, Log) else "best") for e in trace
-            if isinstance(e.effect, WriteBest) or isinstance(e.effect, Log) and e.effect.kind.startswith("eval")]
+    return [
+        (e.step, "eval log" if isinstance(e.effect, Log) else "best")
+        for e in trace
+        if isinstance(e.effect, WriteBest) or isinstance(e.effect, Log) and e.effect.kind.startswith("eval")
+    ]
 
 
 def test_the_evaluation_log_precedes_the_best_write_it_caused_in_any_hook_order():
@@ -42,8 +45,11 @@ def test_a_save_at_an_evaluation_step_follows_the_evaluation_and_its_best_write(
     """A step's record runs first, then its evaluation with the follow-up's record and best write, then the save."""
     hooks = [pf.evaluate_every(2, accuracy), pf.save_every(2), pf.log_every(2), pf.best_on("acc")]
     planned = pf.plan(hooks, iters_per_epoch=4, max_epochs=1, metrics=METRICS, outputs=())
-    kinds = [type(e.effect).__name__ + (f":{e.effect.kind}" if isinstance(e.effect, Log) else "")
-             for e in planned if e.step == 2]
+    kinds = [
+        type(e.effect).__name__ + (f":{e.effect.kind}" if isinstance(e.effect, Log) else "")
+        for e in planned
+        if e.step == 2
+    ]
     assert kinds == ["Log:train", "Evaluate", "Log:eval/accuracy", "WriteBest", "SaveCheckpoint"]
     assert Log(2, "train", {}).runs_first and not WriteBest("acc", 0.5, 2).runs_last
     assert SaveCheckpoint(4, deferred=True).runs_last and not SaveCheckpoint(2).runs_last
@@ -81,26 +87,34 @@ def _check_order(trace) -> None:
             assert indices == list(range(indices[0], indices[0] + len(indices)))
             kinds = [type(trace[i].effect) for i in indices]
             if Log in kinds:  # the evaluation's own line before anything it causes
-                assert all(k is Log for k in kinds[:kinds.count(Log)])
+                assert all(k is Log for k in kinds[: kinds.count(Log)])
 
 
 @st.composite
 def stacks_that_stop(draw):
     """The standard stack (broadcast evaluations), with an early_stop drawn into any place."""
     stack = draw(hook_stacks(broadcast=True))
-    stop = draw(st.builds(pf.early_stop, st.just("mIoU"), patience=st.integers(1, 3),
-                          min_delta=st.sampled_from((0.0, 0.3))))
+    stop = draw(
+        st.builds(pf.early_stop, st.just("mIoU"), patience=st.integers(1, 3), min_delta=st.sampled_from((0.0, 0.3)))
+    )
     stack.insert(draw(st.integers(0, len(stack))), stop)
     return stack
 
 
 @settings(max_examples=60, deadline=None)
-@given(schedule=schedules(max_world_size=3, max_resumes=0), stack=stacks_that_stop(),
-       metrics=metric_streams(ranks=("all",)))
+@given(
+    schedule=schedules(max_world_size=3, max_resumes=0),
+    stack=stacks_that_stop(),
+    metrics=metric_streams(ranks=("all",)),
+)
 def test_every_stack_runs_its_effects_in_the_one_documented_order_in_plan_and_simulation(schedule, stack, metrics):
     """For any stack and hook order: per event (group, hook position), follow-ups at once, plan == every rank's simulation."""
-    planned = pf.plan(stack, iters_per_epoch=schedule.iters_per_epoch, max_epochs=schedule.max_epochs,
-                      metrics=lambda step, rank: metrics(step, rank))
+    planned = pf.plan(
+        stack,
+        iters_per_epoch=schedule.iters_per_epoch,
+        max_epochs=schedule.max_epochs,
+        metrics=lambda step, rank: metrics(step, rank),
+    )
     _check_order(planned)
     simulated = simulate(stack, metrics=metrics, **schedule.kwargs())
     for rank, trace in enumerate(simulated.traces):

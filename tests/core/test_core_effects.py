@@ -24,24 +24,34 @@ class Holder:
 def test_call_of_names_a_function_by_module_and_qualified_name():
     """Call.of(fn) is Call('module:qualname'), equal, hashable and equal again after a pickle round trip."""
     call = Call.of(module_level, 3, args=[1, "a", [2.5, None]], kwargs={"k": {"x": (1, 2)}}, scope=Scope.LOCAL)
-    assert call == Call(f"{__name__}:module_level", 3, (1, "a", (2.5, None)), {"k": FrozenMap({"x": (1, 2)})},
-                        Scope.LOCAL)
+    assert call == Call(
+        f"{__name__}:module_level", 3, (1, "a", (2.5, None)), {"k": FrozenMap({"x": (1, 2)})}, Scope.LOCAL
+    )
     assert call.scope is Scope.LOCAL and Call("m:f", 1).scope is Scope.MAIN
     assert pickle.loads(pickle.dumps(call)) == call and hash(pickle.loads(pickle.dumps(call))) == hash(call)
-    assert Call.of(math.hypot, 2).function == "math:hypot" and Call.of(Holder.method, 2).function.endswith("Holder.method")
+    assert Call.of(math.hypot, 2).function == "math:hypot" and Call.of(Holder.method, 2).function.endswith(
+        "Holder.method"
+    )
 
 
-@pytest.mark.parametrize("fn", [lambda state, ctx: None, Holder().method, pickle.dumps.__call__],
-                         ids=["a lambda", "a bound method", "a method-wrapper"])
+@pytest.mark.parametrize(
+    "fn",
+    [lambda state, ctx: None, Holder().method, pickle.dumps.__call__],
+    ids=["a lambda", "a bound method", "a method-wrapper"],
+)
 def test_call_of_refuses_a_callable_no_process_can_find_by_name(fn):
     """A lambda or a bound method is refused at once, saying what to define instead."""
-    with pytest.raises(ValueError, match="has no name another process can find it by .* define a function at the top level"):
+    with pytest.raises(
+        ValueError, match="has no name another process can find it by .* define a function at the top level"
+    ):
         Call.of(fn, 1)
 
 
 def test_a_function_defined_inside_another_is_refused():
     """A nested function's qualified name holds '<locals>': refused as Call.of and as a Call name alike."""
+
     def inner(state, ctx): ...
+
     with pytest.raises(ValueError, match="has no name another process can find"):
         Call.of(inner, 1)
     with pytest.raises(ValueError, match=r"'function' must name a function .* as 'module:qualname'"):
@@ -55,11 +65,14 @@ def test_a_function_name_not_shaped_module_colon_qualname_is_refused(name):
         Call(name, 1)
 
 
-@pytest.mark.parametrize("args, kwargs, says", [
-    ((object(),), {}, r"args\[0\] is a object"),
-    ((), {"model": pf}, r"kwargs\['model'\] is a module"),
-    (([1, {"a": {1, 2}}],), {}, r"args\[0\]\[1\]\['a'\] is a set"),
-])
+@pytest.mark.parametrize(
+    "args, kwargs, says",
+    [
+        ((object(),), {}, r"args\[0\] is a object"),
+        ((), {"model": pf}, r"kwargs\['model'\] is a module"),
+        (([1, {"a": {1, 2}}],), {}, r"args\[0\]\[1\]\['a'\] is a set"),
+    ],
+)
 def test_arguments_that_are_not_plain_values_are_refused_naming_where(args, kwargs, says):
     """An object, a module or a set among the arguments is a TypeError naming where it is and the fix."""
     with pytest.raises(TypeError, match=rf"Call: {says} .*not a plain value: pass numbers, strings"):
@@ -76,6 +89,7 @@ def test_keyword_names_and_scope_are_checked():
 
 def test_plan_shows_a_call_with_its_scope_and_simulate_runs_a_main_one_on_rank_0_only():
     """A hook's Calls are in plan's trace; simulate records MAIN on rank 0 only, LOCAL and COLLECTIVE on every rank."""
+
     def asks(state, event):
         if isinstance(event, pf.events.AfterStep):
             return state, tuple(Call.of(module_level, event.step, scope=s) for s in Scope)

@@ -85,10 +85,12 @@ class React:
 def test_follow_ups_are_processed_depth_first_before_the_next_effect():
     """A follow-up event's effects (and theirs, recursively) run before the emitting hook's next effect."""
     hooks = chain(Tag("a", ("1", "2")), React("r", ("m1", "m2")), React("s", ("m2",)), Tag("b", ("1",)))
-    executor = Scripted({
-        "a.1": (ev.MetricsPublished({}, "m1"),),
-        "r.m1": (ev.MetricsPublished({}, "m2"),),
-    })
+    executor = Scripted(
+        {
+            "a.1": (ev.MetricsPublished({}, "m1"),),
+            "r.m1": (ev.MetricsPublished({}, "m2"),),
+        }
+    )
     process(hooks, start(hooks), ev.BeforeTrain(), executor)
     assert executor.trace == ["a.1", "r.m1", "r.m2", "s.m2", "a.2", "b.1"]
     assert executor.checked == [ev.BeforeTrain(), ev.MetricsPublished({}, "m1"), ev.MetricsPublished({}, "m2")]
@@ -366,15 +368,23 @@ def _spelled_out(hook):
     return run
 
 
-@given(st.lists(st.sampled_from(["third", "log", "save", "eval", "never"]), min_size=1, max_size=5, unique=True),
-       st.integers(1, 7), st.integers(1, 3))
+@given(
+    st.lists(st.sampled_from(["third", "log", "save", "eval", "never"]), min_size=1, max_size=5, unique=True),
+    st.integers(1, 7),
+    st.integers(1, 3),
+)
 def test_cadence_subscriptions_match_hooks_that_apply_their_cadence_themselves(names, iters, epochs):
     """The fold enforcing each hook's cadence gives the trace and state of hooks testing the step themselves."""
     from pimm_fn.core.plan import run_schedule
     from pimm_fn.hooks import evaluate_every, log_every, save_every
 
-    make = {"third": EveryThird, "log": lambda: log_every(4), "save": lambda: save_every(5),
-            "eval": lambda: evaluate_every(2, lambda m: 0.0, name="v"), "never": lambda: save_every(10**9)}
+    make = {
+        "third": EveryThird,
+        "log": lambda: log_every(4),
+        "save": lambda: save_every(5),
+        "eval": lambda: evaluate_every(2, lambda m: 0.0, name="v"),
+        "never": lambda: save_every(10**9),
+    }
     runs = []
     for wrap in (lambda h: h, _spelled_out):
         hooks = chain(*[wrap(make[name]()) for name in names])

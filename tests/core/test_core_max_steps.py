@@ -80,17 +80,26 @@ def test_log_windows_close_at_the_budget_as_at_an_epoch_end():
     """log_every(4) logs on its cadence and at each epoch end, the cut one included."""
     trace = plan([log_every(4)], iters_per_epoch=6, max_steps=9)
     assert [(e.step, type(e.event).__name__) for e in trace] == [
-        (4, "AfterStep"), (6, "AfterEpoch"), (8, "AfterStep"), (9, "AfterEpoch"),
+        (4, "AfterStep"),
+        (6, "AfterEpoch"),
+        (8, "AfterStep"),
+        (9, "AfterEpoch"),
     ]
 
 
 @settings(max_examples=120, deadline=None)
 @given(
-    ipe=st.integers(1, 6), budget=st.integers(1, 30), save=st.integers(1, 7), evaluate=st.integers(0, 6),
-    log=st.integers(1, 5), world_size=st.integers(1, 3), data=st.data(),
+    ipe=st.integers(1, 6),
+    budget=st.integers(1, 30),
+    save=st.integers(1, 7),
+    evaluate=st.integers(0, 6),
+    log=st.integers(1, 5),
+    world_size=st.integers(1, 3),
+    data=st.data(),
 )
-def test_simulate_agrees_with_plan_and_the_last_save_is_at_the_budget(ipe, budget, save, evaluate, log, world_size,
-                                                                      data):
+def test_simulate_agrees_with_plan_and_the_last_save_is_at_the_budget(
+    ipe, budget, save, evaluate, log, world_size, data
+):
     """For any schedule and cadences, simulate(max_steps=N) is plan's trace on every rank and ends with a save at N."""
     hooks = [evaluate_every(evaluate, miou), save_every(save), best_on("mIoU"), log_every(log)]
     metrics = lambda step, rank: {"mIoU": (step * 7) % 5}
@@ -104,8 +113,9 @@ def test_simulate_agrees_with_plan_and_the_last_save_is_at_the_budget(ipe, budge
     assert walked.traces[0] == result.traces[0]
     assert_collective_agreement(result)
     resume_at = data.draw(st.integers(1, budget), label="resume_at")
-    assert_resume_continuity(hooks, resume_at=resume_at, world_size=world_size, iters_per_epoch=ipe,
-                             max_steps=budget, metrics=metrics)
+    assert_resume_continuity(
+        hooks, resume_at=resume_at, world_size=world_size, iters_per_epoch=ipe, max_steps=budget, metrics=metrics
+    )
 
 
 @pytest.mark.parametrize("call", [plan, simulate])

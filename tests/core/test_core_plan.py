@@ -100,7 +100,9 @@ def test_plan_start_step_out_of_range_raises():
 def test_plan_answers_evaluations_from_metrics():
     """metrics={step: values} feeds evaluations; best_on reacts with WriteBest at those steps."""
     hooks = [evaluate_every(5, validate), best_on("miou")]
-    trace = plan(hooks, iters_per_epoch=5, max_epochs=4, metrics={5: {"miou": 0.3}, 10: {"miou": 0.2}, 15: {"miou": 0.4}})
+    trace = plan(
+        hooks, iters_per_epoch=5, max_epochs=4, metrics={5: {"miou": 0.3}, 10: {"miou": 0.2}, 15: {"miou": 0.4}}
+    )
     assert [(t.step, t.effect) for t in trace] == [
         (5, Evaluate("validate", 5)),
         (5, WriteBest("miou", 0.3, 5)),
@@ -114,10 +116,17 @@ def test_plan_answers_evaluations_from_metrics():
 
 def test_plan_metrics_may_be_a_callable():
     """metrics may be a callable (step, rank) -> values."""
-    trace = plan([evaluate_every(2, validate), best_on("m", mode="min")], iters_per_epoch=6, max_epochs=1,
-                 metrics=lambda step, rank: {"m": 10 - step})
+    trace = plan(
+        [evaluate_every(2, validate), best_on("m", mode="min")],
+        iters_per_epoch=6,
+        max_epochs=1,
+        metrics=lambda step, rank: {"m": 10 - step},
+    )
     assert [t.effect for t in trace if isinstance(t.effect, WriteBest)] == [
-        WriteBest("m", 8, 2), WriteBest("m", 6, 4), WriteBest("m", 4, 6)]
+        WriteBest("m", 8, 2),
+        WriteBest("m", 6, 4),
+        WriteBest("m", 4, 6),
+    ]
 
 
 def test_plan_rejects_bad_metrics():
@@ -137,7 +146,8 @@ def test_plan_is_deterministic(n, iters, epochs):
     hooks = [evaluate_every(n, validate), best_on("miou"), save_every(n), log_every(n)]
     metrics = {s: {"miou": (s * 7 % 5) / 5} for s in range(iters * epochs + 1)}
     assert plan(hooks, iters_per_epoch=iters, max_epochs=epochs, metrics=metrics) == plan(
-        hooks, iters_per_epoch=iters, max_epochs=epochs, metrics=metrics)
+        hooks, iters_per_epoch=iters, max_epochs=epochs, metrics=metrics
+    )
 
 
 @given(n=st.integers(1, 15), iters=st.integers(1, 12), epochs=st.integers(0, 5))

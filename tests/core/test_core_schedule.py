@@ -27,12 +27,16 @@ def test_next_event_walks_the_lifecycle_in_order():
         ev.ModifyConfig(),
         ev.BeforeTrain(),
         ev.BeforeEpoch(0),
-        ev.BeforeStep(1), ev.AfterStep(1),
-        ev.BeforeStep(2), ev.AfterStep(2),
+        ev.BeforeStep(1),
+        ev.AfterStep(1),
+        ev.BeforeStep(2),
+        ev.AfterStep(2),
         ev.AfterEpoch(0),
         ev.BeforeEpoch(1),
-        ev.BeforeStep(3), ev.AfterStep(3),
-        ev.BeforeStep(4), ev.AfterStep(4),
+        ev.BeforeStep(3),
+        ev.AfterStep(3),
+        ev.BeforeStep(4),
+        ev.AfterStep(4),
         ev.AfterEpoch(1),
         ev.AfterTrain(),
     ]
@@ -95,8 +99,10 @@ def test_resume_from_larger_max_epochs_continues_a_finished_run():
     events, final = walk(s)
     assert events == [
         ev.BeforeEpoch(2),
-        ev.BeforeStep(5), ev.AfterStep(5),
-        ev.BeforeStep(6), ev.AfterStep(6),
+        ev.BeforeStep(5),
+        ev.AfterStep(5),
+        ev.BeforeStep(6),
+        ev.AfterStep(6),
         ev.AfterEpoch(2),
         ev.AfterTrain(),
     ]
@@ -158,7 +164,7 @@ def test_state_at_step_agrees_with_walking(iters, epochs, step):
     full, final = walk(base)
     rest, final2 = walk(state_at_step(base, step))
     assert final2.progress == final.progress
-    assert full[len(full) - len(rest):] == rest
+    assert full[len(full) - len(rest) :] == rest
     assert sum(isinstance(e, ev.AfterStep) for e in rest) == iters * epochs - step
 
 

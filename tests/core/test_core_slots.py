@@ -72,7 +72,9 @@ def test_keyed_keeps_each_slot_under_its_hook_identity_and_a_chain_under_its_chi
     """A top-level slot sits under its hook's key; a chain's slots sit, keyed, under the chain's name."""
     saved = slots.keyed(HOOKS, SLOTS)
     assert saved.keys() == ("save_every(3)", "watch", "test_core_slots.stateless")
-    assert dict(saved.entries)["watch"] == slots.Keyed((("best_on('acc')", BestState(0.5, 2)), ("log_every(2)", LogState(count=1))))
+    assert dict(saved.entries)["watch"] == slots.Keyed(
+        (("best_on('acc')", BestState(0.5, 2)), ("log_every(2)", LogState(count=1)))
+    )
 
 
 def test_an_unnamed_chain_holding_a_function_hook_has_the_same_identity_in_every_process():
@@ -97,6 +99,7 @@ def test_reordered_hooks_get_their_own_slots_at_every_depth():
 
 def test_a_new_hook_starts_from_its_initial_slot():
     """A hook the checkpoint does not know gets its init() slot, or None without one."""
+
     def progress(state, event):
         return state, ()
 
@@ -115,13 +118,18 @@ def test_a_removed_hook_is_dropped_and_reported_with_its_path_inside_chains():
 def test_a_hook_whose_slot_type_changed_is_a_mismatch_naming_key_found_and_expected():
     """The same identity with another slot type raises SlotMismatch carrying the key and both types."""
     saved = slots.keyed([Counter("tally")], (Count(4),))
-    with pytest.raises(slots.SlotMismatch, match=r"hook 'tally'.* type test_core_slots\.Count.* test_core_slots\.Renamed"):
+    with pytest.raises(
+        slots.SlotMismatch, match=r"hook 'tally'.* type test_core_slots\.Count.* test_core_slots\.Renamed"
+    ):
         slots.unkeyed([Other("tally")], saved)
     nested = slots.keyed([chain(Counter("tally"), name="outer")], ((Count(),),))
     with pytest.raises(slots.SlotMismatch) as caught:
         slots.unkeyed([chain(Other("tally"), name="outer")], nested)
     assert (caught.value.key, caught.value.found, caught.value.expected) == (
-        "outer / tally", "test_core_slots.Count", "test_core_slots.Renamed")
+        "outer / tally",
+        "test_core_slots.Count",
+        "test_core_slots.Renamed",
+    )
 
 
 def test_a_chain_claiming_a_leaf_slot_is_a_mismatch():

@@ -231,19 +231,48 @@ def test_frozen_map_plus_adds_values_of_the_same_keys_only():
 
 def test_the_folds_copies_keep_every_other_field_as_attrs_evolve_does():
     """Progress.advanced and State.moved name each field: one added later and not copied fails here."""
-    p = Progress(iters_per_epoch=10, max_epochs=3, epoch=1, iter_in_epoch=2, global_step=12, samples_seen=96,
-                 step_limit=25)
+    p = Progress(
+        iters_per_epoch=10, max_epochs=3, epoch=1, iter_in_epoch=2, global_step=12, samples_seen=96, step_limit=25
+    )
     assert p.advanced(3, 24) == attrs.evolve(p, iter_in_epoch=5, global_step=15, samples_seen=120)
     assert {f.name for f in attrs.fields(Progress)} == {
-        "iters_per_epoch", "max_epochs", "epoch", "iter_in_epoch", "global_step", "samples_seen", "step_limit"}
-    s = State(p, rank=1, world_size=2, metrics={"a": 1.0}, best={"a": 1.0}, config={"k": 2}, slots=(1, 2), slot=3,
-              position="AfterStep", stop="plateau")
+        "iters_per_epoch",
+        "max_epochs",
+        "epoch",
+        "iter_in_epoch",
+        "global_step",
+        "samples_seen",
+        "step_limit",
+    }
+    s = State(
+        p,
+        rank=1,
+        world_size=2,
+        metrics={"a": 1.0},
+        best={"a": 1.0},
+        config={"k": 2},
+        slots=(1, 2),
+        slot=3,
+        position="AfterStep",
+        stop="plateau",
+    )
     q = p.advanced(1, 8)
-    assert s.moved(q, "BeforeStep", (4, 5), None) == attrs.evolve(s, progress=q, position="BeforeStep", slots=(4, 5),
-                                                                  slot=None)
+    assert s.moved(q, "BeforeStep", (4, 5), None) == attrs.evolve(
+        s, progress=q, position="BeforeStep", slots=(4, 5), slot=None
+    )
     assert s.with_slot(9) == attrs.evolve(s, slot=9)
     assert {f.name for f in attrs.fields(State)} == {
-        "progress", "rank", "world_size", "metrics", "best", "config", "slots", "slot", "position", "stop"}
+        "progress",
+        "rank",
+        "world_size",
+        "metrics",
+        "best",
+        "config",
+        "slots",
+        "slot",
+        "position",
+        "stop",
+    }
 
 
 def test_the_folds_copies_validate_what_they_build():

@@ -59,7 +59,11 @@ class Plain:
         d = protocol.declared(hook)
         self.hook, self.events, self.every, self.accumulate = hook, d.events, d.every, d.accumulate
         self.reads_outputs, self.rank_consistent, self.emits, self.hook_key = (
-            d.reads_outputs, d.rank_consistent, d.emits, d.key)
+            d.reads_outputs,
+            d.rank_consistent,
+            d.emits,
+            d.key,
+        )
         self.reads_metrics = d.reads_metrics
 
     def init(self):
@@ -75,8 +79,16 @@ def _val(model):
 
 def _pool():
     return [
-        Count("a"), Count("b", 3), log_every(2), early_stop("m", patience=2), step_scheduler("epoch"),
-        step_scheduler(on="m"), ema(0.9, every=2), progress_bar(2), save_every(3), evaluate_every(2, _val, name="v"),
+        Count("a"),
+        Count("b", 3),
+        log_every(2),
+        early_stop("m", patience=2),
+        step_scheduler("epoch"),
+        step_scheduler(on="m"),
+        ema(0.9, every=2),
+        progress_bar(2),
+        save_every(3),
+        evaluate_every(2, _val, name="v"),
     ]
 
 

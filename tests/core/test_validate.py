@@ -12,22 +12,53 @@ from pimm_fn.core import validate as v
 from pimm_fn.core.effects import Effect, SaveCheckpoint
 
 
-@pytest.mark.parametrize("validator, good, bad, error, message", [
-    (v.int_at_least(1), [1, 7], [0, -3, 1.0, "2", True, None], ValueError, "f: 'x' must be an int >= 1 (got {!r})"),
-    (v.number(at_least=0), [0, 0.5, 10**6], [-0.1, math.nan, math.inf, True, "1"], ValueError,
-     "f: 'x' must be a finite number >= 0 (got {!r})"),
-    (v.number(at_least=0, below=1), [0, 0.999], [1, 1.0, -1e-9, math.nan], ValueError,
-     "f: 'x' must be a number in [0, 1) (got {!r})"),
-    (v.one_of("max", "min"), ["max", "min"], ["MAX", 1, None], ValueError, "f: 'x' must be one of ['max', 'min'] (got {!r})"),
-    (v.is_bool, [True, False], [0, 1, "true", "no", None], TypeError, "f: 'x' must be a bool (got {!r})"),
-    (v.non_empty_str, ["a"], ["", None, b"a", 3], TypeError, "f: 'x' must be a non-empty str (got {!r})"),
-    (v.is_callable, [print, len], [3, None, "print"], TypeError, "f: 'x' must be callable (got {!r})"),
-    (v.subclass_of(Effect), [Effect, SaveCheckpoint], [Effect(), "SaveCheckpoint", int], TypeError,
-     "f: 'x' must be a subclass of Effect (got {!r})"),
-    (v.optional(v.int_at_least(0)), [None, 0, 3], [-1, "3", False], ValueError,
-     "f: 'x' must be None or an int >= 0 (got {!r})"),
-])
-def test_each_validator_accepts_what_it_says_and_names_argument_and_value_otherwise(validator, good, bad, error, message):
+@pytest.mark.parametrize(
+    "validator, good, bad, error, message",
+    [
+        (v.int_at_least(1), [1, 7], [0, -3, 1.0, "2", True, None], ValueError, "f: 'x' must be an int >= 1 (got {!r})"),
+        (
+            v.number(at_least=0),
+            [0, 0.5, 10**6],
+            [-0.1, math.nan, math.inf, True, "1"],
+            ValueError,
+            "f: 'x' must be a finite number >= 0 (got {!r})",
+        ),
+        (
+            v.number(at_least=0, below=1),
+            [0, 0.999],
+            [1, 1.0, -1e-9, math.nan],
+            ValueError,
+            "f: 'x' must be a number in [0, 1) (got {!r})",
+        ),
+        (
+            v.one_of("max", "min"),
+            ["max", "min"],
+            ["MAX", 1, None],
+            ValueError,
+            "f: 'x' must be one of ['max', 'min'] (got {!r})",
+        ),
+        (v.is_bool, [True, False], [0, 1, "true", "no", None], TypeError, "f: 'x' must be a bool (got {!r})"),
+        (v.non_empty_str, ["a"], ["", None, b"a", 3], TypeError, "f: 'x' must be a non-empty str (got {!r})"),
+        (v.is_callable, [print, len], [3, None, "print"], TypeError, "f: 'x' must be callable (got {!r})"),
+        (
+            v.subclass_of(Effect),
+            [Effect, SaveCheckpoint],
+            [Effect(), "SaveCheckpoint", int],
+            TypeError,
+            "f: 'x' must be a subclass of Effect (got {!r})",
+        ),
+        (
+            v.optional(v.int_at_least(0)),
+            [None, 0, 3],
+            [-1, "3", False],
+            ValueError,
+            "f: 'x' must be None or an int >= 0 (got {!r})",
+        ),
+    ],
+)
+def test_each_validator_accepts_what_it_says_and_names_argument_and_value_otherwise(
+    validator, good, bad, error, message
+):
     """Good values come back unchanged; each bad one raises the validator's error with owner, argument and value."""
     for value in good:
         assert validator.check(value, "x", owner="f") is value
@@ -48,8 +79,11 @@ def test_a_hint_ends_the_message_with_the_fix():
 def test_duck_typed_objects_are_named_with_what_they_lack():
     """has_methods says which methods are missing, and that a class is not an instance."""
     scheduler = v.has_methods("step", "state_dict", expected="a scheduler")
-    with pytest.raises(TypeError, match=r"'s' must be a scheduler, with step\(\), state_dict\(\) \(got \[1\]\); "
-                                        r"it has no step\(\), state_dict\(\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"'s' must be a scheduler, with step\(\), state_dict\(\) \(got \[1\]\); "
+        r"it has no step\(\), state_dict\(\)",
+    ):
         scheduler.check([1], "s")
     with pytest.raises(TypeError, match="a class, not an instance of it"):
         scheduler.check(type("Sched", (), {"step": lambda self: 0, "state_dict": lambda self: {}}), "s")
@@ -90,10 +124,19 @@ def test_as_attrs_validators_they_name_the_factory_and_the_argument_as_spelled()
 
 def test_validators_are_values_with_a_call_like_repr_equality_and_pickle():
     """A validator reads like its factory call, compares by value and survives pickling (spawned processes)."""
-    built = [v.int_at_least(1), v.optional(v.number(at_least=0, below=1)), v.one_of("a", "b"), v.is_bool,
-             v.mapping_of(v.non_empty_str, v.is_callable), v.subclass_of(Effect)]
+    built = [
+        v.int_at_least(1),
+        v.optional(v.number(at_least=0, below=1)),
+        v.one_of("a", "b"),
+        v.is_bool,
+        v.mapping_of(v.non_empty_str, v.is_callable),
+        v.subclass_of(Effect),
+    ]
     assert [repr(x) for x in built[:3]] == [
-        "int_at_least(1)", "optional(number(at_least=0, below=1))", "one_of('a', 'b')"]
+        "int_at_least(1)",
+        "optional(number(at_least=0, below=1))",
+        "one_of('a', 'b')",
+    ]
     for validator in built:
         assert pickle.loads(pickle.dumps(validator)) == validator
     assert v.int_at_least(1) == v.int_at_least(1) != v.int_at_least(2)
@@ -112,9 +155,12 @@ def test_int_at_least_accepts_exactly_the_ints_in_range(value):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**400, 10**400), st.booleans()))
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**400), 10**400), st.booleans()))
 def test_finite_is_true_exactly_for_real_finite_non_bool_numbers(value):
     """finite() never raises: NaN, +/-inf, bools and ints too large for a float are not finite numbers."""
-    expected = not isinstance(value, bool) and abs(value) < math.inf if not isinstance(value, int) else (
-        not isinstance(value, bool) and abs(value) <= 1.7976931348623157e308)
+    expected = (
+        not isinstance(value, bool) and abs(value) < math.inf
+        if not isinstance(value, int)
+        else (not isinstance(value, bool) and abs(value) <= 1.7976931348623157e308)
+    )
     assert v.finite(value) is bool(expected)

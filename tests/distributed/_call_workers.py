@@ -39,9 +39,11 @@ class AskEveryScope:
     every: ClassVar[int] = EVERY
 
     def __call__(self, state, event):
-        return state, (Call.of(record, event.step, args=("main",)),
-                       Call.of(record, event.step, args=("every",), scope=Scope.LOCAL),
-                       Call.of(sum_ranks, event.step, scope=Scope.COLLECTIVE))
+        return state, (
+            Call.of(record, event.step, args=("main",)),
+            Call.of(record, event.step, args=("every",), scope=Scope.LOCAL),
+            Call.of(sum_ranks, event.step, scope=Scope.COLLECTIVE),
+        )
 
 
 def call_on_scopes(rank, world, out, *, save_dir, tag):
@@ -49,9 +51,16 @@ def call_on_scopes(rank, world, out, *, save_dir, tag):
     torch.manual_seed(0)
     model = Net()
     hooks = [AskEveryScope()]
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(rank, world), hooks=hooks,
-                  max_epochs=1, save_dir=save_dir, watching=pf.Watching(console=False, progress=False),
-                  parallel=pf.Parallel(ddp=True))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        loader(rank, world),
+        hooks=hooks,
+        max_epochs=1,
+        save_dir=save_dir,
+        watching=pf.Watching(console=False, progress=False),
+        parallel=pf.Parallel(ddp=True),
+    )
     run()
     planned = pf.plan(hooks, iters_per_epoch=run.state.progress.iters_per_epoch, max_epochs=1)
     _dump(out, tag, rank, {"executed": [e.effect for e in run.trace], "planned": [e.effect for e in planned]})

@@ -73,10 +73,23 @@ def _state(run, kind) -> dict:
 def train(rank, world, out, *, kind, save_dir, tag, kill_after=None, kill_rank=1, marker=None):
     """Train the tiny run with ``resume="auto"``; rank ``kill_rank`` SIGKILLs itself after ``kill_after`` steps, once."""
     model, optimizer, extra = KINDS[kind]()
-    run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for("standard"), max_epochs=MAX_EPOCHS,
-                  save_dir=save_dir, resume="auto", watching=pf.Watching(console=False), **extra)
-    result = {"rank": rank, "world": world, "restored": _state(run, kind),
-              "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(rank, world),
+        hooks=hooks_for("standard"),
+        max_epochs=MAX_EPOCHS,
+        save_dir=save_dir,
+        resume="auto",
+        watching=pf.Watching(console=False),
+        **extra,
+    )
+    result = {
+        "rank": rank,
+        "world": world,
+        "restored": _state(run, kind),
+        "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    }
     if kill_after is not None and rank == kill_rank and not pathlib.Path(marker).exists():
         run.run(steps=kill_after)
         pathlib.Path(marker).write_text(f"rank {rank} killed after step {run.state.progress.global_step}\n")
@@ -111,13 +124,23 @@ def node_local(rank, world, out, *, nodes, tag):
     shared = pathlib.Path(nodes[0]) / "run" / "model"
     save_checkpoint_async(shared, step=1, weights=weights, trainer=trainer, local=local).wait()
     result = {"rank": rank, "host": socket.gethostname()}
-    result["sync"] = _outcome(lambda: save_checkpoint("run/model", step=2, weights=weights, trainer=trainer,
-                                                      local=local))
-    result["async"] = _outcome(lambda: save_checkpoint_async("run/model", step=3, weights=weights, trainer=trainer,
-                                                             local=local).wait())
+    result["sync"] = _outcome(
+        lambda: save_checkpoint("run/model", step=2, weights=weights, trainer=trainer, local=local)
+    )
+    result["async"] = _outcome(
+        lambda: save_checkpoint_async("run/model", step=3, weights=weights, trainer=trainer, local=local).wait()
+    )
     model, optimizer, extra = _ddp()
-    run = pf.loop(model, optimizer, loader(rank, world), hooks=[pf.save_every(4)], max_epochs=1, save_dir="loop",
-                  watching=pf.Watching(console=False), **extra)
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(rank, world),
+        hooks=[pf.save_every(4)],
+        max_epochs=1,
+        save_dir="loop",
+        watching=pf.Watching(console=False),
+        **extra,
+    )
     result["loop"] = _outcome(run.run)
     result["loop_step"] = run.state.progress.global_step
     result["latest"] = [getattr(latest_checkpoint(d), "step", None) for d in ("run/model", "loop/model")]

@@ -24,8 +24,7 @@ CLASSES = 3
 def data() -> TensorDataset:
     """Inputs, labels and each sample's index (to see that no sample is counted twice)."""
     g = torch.Generator().manual_seed(5)
-    return TensorDataset(torch.randn(N, 4, generator=g), torch.randint(0, CLASSES, (N,), generator=g),
-                         torch.arange(N))
+    return TensorDataset(torch.randn(N, 4, generator=g), torch.randint(0, CLASSES, (N,), generator=g), torch.arange(N))
 
 
 def classifier() -> nn.Module:
@@ -72,17 +71,28 @@ def evaluate(rank, world, out, *, save_dir, tag):
     result["totals"] = totals(model)
     result["mean"] = pf.loader_evaluator(_padded_loader(rank, world), sums, forward=forward)(model)
     metric = torchmetrics.classification.MulticlassAccuracy(num_classes=CLASSES, average="micro")
-    result["torchmetrics"] = pf.loader_evaluator(_padded_loader(rank, world), {"acc": metric}, forward=forward,
-                                                 target=target, name="tm")(model)
+    result["torchmetrics"] = pf.loader_evaluator(
+        _padded_loader(rank, world), {"acc": metric}, forward=forward, target=target, name="tm"
+    )(model)
     result["sharded"] = _sharded_totals(world) if world > 1 else result["totals"]
     val = pf.loader_evaluator(_padded_loader(rank, world), sums, forward=forward)
-    train = DataLoader(data(), batch_size=2, sampler=DistributedSampler(data(), num_replicas=world, rank=rank,
-                                                                         shuffle=False) if world > 1 else None)
+    train = DataLoader(
+        data(),
+        batch_size=2,
+        sampler=DistributedSampler(data(), num_replicas=world, rank=rank, shuffle=False) if world > 1 else None,
+    )
     model = classifier()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.5), train, step_fn=step,
-                  hooks=[pf.evaluate_every(1, val), pf.best_on("val/correct")], max_epochs=2, save_dir=save_dir,
-                  watching=pf.Watching(console=False, progress=False, sanity_check=1),
-                  parallel=pf.Parallel(ddp=world > 1))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        train,
+        step_fn=step,
+        hooks=[pf.evaluate_every(1, val), pf.best_on("val/correct")],
+        max_epochs=2,
+        save_dir=save_dir,
+        watching=pf.Watching(console=False, progress=False, sanity_check=1),
+        parallel=pf.Parallel(ddp=world > 1),
+    )
     run()
     result["best"] = dict(run.state.best)
     result["test best"] = run.test(val, weights="best")
@@ -91,9 +101,16 @@ def evaluate(rank, world, out, *, save_dir, tag):
     result["best weights"] = checkpoint.load_weights_file(f"{save_dir}/model/model_best.pth")
     other = classifier()
     try:
-        pf.loop(other, torch.optim.SGD(other.parameters(), lr=0.5), train, step_fn=step,
-                hooks=[pf.evaluate_every(1, val), pf.best_on("val/corect")], max_epochs=1, save_dir=f"{save_dir}-typo",
-                watching=pf.Watching(console=False, progress=False, sanity_check=1))
+        pf.loop(
+            other,
+            torch.optim.SGD(other.parameters(), lr=0.5),
+            train,
+            step_fn=step,
+            hooks=[pf.evaluate_every(1, val), pf.best_on("val/corect")],
+            max_epochs=1,
+            save_dir=f"{save_dir}-typo",
+            watching=pf.Watching(console=False, progress=False, sanity_check=1),
+        )
         result["typo"] = None
     except ValueError as error:
         result["typo"] = str(error)
@@ -102,9 +119,16 @@ def evaluate(rank, world, out, *, save_dir, tag):
         bare = classifier()
         watching = pf.Watching(console=False, progress=False, sanity_check=sanity)
         try:
-            run = pf.loop(bare, torch.optim.SGD(bare.parameters(), lr=0.5), train, step_fn=step,
-                          hooks=[pf.evaluate_every(2, val), pf.best_on("correct")], max_epochs=1,
-                          save_dir=f"{save_dir}-bare-{sanity}", watching=watching)
+            run = pf.loop(
+                bare,
+                torch.optim.SGD(bare.parameters(), lr=0.5),
+                train,
+                step_fn=step,
+                hooks=[pf.evaluate_every(2, val), pf.best_on("correct")],
+                max_epochs=1,
+                save_dir=f"{save_dir}-bare-{sanity}",
+                watching=watching,
+            )
             run()
             result["bare"][sanity] = None
         except ValueError as error:
@@ -112,9 +136,16 @@ def evaluate(rank, world, out, *, save_dir, tag):
     if world > 1:  # rank 0 alone has an evaluator: both ranks refuse in the sanity check, neither waits in it
         other = classifier()
         try:
-            pf.loop(other, torch.optim.SGD(other.parameters(), lr=0.5), train, step_fn=step, max_epochs=1,
-                    hooks=[pf.evaluate_every(1, val)] if rank == 0 else [], save_dir=f"{save_dir}-diverged",
-                    watching=pf.Watching(console=False, progress=False))()
+            pf.loop(
+                other,
+                torch.optim.SGD(other.parameters(), lr=0.5),
+                train,
+                step_fn=step,
+                max_epochs=1,
+                hooks=[pf.evaluate_every(1, val)] if rank == 0 else [],
+                save_dir=f"{save_dir}-diverged",
+                watching=pf.Watching(console=False, progress=False),
+            )()
             result["diverged"] = None
         except pf.CollectiveDivergenceError as error:
             result["diverged"] = str(error)

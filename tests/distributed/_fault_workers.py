@@ -27,8 +27,14 @@ from _disk_faults import damage, full_disk  # noqa: E402
 
 # Chosen for agreement: rank 1's data file overwritten at the same size passes rank 0's size check and fails
 # only where it is read; the others are told by the sizes the marker records, on rank 0.
-DAMAGES = [("trainer/__1_0.distcp", "garbage"), ("trainer/__1_0.distcp", "delete"), ("trainer/__0_0.distcp", "zeros"),
-           ("trainer/.metadata", "garbage"), ("model.pth", "truncate"), ("COMPLETE", "garbage")]
+DAMAGES = [
+    ("trainer/__1_0.distcp", "garbage"),
+    ("trainer/__1_0.distcp", "delete"),
+    ("trainer/__0_0.distcp", "zeros"),
+    ("trainer/.metadata", "garbage"),
+    ("model.pth", "truncate"),
+    ("COMPLETE", "garbage"),
+]
 # (file that fills up, background save): a write of rank 1 only, of rank 0 only, and the marker of a background save.
 FULL = [("__1_0.distcp", False), ("model.pth", False), ("COMPLETE", True)]
 
@@ -37,9 +43,18 @@ def _build(rank, world, save_dir, *, resume=None, async_save=False, fmt="standar
     torch.manual_seed(0)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    run = pf.loop(model, optimizer, loader(rank, world), hooks=[pf.save_every(4, snapshots=True, async_save=async_save)],
-                  max_epochs=2, save_dir=save_dir, resume=resume, saving=pf.Saving(checkpoint_format=fmt),
-                  watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(rank, world),
+        hooks=[pf.save_every(4, snapshots=True, async_save=async_save)],
+        max_epochs=2,
+        save_dir=save_dir,
+        resume=resume,
+        saving=pf.Saving(checkpoint_format=fmt),
+        watching=pf.Watching(console=False),
+        parallel=pf.Parallel(ddp=True),
+    )
     return model, run
 
 
@@ -61,7 +76,9 @@ def faults(rank, world, out, *, save_dir, tag):
     for name, how in DAMAGES:
         result["damaged"][f"{name}:{how}"] = _damaged(rank, world, root, name, how, final)
     for site, background in FULL:
-        result["full"][f"{site}:{background}"] = _full(rank, world, root / f"full-{site}-{background}", site, background, final)
+        result["full"][f"{site}:{background}"] = _full(
+            rank, world, root / f"full-{site}-{background}", site, background, final
+        )
     return _dump(out, tag, rank, result)
 
 

@@ -23,9 +23,18 @@ from _pointer_layout import Note, PointerReader  # noqa: E402
 def _loop(rank, world, save_dir, *, resume=None, handlers=None, max_epochs=2):
     torch.manual_seed(0)
     model = Net()
-    return pf.loop(model, torch.optim.AdamW(model.parameters(), lr=0.01), loader(rank, world), hooks=[pf.save_every(4)],
-                   max_epochs=max_epochs, save_dir=save_dir, resume=resume, handlers=handlers,
-                   watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
+    return pf.loop(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=0.01),
+        loader(rank, world),
+        hooks=[pf.save_every(4)],
+        max_epochs=max_epochs,
+        save_dir=save_dir,
+        resume=resume,
+        handlers=handlers,
+        watching=pf.Watching(console=False),
+        parallel=pf.Parallel(ddp=True),
+    )
 
 
 def foreign(rank, world, out, *, save_dir, tag):
@@ -39,7 +48,9 @@ def foreign(rank, world, out, *, save_dir, tag):
     reader = PointerReader()
     handlers = {Note: reader}
     result = {"rank": rank}
-    step = lambda save_dir, resume: _loop(rank, world, save_dir, resume=resume, handlers=handlers).state.progress.global_step
+    step = lambda save_dir, resume: (
+        _loop(rank, world, save_dir, resume=resume, handlers=handlers).state.progress.global_step
+    )
     result["auto over toy"] = step(root / "toy", "auto")
     result["path to toy"] = step(root / "b", toy)
     try:

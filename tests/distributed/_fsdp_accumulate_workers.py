@@ -29,10 +29,18 @@ def _run(rank, world, save_dir, *, kind: str, resume=None):
     model = build_model(kind)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     accumulate = kind == "fsdp"
-    run = pf.loop(model, optimizer, _loader(rank, world, 4 if accumulate else 8), hooks=[pf.save_every(2)],
-                  max_epochs=EPOCHS, save_dir=save_dir, resume=resume,
-                  step_fn=pf.TrainStep(accumulate=2) if accumulate else None,
-                  watching=pf.Watching(console=False, progress=False), parallel=pf.Parallel(ddp=kind == "ddp"))
+    run = pf.loop(
+        model,
+        optimizer,
+        _loader(rank, world, 4 if accumulate else 8),
+        hooks=[pf.save_every(2)],
+        max_epochs=EPOCHS,
+        save_dir=save_dir,
+        resume=resume,
+        step_fn=pf.TrainStep(accumulate=2) if accumulate else None,
+        watching=pf.Watching(console=False, progress=False),
+        parallel=pf.Parallel(ddp=kind == "ddp"),
+    )
     return model, optimizer, run
 
 

@@ -19,8 +19,16 @@ def _run(rank, world, save_dir, resume=None):
     model = fw.build_model("fsdp")
     optimizer = fw.build_optimizer(model, "adam")
     hooks = [pf.evaluate_every(4, fw.val_loss, name="val"), pf.save_every(SAVED_AT), pf.best_on("val_loss", mode="min")]
-    run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=MAX_EPOCHS, save_dir=save_dir,
-                  resume=resume, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(rank, world),
+        hooks=hooks,
+        max_epochs=MAX_EPOCHS,
+        save_dir=save_dir,
+        resume=resume,
+        watching=pf.Watching(console=False),
+    )
     return model, optimizer, run
 
 

@@ -65,19 +65,44 @@ def full_state(model, optimizer) -> dict:
     return copy.deepcopy({"weights": weights, "optimizer": optim})  # plain CPU tensors come back uncopied
 
 
-def train(rank, world, out, *, save_dir, tag, kind="fsdp", optim="adam", resume=None, steps=None,
-          save_every=5, weights_file=True, async_save=False, kill_after=None):
+def train(
+    rank,
+    world,
+    out,
+    *,
+    save_dir,
+    tag,
+    kind="fsdp",
+    optim="adam",
+    resume=None,
+    steps=None,
+    save_every=5,
+    weights_file=True,
+    async_save=False,
+    kill_after=None,
+):
     """Train (maybe resuming, maybe part of the run), dumping the gathered state restored and reached."""
     if not td.is_initialized():
         td.init_process_group(backend="gloo")
     model = build_model(kind)
     optimizer = build_optimizer(model, optim)
-    hooks = [pf.evaluate_every(4, val_loss, name="val"), pf.save_every(save_every, async_save=async_save),
-             pf.best_on("val_loss", mode="min")]
-    run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=MAX_EPOCHS, save_dir=save_dir,
-                  resume=resume,
-                  saving=pf.Saving(weights_file=weights_file),
-                  watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=kind == "ddp"))
+    hooks = [
+        pf.evaluate_every(4, val_loss, name="val"),
+        pf.save_every(save_every, async_save=async_save),
+        pf.best_on("val_loss", mode="min"),
+    ]
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(rank, world),
+        hooks=hooks,
+        max_epochs=MAX_EPOCHS,
+        save_dir=save_dir,
+        resume=resume,
+        saving=pf.Saving(weights_file=weights_file),
+        watching=pf.Watching(console=False),
+        parallel=pf.Parallel(ddp=kind == "ddp"),
+    )
     # Gathering a fresh optimizer's state would create it (a zero step): only a resumed one is read.
     restored = full_state(model, optimizer) if resume is not None else None
     result = {"rank": rank, "world": world, "restored": restored, "restored_progress": run.state.progress}
@@ -87,7 +112,10 @@ def train(rank, world, out, *, save_dir, tag, kind="fsdp", optim="adam", resume=
         os.kill(os.getpid(), signal.SIGKILL)
     run.run(steps=steps)
     run.ctx.wait_for_save()
-    result.update(final=full_state(model, optimizer), progress=run.state.progress,
-                  trace=[repr(entry.effect) for entry in run.trace if entry.effect.__class__.__name__ != "WriteBest"],
-                  best=dict(run.state.best))
+    result.update(
+        final=full_state(model, optimizer),
+        progress=run.state.progress,
+        trace=[repr(entry.effect) for entry in run.trace if entry.effect.__class__.__name__ != "WriteBest"],
+        best=dict(run.state.best),
+    )
     _dump(out, tag, rank, result)

@@ -50,7 +50,9 @@ class Ranks:
         return self
 
     def report(self) -> str:
-        return "\n".join(f"--- rank {r} (exit {c}) ---\n{log[-6000:]}" for r, (c, log) in enumerate(zip(self.codes, self.logs)))
+        return "\n".join(
+            f"--- rank {r} (exit {c}) ---\n{log[-6000:]}" for r, (c, log) in enumerate(zip(self.codes, self.logs))
+        )
 
 
 def run_ranks(function: str, world: int, out, *, timeout: float = 60, grace: float = 10, **kwargs) -> Ranks:
@@ -80,11 +82,15 @@ def run_ranks(function: str, world: int, out, *, timeout: float = 60, grace: flo
     procs = []
     for rank, path in enumerate(paths):
         with open(path, "w") as log:
-            procs.append(subprocess.Popen(
-                [sys.executable, str(HERE / "_workers.py"), function, str(rank), str(world), str(out), args],
-                cwd=REPO, env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                stdout=log, stderr=subprocess.STDOUT,
-            ))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, str(HERE / "_workers.py"), function, str(rank), str(world), str(out), args],
+                    cwd=REPO,
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
     failed_at = None
     try:
         while any(p.poll() is None for p in procs):
@@ -108,7 +114,9 @@ def run_ranks(function: str, world: int, out, *, timeout: float = 60, grace: flo
             if p.poll() is None:
                 p.kill()
             p.wait()
-    return Ranks(tuple(p.returncode for p in procs), tuple(path.read_text() for path in paths), time.monotonic() - start)
+    return Ranks(
+        tuple(p.returncode for p in procs), tuple(path.read_text() for path in paths), time.monotonic() - start
+    )
 
 
 def results(out, tag, world) -> list:

@@ -28,16 +28,26 @@ def differing_records(rank, world, out, *, save_dir, tag):
     for case, extra in (("same", {"extra": float(rank)}), ("names", {"extra": 1.0} if rank == 1 else {})):
         torch.manual_seed(0)
         model = Net()
-        run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(rank, world),
-                      hooks=[pf.log_every(2)], max_epochs=1, save_dir=f"{save_dir}/{case}",
-                      step_fn=_step_adding(extra), parallel=pf.Parallel(ddp=True),
-                      watching=pf.Watching(console=False, log_reduce="mean", progress=False))
+        run = pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.01),
+            loader(rank, world),
+            hooks=[pf.log_every(2)],
+            max_epochs=1,
+            save_dir=f"{save_dir}/{case}",
+            step_fn=_step_adding(extra),
+            parallel=pf.Parallel(ddp=True),
+            watching=pf.Watching(console=False, log_reduce="mean", progress=False),
+        )
         try:
             run()
             results[case] = {"step": run.state.progress.global_step, "history": run.history.records()}
         except Exception as error:  # noqa: BLE001 - what each rank raised is the result
-            results[case] = {"step": run.state.progress.global_step, "error": type(error).__name__,
-                             "message": str(error)}
+            results[case] = {
+                "step": run.state.progress.global_step,
+                "error": type(error).__name__,
+                "message": str(error),
+            }
     _dump(out, tag, rank, results)
     if not td.is_initialized():  # ranks failing at different effects shut the group down (runtime/peers.py)
         time.sleep(1)  # rank 0 hosts the store: let the peer finish reading the failure reports

@@ -23,10 +23,16 @@ def log_over_ranks(rank, world, out, *, save_dir, tag):
             return state, ()
 
         record.events, record.every = (pf.events.AfterStep,), EVERY
-        run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(rank, world),
-                      hooks=[pf.log_every(EVERY), record], max_epochs=1, save_dir=f"{save_dir}/{reduce}",
-                      watching=pf.Watching(console=False, log_reduce=reduce, progress=rank == 0),
-                      parallel=pf.Parallel(ddp=True))  # rank 0 decides: a bar
+        run = pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.01),
+            loader(rank, world),
+            hooks=[pf.log_every(EVERY), record],
+            max_epochs=1,
+            save_dir=f"{save_dir}/{reduce}",
+            watching=pf.Watching(console=False, log_reduce=reduce, progress=rank == 0),
+            parallel=pf.Parallel(ddp=True),
+        )  # rank 0 decides: a bar
         run()
         last = repr(run.hooks.hooks[-1])
         results[str(reduce)] = {"seen": seen, "history": run.history.records(), "last hook": last}

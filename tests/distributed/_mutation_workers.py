@@ -54,16 +54,30 @@ def _republish(genuine: pathlib.Path, model_dir: pathlib.Path, mutation, shards:
         entries[key] = Payload(marker)
     elif what == "rank1" and td.get_rank() == 1:
         local[key] = value
-    return save_checkpoint(model_dir, step=loaded.info.step, weights=dict(loaded.weights), trainer=trainer,
-                           local=local, sharded=entries or None).path
+    return save_checkpoint(
+        model_dir,
+        step=loaded.info.step,
+        weights=dict(loaded.weights),
+        trainer=trainer,
+        local=local,
+        sharded=entries or None,
+    ).path
 
 
 def _resume(path: pathlib.Path, into: str, save_dir: pathlib.Path, rank: int, world: int) -> str:
     model = build_model(into)
     try:
-        run = pf.loop(model, build_optimizer(model, "adam"), loader(rank, world), hooks=[pf.save_every(100)],
-                      max_epochs=2, save_dir=save_dir, resume=str(path),
-                      watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=into == "ddp"))
+        run = pf.loop(
+            model,
+            build_optimizer(model, "adam"),
+            loader(rank, world),
+            hooks=[pf.save_every(100)],
+            max_epochs=2,
+            save_dir=save_dir,
+            resume=str(path),
+            watching=pf.Watching(console=False),
+            parallel=pf.Parallel(ddp=into == "ddp"),
+        )
         run.run(steps=1)
     except (pf.CheckpointError, pf.ResumeError) as exc:
         return f"{type(exc).__name__}: {exc}"
@@ -77,8 +91,16 @@ def mutated(rank, world, out, *, root):
     for kind in ("ddp", "fsdp"):
         model = build_model(kind)
         optimizer = build_optimizer(model, "adam")
-        pf.loop(model, optimizer, loader(rank, world), hooks=[pf.save_every(100)], max_epochs=1,
-                save_dir=root / kind, watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=kind == "ddp"))()
+        pf.loop(
+            model,
+            optimizer,
+            loader(rank, world),
+            hooks=[pf.save_every(100)],
+            max_epochs=1,
+            save_dir=root / kind,
+            watching=pf.Watching(console=False),
+            parallel=pf.Parallel(ddp=kind == "ddp"),
+        )()
         genuine = root / kind / "model" / "last"
         shards = sharded.state(model, optimizer)[0] if kind == "fsdp" else {}
         for name, mutation in MUTATIONS.items():

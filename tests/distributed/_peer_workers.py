@@ -27,10 +27,17 @@ def _show(fail: bool):
 def _run(save_dir, fail: bool):
     torch.manual_seed(0)
     model = Net()
-    return pf.loop(model, torch.optim.AdamW(model.parameters(), lr=0.01), loader(pf.dist.rank(), pf.dist.world_size()),
-                   hooks=[pf.log_every(2), pf.save_every(4)], max_epochs=2, save_dir=save_dir,
-                   watching=pf.Watching(console=False, log_reduce="mean"),  # every rank runs each training Log
-                   parallel=pf.Parallel(ddp=True), handlers={Log: _show(fail)})
+    return pf.loop(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=0.01),
+        loader(pf.dist.rank(), pf.dist.world_size()),
+        hooks=[pf.log_every(2), pf.save_every(4)],
+        max_epochs=2,
+        save_dir=save_dir,
+        watching=pf.Watching(console=False, log_reduce="mean"),  # every rank runs each training Log
+        parallel=pf.Parallel(ddp=True),
+        handlers={Log: _show(fail)},
+    )
 
 
 def log_fails_alike(rank, world, out, *, save_dir, tag):

@@ -37,10 +37,19 @@ def build(rank, world, save_dir, resume=None):
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     hooks = [pf.evaluate_every(5, _val, name="val"), pf.save_every(4)]
-    run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=MAX_EPOCHS, save_dir=save_dir,
-                  resume=resume, parallel=pf.Parallel(ddp=True), watching=pf.Watching(console=True, progress=False),
-                  # compared every 2 steps (by default rank 0 picks about one a second: longer than this whole run)
-                  preemption=pf.Preemption(check_every=2))
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(rank, world),
+        hooks=hooks,
+        max_epochs=MAX_EPOCHS,
+        save_dir=save_dir,
+        resume=resume,
+        parallel=pf.Parallel(ddp=True),
+        watching=pf.Watching(console=True, progress=False),
+        # compared every 2 steps (by default rank 0 picks about one a second: longer than this whole run)
+        preemption=pf.Preemption(check_every=2),
+    )
     return model, run
 
 
@@ -73,8 +82,9 @@ def torchrun_main(out: str, save_dir: str) -> None:
         code, stopped = 0, None
     except pf.Preempted as preempted:
         code, stopped = preempted.code, {"step": preempted.step, "reason": preempted.reason}
-    (pathlib.Path(out) / f"stopped-rank{rank}.json").write_text(json.dumps(
-        {"rank": rank, "code": code, "stopped": stopped, "checks": run.ctx.stopping.checks}))
+    (pathlib.Path(out) / f"stopped-rank{rank}.json").write_text(
+        json.dumps({"rank": rank, "code": code, "stopped": stopped, "checks": run.ctx.stopping.checks})
+    )
     sys.stdout.flush()
     os._exit(code)
 
@@ -131,8 +141,11 @@ def groups_after_run(rank, world, out, *, save_dir, ending, tag):
     torch.manual_seed(0)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    hooks = [pf.save_every(3, async_save=True), *([_StopAt(5)] if ending == "early stop" else []),
-             *([_RaiseAt(5, (0, 1))] if ending == "exception" else [])]
+    hooks = [
+        pf.save_every(3, async_save=True),
+        *([_StopAt(5)] if ending == "early stop" else []),
+        *([_RaiseAt(5, (0, 1))] if ending == "exception" else []),
+    ]
     seen = {"before": (_groups(), _threads()), "during": 0, "after": []}
 
     def count(module, args):
@@ -143,9 +156,17 @@ def groups_after_run(rank, world, out, *, save_dir, ending, tag):
 
     calls = []
     model.register_forward_pre_hook(count)
-    run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=2, save_dir=save_dir,
-                  parallel=pf.Parallel(ddp=True), watching=pf.Watching(console=False, progress=False),
-                  preemption=pf.Preemption(check_every=1))
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(rank, world),
+        hooks=hooks,
+        max_epochs=2,
+        save_dir=save_dir,
+        parallel=pf.Parallel(ddp=True),
+        watching=pf.Watching(console=False, progress=False),
+        preemption=pf.Preemption(check_every=1),
+    )
     for _ in range(2):  # an exception leaves run(), which is then continued; the others end at once
         try:
             run()

@@ -37,13 +37,27 @@ def accumulate(rank, world, out, *, k, tag):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     stepped = []
     optimizer.register_step_post_hook(lambda *args: stepped.append(1))
-    run = pf.loop(model, optimizer, loader(rank, world), max_epochs=MAX_EPOCHS, watching=pf.Watching(console=False),
-                  step_fn=pf.TrainStep(accumulate=k))
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(rank, world),
+        max_epochs=MAX_EPOCHS,
+        watching=pf.Watching(console=False),
+        step_fn=pf.TrainStep(accumulate=k),
+    )
     run()
-    _dump(out, tag, rank, {
-        "calls": counter["calls"], "buckets": _buckets_per_backward(rank, world), "optimizer_steps": len(stepped), "global_step": run.state.progress.global_step,
-        "weights": {name: t.detach().clone() for name, t in model.module.state_dict().items()},
-    })
+    _dump(
+        out,
+        tag,
+        rank,
+        {
+            "calls": counter["calls"],
+            "buckets": _buckets_per_backward(rank, world),
+            "optimizer_steps": len(stepped),
+            "global_step": run.state.progress.global_step,
+            "weights": {name: t.detach().clone() for name, t in model.module.state_dict().items()},
+        },
+    )
 
 
 def mse(output, target):
@@ -67,16 +81,27 @@ def supervised(rank, world, out, *, tag):
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=7)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), StatefulDataLoader(data, batch_size=BATCH,
-                                                                                          sampler=sampler),
-                  step_fn=pf.TrainStep(loss_fn=mse, accumulate=2, clip_grad_norm=1.0), max_epochs=MAX_EPOCHS,
-                  training=pf.Training(on_nonfinite="skip"), parallel=pf.Parallel(ddp=True),
-                  watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        StatefulDataLoader(data, batch_size=BATCH, sampler=sampler),
+        step_fn=pf.TrainStep(loss_fn=mse, accumulate=2, clip_grad_norm=1.0),
+        max_epochs=MAX_EPOCHS,
+        training=pf.Training(on_nonfinite="skip"),
+        parallel=pf.Parallel(ddp=True),
+        watching=pf.Watching(console=False, progress=False),
+    )
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         state = run()
-    _dump(out, tag, rank, {
-        "skips": [str(w.message) for w in said if issubclass(w.category, pf.NonFiniteLossWarning)],
-        "global_step": state.progress.global_step, "summary": str(state),
-        "weights": {name: t.detach().clone() for name, t in model.state_dict().items()},
-    })
+    _dump(
+        out,
+        tag,
+        rank,
+        {
+            "skips": [str(w.message) for w in said if issubclass(w.category, pf.NonFiniteLossWarning)],
+            "global_step": state.progress.global_step,
+            "summary": str(state),
+            "weights": {name: t.detach().clone() for name, t in model.state_dict().items()},
+        },
+    )

@@ -23,9 +23,21 @@ def count_reads(rank, world, out, *, save_dir, tag):
     model = Net()
     sampler = DistributedSampler(dataset(), num_replicas=world, rank=rank, shuffle=False)
     data = DataLoader(dataset(), batch_size=BATCH, sampler=sampler)
-    hooks = [pf.evaluate_every(5, ValLoss(), name="val"), pf.save_every(8), pf.best_on("val_loss", mode="min"),
-             pf.log_every(10)]
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), data, hooks=hooks, max_epochs=3,
-                  save_dir=save_dir, watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
+    hooks = [
+        pf.evaluate_every(5, ValLoss(), name="val"),
+        pf.save_every(8),
+        pf.best_on("val_loss", mode="min"),
+        pf.log_every(10),
+    ]
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        data,
+        hooks=hooks,
+        max_epochs=3,
+        save_dir=save_dir,
+        watching=pf.Watching(console=False),
+        parallel=pf.Parallel(ddp=True),
+    )
     reads = reads_per_step(run)
     _dump(out, tag, rank, {"reads": reads, "iters_per_epoch": run.state.progress.iters_per_epoch})

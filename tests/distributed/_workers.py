@@ -78,8 +78,9 @@ class ValLoss:
         x, y = dataset().tensors
         mine = slice(dist.rank(), None, dist.world_size())
         with torch.no_grad():
-            sums = torch.stack([F.mse_loss(net.body(x[mine]).squeeze(-1), y[mine], reduction="sum"),
-                                torch.tensor(float(len(y[mine])))]).double()
+            sums = torch.stack(
+                [F.mse_loss(net.body(x[mine]).squeeze(-1), y[mine], reduction="sum"), torch.tensor(float(len(y[mine])))]
+            ).double()
         net.train(was)
         if dist.is_initialized():
             td.all_reduce(sums)
@@ -149,13 +150,21 @@ class _SaveAtMultiplesOf5:
 
 def hooks_for(kind: str, scores=None, rank: int = 0) -> list:
     if kind == "standard":
-        return [pf.evaluate_every(4, ValLoss(), name="val"), pf.save_every(4),
-                pf.best_on("val_loss", mode="min"), pf.log_every(5)]
+        return [
+            pf.evaluate_every(4, ValLoss(), name="val"),
+            pf.save_every(4),
+            pf.best_on("val_loss", mode="min"),
+            pf.log_every(5),
+        ]
     if kind == "scores":
         return [pf.evaluate_every(3, Scores(scores), name="scores"), pf.save_every(4), pf.best_on("score")]
     if kind == "rank0_scores":
-        return [pf.evaluate_every(3, Scores(scores), name="scores", broadcast=False), pf.save_every(4),
-                pf.best_on("score"), _SaveAtMultiplesOf5()]
+        return [
+            pf.evaluate_every(3, Scores(scores), name="scores", broadcast=False),
+            pf.save_every(4),
+            pf.best_on("score"),
+            _SaveAtMultiplesOf5(),
+        ]
     if kind == "broken":
         return [pf.evaluate_every(3, Scores(scores), name="scores", broadcast=False), _SaveOnLocalImprovement()]
     if kind == "broken_both":
@@ -163,8 +172,12 @@ def hooks_for(kind: str, scores=None, rank: int = 0) -> list:
     if kind == "rank1_extra":
         return [pf.save_every(4)] + ([pf.log_every(7)] if rank == 1 else [])
     if kind == "rank_config":  # the same hooks, configured from the rank: three differences
-        return [pf.save_every(2 + rank), pf.evaluate_every(4 + rank, ValLoss(), name="val"),
-                pf.save_every(5, async_save=rank == 0), pf.log_every(5)]
+        return [
+            pf.save_every(2 + rank),
+            pf.evaluate_every(4 + rank, ValLoss(), name="val"),
+            pf.save_every(5, async_save=rank == 0),
+            pf.log_every(5),
+        ]
     if kind == "rank_chain":  # a named chain whose leaves differ: the chain's own identity is the same
         return [pf.save_every(4), pf.chain(pf.log_every(5), pf.save_every(6 if rank == 0 else 7), name="extras")]
     raise ValueError(kind)
@@ -197,9 +210,25 @@ def _dying_save(step: int, victim: int):
     return handler
 
 
-def train(rank, world, out, *, save_dir, tag, hooks="standard", scores=None, resume=None, strict=False,
-          steps=None, kill_after=None, kill_rank=0, die_in_save=None, check_agreement=None,
-          max_epochs=MAX_EPOCHS, strict_first=False):
+def train(
+    rank,
+    world,
+    out,
+    *,
+    save_dir,
+    tag,
+    hooks="standard",
+    scores=None,
+    resume=None,
+    strict=False,
+    steps=None,
+    kill_after=None,
+    kill_rank=0,
+    die_in_save=None,
+    check_agreement=None,
+    max_epochs=MAX_EPOCHS,
+    strict_first=False,
+):
     """Build the tiny run, train it (or part of it) and dump what the tests check."""
     torch.manual_seed(0)
     model = Net()
@@ -212,22 +241,40 @@ def train(rank, world, out, *, save_dir, tag, hooks="standard", scores=None, res
     if strict_first:  # the same resume under strict_resume=True must refuse and leave the objects untouched
         before = {k: v.clone() for k, v in model.state_dict().items()}
         try:
-            pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for(hooks, scores, rank), max_epochs=max_epochs,
-                    save_dir=save_dir, resume=resume,
-                    resuming=pf.Resuming(strict_resume=True), watching=pf.Watching(console=False))
+            pf.loop(
+                model,
+                optimizer,
+                loader(rank, world),
+                hooks=hooks_for(hooks, scores, rank),
+                max_epochs=max_epochs,
+                save_dir=save_dir,
+                resume=resume,
+                resuming=pf.Resuming(strict_resume=True),
+                watching=pf.Watching(console=False),
+            )
             result["strict"] = None
         except pf.ResumeError as exc:
             result["strict"] = str(exc)
-        result["strict_untouched"] = all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()) and not (
-            optimizer.state_dict()["state"])
+        result["strict_untouched"] = (
+            all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+            and not (optimizer.state_dict()["state"])
+        )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            run = pf.loop(model, optimizer, data, hooks=hooks_for(hooks, scores, rank), max_epochs=max_epochs,
-                          save_dir=save_dir, resume=resume,
-                          resuming=pf.Resuming(strict_resume=strict),
-                          watching=pf.Watching(console=False),
-                          parallel=pf.Parallel(check_agreement=check_agreement, ddp=True), **extra)
+            run = pf.loop(
+                model,
+                optimizer,
+                data,
+                hooks=hooks_for(hooks, scores, rank),
+                max_epochs=max_epochs,
+                save_dir=save_dir,
+                resume=resume,
+                resuming=pf.Resuming(strict_resume=strict),
+                watching=pf.Watching(console=False),
+                parallel=pf.Parallel(check_agreement=check_agreement, ddp=True),
+                **extra,
+            )
         except pf.ResumeError as exc:
             result["error"] = ("ResumeError", str(exc))
             return _dump(out, tag, rank, result)
@@ -254,13 +301,30 @@ def resume_differently(rank, world, out, *, save_dir, tag, steps=4):
     torch.manual_seed(0)
     model = Net()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    run = pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for("rank_chain", rank=0), max_epochs=MAX_EPOCHS,
-                  save_dir=save_dir, watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(rank, world),
+        hooks=hooks_for("rank_chain", rank=0),
+        max_epochs=MAX_EPOCHS,
+        save_dir=save_dir,
+        watching=pf.Watching(console=False),
+        parallel=pf.Parallel(ddp=True),
+    )
     run.run(steps=steps)
     result = {"rank": rank, "error": None}
     try:
-        pf.loop(model, optimizer, loader(rank, world), hooks=hooks_for("rank_chain", rank=rank), max_epochs=MAX_EPOCHS,
-                save_dir=save_dir, resume="auto", watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
+        pf.loop(
+            model,
+            optimizer,
+            loader(rank, world),
+            hooks=hooks_for("rank_chain", rank=rank),
+            max_epochs=MAX_EPOCHS,
+            save_dir=save_dir,
+            resume="auto",
+            watching=pf.Watching(console=False),
+            parallel=pf.Parallel(ddp=True),
+        )
     except pf.CollectiveDivergenceError as exc:
         result["error"] = ("CollectiveDivergenceError", str(exc))
     return _dump(out, tag, rank, result)
@@ -350,16 +414,28 @@ def _flaky_save(step, ranks):
     return handler
 
 
-def _interrupt_run(rank, world, save_dir, raise_at=(0, ()), fail_eval=(0, ()), fail_forward=(0, ()),
-                   fail_save=(0, ())):
+def _interrupt_run(rank, world, save_dir, raise_at=(0, ()), fail_eval=(0, ()), fail_forward=(0, ()), fail_save=(0, ())):
     torch.manual_seed(0)
     model = _FlakyNet(*fail_forward)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    hooks = [pf.evaluate_every(4, _FlakyValLoss(*fail_eval), name="val"), pf.save_every(4),
-             pf.best_on("val_loss", mode="min"), pf.log_every(5), _RaiseAt(*raise_at)]
-    return pf.loop(model, optimizer, loader(rank, world), hooks=hooks, max_epochs=2, save_dir=save_dir,
-                   watching=pf.Watching(console=False),
-                   parallel=pf.Parallel(ddp=True), handlers={SaveCheckpoint: _flaky_save(*fail_save)})
+    hooks = [
+        pf.evaluate_every(4, _FlakyValLoss(*fail_eval), name="val"),
+        pf.save_every(4),
+        pf.best_on("val_loss", mode="min"),
+        pf.log_every(5),
+        _RaiseAt(*raise_at),
+    ]
+    return pf.loop(
+        model,
+        optimizer,
+        loader(rank, world),
+        hooks=hooks,
+        max_epochs=2,
+        save_dir=save_dir,
+        watching=pf.Watching(console=False),
+        parallel=pf.Parallel(ddp=True),
+        handlers={SaveCheckpoint: _flaky_save(*fail_save)},
+    )
 
 
 def _failure(exc) -> dict:
@@ -374,8 +450,12 @@ def interrupt_alike(rank, world, out, *, save_dir, tag):
     reference.run()
     result["ref"] = {**_snapshot(reference), "trace": reference.trace}
     every = (0, 1)
-    for kind, arguments in (("hook", dict(raise_at=(5, every))), ("effect", dict(fail_eval=(2, every))),
-                            ("forward", dict(fail_forward=(6, every))), ("save", dict(fail_save=(4, every)))):
+    for kind, arguments in (
+        ("hook", dict(raise_at=(5, every))),
+        ("effect", dict(fail_eval=(2, every))),
+        ("forward", dict(fail_forward=(6, every))),
+        ("save", dict(fail_save=(4, every))),
+    ):
         run = _interrupt_run(rank, world, f"{save_dir}/{kind}", **arguments)
         try:
             run.run()

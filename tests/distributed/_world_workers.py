@@ -57,10 +57,18 @@ def _build(rank, world, save_dir, resume, strict, data):
     torch.manual_seed(0)
     model = Tracking()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    run = pf.loop(model, optimizer, loader(rank, world, **data), hooks=hooks(), max_epochs=MAX_EPOCHS,
-                  save_dir=save_dir, resume=resume,
-                  resuming=pf.Resuming(strict_resume=strict),
-                  watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(rank, world, **data),
+        hooks=hooks(),
+        max_epochs=MAX_EPOCHS,
+        save_dir=save_dir,
+        resume=resume,
+        resuming=pf.Resuming(strict_resume=strict),
+        watching=pf.Watching(console=False),
+        parallel=pf.Parallel(ddp=True),
+    )
     return run, model
 
 

@@ -34,8 +34,16 @@ def test_metric_on_rank0_only_never_changes_the_collective_saves(tmp_path):
     A correct hook of the user's own also saves (every 5 steps): the guard watches and passes it.
     """
     scores = {"0": [0.1, 0.5, 0.3, 0.7, 0.2, 0.9]}  # evaluations at steps 3, 6, 9, 12, 15, 18
-    run_ranks("train", 2, tmp_path, save_dir=str(tmp_path / "run"), tag="r0", hooks="rank0_scores",
-              scores=scores, check_agreement=True).check()
+    run_ranks(
+        "train",
+        2,
+        tmp_path,
+        save_dir=str(tmp_path / "run"),
+        tag="r0",
+        hooks="rank0_scores",
+        scores=scores,
+        check_agreement=True,
+    ).check()
     ranks = results(tmp_path, "r0", 2)
     planned = pf.plan(hooks_for("rank0_scores", scores), iters_per_epoch=ITERS_PER_EPOCH, max_epochs=MAX_EPOCHS)
     assert collective(ranks[0]["trace"]) == collective(ranks[1]["trace"]) == collective(planned)
@@ -52,8 +60,9 @@ def test_metric_on_rank0_only_never_changes_the_collective_saves(tmp_path):
 def test_guard_names_a_hook_that_saves_from_rank_local_metrics(tmp_path):
     """Every rank raises CollectiveDivergenceError naming the event, step, hook and wishes, in seconds."""
     scores = {"0": [0.1, 0.5, 0.3]}  # rank 0 improves at step 3; rank 1 computes nothing
-    ranks = run_ranks("train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="broken",
-                      hooks="broken", scores=scores).check()
+    ranks = run_ranks(
+        "train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="broken", hooks="broken", scores=scores
+    ).check()
     assert ranks.seconds < 20
     found = results(tmp_path, "broken", 2)
     messages = []
@@ -73,8 +82,7 @@ def test_guard_names_a_hook_that_saves_from_rank_local_metrics(tmp_path):
 
 def test_guard_raises_at_once_when_every_rank_wants_something_different(tmp_path):
     """Ranks that all have collective effects, differing, raise at that very event, before any save runs."""
-    run_ranks("train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="both",
-              hooks="broken_both").check()
+    run_ranks("train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="both", hooks="broken_both").check()
     for rank in results(tmp_path, "both", 2):
         kind, message = rank["error"]
         assert kind == "CollectiveDivergenceError"
@@ -87,8 +95,9 @@ def test_guard_raises_at_once_when_every_rank_wants_something_different(tmp_path
 
 def test_guard_catches_different_hook_lists_before_training(tmp_path):
     """A rank that built another hook list is reported at BeforeTrain, before any step trains."""
-    run_ranks("train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="lists",
-              hooks="rank1_extra").check()
+    run_ranks(
+        "train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="lists", hooks="rank1_extra"
+    ).check()
     for rank in results(tmp_path, "lists", 2):
         kind, message = rank["error"]
         assert kind == "CollectiveDivergenceError"
@@ -100,8 +109,9 @@ def test_guard_catches_different_hook_lists_before_training(tmp_path):
 def test_guard_names_every_hook_configured_from_the_rank_before_training(tmp_path):
     """save_every(2) vs (3), evaluate_every(4, ...) vs (5, ...), async save on rank 0 only: every rank raises
     before step 1, naming each hook by position and identity with each rank's value, and saying how to fix it."""
-    ranks = run_ranks("train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="config",
-                      hooks="rank_config").check()
+    ranks = run_ranks(
+        "train", 2, tmp_path, timeout=30, save_dir=str(tmp_path / "run"), tag="config", hooks="rank_config"
+    ).check()
     found = results(tmp_path, "config", 2)
     messages = []
     for rank in found:
@@ -112,8 +122,9 @@ def test_guard_names_every_hook_configured_from_the_rank_before_training(tmp_pat
     assert messages[0] == messages[1]
     lines = messages[0].splitlines()
     assert "hook #0: rank 0: save_every(2); rank 1: save_every(3)" in lines[1]
-    assert ("hook #1: rank 0: evaluate_every(4, ValLoss, name='val'); "
-            "rank 1: evaluate_every(5, ValLoss, name='val')") in lines[2]
+    assert (
+        "hook #1: rank 0: evaluate_every(4, ValLoss, name='val'); rank 1: evaluate_every(5, ValLoss, name='val')"
+    ) in lines[2]
     assert "hook #2: rank 0: save_every(5, async_save=True); rank 1: save_every(5)" in lines[3]
     assert "hook #3" not in messages[0] and "iters_per_epoch" not in messages[0]
     assert "Every rank must build the same hook list, with the same arguments" in messages[0]
@@ -129,5 +140,7 @@ def test_guard_compares_the_setup_of_a_resumed_run(tmp_path):
     for rank in results(tmp_path, "resumed", 2):
         kind, message = rank["error"]
         assert kind == "CollectiveDivergenceError"
-        assert ("hook #1: rank 0: extras (leaves: log_every(5), save_every(6)); "
-                "rank 1: extras (leaves: log_every(5), save_every(7))") in message
+        assert (
+            "hook #1: rank 0: extras (leaves: log_every(5), save_every(6)); "
+            "rank 1: extras (leaves: log_every(5), save_every(7))"
+        ) in message

@@ -12,8 +12,9 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("rejected")
-    run_ranks("_rejected_workers:rejected", 2, out, timeout=150, grace=20, save_dir=str(out / "runs"),
-              tag="rejected").check()
+    run_ranks(
+        "_rejected_workers:rejected", 2, out, timeout=150, grace=20, save_dir=str(out / "runs"), tag="rejected"
+    ).check()
     return results(out, "rejected", 2)
 
 
@@ -31,7 +32,11 @@ def test_what_each_error_names(ranks):
     rank0 = ranks[0]
     kind, message = rank0["all_damaged"]["error"]
     assert kind == "NoIntactCheckpointError" and [r[0].rsplit("/", 1)[1] for r in rank0["all_damaged"]["rejected"]] == [
-        "last", "iter_12", "iter_8", "iter_4"], message
+        "last",
+        "iter_12",
+        "iter_8",
+        "iter_4",
+    ], message
     read = rank0["rank1_only"]["error"][1]  # sizes right: found only when read, and agreed by every rank
     assert "trainer/__1_0.distcp does not read back" in read and "(on rank " in read, read
     assert "COMPLETE is missing" in rank0["marker_lost"]["error"][1]

@@ -23,8 +23,9 @@ from pimm_fn.checkpoint import latest_checkpoint
 pytestmark = pytest.mark.distributed
 
 
-def torchrun_nodes(function: str, out: pathlib.Path, *, nodes: int = 2, max_restarts: int = 2, timeout: float = 120,
-                   **kwargs) -> list:
+def torchrun_nodes(
+    function: str, out: pathlib.Path, *, nodes: int = 2, max_restarts: int = 2, timeout: float = 120, **kwargs
+) -> list:
     """Run ``_elastic_workers.<function>`` under one torchrun agent per simulated node; each agent's (exit code, log).
 
     Past ``timeout`` every agent's process group is killed and the test fails
@@ -36,19 +37,36 @@ def torchrun_nodes(function: str, out: pathlib.Path, *, nodes: int = 2, max_rest
     # TORCH_DISABLE_SHARE_RDZV_TCP_STORE: with the store the agents share with their workers (torch's default),
     # a restarted worker group can find the previous attempt's keys and hang in init_process_group
     # (pytorch/pytorch#135712): most restarts here hung without it. The README tells users the same.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PIMM_TEST_DEADLINE": str(deadline),
-           "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), str(HERE), os.environ.get("PYTHONPATH")) if p)}
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", "--nproc-per-node=1",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--rdzv-id=pimm-{uuid.uuid4().hex}",
-               f"--max-restarts={max_restarts}", "--monitor-interval=0.1",
-               str(HERE / "_elastic_workers.py"), function, str(out), json.dumps(kwargs)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PIMM_TEST_DEADLINE": str(deadline),
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), str(HERE), os.environ.get("PYTHONPATH")) if p),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={nodes}",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        f"--rdzv-id=pimm-{uuid.uuid4().hex}",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.1",
+        str(HERE / "_elastic_workers.py"),
+        function,
+        str(out),
+        json.dumps(kwargs),
+    ]
     logs = [out / f"{function}-node{n}-{time.monotonic_ns()}.log" for n in range(nodes)]
     agents = []
     for log in logs:
         with open(log, "w") as f:
-            agents.append(subprocess.Popen(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                           start_new_session=True))
+            agents.append(
+                subprocess.Popen(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            )
     try:
         for agent in agents:
             agent.wait(timeout=max(deadline - time.time(), 0.1))
@@ -100,13 +118,28 @@ def test_a_worker_killed_once_on_one_of_two_nodes_is_restarted_and_the_run_ends_
 
     The run ends with the weights, optimizer state and effect trace of an uninterrupted run.
     """
-    run_ranks("_elastic_workers:train", 2, tmp_path / "ref", kind=kind, save_dir=str(tmp_path / "ref" / "run"),
-              tag="ref", timeout=90).check()
+    run_ranks(
+        "_elastic_workers:train",
+        2,
+        tmp_path / "ref",
+        kind=kind,
+        save_dir=str(tmp_path / "ref" / "run"),
+        tag="ref",
+        timeout=90,
+    ).check()
     reference = results(tmp_path / "ref", "ref", 2)
 
     marker = tmp_path / "killed.marker"
-    agents = torchrun_nodes("train", tmp_path / "elastic", kind=kind, save_dir=str(tmp_path / "elastic" / "run"),
-                            tag="elastic", kill_after=10, kill_rank=1, marker=str(marker))
+    agents = torchrun_nodes(
+        "train",
+        tmp_path / "elastic",
+        kind=kind,
+        save_dir=str(tmp_path / "elastic" / "run"),
+        tag="elastic",
+        kill_after=10,
+        kill_rank=1,
+        marker=str(marker),
+    )
     logs = "\n".join(log[-4000:] for _, log in agents)
     assert [code for code, _ in agents] == [0, 0], logs
     assert marker.read_text() == "rank 1 killed after step 10\n"
@@ -130,8 +163,9 @@ def node_local(tmp_path_factory):
     nodes = [out / f"node{r}" for r in range(2)]
     for node in nodes:
         node.mkdir()
-    run_ranks("_elastic_workers:node_local", 2, out, nodes=[str(n) for n in nodes], tag="node_local",
-              timeout=90).check()
+    run_ranks(
+        "_elastic_workers:node_local", 2, out, nodes=[str(n) for n in nodes], tag="node_local", timeout=90
+    ).check()
     return out, results(out, "node_local", 2)
 
 

@@ -12,8 +12,9 @@ pytestmark = pytest.mark.distributed
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("foreign")
-    run_ranks("_foreign_workers:foreign", 2, out, timeout=150, grace=20, save_dir=str(out / "runs"),
-              tag="foreign").check()
+    run_ranks(
+        "_foreign_workers:foreign", 2, out, timeout=150, grace=20, save_dir=str(out / "runs"), tag="foreign"
+    ).check()
     return results(out, "foreign", 2)
 
 

@@ -58,7 +58,7 @@ def test_fsdp2_resume_on_the_same_world_size_is_bit_identical(uninterrupted, tmp
     resumed = _launch(tmp_path, "resumed", 2, save_dir=str(run_dir), optim=optim, resume="auto")
     assert _equal(resumed["restored"], saved["final"])
     assert _equal(resumed["final"], whole["final"])
-    assert resumed["trace"] == [t for t in whole["trace"]][len(saved["trace"]):]
+    assert resumed["trace"] == [t for t in whole["trace"]][len(saved["trace"]) :]
     assert resumed["progress"] == whole["progress"]
 
 
@@ -66,7 +66,11 @@ def test_fsdp2_weights_file_is_the_full_state_dict_anyone_can_load(uninterrupted
     partial, saved, _ = uninterrupted["adam"]
     weights = torch.load(partial / "model" / "last" / "model.pth", weights_only=True)
     assert {k: tuple(v.shape) for k, v in weights.items()} == {
-        "body.0.weight": (16, 8), "body.0.bias": (16,), "body.2.weight": (1, 16), "body.2.bias": (1,)}
+        "body.0.weight": (16, 8),
+        "body.0.bias": (16,),
+        "body.2.weight": (1, 16),
+        "body.2.bias": (1,),
+    }
     assert _equal(weights, saved["final"]["weights"])
     best = torch.load(partial / "model" / "model_best.pth", weights_only=True)
     assert all(type(v) is torch.Tensor for v in best.values()) and best["body.0.weight"].shape == (16, 8)
@@ -83,15 +87,18 @@ def saved_by(uninterrupted, tmp_path_factory):
         for kind, world in (("fsdp", 1), ("ddp", 1), ("ddp", 2)):
             run_dir = out / f"{kind}{world}-{optim}"
             tag = f"{kind}{world}-{optim}"
-            found[kind, world, optim] = (run_dir, _launch(out, tag, world, save_dir=str(run_dir), optim=optim,
-                                                          kind=kind, steps=SAVED_AT))
+            found[kind, world, optim] = (
+                run_dir,
+                _launch(out, tag, world, save_dir=str(run_dir), optim=optim, kind=kind, steps=SAVED_AT),
+            )
     return found
 
 
 @pytest.mark.parametrize("optim", ["sgd", "adam"])
 @pytest.mark.parametrize("old, new", [(2, 1), (1, 2)])
 def test_fsdp2_resume_on_another_world_size_reshards_and_trains_as_a_run_that_changed_size_there(
-        saved_by, tmp_path, optim, old, new):
+    saved_by, tmp_path, optim, old, new
+):
     """Restored bit for bit; then equal within float tolerance to a DDP run that changed size at the same step."""
     results_by_kind = {}
     for kind in ("fsdp", "ddp"):

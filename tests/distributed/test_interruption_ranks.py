@@ -18,8 +18,11 @@ def assert_same(found, expected):
     for index, state in theirs["state"].items():
         for key, value in state.items():
             assert torch.equal(ours["state"][index][key], value), (index, key)
-    assert (found["progress"], found["best"], found["metrics"]) == (expected["progress"], expected["best"],
-                                                                    expected["metrics"])
+    assert (found["progress"], found["best"], found["metrics"]) == (
+        expected["progress"],
+        expected["best"],
+        expected["metrics"],
+    )
     assert found["trace"] == expected["trace"]
 
 
@@ -41,12 +44,16 @@ def test_a_failure_alike_on_every_rank_continues_exactly(tmp_path):
 @pytest.mark.parametrize("where", ["effect", "hook"])
 def test_a_failure_on_one_rank_stops_every_rank_within_seconds(tmp_path, where):
     """Rank 1's evaluator (or hook) raises: rank 1 re-raises it, rank 0 raises PeerFailureError naming it; no hang."""
-    ranks = run_ranks("interrupt_one_rank", 2, tmp_path, timeout=45, save_dir=str(tmp_path / "run"), tag=where,
-                      where=where).check()
+    ranks = run_ranks(
+        "interrupt_one_rank", 2, tmp_path, timeout=45, save_dir=str(tmp_path / "run"), tag=where, where=where
+    ).check()
     assert ranks.seconds < 30
     zero, one = results(tmp_path, where, 2)
-    injected = "injected evaluator failure at call 2 on rank 1" if where == "effect" else (
-        "injected hook failure at step 5 on rank 1")
+    injected = (
+        "injected evaluator failure at call 2 on rank 1"
+        if where == "effect"
+        else ("injected hook failure at step 5 on rank 1")
+    )
     assert one["error"]["type"] == "ValueError" and one["error"]["message"].startswith(injected)
     assert "rank(s) 0 did not fail here" in one["error"]["message"] and 'resume="auto"' in one["error"]["message"]
     assert zero["error"]["type"] == "PeerFailureError"

@@ -28,13 +28,19 @@ def _check(ranks) -> None:
         assert r["mean"] == pytest.approx({"val/correct": correct / N, "val/index_sum": (N - 1) / 2})
         assert r["torchmetrics"] == pytest.approx({"tm/acc": correct / N})
         best = _by_hand(r["best weights"]) / N
-        assert r["best"] == {"val/correct": pytest.approx(best)} and r["test best"]["val/correct"] == pytest.approx(best)
+        assert r["best"] == {"val/correct": pytest.approx(best)} and r["test best"]["val/correct"] == pytest.approx(
+            best
+        )
         assert r["test final"]["val/correct"] == pytest.approx(_by_hand(r["final weights"]) / N)
-        assert r["typo"] == ("best_on('val/corect') waits for metric 'val/corect', but the evaluators publish "
-                             "['val/correct', 'val/index_sum']: did you mean 'val/correct'?")
-        bare = ("best_on('correct') waits for metric 'correct', but the evaluators publish ['val/correct', "
-                "'val/index_sum']: did you mean 'val/correct'? (a loader_evaluator puts its name before each metric "
-                "it publishes)")
+        assert r["typo"] == (
+            "best_on('val/corect') waits for metric 'val/corect', but the evaluators publish "
+            "['val/correct', 'val/index_sum']: did you mean 'val/correct'?"
+        )
+        bare = (
+            "best_on('correct') waits for metric 'correct', but the evaluators publish ['val/correct', "
+            "'val/index_sum']: did you mean 'val/correct'? (a loader_evaluator puts its name before each metric "
+            "it publishes)"
+        )
         assert r["bare"] == {None: (bare, None), 0: (bare, 2)}  # every rank alike: in loop(), or at step 2
 
 
@@ -45,9 +51,11 @@ def test_on_two_ranks_uneven_shards_count_each_sample_once_and_agree_with_the_re
     run_ranks("_eval_workers:evaluate", 2, tmp_path, save_dir=str(tmp_path / "run"), tag="eval", timeout=120).check()
     _check(results(tmp_path, "eval", 2))
     for rank in results(tmp_path, "eval", 2):  # one rank built with an evaluator, one without: no rank left waiting
-        assert rank["diverged"] == ("ranks would run other evaluators in the sanity check before the first step "
-                                    "(rank 0: ['val']; rank 1: []): every rank must build the same hook list, with "
-                                    "the same arguments, in the same order")
+        assert rank["diverged"] == (
+            "ranks would run other evaluators in the sanity check before the first step "
+            "(rank 0: ['val']; rank 1: []): every rank must build the same hook list, with "
+            "the same arguments, in the same order"
+        )
 
 
 def test_on_a_one_rank_gloo_group_the_evaluator_agrees_with_the_reference(tmp_path):

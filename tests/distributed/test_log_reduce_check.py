@@ -9,8 +9,9 @@ pytestmark = pytest.mark.distributed
 
 def test_ranks_logging_different_records_fail_together_naming_each_record(tmp_path):
     """Rank 1 logs one more name: both ranks raise at step 2 naming both records; equal names average as before."""
-    run_ranks("_log_check_workers:differing_records", 2, tmp_path, save_dir=str(tmp_path / "run"), tag="check",
-              timeout=90).check()
+    run_ranks(
+        "_log_check_workers:differing_records", 2, tmp_path, save_dir=str(tmp_path / "run"), tag="check", timeout=90
+    ).check()
     zero, one = results(tmp_path, "check", 2)
     for rank in (zero, one):
         failed = rank["names"]

@@ -32,8 +32,17 @@ def s3_endpoint():
 def test_rank_killed_mid_save_on_s3_then_resume_is_bit_identical(reference, s3_endpoint, tmp_path):
     save_dir = f"s3://{_s3.new_bucket()}/run"
     model = storage.location(save_dir) / "model"
-    died = run_ranks("_store_workers:train_dying", 2, tmp_path, save_dir=save_dir, tag="died", step=12, victims=[0, 1],
-                     grace=2, timeout=120)
+    died = run_ranks(
+        "_store_workers:train_dying",
+        2,
+        tmp_path,
+        save_dir=save_dir,
+        tag="died",
+        step=12,
+        victims=[0, 1],
+        grace=2,
+        timeout=120,
+    )
     assert died.codes == (-signal.SIGKILL, -signal.SIGKILL), died.report()
     half = [p for p in model.iterdir() if p.name.startswith("last-12-")]
     assert len(half) == 1 and (half[0] / "trainer").is_dir() and not (half[0] / "COMPLETE").exists()

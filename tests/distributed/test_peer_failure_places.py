@@ -11,8 +11,9 @@ pytestmark = pytest.mark.distributed
 def test_a_log_handler_failing_alike_on_every_rank_lets_run_continue_on_both(tmp_path):
     """A Log handler raising at step 4 on both ranks (each record holding its rank's own losses): run() continues
     on both, and the run ends as the uninterrupted one, weights, trace and history."""
-    run_ranks("_peer_workers:log_fails_alike", 2, tmp_path, timeout=90, save_dir=str(tmp_path / "run"),
-              tag="log").check()
+    run_ranks(
+        "_peer_workers:log_fails_alike", 2, tmp_path, timeout=90, save_dir=str(tmp_path / "run"), tag="log"
+    ).check()
     for rank in results(tmp_path, "log", 2):
         assert rank["error"]["message"].startswith("injected Log handler failure at step 4")
         assert rank["interrupted"].continues and rank["interrupted"].phase.startswith("effect Log(step=4, kind=")

@@ -28,11 +28,25 @@ TIMEOUT = 90
 def _start(out: pathlib.Path, save_dir: pathlib.Path) -> subprocess.Popen:
     """Train under a torchrun agent of 2 workers (a session of its own); its log is ``out/agent.log``."""
     out.mkdir(parents=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), str(HERE), os.environ.get("PYTHONPATH")) if p)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--max-restarts=0",
-               "--monitor-interval=0.1", str(HERE / "_preemption_workers.py"), str(out), str(save_dir)]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), str(HERE), os.environ.get("PYTHONPATH")) if p),
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc-per-node=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "--max-restarts=0",
+        "--monitor-interval=0.1",
+        str(HERE / "_preemption_workers.py"),
+        str(out),
+        str(save_dir),
+    ]
     with open(out / "agent.log", "w") as f:
         return subprocess.Popen(command, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -110,8 +124,9 @@ def test_sigterm_to_one_worker_or_to_the_agent_saves_one_agreed_step_and_resumes
         cases[str(save_dir)] = step
         print(f"{victim}: SIGTERM {delay:.3f}s after step 2 -> every rank saved step {step}")
 
-    run_ranks("_preemption_workers:finish", 2, tmp_path / "finish", save_dirs=list(cases), tag="finish",
-              timeout=TIMEOUT).check()
+    run_ranks(
+        "_preemption_workers:finish", 2, tmp_path / "finish", save_dirs=list(cases), tag="finish", timeout=TIMEOUT
+    ).check()
     for rank in results(tmp_path / "finish", "finish", 2):
         for save_dir, step in cases.items():
             resumed = rank[save_dir]
@@ -124,8 +139,15 @@ def test_pimm_fns_own_groups_are_destroyed_when_run_ends_on_every_path(tmp_path,
     """Finished, preempted, stopped early, or left on an exception alike on both ranks and continued to the end: once
     run() is done, torch holds only the script's default group, and the gloo threads of pimm_fn's groups are gone.
     Left on the exception, only the group of the background save still in flight is kept (its save goes on)."""
-    run_ranks("_preemption_workers:groups_after_run", 2, tmp_path, timeout=TIMEOUT, save_dir=str(tmp_path / "run"),
-              ending=ending, tag="groups").check()
+    run_ranks(
+        "_preemption_workers:groups_after_run",
+        2,
+        tmp_path,
+        timeout=TIMEOUT,
+        save_dir=str(tmp_path / "run"),
+        ending=ending,
+        tag="groups",
+    ).check()
     for rank, seen in enumerate(results(tmp_path, "groups", 2)):
         before, during, after = seen["before"], seen["during"], seen["after"]
         assert seen["ended"] == ending and during == 3 and before[0] == 1, (rank, seen)  # two groups of pimm_fn's

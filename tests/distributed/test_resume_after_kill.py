@@ -28,8 +28,9 @@ def test_sigkill_then_resume_ends_bit_identical(reference, tmp_path, killed_afte
     Step 8 is mid-epoch (6 steps per epoch); the save of step 12 is the deferred one at the end of epoch 1.
     """
     save_dir = str(tmp_path / "run")
-    killed = run_ranks("train", 2, tmp_path, save_dir=save_dir, tag="killed", kill_after=killed_after, kill_rank=0,
-                       grace=2)
+    killed = run_ranks(
+        "train", 2, tmp_path, save_dir=save_dir, tag="killed", kill_after=killed_after, kill_rank=0, grace=2
+    )
     assert killed.codes[0] == -signal.SIGKILL, killed.report()
     assert f"kills itself after step {killed_after}" in killed.log(0)
     assert latest_checkpoint(tmp_path / "run" / "model").step == saved_at

@@ -49,8 +49,9 @@ def full(tmp_path_factory):
     out = tmp_path_factory.mktemp("full")
     found = {}
     for world in (2, 1):
-        run_ranks("_world_workers:train", world, out, timeout=TIMEOUT, save_dir=str(out / f"w{world}"),
-                  tag=f"w{world}").check()
+        run_ranks(
+            "_world_workers:train", world, out, timeout=TIMEOUT, save_dir=str(out / f"w{world}"), tag=f"w{world}"
+        ).check()
         found[world] = (out / f"w{world}", results(out, f"w{world}", world))
     return found
 
@@ -66,8 +67,16 @@ def resumed(full, tmp_path_factory):
             out = tmp_path_factory.mktemp("resumed")
             run_dir = out / "run"
             shutil.copytree(full[saved_by][0], run_dir)
-            run_ranks("_world_workers:train", resumed_on, out, timeout=TIMEOUT, save_dir=str(run_dir), tag="r",
-                      resume=str(run_dir / "model" / f"iter_{step}"), **data).check()
+            run_ranks(
+                "_world_workers:train",
+                resumed_on,
+                out,
+                timeout=TIMEOUT,
+                save_dir=str(run_dir),
+                tag="r",
+                resume=str(run_dir / "model" / f"iter_{step}"),
+                **data,
+            ).check()
             done[key] = (run_dir, results(out, "r", resumed_on))
         return done[key]
 
@@ -131,8 +140,12 @@ def test_a_resume_on_another_world_size_executes_what_plan_predicts_for_the_new_
     """The saves go on by global_step and the run ends where plan, started at the restored progress, says."""
     _, ranks = resumed(saved_by, resumed_on, step)
     restored = ranks[0]["restored"]["progress"]
-    planned = pf.plan([pf.save_every(3, snapshots=True)], iters_per_epoch=_steps_per_epoch(resumed_on),
-                      max_epochs=EPOCHS, start=restored)
+    planned = pf.plan(
+        [pf.save_every(3, snapshots=True)],
+        iters_per_epoch=_steps_per_epoch(resumed_on),
+        max_epochs=EPOCHS,
+        start=restored,
+    )
     assert planned[-1].step == CASES[(saved_by, resumed_on, step)][1]
     for rank in ranks:
         assert [(e.step, e.effect) for e in rank["trace"]] == [(e.step, e.effect) for e in planned]
@@ -143,8 +156,15 @@ def test_a_same_size_resume_inside_a_continued_epoch_is_bit_identical(full, resu
     run_dir, (went_on,) = resumed(2, 1, 9)
     again_dir = tmp_path / "run"
     shutil.copytree(run_dir, again_dir)
-    run_ranks("_world_workers:train", 1, tmp_path, timeout=TIMEOUT, save_dir=str(again_dir), tag="again",
-              resume=str(again_dir / "model" / "iter_12")).check()
+    run_ranks(
+        "_world_workers:train",
+        1,
+        tmp_path,
+        timeout=TIMEOUT,
+        save_dir=str(again_dir),
+        tag="again",
+        resume=str(again_dir / "model" / "iter_12"),
+    ).check()
     (again,) = results(tmp_path, "again", 1)
     assert not [m for c, m in again["warnings"] if c == "ResumeNotExactWarning"]
     assert again["restored"]["progress"].iter_in_epoch == 9  # 6 + the 3 steps after step 9
@@ -184,8 +204,9 @@ def stopped(tmp_path_factory):
     out = tmp_path_factory.mktemp("stopped")
     found = {}
     for world in (2, 1):
-        run_ranks("train", world, out, save_dir=str(out / f"w{world}"), tag=f"w{world}", hooks="scores",
-                  scores=FIRST, steps=8).check()
+        run_ranks(
+            "train", world, out, save_dir=str(out / f"w{world}"), tag=f"w{world}", hooks="scores", scores=FIRST, steps=8
+        ).check()
         found[world] = (out / f"w{world}", results(out, f"w{world}", world))
     return found
 
@@ -224,8 +245,17 @@ def test_resume_on_another_world_size_carries_weights_optimizer_and_best(stopped
     run_dir = _copy(run_dir, tmp_path)
     best_before = _best_file(run_dir)
     assert best_before[0] == {"metric": "score", "value": 0.8, "step": 6}
-    run_ranks("train", resumed_on, tmp_path, save_dir=str(run_dir), tag="resumed", hooks="scores",
-              scores=WORSE, resume="auto", strict_first=True).check()
+    run_ranks(
+        "train",
+        resumed_on,
+        tmp_path,
+        save_dir=str(run_dir),
+        tag="resumed",
+        hooks="scores",
+        scores=WORSE,
+        resume="auto",
+        strict_first=True,
+    ).check()
     ranks = results(tmp_path, "resumed", resumed_on)
     consumed = {2: 2 * BATCH * 2, 1: 8 * BATCH}[saved_by]  # epoch 1 after 2 of 6 steps on 2 ranks; epoch 0 after 8 on 1
     for rank in ranks:
@@ -244,8 +274,9 @@ def test_resume_keeps_the_agreed_best_and_never_overwrites_it_with_worse(stopped
     """A same-size resume restores rank 0's broadcast best on every rank; worse scores write no model_best."""
     run_dir = _copy(stopped[2][0], tmp_path)
     best_before = _best_file(run_dir)
-    run_ranks("train", 2, tmp_path, save_dir=str(run_dir), tag="resumed", hooks="scores", scores=WORSE,
-              resume="auto").check()
+    run_ranks(
+        "train", 2, tmp_path, save_dir=str(run_dir), tag="resumed", hooks="scores", scores=WORSE, resume="auto"
+    ).check()
     ranks = results(tmp_path, "resumed", 2)
     for rank in ranks:
         assert rank["restored"]["best"] == {"score": 0.8}

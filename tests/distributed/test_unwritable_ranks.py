@@ -28,14 +28,21 @@ def test_a_rank_that_cannot_write_stops_every_rank_alike_and_only_where_that_ran
     (node1 / "model").mkdir(parents=True)
     out = tmp_path / "out"
     with unwritable(node1 / "model"):
-        run_ranks("_fault_workers:unwritable", 2, out, timeout=120, grace=20, save_dirs=[str(node0), str(node1)],
-                  tag="unwritable").check()
+        run_ranks(
+            "_fault_workers:unwritable",
+            2,
+            out,
+            timeout=120,
+            grace=20,
+            save_dirs=[str(node0), str(node1)],
+            tag="unwritable",
+        ).check()
     ranks = results(out, "unwritable", 2)
     errors = [rank["standard"] for rank in ranks]
     assert errors[0] is not None and errors[0] == errors[1], errors
     kind, message = errors[0]
     assert kind == "CheckpointStorageError", message
-    assert f"rank 1 (host " in message and f"at {node1 / 'model'}: PermissionError" in message, message
+    assert "rank 1 (host " in message and f"at {node1 / 'model'}: PermissionError" in message, message
     assert "rank 0 (host" not in message and "trained no step" in message, message
     assert [rank["legacy"] for rank in ranks] == [None, None]
     assert sorted(p.name for p in node1.rglob("*")) == ["model"]

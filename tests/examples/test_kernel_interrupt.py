@@ -60,8 +60,12 @@ def notebook(out: pathlib.Path):
     for seconds in INTERRUPT_AFTER:
         cells.append(code("run.run()", interrupt_after=seconds, tags=["raises-exception"]))
         cells.append(code("print('interrupted:', run.interrupted)"))
-    cells.append(code(f"final = run.run()\nkeep({str(out / 'continued.pt')!r}, model, optimizer, run)\n"
-                      f"print('finished at step', final.progress.global_step)"))
+    cells.append(
+        code(
+            f"final = run.run()\nkeep({str(out / 'continued.pt')!r}, model, optimizer, run)\n"
+            f"print('finished at step', final.progress.global_step)"
+        )
+    )
     return nbformat.v4.new_notebook(cells=cells)
 
 
@@ -117,7 +121,9 @@ def test_kernel_interrupts_mid_training_then_run_continues_exactly(tmp_path):
         between = re.findall(r"interrupted after step (\d+); run\(\) continues exactly", out)
         # No line: the SIGINT landed between the loop's guarded regions (e.g. in Loop._train between
         # its fetch and the held batch, or after the train step returned), so run() cannot continue exactly.
-        assert len(lines) + len(between) == 1, f"KeyboardInterrupt without one interruption line (after {stops}):\n{out[-2000:]}"
+        assert len(lines) + len(between) == 1, (
+            f"KeyboardInterrupt without one interruption line (after {stops}):\n{out[-2000:]}"
+        )
         if between:
             assert "interrupted: None" in text(report), text(report)  # no step is left half done
             stops.append((int(between[0]), "between steps"))

@@ -59,14 +59,15 @@ def check(nb) -> None:
     for cell in code:
         kinds = [(o.output_type, o.get("name")) for o in cell.outputs]
         assert ("error", None) not in kinds and ("stream", "stderr") not in kinds, (cell.source, cell.outputs)
-    every = "\n".join(stdout(cell) + "".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs)
-                      for cell in code)
+    every = "\n".join(
+        stdout(cell) + "".join(o.get("data", {}).get("text/plain", "") for o in cell.outputs) for cell in code
+    )
     assert tempfile.gettempdir() + "/" not in every, "an absolute temporary path in the outputs"
     # Every "new best" line follows the evaluation line that caused it (issue 12: log order).
     lines = every.splitlines()
     for i, line in enumerate(lines):
         if found := re.search(r"new best neg_mse=\S+ at step (\d+)", line):
-            assert re.search(rf"step {found[1]} eval/val: neg_mse=", lines[i - 1]), lines[i - 1: i + 1]
+            assert re.search(rf"step {found[1]} eval/val: neg_mse=", lines[i - 1]), lines[i - 1 : i + 1]
 
     cell = cells_by_tag(nb)
     # 1. The plan, the reference run, and its trace equal to the plan.
@@ -75,7 +76,11 @@ def check(nb) -> None:
     assert lines_in_order(plan, r"^  4 .*Log\(step=4, kind='epoch'", r"^  4 .*SaveCheckpoint\(step=4, deferred=True\)")
     assert "WriteBest" not in plan  # the plan does not know the metric values
     ran = stdout(cell["reference"])
-    assert [int(s) for s in re.findall(r"saved checkpoint of step (\d+) to runs/reference/model/last", ran)] == [4, 8, 12]
+    assert [int(s) for s in re.findall(r"saved checkpoint of step (\d+) to runs/reference/model/last", ran)] == [
+        4,
+        8,
+        12,
+    ]
     assert result(cell["trace-equals-plan"]) == "True"
     # 2. Stepping: the compact State display.
     assert "progress: step 1/12, epoch 0 (iter 1/4)" in result(cell["step"])
@@ -87,14 +92,22 @@ def check(nb) -> None:
     )
     (frame,) = [o for o in cell["pandas"].outputs if o.output_type == "execute_result"]
     assert "<table" in frame.data["text/html"] and frame.data["text/plain"].split()[:6] == [
-        "step", "epoch", "iter", "of", "loss", "lr"]
+        "step",
+        "epoch",
+        "iter",
+        "of",
+        "loss",
+        "lr",
+    ]
     assert len(frame.data["text/plain"].splitlines()) == 1 + 6  # header and the six logged steps
     images = [o.data["image/png"] for o in cell["plot"].outputs if "image/png" in o.get("data", {})]
     assert len(images) == 1 and base64.b64decode(images[0]).startswith(b"\x89PNG")
     # 4. Ctrl-C inside the forward at step 6, caught; run() continues exactly.
-    assert lines_in_order(stdout(cell["interrupt"]),
-                          r"interrupted at step 6 during the train step; run\(\) continues exactly from here",
-                          r"^caught KeyboardInterrupt$")
+    assert lines_in_order(
+        stdout(cell["interrupt"]),
+        r"interrupted at step 6 during the train step; run\(\) continues exactly from here",
+        r"^caught KeyboardInterrupt$",
+    )
     assert result(cell["interrupt"]) == "Interruption(step=6, phase='the train step', continues=True)"
     assert result(cell["continue"]) == "(True, True)"
     # 5. A fresh loop after a simulated kernel restart resumes at step 8 and ends as the reference.
@@ -105,9 +118,15 @@ def check(nb) -> None:
     assert lines_in_order(extended, "resumed from runs/demo/model/last at step 12", r"max_epochs 3 -> max_epochs 4")
     assert "progress: step 15/16" in result(cell["extend"])
     # 7. The log order of the last step: train (a record, first), evaluation, new best, epoch, the deferred save.
-    assert lines_in_order(stdout(cell["log-order"]), r"step 16 train:", r"step 16 eval/val: neg_mse=",
-                          r"new best neg_mse=\S+ at step 16", r"step 16 epoch:", r"saved checkpoint of step 16",
-                          r"^finished: True$")
+    assert lines_in_order(
+        stdout(cell["log-order"]),
+        r"step 16 train:",
+        r"step 16 eval/val: neg_mse=",
+        r"new best neg_mse=\S+ at step 16",
+        r"step 16 epoch:",
+        r"saved checkpoint of step 16",
+        r"^finished: True$",
+    )
     assert result(cell["log-order"]).startswith("History(16 records, steps 2-16: train x8")
 
 

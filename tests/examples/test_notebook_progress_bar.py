@@ -45,11 +45,22 @@ def _stream(cell, name: str) -> str:
 def test_each_cell_shows_its_own_bar_and_a_text_bar_shares_stdout(tmp_path):
     """Cell 2 and cell 3 each show one bar widget, at 3/5 (epoch 0) and 1/4 (epoch 1); without ipywidgets the bar is
     on stdout."""
-    cells = [SETUP.format(runtime=str(RUNTIME_TESTS)), "state = run.run(steps=3)", "state = run.run(steps=3)",
-             "sys.modules['ipywidgets'] = None  # as if not installed\nstate = run.run(steps=3)"]
+    cells = [
+        SETUP.format(runtime=str(RUNTIME_TESTS)),
+        "state = run.run(steps=3)",
+        "state = run.run(steps=3)",
+        "sys.modules['ipywidgets'] = None  # as if not installed\nstate = run.run(steps=3)",
+    ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
-    client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT, startup_timeout=60, record_timing=False,
-                            store_widget_state=True, resources={"metadata": {"path": str(tmp_path)}})
+    client = NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=CELL_TIMEOUT,
+        startup_timeout=60,
+        record_timing=False,
+        store_widget_state=True,
+        resources={"metadata": {"path": str(tmp_path)}},
+    )
     with within(TEST_TIMEOUT, "the progress-bar notebook"):
         client.execute()
     _, first, second, text = nb.cells

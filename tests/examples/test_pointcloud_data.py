@@ -19,9 +19,11 @@ def test_sample_is_a_pure_function_of_seed_split_and_index():
 def test_different_seed_split_or_index_give_different_scenes():
     """Changing any of (seed, split, index) changes the scene."""
     base = SyntheticScenes(3, num_points=128, seed=0)[1]["coord"]
-    others = [SyntheticScenes(3, num_points=128, seed=1)[1],
-              SyntheticScenes(3, num_points=128, seed=0, split="val")[1],
-              SyntheticScenes(3, num_points=128, seed=0)[2]]
+    others = [
+        SyntheticScenes(3, num_points=128, seed=1)[1],
+        SyntheticScenes(3, num_points=128, seed=0, split="val")[1],
+        SyntheticScenes(3, num_points=128, seed=0)[2],
+    ]
     assert all(not torch.equal(base, o["coord"]) for o in others)
 
 
@@ -66,6 +68,7 @@ def test_shards_are_disjoint_and_cover_every_index_once(n, world):
 
 def test_make_loaders_shuffle_is_seeded_and_stateful():
     """Same seed, same order; the loader's state_dict resumes mid-epoch exactly."""
+
     def first_batches(loader, k):
         it = iter(loader)
         return [next(it)["coord"] for _ in range(k)]

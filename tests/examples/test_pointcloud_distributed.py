@@ -25,8 +25,7 @@ def test_sharded_evaluation_all_reduces_to_whole_set_metrics(tmp_path, num_val):
     """Each rank returns the single-process metrics of the whole validation set."""
     ctx = multiprocessing.get_context("spawn")
     port = _free_port()
-    procs = [ctx.Process(target=evaluate_shard, args=(r, 2, port, num_val, str(tmp_path)))
-             for r in range(2)]
+    procs = [ctx.Process(target=evaluate_shard, args=(r, 2, port, num_val, str(tmp_path))) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:

@@ -14,8 +14,7 @@ def test_confusion_matrix_counts_target_rows_and_prediction_columns():
     """conf[t, p] counts points of true class t predicted as p."""
     pred = torch.tensor([[0, 1, 2], [2, 2, 0]])
     target = torch.tensor([[0, 1, 1], [2, 0, 0]])
-    assert confusion_matrix(pred, target, 4).tolist() == [
-        [2, 0, 1, 0], [0, 1, 1, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
+    assert confusion_matrix(pred, target, 4).tolist() == [[2, 0, 1, 0], [0, 1, 1, 0], [0, 0, 1, 0], [0, 0, 0, 0]]
 
 
 def test_confusion_matrix_rejects_out_of_range_and_shape_mismatch():

@@ -36,7 +36,15 @@ def test_short_training_reaches_miou_well_above_chance(tmp_path):
     model = PointSegNet(width=48, k=12)
     opt = torch.optim.AdamW(model.parameters(), lr=5e-3, weight_decay=1e-2)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=5e-3, total_steps=5 * len(train), pct_start=0.15)
-    run = pf.loop(model, opt, train, hooks=[pf.evaluate_every(0, Evaluator(val, 48), name="val"), pf.best_on("mIoU")],
-                  max_epochs=5, scheduler=sched, save_dir=tmp_path, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        opt,
+        train,
+        hooks=[pf.evaluate_every(0, Evaluator(val, 48), name="val"), pf.best_on("mIoU")],
+        max_epochs=5,
+        scheduler=sched,
+        save_dir=tmp_path,
+        watching=pf.Watching(console=False),
+    )
     state = run()
     assert state.best["mIoU"] > 0.5 and (tmp_path / "model" / "model_best.pth").is_file()

@@ -6,8 +6,7 @@ import pathlib
 import torch
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "train_pointcloud.py"
-TINY = ["--num-train", "32", "--num-val", "8", "--points", "128", "--batch-size", "8",
-        "--threads", "1"]
+TINY = ["--num-train", "32", "--num-val", "8", "--points", "128", "--batch-size", "8", "--threads", "1"]
 
 
 def _script():
@@ -59,7 +58,9 @@ def test_script_runs_and_resumes_with_the_library_loop(tmp_path, capsys):
 
 def _bits(tensors: dict) -> dict:
     """Each tensor as (dtype, shape, its bytes): equal only when bit-identical."""
-    return {k: (v.dtype, tuple(v.shape), v.contiguous().reshape(-1).view(torch.uint8).tolist()) for k, v in tensors.items()}
+    return {
+        k: (v.dtype, tuple(v.shape), v.contiguous().reshape(-1).view(torch.uint8).tolist()) for k, v in tensors.items()
+    }
 
 
 def test_the_demos_best_model_round_trips_through_safetensors_bit_identical(tmp_path):
@@ -89,7 +90,13 @@ def test_the_demos_best_model_round_trips_through_safetensors_bit_identical(tmp_
     assert metadata["pimm_fn.metric"] == "mIoU" and float(metadata["pimm_fn.value"]) == state.best["mIoU"]
 
     warm, _, _, loader, _ = script.build(script.parse_args(TINY))
-    run = pf.loop(warm, torch.optim.SGD(warm.parameters(), lr=0.0), loader, max_epochs=1,
-                  hooks=[pf.load_weights(tmp_path / "best.safetensors", strict=True)], watching=pf.Watching(console=False))
+    run = pf.loop(
+        warm,
+        torch.optim.SGD(warm.parameters(), lr=0.0),
+        loader,
+        max_epochs=1,
+        hooks=[pf.load_weights(tmp_path / "best.safetensors", strict=True)],
+        watching=pf.Watching(console=False),
+    )
     run.step()  # the warm start, then one step that changes nothing (lr 0, no running statistics)
     assert all(torch.equal(v, saved[k]) for k, v in warm.state_dict().items())

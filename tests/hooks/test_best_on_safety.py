@@ -8,13 +8,17 @@ from pimm_fn.hooks import BestState, best_on
 from _hook_helpers import at
 
 
-@pytest.mark.parametrize("metric", ["val_loss", "loss", "val/error", "top1_err", "ValMSE", "nll", "perplexity",
-                                    "trainLoss", "val/mae"])
+@pytest.mark.parametrize(
+    "metric", ["val_loss", "loss", "val/error", "top1_err", "ValMSE", "nll", "perplexity", "trainLoss", "val/mae"]
+)
 def test_a_loss_like_metric_without_a_mode_is_refused_with_the_fix(metric):
     """Its default mode='max' would keep the highest loss: refused at construction, naming mode='min'."""
-    with pytest.raises(ValueError, match=rf"best_on\('{metric}'\) would keep the model with the highest '{metric}' "
-                                         rf"\(mode='max' by default\), the worst one for a loss or an error: pass "
-                                         rf"best_on\('{metric}', mode='min'\), or mode='max' if higher is better"):
+    with pytest.raises(
+        ValueError,
+        match=rf"best_on\('{metric}'\) would keep the model with the highest '{metric}' "
+        rf"\(mode='max' by default\), the worst one for a loss or an error: pass "
+        rf"best_on\('{metric}', mode='min'\), or mode='max' if higher is better",
+    ):
         best_on(metric)
 
 

@@ -34,12 +34,15 @@ def test_ema_repr_reads_like_the_call_and_pickles():
     assert pickle.loads(pickle.dumps(hook)) == hook
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"decay": 1.0}, "'decay' must be a number in \\[0, 1\\)"),
-    ({"decay": float("nan")}, "'decay'"),
-    ({"decay": 0.9, "every": 0}, "'every' must be an int >= 1"),
-    ({"decay": 0.9, "name": ""}, "'name' must be a non-empty str"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"decay": 1.0}, "'decay' must be a number in \\[0, 1\\)"),
+        ({"decay": float("nan")}, "'decay'"),
+        ({"decay": 0.9, "every": 0}, "'every' must be an int >= 1"),
+        ({"decay": 0.9, "name": ""}, "'name' must be a non-empty str"),
+    ],
+)
 def test_ema_arguments_are_checked_at_construction(kwargs, match):
     """A decay outside [0, 1), every < 1 or an empty name fails at once."""
     with pytest.raises((ValueError, TypeError), match=match):
@@ -69,7 +72,9 @@ def test_an_update_reads_nothing_back_to_the_host(monkeypatch):
     calls = []
     for name in ("item", "tolist", "cpu", "__float__"):
         original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=original, _n=name, **k: calls.append(_n) or _o(self, *a, **k))
+        monkeypatch.setattr(
+            torch.Tensor, name, lambda self, *a, _o=original, _n=name, **k: calls.append(_n) or _o(self, *a, **k)
+        )
     for _ in range(5):
         avg.update(net, 0.9)
     assert calls == []
@@ -78,8 +83,15 @@ def test_an_update_reads_nothing_back_to_the_host(monkeypatch):
 def _run(save_dir, hooks, *, max_epochs=1):
     torch.manual_seed(0)
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), hooks=hooks, max_epochs=max_epochs,
-                  save_dir=save_dir, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        loader(),
+        hooks=hooks,
+        max_epochs=max_epochs,
+        save_dir=save_dir,
+        watching=pf.Watching(console=False),
+    )
     return model, run
 
 
@@ -141,8 +153,16 @@ def test_the_average_resumes_exactly(tmp_path):
     saved = run.ctx.extra_state["ema"].state_dict()
     torch.manual_seed(0)
     model = TinyNet()
-    resumed = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), hooks=hooks, max_epochs=1,
-                      save_dir=tmp_path, resume="auto", watching=pf.Watching(console=False))
+    resumed = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        loader(),
+        hooks=hooks,
+        max_epochs=1,
+        save_dir=tmp_path,
+        resume="auto",
+        watching=pf.Watching(console=False),
+    )
     back = resumed.ctx.extra_state["ema"].state_dict()
     assert back["updates"] == saved["updates"] == 3
     assert all(torch.equal(back["params"][k], saved["params"][k]) for k in saved["params"])
@@ -152,13 +172,24 @@ def test_an_ema_after_a_saver_is_refused():
     """ema after save_every: a checkpoint would miss its step's update, so loop refuses the order."""
     model = TinyNet()
     with pytest.raises(ValueError, match=r"ema\(0.9\) comes after save_every\(2\)"):
-        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), hooks=[pf.save_every(2), pf.ema(0.9)],
-                max_epochs=1, save_dir="unused")
+        pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            loader(),
+            hooks=[pf.save_every(2), pf.ema(0.9)],
+            max_epochs=1,
+            save_dir="unused",
+        )
 
 
 def test_evaluating_an_average_no_ema_keeps_is_refused():
     """evaluate_every(weights='ema') without pf.ema() says what to add."""
     model = TinyNet()
     with pytest.raises(ValueError, match=r"weights='ema', but no ema\(name='ema'\)"):
-        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(),
-                hooks=[pf.evaluate_every(2, negative_mse, weights="ema")], max_epochs=1)
+        pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            loader(),
+            hooks=[pf.evaluate_every(2, negative_mse, weights="ema")],
+            max_epochs=1,
+        )

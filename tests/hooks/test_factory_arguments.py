@@ -41,6 +41,7 @@ def _number(low, high=math.inf, *, above=False):
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
             return False
         return (x > low if above else x >= low) and x < high
+
     return check
 
 
@@ -85,11 +86,18 @@ CASES = [
 ]
 
 ANYTHING = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 6), st.floats(allow_nan=True, allow_infinity=True),
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 6),
+    st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from(["", "max", "min", "step", "epoch", "fp16", "bf16", "32", "acc", "yes", "true", "0"]),
-    st.text(max_size=3), st.lists(st.integers(), max_size=2),
-    st.dictionaries(st.one_of(st.text(max_size=2), st.integers()), st.one_of(st.text(max_size=2), st.none()), max_size=2),
-    st.just(object()), st.just(print),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=2),
+    st.dictionaries(
+        st.one_of(st.text(max_size=2), st.integers()), st.one_of(st.text(max_size=2), st.none()), max_size=2
+    ),
+    st.just(object()),
+    st.just(print),
 )
 
 
@@ -97,7 +105,11 @@ def _call(factory, kwargs):
     if factory is pf.TrainStep:
         return factory(**kwargs)
     first = next(iter(kwargs))  # the factories take their first argument positionally
-    return factory(kwargs[first], **{k: v for k, v in kwargs.items() if k != first}) if first != "on" else factory(**kwargs)
+    return (
+        factory(kwargs[first], **{k: v for k, v in kwargs.items() if k != first})
+        if first != "on"
+        else factory(**kwargs)
+    )
 
 
 @settings(max_examples=300, deadline=None)

@@ -75,7 +75,9 @@ def test_a_finite_value_after_infinity_is_the_best():
     hook = best_on("loss", mode="min")
     state, effects = hook(at(3, BestState()), published(loss=-math.inf))
     assert effects == () and state.slot == BestState()
-    state, effects = hook(attrs.evolve(state, progress=attrs.evolve(state.progress, global_step=6)), published(loss=2.0))
+    state, effects = hook(
+        attrs.evolve(state, progress=attrs.evolve(state.progress, global_step=6)), published(loss=2.0)
+    )
     assert effects == (WriteBest("loss", 2.0, 6),)
 
 

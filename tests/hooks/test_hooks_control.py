@@ -44,7 +44,8 @@ def test_first_value_is_the_best_and_counts_nothing():
     """The first published value becomes the best; no evaluation without improvement yet."""
     state = at(4, EarlyStopState())
     assert early_stop("acc", patience=2)(state, published(acc=0.5)) == (
-        attrs.evolve(state, slot=EarlyStopState(0.5, 0)), ()
+        attrs.evolve(state, slot=EarlyStopState(0.5, 0)),
+        (),
     )
 
 
@@ -70,8 +71,14 @@ def test_improvement_resets_the_count():
 
 @pytest.mark.parametrize(
     "mode, value, improves",
-    [("max", 0.61, True), ("max", 0.6, False), ("max", 0.55, False),
-     ("min", 0.39, True), ("min", 0.4, False), ("min", 0.45, False)],
+    [
+        ("max", 0.61, True),
+        ("max", 0.6, False),
+        ("max", 0.55, False),
+        ("min", 0.39, True),
+        ("min", 0.4, False),
+        ("min", 0.45, False),
+    ],
 )
 def test_improvement_must_beat_the_best_by_more_than_min_delta(mode, value, improves):
     """With best 0.5 and min_delta 0.1, only values beyond 0.6 (max) or below 0.4 (min) improve."""
@@ -93,8 +100,11 @@ def test_nan_and_non_numbers_never_improve_and_count(best, value):
 def test_rank_local_metric_is_refused_with_advice():
     """A value published without broadcast cannot drive a stop every rank takes: ValueError says broadcast=True."""
     state = at(3, EarlyStopState())
-    with pytest.raises(ValueError, match=r"early_stop\('acc', patience=2\) got 'acc' from evaluator 'val' as a "
-                                         r"rank-local value .* Evaluate with broadcast=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"early_stop\('acc', patience=2\) got 'acc' from evaluator 'val' as a "
+        r"rank-local value .* Evaluate with broadcast=True",
+    ):
         early_stop("acc", patience=2)(state, published(consistent=False, acc=0.5))
 
 
@@ -125,8 +135,10 @@ def test_early_stop_declares_what_the_protocol_needs():
     "hook, text",
     [
         (early_stop("acc", patience=2), "early_stop('acc', patience=2)"),
-        (early_stop("loss", patience=5, mode="min", min_delta=0.01),
-         "early_stop('loss', patience=5, mode='min', min_delta=0.01)"),
+        (
+            early_stop("loss", patience=5, mode="min", min_delta=0.01),
+            "early_stop('loss', patience=5, mode='min', min_delta=0.01)",
+        ),
     ],
 )
 def test_early_stop_repr_reads_like_the_call_and_pickles(hook, text):
@@ -141,12 +153,21 @@ def test_early_stop_repr_reads_like_the_call_and_pickles(hook, text):
         (dict(metric="acc", patience=0), ValueError, "early_stop: 'patience' must be an int >= 1 (got 0)"),
         (dict(metric="acc", patience=1.5), ValueError, "early_stop: 'patience' must be an int >= 1 (got 1.5)"),
         (dict(metric="", patience=1), TypeError, "early_stop: 'metric' must be a non-empty str (got '')"),
-        (dict(metric="acc", patience=1, mode="best"), ValueError,
-         "early_stop: 'mode' must be one of ['max', 'min'] (got 'best')"),
-        (dict(metric="acc", patience=1, min_delta=-0.1), ValueError,
-         "early_stop: 'min_delta' must be a finite number >= 0 (got -0.1)"),
-        (dict(metric="acc", patience=1, min_delta=math.nan), ValueError,
-         "early_stop: 'min_delta' must be a finite number >= 0 (got nan)"),
+        (
+            dict(metric="acc", patience=1, mode="best"),
+            ValueError,
+            "early_stop: 'mode' must be one of ['max', 'min'] (got 'best')",
+        ),
+        (
+            dict(metric="acc", patience=1, min_delta=-0.1),
+            ValueError,
+            "early_stop: 'min_delta' must be a finite number >= 0 (got -0.1)",
+        ),
+        (
+            dict(metric="acc", patience=1, min_delta=math.nan),
+            ValueError,
+            "early_stop: 'min_delta' must be a finite number >= 0 (got nan)",
+        ),
     ],
 )
 def test_early_stop_refuses_bad_arguments(kwargs, error, message):
@@ -198,8 +219,9 @@ def test_simulated_ranks_stop_with_the_plan():
 
 def test_resume_continues_to_the_same_stop():
     """Killed and resumed at any step up to the stop, the run stops where the uninterrupted one did."""
-    assert_resume_continuity(STACK, resume_at=range(1, 13), world_size=2, iters_per_epoch=5, max_epochs=4,
-                             metrics=metrics)
+    assert_resume_continuity(
+        STACK, resume_at=range(1, 13), world_size=2, iters_per_epoch=5, max_epochs=4, metrics=metrics
+    )
 
 
 def _expected_stop(values, patience, mode, min_delta):
@@ -269,14 +291,19 @@ def test_epoch_interval_steps_at_each_epochs_end_including_one_a_stop_closes():
     hooks = [evaluate_every(2, val), early_stop("acc", patience=1), step_scheduler("epoch")]
     trace = plan(hooks, iters_per_epoch=3, max_epochs=4, metrics={2: {"acc": 1.0}, 4: {"acc": 0.0}})
     assert [(e.step, type(e.event)) for e in trace if isinstance(e.effect, StepScheduler)] == [
-        (3, ev.AfterEpoch), (4, ev.AfterEpoch)
+        (3, ev.AfterEpoch),
+        (4, ev.AfterEpoch),
     ]
 
 
 def test_on_metric_steps_with_each_published_value():
     """step_scheduler(on=...) steps after each publication of the metric, carrying its value."""
-    trace = plan([evaluate_every(2, val), step_scheduler(on="loss")], iters_per_epoch=4, max_epochs=1,
-                 metrics={2: {"loss": 0.5}, 4: {"acc": 1.0}})
+    trace = plan(
+        [evaluate_every(2, val), step_scheduler(on="loss")],
+        iters_per_epoch=4,
+        max_epochs=1,
+        metrics={2: {"loss": 0.5}, 4: {"acc": 1.0}},
+    )
     assert [e.effect for e in trace] == [Evaluate("val", 2), StepScheduler(2, "loss", 0.5), Evaluate("val", 4)]
 
 
@@ -302,8 +329,12 @@ def test_step_scheduler_ignores_events_of_other_intervals():
     [
         ((), {}, ValueError, "step_scheduler: pass an interval, 'step' or 'epoch', or on='<metric>'"),
         (("step",), {"on": "loss"}, ValueError, "exactly one of them (got interval='step', on='loss')"),
-        (("val_loss",), {}, ValueError, "'interval' must be 'step' or 'epoch' (got 'val_loss'); "
-                                        "to step on a metric, pass on='val_loss'"),
+        (
+            ("val_loss",),
+            {},
+            ValueError,
+            "'interval' must be 'step' or 'epoch' (got 'val_loss'); to step on a metric, pass on='val_loss'",
+        ),
         ((1,), {}, ValueError, "step_scheduler: 'interval' must be one of ['step', 'epoch'] (got 1)"),
         ((), {"on": ""}, TypeError, "step_scheduler: 'on' must be a non-empty str (got '')"),
     ],
@@ -330,6 +361,7 @@ def test_step_scheduler_repr_declarations_and_pickle():
 
 def test_emits_any_finds_a_scheduler_stepping_hook_at_any_depth():
     """emits_any looks through nested chains and ignores hooks that do not declare emits."""
+
     def undeclared(state, event):
         return state, ()
 

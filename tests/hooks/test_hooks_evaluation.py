@@ -41,7 +41,10 @@ def test_step_cadence_does_not_evaluate_at_epoch_end_event():
 def test_n_zero_evaluates_once_per_epoch_at_after_epoch():
     """evaluate_every(0) requests one Evaluate per epoch, at AfterEpoch, for the epoch's last step."""
     assert evaluations([evaluate_every(0, validate)], iters=3, epochs=3) == [
-        (3, ev.AfterEpoch(0)), (6, ev.AfterEpoch(1)), (9, ev.AfterEpoch(2))]
+        (3, ev.AfterEpoch(0)),
+        (6, ev.AfterEpoch(1)),
+        (9, ev.AfterEpoch(2)),
+    ]
     state = at(6)
     assert evaluate_every(0, validate)(state, ev.AfterStep(6)) == (state, ())
 
@@ -59,7 +62,8 @@ def test_broadcast_flag_reaches_the_effect():
     """broadcast=False is carried into each Evaluate; the default is True."""
     state = at(2)
     assert evaluate_every(2, validate, broadcast=False)(state, ev.AfterStep(2))[1] == (
-        Evaluate("validate", 2, broadcast=False),)
+        Evaluate("validate", 2, broadcast=False),
+    )
     assert evaluate_every(2, validate)(state, ev.AfterStep(2))[1][0].broadcast is True
 
 

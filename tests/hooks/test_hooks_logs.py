@@ -28,8 +28,14 @@ def test_train_logs_every_n_steps_with_position():
 
 def test_epoch_averages_are_exact():
     """The epoch log holds the exact mean of that epoch's outputs, and the slot resets per epoch."""
-    outputs = {1: {"loss": 1.0, "acc": 0.5}, 2: {"loss": 2.0, "acc": 0.25}, 3: {"loss": 6.0, "acc": 0.0},
-               4: {"loss": 0.5, "acc": 1.0}, 5: {"loss": 0.25, "acc": 1.0}, 6: {"loss": 0.25, "acc": 0.25}}
+    outputs = {
+        1: {"loss": 1.0, "acc": 0.5},
+        2: {"loss": 2.0, "acc": 0.25},
+        3: {"loss": 6.0, "acc": 0.0},
+        4: {"loss": 0.5, "acc": 1.0},
+        5: {"loss": 0.25, "acc": 1.0},
+        6: {"loss": 0.25, "acc": 0.25},
+    }
     records, final = logs([log_every(100)], iters=3, epochs=2, outputs=outputs.get)
     assert records == [
         Log(3, "epoch", {"epoch": 0, "loss": 3.0, "acc": 0.25}),
@@ -71,7 +77,9 @@ def test_slot_with_a_count_per_output_continues_with_the_same_averages():
 def test_counts_keep_only_outputs_some_steps_left_out():
     """counts holds an entry only for an output that not every step of the epoch reported."""
     hook, state = log_every(10), at(1, LogState())
-    for step, outputs in enumerate([{"loss": 1.0}, {"loss": 1.0, "aux": 2.0}, {"aux": 2.0}, {"loss": 1.0, "aux": 2.0}], 1):
+    for step, outputs in enumerate(
+        [{"loss": 1.0}, {"loss": 1.0, "aux": 2.0}, {"aux": 2.0}, {"loss": 1.0, "aux": 2.0}], 1
+    ):
         state, _ = hook(attrs.evolve(state, progress=at(step).progress), ev.AfterStep(step, outputs))
     assert state.slot == LogState(FrozenMap({"loss": 3.0, "aux": 6.0}), 4, FrozenMap({"loss": 3, "aux": 3}))
     state, _ = hook(attrs.evolve(state, progress=at(5).progress), ev.AfterStep(5, {}))
@@ -90,8 +98,13 @@ def validate(model):
 
 def test_eval_logs_name_the_source():
     """Each non-empty MetricsPublished logs 'eval/<source>' with its values at the current step."""
-    records, _ = logs([evaluate_every(2, validate), log_every(100)], iters=4, epochs=1,
-                      outputs=lambda s: {}, metrics={2: {"miou": 0.5}, 4: {}})
+    records, _ = logs(
+        [evaluate_every(2, validate), log_every(100)],
+        iters=4,
+        epochs=1,
+        outputs=lambda s: {},
+        metrics={2: {"miou": 0.5}, 4: {}},
+    )
     assert records == [
         Log(2, "eval/validate", {"miou": 0.5}),
         Log(4, "epoch", {"epoch": 0}),
@@ -100,10 +113,13 @@ def test_eval_logs_name_the_source():
     assert log_every(1)(state, ev.MetricsPublished({"a": 1.0})) == (state, (Log(3, "eval", {"a": 1.0}),))
 
 
-@pytest.mark.parametrize("n, message", [
-    (0, "log_every: 'n' must be an int >= 1 (got 0)"),
-    ("5", "log_every: 'n' must be an int >= 1 (got '5')"),
-])
+@pytest.mark.parametrize(
+    "n, message",
+    [
+        (0, "log_every: 'n' must be an int >= 1 (got 0)"),
+        ("5", "log_every: 'n' must be an int >= 1 (got '5')"),
+    ],
+)
 def test_log_every_rejects_bad_arguments(n, message):
     """A bad log_every n raises ValueError naming it."""
     with pytest.raises(ValueError) as info:
@@ -124,10 +140,17 @@ def test_builtin_skipped_steps_only_accumulate():
     from pimm_fn.hooks import SaveEveryState, save_every
 
     outputs = FrozenMap({"loss": 0.5, "lr": 0.1})
-    log_slots = [LogState(), LogState(FrozenMap({"loss": 1.0, "lr": 0.2}), 2, FrozenMap({"loss": 2, "lr": 2})),
-                 LogState(FrozenMap({"loss": 1.0}), 2, FrozenMap({"loss": 1}))]
-    cases = [(log_every(4), log_slots), (save_every(4), [SaveEveryState(), SaveEveryState(last_saved=4)]),
-             (evaluate_every(4, lambda m: 0.0, name="v"), [None]), (evaluate_every(0, lambda m: 0.0, name="e"), [None])]
+    log_slots = [
+        LogState(),
+        LogState(FrozenMap({"loss": 1.0, "lr": 0.2}), 2, FrozenMap({"loss": 2, "lr": 2})),
+        LogState(FrozenMap({"loss": 1.0}), 2, FrozenMap({"loss": 1})),
+    ]
+    cases = [
+        (log_every(4), log_slots),
+        (save_every(4), [SaveEveryState(), SaveEveryState(last_saved=4)]),
+        (evaluate_every(4, lambda m: 0.0, name="v"), [None]),
+        (evaluate_every(0, lambda m: 0.0, name="e"), [None]),
+    ]
     for hook, slots in cases:
         accumulate = declared(hook).accumulate or (lambda slot, outputs: slot)
         for slot in slots:

@@ -77,10 +77,10 @@ def test_cadence_continues_from_resumed_progress():
 def test_snapshots_flag_reaches_every_save():
     """snapshots=True marks each SaveCheckpoint, the final one too."""
     assert save_every(4, snapshots=True)(at(4, SaveEveryState()), ev.AfterStep(4))[1] == (
-        SaveCheckpoint(4, snapshot=True),)
+        SaveCheckpoint(4, snapshot=True),
+    )
     final = at(30, SaveEveryState(), position="AfterTrain")
-    assert save_every(4, snapshots=True)(final, ev.AfterTrain())[1] == (
-        SaveCheckpoint(30, snapshot=True, final=True),)
+    assert save_every(4, snapshots=True)(final, ev.AfterTrain())[1] == (SaveCheckpoint(30, snapshot=True, final=True),)
 
 
 def test_ignores_other_events():
@@ -114,8 +114,11 @@ def test_mid_epoch_save_at_an_evaluation_step_records_the_evaluation():
     hooks = [evaluate_every(5, evaluate), best_on("acc"), save_every(5)]
     _, rec = run(hooks, iters=10, epochs=1, metrics={5: {"acc": 0.75}, 10: {"acc": math.nan}})
     assert [effect for _, _, effect, _, _ in rec.seen] == [
-        Evaluate("evaluate", 5), WriteBest("acc", 0.75, 5), SaveCheckpoint(5),
-        Evaluate("evaluate", 10), SaveCheckpoint(10, deferred=True),
+        Evaluate("evaluate", 5),
+        WriteBest("acc", 0.75, 5),
+        SaveCheckpoint(5),
+        Evaluate("evaluate", 10),
+        SaveCheckpoint(10, deferred=True),
     ]
     assert rec.seen[2][3] == {"acc": 0.75}
     assert rec.seen[4][3] == {"acc": 0.75} and math.isnan(rec.seen[4][4]["acc"])
@@ -126,8 +129,13 @@ def test_saver_before_evaluator_saves_first_at_a_mid_epoch_step():
     hooks = [save_every(5), evaluate_every(5, evaluate), best_on("acc")]
     _, rec = run(hooks, iters=10, epochs=1, metrics={5: {"acc": 0.5}, 10: {"acc": 0.75}})
     assert [effect for _, _, effect, _, _ in rec.seen] == [
-        SaveCheckpoint(5), Evaluate("evaluate", 5), WriteBest("acc", 0.5, 5),
-        Evaluate("evaluate", 10), WriteBest("acc", 0.75, 10), SaveCheckpoint(10, deferred=True)]
+        SaveCheckpoint(5),
+        Evaluate("evaluate", 5),
+        WriteBest("acc", 0.5, 5),
+        Evaluate("evaluate", 10),
+        WriteBest("acc", 0.75, 10),
+        SaveCheckpoint(10, deferred=True),
+    ]
     assert rec.seen[0][3] == {}
 
 
@@ -136,7 +144,10 @@ def test_deferred_save_follows_the_epochs_evaluation_whatever_the_order():
     hooks = [save_every(10), evaluate_every(0, evaluate), best_on("acc")]
     _, rec = run(hooks, iters=10, epochs=1, metrics={10: {"acc": 0.5}})
     assert [effect for _, _, effect, _, _ in rec.seen] == [
-        Evaluate("evaluate", 10), WriteBest("acc", 0.5, 10), SaveCheckpoint(10, deferred=True)]
+        Evaluate("evaluate", 10),
+        WriteBest("acc", 0.5, 10),
+        SaveCheckpoint(10, deferred=True),
+    ]
     assert rec.seen[2][3] == {"acc": 0.5}
 
 

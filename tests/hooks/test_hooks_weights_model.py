@@ -31,14 +31,19 @@ def test_load_weights_accepts_path_objects():
 @pytest.mark.parametrize("replacements", [[("a", "b")], "a=b", (("a", "b"),)])
 def test_load_weights_rejects_non_dict_replacements(replacements):
     """replacements that are not a dict raise TypeError naming the argument and the type."""
-    with pytest.raises(TypeError, match=r"load_weights: 'replacements' must be a dict of \{old_prefix: new_prefix\} \(got "
-                       + type(replacements).__name__):
+    with pytest.raises(
+        TypeError,
+        match=r"load_weights: 'replacements' must be a dict of \{old_prefix: new_prefix\} \(got "
+        + type(replacements).__name__,
+    ):
         load_weights("w.pth", replacements=replacements)
 
 
 def test_load_weights_rejects_non_str_rules():
     """A replacement rule must map str to str."""
-    with pytest.raises(TypeError, match=r"load_weights: 'replacements' must map str prefixes to str prefixes \(got 'a': 1\)"):
+    with pytest.raises(
+        TypeError, match=r"load_weights: 'replacements' must map str prefixes to str prefixes \(got 'a': 1\)"
+    ):
         load_weights("w.pth", replacements={"a": 1})
 
 
@@ -46,7 +51,8 @@ def test_load_weights_repr_reads_like_the_call():
     """repr shows path, then replacements and strict only when given."""
     assert repr(load_weights("w.pth")) == "load_weights('w.pth')"
     assert repr(load_weights("w.pth", replacements={"a.": "b."}, strict=True)) == (
-        "load_weights('w.pth', replacements={'a.': 'b.'}, strict=True)")
+        "load_weights('w.pth', replacements={'a.': 'b.'}, strict=True)"
+    )
 
 
 def test_unbound_model_hook_emits_nothing():

@@ -23,8 +23,9 @@ def main():
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    model, run = build(args.save_dir, kind=args.kind, resume="auto" if args.resume else None, max_epochs=None,
-                       max_steps=args.max_steps)
+    model, run = build(
+        args.save_dir, kind=args.kind, resume="auto" if args.resume else None, max_epochs=None, max_steps=args.max_steps
+    )
     if args.kill_at:
         while not run.finished:
             run.step()
@@ -34,8 +35,10 @@ def main():
     else:
         run()
     if args.out:
-        torch.save({"weights": weights(model), "trace": [repr(e) for e in run.trace],
-                    "step": run.state.progress.global_step}, args.out)
+        torch.save(
+            {"weights": weights(model), "trace": [repr(e) for e in run.trace], "step": run.state.progress.global_step},
+            args.out,
+        )
 
 
 if __name__ == "__main__":

@@ -16,8 +16,13 @@ class TinyGan(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.g = torch.nn.Linear(2, 4)
-        self.d = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
-                                     torch.nn.Dropout(0.25), torch.nn.Linear(8, 1))
+        self.d = torch.nn.Sequential(
+            torch.nn.Linear(4, 8),
+            torch.nn.BatchNorm1d(8),
+            torch.nn.ReLU(),
+            torch.nn.Dropout(0.25),
+            torch.nn.Linear(8, 1),
+        )
 
 
 class RunningMean:
@@ -70,14 +75,30 @@ def build(save_dir, *, resume=None, async_save=False, max_epochs=3):
     """A fresh GAN, its two optimizers, an EMA and a running mean, seeded identically every time."""
     torch.manual_seed(0)
     model = TinyGan()
-    optimizers = {"g": torch.optim.Adam(model.g.parameters(), lr=0.01),
-                  "d": torch.optim.Adam(model.d.parameters(), lr=0.02, betas=(0.5, 0.9))}
+    optimizers = {
+        "g": torch.optim.Adam(model.g.parameters(), lr=0.01),
+        "d": torch.optim.Adam(model.d.parameters(), lr=0.02, betas=(0.5, 0.9)),
+    }
     stats = RunningMean()
-    hooks = [pf.ema(0.8), pf.evaluate_every(4, realism, name="val", weights="ema"),
-             pf.save_every(3, async_save=async_save), pf.best_on("score"), pf.log_every(5)]
-    run = pf.loop(model, optimizer=optimizers, train_data=loader("plain"), step_fn=GanStep(stats), hooks=hooks,
-                  max_epochs=max_epochs, save_dir=save_dir, resume=resume,
-                  watching=pf.Watching(console=False), training=pf.Training(extra_state={"stats": stats}))
+    hooks = [
+        pf.ema(0.8),
+        pf.evaluate_every(4, realism, name="val", weights="ema"),
+        pf.save_every(3, async_save=async_save),
+        pf.best_on("score"),
+        pf.log_every(5),
+    ]
+    run = pf.loop(
+        model,
+        optimizer=optimizers,
+        train_data=loader("plain"),
+        step_fn=GanStep(stats),
+        hooks=hooks,
+        max_epochs=max_epochs,
+        save_dir=save_dir,
+        resume=resume,
+        watching=pf.Watching(console=False),
+        training=pf.Training(extra_state={"stats": stats}),
+    )
     return model, run
 
 

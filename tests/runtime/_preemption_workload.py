@@ -53,8 +53,15 @@ def signal_at_forward(model, n: int, sig=signal.SIGTERM):
 def build(save_dir, *, resume=None, max_epochs=6, preemption=None, console=False, **kwargs):
     """The run every preemption test compares: the tiny workload with a save every 5 and an evaluation every 4 steps."""
     extra = {"preemption": preemption} if preemption is not None else {}
-    return tw.build(save_dir, resume=resume, max_epochs=max_epochs, hooks=tw.standard_hooks(**HOOKS),
-                    console=console, **extra, **kwargs)
+    return tw.build(
+        save_dir,
+        resume=resume,
+        max_epochs=max_epochs,
+        hooks=tw.standard_hooks(**HOOKS),
+        console=console,
+        **extra,
+        **kwargs,
+    )
 
 
 def main():
@@ -64,8 +71,12 @@ def main():
     parser.add_argument("--save-on-interrupt", action="store_true")
     parser.add_argument("--resume", action="store_true", help='build the loop with resume="auto"')
     args = parser.parse_args()
-    model, run = build(args.save_dir, console=True, resume="auto" if args.resume else None,
-                       preemption=pf.Preemption(save_on_interrupt=args.save_on_interrupt))
+    model, run = build(
+        args.save_dir,
+        console=True,
+        resume="auto" if args.resume else None,
+        preemption=pf.Preemption(save_on_interrupt=args.save_on_interrupt),
+    )
     slow_steps(model, pathlib.Path(args.ready))
     run()
     print("finished", flush=True)

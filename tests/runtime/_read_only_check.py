@@ -22,8 +22,12 @@ def main(save_dir: str, epochs: int) -> dict:
     found = {}
     try:
         _, run = tw.build(save_dir, resume="auto", max_epochs=epochs)
-        found["opened"] = {"step": run.state.progress.global_step, "finished": run.finished,
-                           "history": len(run.history.records()), "evals": len(run.history.records("eval"))}
+        found["opened"] = {
+            "step": run.state.progress.global_step,
+            "finished": run.finished,
+            "history": len(run.history.records()),
+            "evals": len(run.history.records("eval")),
+        }
         run.run()  # nothing to do: writes nothing
     except Exception as exc:  # noqa: BLE001 - the test reads what was raised
         found["opened"] = f"{type(exc).__name__}: {exc}"

@@ -33,12 +33,25 @@ def build(save_dir, *, kind, accumulate, precision, clip, resume, supervised=Fal
     model = Plain() if supervised else TinyNet()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.9)
-    step = pf.TrainStep(device="cpu", precision=precision, accumulate=accumulate, clip_grad_norm=clip,
-                        loss_fn=torch.nn.functional.mse_loss if supervised else None)
-    run = pf.loop(model, optimizer, loader(kind, batch_size=4), hooks=standard_hooks(save_every=2, evaluate_every=3),
-                  max_epochs=3, save_dir=save_dir, scheduler=scheduler, resume=resume,
-                  watching=pf.Watching(console=False),
-                  step_fn=step)
+    step = pf.TrainStep(
+        device="cpu",
+        precision=precision,
+        accumulate=accumulate,
+        clip_grad_norm=clip,
+        loss_fn=torch.nn.functional.mse_loss if supervised else None,
+    )
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(kind, batch_size=4),
+        hooks=standard_hooks(save_every=2, evaluate_every=3),
+        max_epochs=3,
+        save_dir=save_dir,
+        scheduler=scheduler,
+        resume=resume,
+        watching=pf.Watching(console=False),
+        step_fn=step,
+    )
     return model, run
 
 
@@ -55,15 +68,24 @@ def main(argv) -> None:
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
-    model, run = build(args.save_dir, kind=args.kind, accumulate=args.accumulate, precision=args.precision,
-                       clip=args.clip, resume="auto" if args.resume else None, supervised=args.supervised)
+    model, run = build(
+        args.save_dir,
+        kind=args.kind,
+        accumulate=args.accumulate,
+        precision=args.precision,
+        clip=args.clip,
+        resume="auto" if args.resume else None,
+        supervised=args.supervised,
+    )
     while not run.finished:
         run.step()
         if args.kill_at and run.state.progress.global_step == args.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
     if args.out:
-        torch.save({"weights": weights(model), "trace": [repr(e) for e in run.trace],
-                    "steps": run.state.progress.global_step}, args.out)
+        torch.save(
+            {"weights": weights(model), "trace": [repr(e) for e in run.trace], "steps": run.state.progress.global_step},
+            args.out,
+        )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ TIMEOUT = 120  # a hang fails the test instead of stalling the suite
 def run_workload(workload, *args) -> subprocess.CompletedProcess:
     """``python <workload> <args>``, its output captured; a hang past ``TIMEOUT`` fails the test."""
     try:
-        return subprocess.run([sys.executable, str(workload), *map(str, args)], capture_output=True, text=True,
-                              timeout=TIMEOUT)
+        return subprocess.run(
+            [sys.executable, str(workload), *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT
+        )
     except subprocess.TimeoutExpired as timeout:
         pytest.fail(f"training subprocess hung for {TIMEOUT}s: {timeout.stderr}")

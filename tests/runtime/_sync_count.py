@@ -17,6 +17,7 @@ def counting_reads():
         def read(self, *args, **kwargs):
             calls.append(name)
             return original(self, *args, **kwargs)
+
         return read
 
     for name, original in originals.items():
@@ -30,8 +31,7 @@ def counting_reads():
 
 def quiet_steps(max_step: int, cadences, iters_per_epoch: int) -> list:
     """The steps on which no cadence fires and no epoch opens or closes."""
-    return [k for k in range(1, max_step + 1)
-            if all(k % c for c in cadences) and k % iters_per_epoch not in (0, 1)]
+    return [k for k in range(1, max_step + 1) if all(k % c for c in cadences) and k % iters_per_epoch not in (0, 1)]
 
 
 def reads_per_step(run) -> dict:

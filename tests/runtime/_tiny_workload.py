@@ -84,11 +84,27 @@ def negative_mse(model):
 
 
 def standard_hooks(save_every=3, evaluate_every=4):
-    return [pf.evaluate_every(evaluate_every, negative_mse, name="val"), pf.save_every(save_every), pf.best_on("score"), pf.log_every(5)]
+    return [
+        pf.evaluate_every(evaluate_every, negative_mse, name="val"),
+        pf.save_every(save_every),
+        pf.best_on("score"),
+        pf.log_every(5),
+    ]
 
 
-def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt="standard", console=False,
-          watching=None, saving=None, **kwargs):
+def build(
+    save_dir,
+    *,
+    kind="plain",
+    resume=None,
+    max_epochs=3,
+    hooks=None,
+    fmt="standard",
+    console=False,
+    watching=None,
+    saving=None,
+    **kwargs,
+):
     """A fresh model, optimizer, scheduler and loop, seeded identically every time (quiet unless ``console``).
 
     ``saving`` replaces ``Saving(checkpoint_format=fmt)``.
@@ -98,9 +114,16 @@ def build(save_dir, *, kind="plain", resume=None, max_epochs=3, hooks=None, fmt=
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.9)
     run = pf.loop(
-        model, optimizer, loader(kind), hooks=standard_hooks() if hooks is None else hooks,
-        max_epochs=max_epochs, save_dir=save_dir, scheduler=scheduler, resume=resume,
-        saving=saving or pf.Saving(checkpoint_format=fmt), watching=attrs.evolve(watching or pf.Watching(), console=console),
+        model,
+        optimizer,
+        loader(kind),
+        hooks=standard_hooks() if hooks is None else hooks,
+        max_epochs=max_epochs,
+        save_dir=save_dir,
+        scheduler=scheduler,
+        resume=resume,
+        saving=saving or pf.Saving(checkpoint_format=fmt),
+        watching=attrs.evolve(watching or pf.Watching(), console=console),
         **kwargs,
     )
     return model, run

@@ -20,8 +20,13 @@ BLOCK_AT = 6  # the training forward that writes the ready file and waits for th
 
 
 def build(save_dir, resume=None):
-    return tw.build(save_dir, hooks=HOOKS, max_epochs=2, resume=resume,
-                    loggers=[WandbLogger(project="pimm_fn-test", mode="offline")])
+    return tw.build(
+        save_dir,
+        hooks=HOOKS,
+        max_epochs=2,
+        resume=resume,
+        loggers=[WandbLogger(project="pimm_fn-test", mode="offline")],
+    )
 
 
 def main():

@@ -100,11 +100,14 @@ def test_a_run_with_prewarm_is_bit_identical_to_one_without(tmp_path):
         assert _same_tree(a.trainer, b.trainer) and _same_tree(a.local, b.local), step
 
 
-@pytest.mark.parametrize("hooks, fmt", [
-    ([pf.save_every(4)], "standard"),
-    ([pf.log_every(2)], "standard"),
-    ([pf.save_every(4, async_save=True)], "legacy"),  # legacy checkpoints are always written synchronously
-])
+@pytest.mark.parametrize(
+    "hooks, fmt",
+    [
+        ([pf.save_every(4)], "standard"),
+        ([pf.log_every(2)], "standard"),
+        ([pf.save_every(4, async_save=True)], "legacy"),  # legacy checkpoints are always written synchronously
+    ],
+)
 def test_no_prewarm_without_a_background_saver(tmp_path, hooks, fmt):
     """Without a hook that saves in the background, no hook is registered and no staging memory is allocated."""
     _, run = tw.build(tmp_path, hooks=hooks, fmt=fmt, max_epochs=1)

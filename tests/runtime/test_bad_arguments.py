@@ -23,8 +23,11 @@ from _tiny_workload import TinyNet, build, loader, standard_hooks
 
 
 def _digest(root: pathlib.Path) -> dict:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +59,10 @@ def _bad_values(model, optimizer, a_file):
         "step_fn": [3, "train_step", [print]],
         "handlers": [[print], {"SaveCheckpoint": print}, {SaveCheckpoint: 3}, "x", {int: print}],
         "resume": [True, False, 1, ["auto"], b"last", ""],
-        "console": flags, "ddp": flags, "strict_resume": flags, "weights_file": flags,
+        "console": flags,
+        "ddp": flags,
+        "strict_resume": flags,
+        "weights_file": flags,
         "check_agreement": ["yes", 1, 0.0],
         "save_dir": [a_file, 3, True, ""],
         "keep_snapshots": [-1, "3", 1.5, True],
@@ -85,8 +91,9 @@ ARGUMENTS = sorted(_bad_values(torch.nn.Linear(1, 1), None, None))
 def _loop(parts, where, resume_from, **bad):
     """``loop`` on ``parts`` with the standard hooks into ``where``, resuming ``resume_from``; ``bad`` overrides."""
     model, optimizer, data = parts
-    kwargs = dict(hooks=standard_hooks(), max_epochs=1, save_dir=where, resume=resume_from,
-                  watching=pf.Watching(console=False))
+    kwargs = dict(
+        hooks=standard_hooks(), max_epochs=1, save_dir=where, resume=resume_from, watching=pf.Watching(console=False)
+    )
     for name in [name for name in bad if name in MOVED]:  # an option's field is given in its value, made here
         keyword, value = MOVED[name]
         kwargs[keyword] = getattr(pf, value)(**{name: bad.pop(name)})
@@ -135,19 +142,36 @@ def test_each_listed_bad_value_is_refused_by_name(saved, parts, tmp_path):
     assert _digest(root) == digest
 
 
-@pytest.mark.parametrize("argument, value, error, message", [
-    ("step_fn", 3, TypeError, "loop: 'step_fn' must be None or callable (got 3); pass step_fn(model, optimizer, batch"),
-    ("handlers", {"SaveCheckpoint": print}, TypeError,
-     "loop: 'handlers' has the key 'SaveCheckpoint', which is not a subclass of Effect"),
-    ("handlers", {SaveCheckpoint: 3}, TypeError, "loop: 'handlers' entry SaveCheckpoint must be callable (got 3)"),
-    ("optimizer", "sgd", TypeError, "loop: 'optimizer' must be a torch.optim.Optimizer"),
-    ("resume", 1, TypeError, "loop: 'resume' must be None (a fresh run), 'auto'"),
-    ("console", "no", TypeError, "loop: 'console' must be a bool (got 'no'); pass True or False"),
-    ("ddp", "true", TypeError, "loop: 'ddp' must be a bool (got 'true'); pass True or False"),
-    ("keep_snapshots", -1, TypeError, "loop() no longer takes keep_snapshots=: pass saving=pimm_fn.Saving(keep="),
-    ("iters_per_epoch", 0, ValueError, "loop: 'iters_per_epoch' must be None or an int >= 1 (got 0); leave it None"),
-    ("scheduler", "optimizer", TypeError, "that is an optimizer: build a scheduler on it"),
-])
+@pytest.mark.parametrize(
+    "argument, value, error, message",
+    [
+        (
+            "step_fn",
+            3,
+            TypeError,
+            "loop: 'step_fn' must be None or callable (got 3); pass step_fn(model, optimizer, batch",
+        ),
+        (
+            "handlers",
+            {"SaveCheckpoint": print},
+            TypeError,
+            "loop: 'handlers' has the key 'SaveCheckpoint', which is not a subclass of Effect",
+        ),
+        ("handlers", {SaveCheckpoint: 3}, TypeError, "loop: 'handlers' entry SaveCheckpoint must be callable (got 3)"),
+        ("optimizer", "sgd", TypeError, "loop: 'optimizer' must be a torch.optim.Optimizer"),
+        ("resume", 1, TypeError, "loop: 'resume' must be None (a fresh run), 'auto'"),
+        ("console", "no", TypeError, "loop: 'console' must be a bool (got 'no'); pass True or False"),
+        ("ddp", "true", TypeError, "loop: 'ddp' must be a bool (got 'true'); pass True or False"),
+        ("keep_snapshots", -1, TypeError, "loop() no longer takes keep_snapshots=: pass saving=pimm_fn.Saving(keep="),
+        (
+            "iters_per_epoch",
+            0,
+            ValueError,
+            "loop: 'iters_per_epoch' must be None or an int >= 1 (got 0); leave it None",
+        ),
+        ("scheduler", "optimizer", TypeError, "that is an optimizer: build a scheduler on it"),
+    ],
+)
 def test_the_cases_the_issue_found_are_said_with_the_fix(parts, argument, value, error, message):
     """Each input the fault survey found accepted or failing late is refused at construction with the fix."""
     if value == "optimizer":
@@ -175,7 +199,9 @@ def test_a_fresh_run_into_a_save_dir_holding_only_model_best_is_refused(parts, s
     for name in ("model_best.pth", "model_best.json"):
         (kept / "model" / name).write_bytes((root / "model" / name).read_bytes())
     before = _digest(kept)
-    with pytest.raises(FileExistsError, match=r"already holds best weights \(model_best.json, model_best.pth in model/\)"):
+    with pytest.raises(
+        FileExistsError, match=r"already holds best weights \(model_best.json, model_best.pth in model/\)"
+    ):
         _loop(parts, kept, None)
     assert _digest(kept) == before
     with pytest.warns(pf.ConfigurationWarning, match="resume='auto' found no checkpoint .* first best replaces them"):

@@ -47,8 +47,15 @@ class CallEvery:
 def _run(tmp_path, hooks, **watching):
     torch.manual_seed(0)
     model = TinyNet()
-    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), hooks=hooks, max_epochs=1,
-                   save_dir=tmp_path, watching=pf.Watching(progress=False, **watching))
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loader(),
+        hooks=hooks,
+        max_epochs=1,
+        save_dir=tmp_path,
+        watching=pf.Watching(progress=False, **watching),
+    )
 
 
 def test_a_hook_asks_for_a_function_by_name_plan_shows_it_and_the_run_calls_it(tmp_path, capsys):
@@ -67,11 +74,20 @@ def test_a_hook_asks_for_a_function_by_name_plan_shows_it_and_the_run_calls_it(t
     assert matches_plan(run.trace, hooks, iters_per_epoch=ITERS, max_epochs=1)
 
 
-@pytest.mark.parametrize("function, says", [
-    (f"{__name__}:no_such_function", rf"'{__name__}' has no attribute 'no_such_function', so '{__name__}:no_such_function' names nothing"),
-    ("no_such_module_here:note", r"module 'no_such_module_here' cannot be imported \(No module named 'no_such_module_here'\)"),
-    (f"{__name__}:ITERS", r"names 5 \(int\), not a function"),
-])
+@pytest.mark.parametrize(
+    "function, says",
+    [
+        (
+            f"{__name__}:no_such_function",
+            rf"'{__name__}' has no attribute 'no_such_function', so '{__name__}:no_such_function' names nothing",
+        ),
+        (
+            "no_such_module_here:note",
+            r"module 'no_such_module_here' cannot be imported \(No module named 'no_such_module_here'\)",
+        ),
+        (f"{__name__}:ITERS", r"names 5 \(int\), not a function"),
+    ],
+)
 def test_a_call_whose_function_cannot_be_found_is_refused_naming_it_and_the_fix(tmp_path, function, says):
     """A name that resolves to no callable stops the run at its first Call with a LookupError saying so and the fix."""
     run = _run(tmp_path, [CallEvery(2, function)], console=False)

@@ -36,9 +36,18 @@ def _run(save_dir, *, optimizer="adam", scheduler=None, resume=None, model=None,
     torch.manual_seed(0)
     model = model or TinyNet()
     opt = _optimizer(optimizer, model.parameters())
-    return model, pf.loop(model, opt, loader(), hooks=[pf.save_every(3)], max_epochs=2, save_dir=save_dir,
-                          scheduler=_scheduler(scheduler, opt), resume=resume,
-                          watching=pf.Watching(console=True), **kwargs)
+    return model, pf.loop(
+        model,
+        opt,
+        loader(),
+        hooks=[pf.save_every(3)],
+        max_epochs=2,
+        save_dir=save_dir,
+        scheduler=_scheduler(scheduler, opt),
+        resume=resume,
+        watching=pf.Watching(console=True),
+        **kwargs,
+    )
 
 
 def _saved_at_3(save_dir, **kwargs):
@@ -67,8 +76,11 @@ def test_adam_to_sgd_is_a_resume_error_naming_both_classes_and_nothing_is_loaded
 def test_steplr_to_cosine_is_a_resume_error_naming_both_classes(tmp_path):
     """StepLR's state used to load into a CosineAnnealingLR without a word."""
     _saved_at_3(tmp_path, scheduler="step")
-    with pytest.raises(pf.ResumeError, match=rf"its scheduler is a {STEP_LR}, this run's is a {COSINE}.*"
-                                             r"start the scheduler fresh"):
+    with pytest.raises(
+        pf.ResumeError,
+        match=rf"its scheduler is a {STEP_LR}, this run's is a {COSINE}.*"
+        r"start the scheduler fresh",
+    ):
         _run(tmp_path, scheduler="cosine", resume="auto")
 
 
@@ -76,11 +88,14 @@ def test_under_new_a_changed_optimizer_starts_fresh_and_trains(tmp_path, capsys)
     """resume_hyperparameters='new': the SGD starts empty with its own groups, the model is step 3's, steps run."""
     at_3 = _saved_at_3(tmp_path, scheduler="step")
     capsys.readouterr()
-    model, run = _run(tmp_path, optimizer="sgd", scheduler="step", resume="auto",
-                      resuming=pf.Resuming(resume_hyperparameters="new"))
+    model, run = _run(
+        tmp_path, optimizer="sgd", scheduler="step", resume="auto", resuming=pf.Resuming(resume_hyperparameters="new")
+    )
     out = capsys.readouterr().out
-    assert f"the optimizer in {tmp_path / 'model' / 'last'} is a {ADAM}, this run's is a {SGD}: the optimizer " \
-           f"starts fresh (resume_hyperparameters='new')" in out
+    assert (
+        f"the optimizer in {tmp_path / 'model' / 'last'} is a {ADAM}, this run's is a {SGD}: the optimizer "
+        f"starts fresh (resume_hyperparameters='new')" in out
+    )
     assert same_weights(weights(model), at_3) and run.state.progress.global_step == 3
     optimizer = run.ctx.optimizer
     assert not optimizer.state and optimizer.param_groups[0]["momentum"] == 0.9
@@ -118,13 +133,19 @@ def test_a_checkpoint_without_the_record_is_compared_by_its_keys_and_still_resum
     """Written before classes were recorded: Adam's groups against an SGD's (betas vs momentum) are told apart;
     the same classes resume as before."""
     _saved_at_3(tmp_path, scheduler="step", handlers={SaveCheckpoint: _old_writer})
-    with pytest.raises(pf.ResumeError, match=r"its optimizer is of a class not recorded .* param groups hold "
-                                             r"\['amsgrad', 'betas', 'eps'\] and lack \['dampening', 'momentum', "
-                                             rf"'nesterov'\], this run's is a {SGD}"):
+    with pytest.raises(
+        pf.ResumeError,
+        match=r"its optimizer is of a class not recorded .* param groups hold "
+        r"\['amsgrad', 'betas', 'eps'\] and lack \['dampening', 'momentum', "
+        rf"'nesterov'\], this run's is a {SGD}",
+    ):
         _run(tmp_path, optimizer="sgd", scheduler="step", resume="auto")
-    with pytest.raises(pf.ResumeError, match=r"its scheduler is of a class not recorded .* hold "
-                                             r"\['gamma', 'step_size'\] "
-                                             rf"and lack \['T_max', 'eta_min'\], this run's is a {COSINE}"):
+    with pytest.raises(
+        pf.ResumeError,
+        match=r"its scheduler is of a class not recorded .* hold "
+        r"\['gamma', 'step_size'\] "
+        rf"and lack \['T_max', 'eta_min'\], this run's is a {COSINE}",
+    ):
         _run(tmp_path, scheduler="cosine", resume="auto")
     _, run = _run(tmp_path, scheduler="step", resume="auto")
     assert run.state.progress.global_step == 3 and run.ctx.optimizer.state
@@ -134,9 +155,17 @@ def _gan(save_dir, d="adam", **kwargs):
     torch.manual_seed(0)
     model = TinyGan()
     optimizers = {"g": torch.optim.Adam(model.g.parameters(), lr=0.01), "d": _optimizer(d, model.d.parameters())}
-    run = pf.loop(model, optimizer=optimizers, train_data=loader(), step_fn=GanStep(RunningMean()),
-                  hooks=[pf.save_every(3)], max_epochs=1, save_dir=save_dir,
-                  watching=pf.Watching(console=True), **kwargs)
+    run = pf.loop(
+        model,
+        optimizer=optimizers,
+        train_data=loader(),
+        step_fn=GanStep(RunningMean()),
+        hooks=[pf.save_every(3)],
+        max_epochs=1,
+        save_dir=save_dir,
+        watching=pf.Watching(console=True),
+        **kwargs,
+    )
     return run
 
 
@@ -171,8 +200,16 @@ def _sharded(save_dir, optimizer="adam", **kwargs):
     net = _Net()
     fully_shard(net.body[0])
     fully_shard(net)
-    return net, pf.loop(net, _optimizer(optimizer, net.parameters()), loader(), hooks=[pf.save_every(3)],
-                        max_epochs=1, save_dir=save_dir, watching=pf.Watching(console=False), **kwargs)
+    return net, pf.loop(
+        net,
+        _optimizer(optimizer, net.parameters()),
+        loader(),
+        hooks=[pf.save_every(3)],
+        max_epochs=1,
+        save_dir=save_dir,
+        watching=pf.Watching(console=False),
+        **kwargs,
+    )
 
 
 def test_a_sharded_models_optimizer_is_checked_before_its_shards_load(one_rank_group, tmp_path):
@@ -213,9 +250,10 @@ def _altered_scheduler_writer(effect, state, ctx):
 def test_a_scheduler_state_without_what_every_scheduler_keeps_is_refused_not_loaded_in_silence(tmp_path):
     """torch loads any dict into a scheduler; one without last_epoch and base_lrs is a ResumeError instead."""
     _saved_at_3(tmp_path, scheduler="step", handlers={SaveCheckpoint: _altered_scheduler_writer})
-    with pytest.raises(pf.ResumeError, match=r"its scheduler state holds \['a'\], without \['last_epoch', 'base_lrs'\]"):
+    with pytest.raises(
+        pf.ResumeError, match=r"its scheduler state holds \['a'\], without \['last_epoch', 'base_lrs'\]"
+    ):
         _run(tmp_path, scheduler="step", resume="auto")
-
 
 
 class _Extra(TinyNet):
@@ -234,10 +272,14 @@ class _Wider(TinyNet):
         self.out = torch.nn.Linear(8, 2)
 
 
-@pytest.mark.parametrize("cls, says", [
-    (_Extra, r"missing extra\.weight, extra\.bias"),
-    (_Wider, r"other shapes out\.weight: \[1, 8\] saved, \[2, 8\] here, out\.bias: \[1\] saved, \[2\] here"),
-], ids=["a layer more", "other shapes"])
+@pytest.mark.parametrize(
+    "cls, says",
+    [
+        (_Extra, r"missing extra\.weight, extra\.bias"),
+        (_Wider, r"other shapes out\.weight: \[1, 8\] saved, \[2, 8\] here, out\.bias: \[1\] saved, \[2\] here"),
+    ],
+    ids=["a layer more", "other shapes"],
+)
 def test_weights_of_another_model_are_refused_before_the_optimizer_loads(tmp_path, cls, says):
     """A model built otherwise than the checkpoint's: a ResumeError naming the keys and shapes that differ, the fix,
     and the run's own optimizer left as it was built (before, Adam took the checkpoint's state of the other shapes,
@@ -246,8 +288,19 @@ def test_weights_of_another_model_are_refused_before_the_optimizer_loads(tmp_pat
     torch.manual_seed(0)
     model = cls()
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    with pytest.raises(pf.ResumeError, match=rf"weights do not fit this run's {cls.__name__} \({says}\)\. Build the "
-                                             r"model the checkpoint was written with"):
-        pf.loop(model, opt, loader(), hooks=[pf.save_every(3)], max_epochs=2, save_dir=tmp_path, resume="auto",
-                watching=pf.Watching(console=False))
+    with pytest.raises(
+        pf.ResumeError,
+        match=rf"weights do not fit this run's {cls.__name__} \({says}\)\. Build the "
+        r"model the checkpoint was written with",
+    ):
+        pf.loop(
+            model,
+            opt,
+            loader(),
+            hooks=[pf.save_every(3)],
+            max_epochs=2,
+            save_dir=tmp_path,
+            resume="auto",
+            watching=pf.Watching(console=False),
+        )
     assert not opt.state  # nothing of the checkpoint's optimizer state was loaded

@@ -18,8 +18,16 @@ HOOKS = [pf.evaluate_every(4, negative_mse, name="val"), pf.save_every(3), pf.be
 
 
 def _run(save_dir, model, **kwargs):
-    return pf.loop(model, torch.optim.Adam(model.parameters(), lr=0.01), loader("stateful"), hooks=HOOKS,
-                   max_epochs=2, save_dir=save_dir, watching=pf.Watching(console=False, progress=False), **kwargs)
+    return pf.loop(
+        model,
+        torch.optim.Adam(model.parameters(), lr=0.01),
+        loader("stateful"),
+        hooks=HOOKS,
+        max_epochs=2,
+        save_dir=save_dir,
+        watching=pf.Watching(console=False, progress=False),
+        **kwargs,
+    )
 
 
 def _compiled(seed=0):

@@ -35,9 +35,17 @@ def make(save_dir, hooks, *, scheduler=None, max_epochs=4, resume=None, step_fn=
     model = TinyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     run = pf.loop(
-        model, optimizer, loader(), hooks=hooks, max_epochs=max_epochs, save_dir=save_dir,
-        scheduler=scheduler(optimizer) if scheduler else None, resume=resume, step_fn=step_fn,
-        saving=pf.Saving(checkpoint_format="legacy"), watching=pf.Watching(console=False),
+        model,
+        optimizer,
+        loader(),
+        hooks=hooks,
+        max_epochs=max_epochs,
+        save_dir=save_dir,
+        scheduler=scheduler(optimizer) if scheduler else None,
+        resume=resume,
+        step_fn=step_fn,
+        saving=pf.Saving(checkpoint_format="legacy"),
+        watching=pf.Watching(console=False),
     )
     return model, run
 
@@ -70,8 +78,9 @@ def test_early_stop_ends_a_real_run_where_plan_and_simulation_end(tmp_path):
     planned = pf.plan(hooks, iters_per_epoch=ITERS, max_epochs=4, metrics={s: {"score": v} for s, v in SCORES.items()})
     assert moments(run.trace) == moments(planned)
     assert run.trace[-1].effect == SaveCheckpoint(12, final=True)  # the last step was not saved: the final save
-    simulated = simulate(hooks, world_size=2, iters_per_epoch=ITERS, max_epochs=4,
-                         metrics={s: {"score": v} for s, v in SCORES.items()})
+    simulated = simulate(
+        hooks, world_size=2, iters_per_epoch=ITERS, max_epochs=4, metrics={s: {"score": v} for s, v in SCORES.items()}
+    )
     real_collective = [e for e in run.trace if e.effect.scope is Scope.COLLECTIVE]
     for rank in range(2):
         assert moments(simulated.collective(rank)) == moments(real_collective)
@@ -84,21 +93,47 @@ def test_early_stop_ends_a_real_run_where_plan_and_simulation_end(tmp_path):
 def test_the_console_says_the_evaluation_before_the_best_write_and_the_stop_it_causes(tmp_path, capsys):
     """log_every listed last: step 6's lines are its record, the evaluation, the new best, the stop, in the plan's order."""
     scores = [0.1, 0.15, 0.18]  # each a new best; none beats the one before by early_stop's min_delta
-    hooks = [pf.evaluate_every(2, Scripted(scores), name="val"), pf.best_on("score"),
-             pf.early_stop("score", patience=2, min_delta=0.1), pf.log_every(2)]
+    hooks = [
+        pf.evaluate_every(2, Scripted(scores), name="val"),
+        pf.best_on("score"),
+        pf.early_stop("score", patience=2, min_delta=0.1),
+        pf.log_every(2),
+    ]
     torch.manual_seed(0)
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), hooks=hooks, max_epochs=4,
-                  save_dir=tmp_path, watching=pf.Watching(progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loader(),
+        hooks=hooks,
+        max_epochs=4,
+        save_dir=tmp_path,
+        watching=pf.Watching(progress=False),
+    )
     run()
-    said = [line.removeprefix("[pimm_fn] ").split(":")[0] for line in capsys.readouterr().out.splitlines()
-            if "step 6" in line]
-    assert said == ["step 6 train", "step 6 eval/val", "new best score=0.18 at step 6", "stopping early at step 6",
-                    "step 6 epoch"]
-    planned = pf.plan(hooks, iters_per_epoch=ITERS, max_epochs=4, metrics={2: {"score": 0.1}, 4: {"score": 0.15},
-                                                                          6: {"score": 0.18}})
+    said = [
+        line.removeprefix("[pimm_fn] ").split(":")[0]
+        for line in capsys.readouterr().out.splitlines()
+        if "step 6" in line
+    ]
+    assert said == [
+        "step 6 train",
+        "step 6 eval/val",
+        "new best score=0.18 at step 6",
+        "stopping early at step 6",
+        "step 6 epoch",
+    ]
+    planned = pf.plan(
+        hooks, iters_per_epoch=ITERS, max_epochs=4, metrics={2: {"score": 0.1}, 4: {"score": 0.15}, 6: {"score": 0.18}}
+    )
     assert matches_plan(run.trace, hooks, iters_per_epoch=ITERS, max_epochs=4)
-    assert [type(e.effect).__name__ for e in planned if e.step == 6][:5] == ["Log", "Evaluate", "Log", "WriteBest", "Stop"]
+    assert [type(e.effect).__name__ for e in planned if e.step == 6][:5] == [
+        "Log",
+        "Evaluate",
+        "Log",
+        "WriteBest",
+        "Stop",
+    ]
 
 
 def test_run_returns_at_the_stop_and_a_second_run_does_nothing(tmp_path):
@@ -203,8 +238,11 @@ def test_default_step_leaves_the_scheduler_to_a_hook_that_steps_it():
 
 def test_a_scheduler_stepping_hook_without_a_scheduler_is_refused():
     """loop() refuses step_scheduler(...) with scheduler=None at construction, naming the hook and the fix."""
-    with pytest.raises(ValueError, match=r"step_scheduler\('epoch'\) step the learning-rate scheduler, but "
-                                         r"scheduler is None: pass scheduler=\.\.\. to loop\(\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"step_scheduler\('epoch'\) step the learning-rate scheduler, but "
+        r"scheduler is None: pass scheduler=\.\.\. to loop\(\)",
+    ):
         make(None, [pf.step_scheduler("epoch")])
 
 

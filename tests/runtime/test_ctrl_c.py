@@ -80,8 +80,9 @@ def test_a_sigint_that_code_inside_the_work_turns_into_another_error_stops_the_s
                 raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598") from None
         return state, ()
 
-    model, run = tw.build(tmp_path / "interrupted", max_epochs=1,
-                          hooks=[*tw.standard_hooks(), turns_a_sigint_into_an_error])
+    model, run = tw.build(
+        tmp_path / "interrupted", max_epochs=1, hooks=[*tw.standard_hooks(), turns_a_sigint_into_an_error]
+    )
     with pytest.raises(KeyboardInterrupt) as raised:
         run()
     assert turned == [2] and "unexpected pos" in str(raised.value.__cause__)
@@ -188,8 +189,12 @@ def test_real_sigints_at_any_moment_then_run_again_end_bit_identical(tmp_path, k
     import _tiny_workload as tw
 
     def build(save_dir):
-        hooks = [pf.evaluate_every(7, tw.negative_mse, name="val"), pf.save_every(25), pf.best_on("score"),
-                 pf.log_every(10)]
+        hooks = [
+            pf.evaluate_every(7, tw.negative_mse, name="val"),
+            pf.save_every(25),
+            pf.best_on("score"),
+            pf.log_every(10),
+        ]
         return tw.build(save_dir, kind=kind, hooks=hooks, max_epochs=30)
 
     model, run = build(tmp_path / "reference")
@@ -197,6 +202,7 @@ def test_real_sigints_at_any_moment_then_run_again_end_bit_identical(tmp_path, k
     expected, trace = tw.weights(model), [repr(e) for e in run.trace]
     model, run = build(tmp_path / "interrupted")
     interrupts = 0
+
     def dropped(signum, frame):  # a late signal outside run() is dropped
         pass
 

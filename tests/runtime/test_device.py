@@ -14,8 +14,7 @@ def test_local_rank_names_the_device_in_a_process_group():
 def test_nothing_is_chosen_without_cuda():
     """No CUDA device: CUDA is left alone whatever the environment says."""
     assert local_cuda_index({"LOCAL_RANK": "1"}, device_count=0, grouped=True) is None
-    assert local_cuda_index({"LOCAL_RANK": "0"}, device_count=0, grouped=True,
-                            model_device=torch.device("cpu")) is None
+    assert local_cuda_index({"LOCAL_RANK": "0"}, device_count=0, grouped=True, model_device=torch.device("cpu")) is None
 
 
 def test_nothing_is_chosen_outside_a_process_group_or_a_launch():
@@ -26,8 +25,9 @@ def test_nothing_is_chosen_outside_a_process_group_or_a_launch():
 
 def test_a_model_already_on_a_gpu_keeps_its_device():
     """The user put the model on cuda:2: that device is made current, as DDP will use it."""
-    assert local_cuda_index({"LOCAL_RANK": "2"}, device_count=4, grouped=True,
-                            model_device=torch.device("cuda", 2)) == 2
+    assert (
+        local_cuda_index({"LOCAL_RANK": "2"}, device_count=4, grouped=True, model_device=torch.device("cuda", 2)) == 2
+    )
     assert local_cuda_index({}, device_count=4, grouped=False, model_device=torch.device("cuda", 1)) == 1
 
 

@@ -18,8 +18,9 @@ def _run(evaluator, seen_training, *, hooks=None, n=2, model=None):
         return pf.train_step(model, optimizer, batch)
 
     hooks = hooks or [pf.evaluate_every(n, evaluator, name="val")]
-    return model, pf.loop(model, optimizer, loader(), step_fn=step, hooks=hooks, max_epochs=1,
-                          watching=pf.Watching(console=False))
+    return model, pf.loop(
+        model, optimizer, loader(), step_fn=step, hooks=hooks, max_epochs=1, watching=pf.Watching(console=False)
+    )
 
 
 def test_the_evaluator_runs_in_eval_mode_under_inference_mode():
@@ -91,8 +92,15 @@ def test_ddp_models_are_evaluated_on_the_wrapper(one_rank_group):
 
     torch.manual_seed(0)
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=[pf.evaluate_every(2, evaluator)],
-                  max_epochs=1, watching=pf.Watching(console=False), parallel=pf.Parallel(ddp=True))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        loader(),
+        hooks=[pf.evaluate_every(2, evaluator)],
+        max_epochs=1,
+        watching=pf.Watching(console=False),
+        parallel=pf.Parallel(ddp=True),
+    )
     run.run(steps=3)
     assert got == [("DistributedDataParallel", False, False)]
     assert run.ctx.model.training and model.training

@@ -1,6 +1,5 @@
 """The name evaluate_every shows is the one a loader_evaluator's metrics are published under."""
 
-import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -18,9 +17,16 @@ def test_the_hooks_name_wins_and_namespaces_the_loader_evaluators_metrics(tmp_pa
     torch.manual_seed(0)
     model, data = torch.nn.Linear(4, 3), _data()
     evaluator = pf.loader_evaluator(DataLoader(data, batch_size=4), accuracy, name="val")
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), DataLoader(data, batch_size=4), step_fn=_step,
-                  hooks=[pf.evaluate_every(2, evaluator, name="test"), pf.best_on("test/acc")],
-                  max_epochs=1, save_dir=tmp_path, watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(data, batch_size=4),
+        step_fn=_step,
+        hooks=[pf.evaluate_every(2, evaluator, name="test"), pf.best_on("test/acc")],
+        max_epochs=1,
+        save_dir=tmp_path,
+        watching=pf.Watching(console=False, progress=False),
+    )
     state = run()
     assert set(state.metrics) == {"test/acc"} and set(state.best) == {"test/acc"}
     assert evaluator.name == "val"  # the user's value is left as it was

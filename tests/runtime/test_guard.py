@@ -41,7 +41,8 @@ def test_setup_names_hooks_by_their_factory_call_and_chains_by_their_leaves():
     assert [h.key for h in found.hooks] == ["save_every(5, async_save=True)", "x"]
     assert found.hooks[1].leaves == ("log_every(3)", "save_every(7)")
     assert found.hooks[0].declared == (
-        "save_every(5, async_save=True): events=AfterStep, AfterEpoch, AfterTrain, every=5, rank_consistent=True",)
+        "save_every(5, async_save=True): events=AfterStep, AfterEpoch, AfterTrain, every=5, rank_consistent=True",
+    )
 
 
 def test_memory_addresses_do_not_make_setups_differ():
@@ -61,10 +62,12 @@ def test_memory_addresses_do_not_make_setups_differ():
 
 def test_description_names_each_differing_hook_by_position_and_identity_with_each_ranks_value():
     """Only the differing positions are listed, each with every rank's identity, and the fix is given."""
-    text = describe_setup([
-        setup(pf.save_every(2), pf.log_every(5), pf.save_every(5, async_save=True)),
-        setup(pf.save_every(3), pf.log_every(5), pf.save_every(5)),
-    ])
+    text = describe_setup(
+        [
+            setup(pf.save_every(2), pf.log_every(5), pf.save_every(5, async_save=True)),
+            setup(pf.save_every(3), pf.log_every(5), pf.save_every(5)),
+        ]
+    )
     lines = text.splitlines()
     assert lines[1:3] == [
         "  hook #0: rank 0: save_every(2); rank 1: save_every(3)",
@@ -95,8 +98,10 @@ def test_description_shows_leaves_when_a_named_chain_differs_inside():
 def test_description_shows_declarations_when_only_they_differ():
     """A hook keeping one identity but declaring another cadence is shown with its declarations."""
     text = describe_setup([setup(Watch(every=4)), setup(Watch(every=5))])
-    assert "hook #0: rank 0: watch [watch: events=AfterStep, every=4, rank_consistent=False]; " \
-           "rank 1: watch [watch: events=AfterStep, every=5, rank_consistent=False]" in text
+    assert (
+        "hook #0: rank 0: watch [watch: events=AfterStep, every=4, rank_consistent=False]; "
+        "rank 1: watch [watch: events=AfterStep, every=5, rank_consistent=False]" in text
+    )
 
 
 def test_description_names_differing_schedule_values_and_their_fix():
@@ -109,9 +114,15 @@ def test_description_names_differing_schedule_values_and_their_fix():
 def guarded_run(hooks, max_epochs=4):
     torch.manual_seed(0)
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=hooks,
-                  max_epochs=max_epochs,
-                  watching=pf.Watching(console=False), parallel=pf.Parallel(check_agreement=True))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        loader(),
+        hooks=hooks,
+        max_epochs=max_epochs,
+        watching=pf.Watching(console=False),
+        parallel=pf.Parallel(check_agreement=True),
+    )
     run()
     return run._interpreter.guard
 
@@ -141,9 +152,15 @@ def test_a_guarded_run_of_built_ins_processes_only_what_hooks_or_the_setup_need(
     """With rank-consistent hooks the guard needs only the starting events: no BeforeStep is processed, no loss read."""
     torch.manual_seed(0)
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), save_dir=tmp_path,
-                  hooks=[pf.evaluate_every(0, negative_mse), pf.save_every(2)], max_epochs=1,
-                  watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        loader(),
+        save_dir=tmp_path,
+        hooks=[pf.evaluate_every(0, negative_mse), pf.save_every(2)],
+        max_epochs=1,
+        watching=pf.Watching(console=False),
+    )
     assert run._interpreter.guard is not None
     assert run._processed[ev.ModifyConfig] and run._processed[ev.BeforeTrain]
     assert not run._processed[ev.BeforeStep]

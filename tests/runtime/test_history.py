@@ -23,8 +23,14 @@ RECORDS = [
 def test_columns_hold_one_list_per_name_with_none_where_a_record_lacks_it():
     """columns(kind) has 'step' first, then every name in first-seen order, None for a missing value."""
     columns = History(RECORDS).columns("train")
-    assert columns == {"step": [2, 4], "epoch": [0, 0], "iter": [2, 4], "of": [4, 4], "loss": [0.5, 0.25],
-                       "lr": [None, 0.1]}
+    assert columns == {
+        "step": [2, 4],
+        "epoch": [0, 0],
+        "iter": [2, 4],
+        "of": [4, 4],
+        "loss": [0.5, 0.25],
+        "lr": [None, 0.1],
+    }
 
 
 def test_a_kind_names_its_family_with_a_kind_column():
@@ -38,8 +44,10 @@ def test_repr_is_one_short_line_and_len_counts_records():
     """The repr names the kinds, their counts and their values, not every number."""
     history = History(RECORDS)
     assert len(history) == 5 and history.kinds == ("train", "epoch", "eval/val", "eval/test")
-    assert repr(history) == ("History(5 records, steps 2-4: train x2 (loss, lr), epoch x1 (loss), "
-                             "eval/val x1 (score), eval/test x1 (score, acc))")
+    assert repr(history) == (
+        "History(5 records, steps 2-4: train x2 (loss, lr), epoch x1 (loss), "
+        "eval/val x1 (score), eval/test x1 (score, acc))"
+    )
     assert repr(History()) == "History(0 records)"
 
 
@@ -78,8 +86,10 @@ def test_a_missing_extra_is_named_in_the_error(monkeypatch):
 def test_read_jsonl_restores_non_finite_values_and_skips_a_cut_line(tmp_path):
     """'nan'/'inf' strings become floats again; a last line cut by a kill is left out."""
     path = tmp_path / "log.jsonl"
-    path.write_text('{"step": 1, "kind": "train", "loss": "nan"}\n{"step": 2, "kind": "train", "loss": "-inf"}\n'
-                    '{"step": 3, "kind": "tr')
+    path.write_text(
+        '{"step": 1, "kind": "train", "loss": "nan"}\n{"step": 2, "kind": "train", "loss": "-inf"}\n'
+        '{"step": 3, "kind": "tr'
+    )
     records = read_jsonl(path)
     assert [r["step"] for r in records] == [1, 2] and math.isnan(records[0]["values"]["loss"])
     assert records[1]["values"]["loss"] == -math.inf
@@ -99,8 +109,9 @@ def test_history_equals_the_jsonl_and_stays_out_of_the_state(tmp_path):
     _, run = build(tmp_path, hooks=_hooks(), max_epochs=2)
     run()
     from_file = [(r.pop("step"), r.pop("kind"), r) for r in _records(tmp_path / "log.jsonl")]
-    assert [(r["step"], r["kind"], {k: v for k, v in r.items() if k not in ("step", "kind")})
-            for r in run.history.records()] == from_file
+    assert [
+        (r["step"], r["kind"], {k: v for k, v in r.items() if k not in ("step", "kind")}) for r in run.history.records()
+    ] == from_file
     assert len(run.history) == 10 + 2 + 2 and "History" not in repr(run.state)
 
 
@@ -124,8 +135,15 @@ def test_a_fresh_run_sets_an_earlier_log_aside(tmp_path, capsys):
     _, first = build(tmp_path, hooks=[pf.log_every(2)], max_epochs=1)
     first()
     model = TinyNet()
-    second = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=[pf.log_every(5)],
-                     max_epochs=1, save_dir=tmp_path, watching=pf.Watching(progress=False))
+    second = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        loader(),
+        hooks=[pf.log_every(5)],
+        max_epochs=1,
+        save_dir=tmp_path,
+        watching=pf.Watching(progress=False),
+    )
     second()
     assert [r["step"] for r in _records(tmp_path / "log.1.jsonl")] == [2, 4, 5]
     assert [(r["step"], r["kind"]) for r in _records(tmp_path / "log.jsonl")] == [(5, "train"), (5, "epoch")]

@@ -48,10 +48,23 @@ def test_every_value_reads_back_as_the_type_it_was_logged_as():
     assert math.isnan(nan)
 
 
-_VALUES = st.one_of(st.integers(), st.integers(-300, 300), st.floats(allow_nan=False), st.text(max_size=3),
-                    st.booleans(), st.none(), st.just(math.inf))
-_RECORDS = st.lists(st.tuples(st.integers(0, 2**40), st.sampled_from(["train", "epoch", "eval/a"]),
-                              st.dictionaries(st.sampled_from("abcd"), _VALUES, max_size=4)), max_size=30)
+_VALUES = st.one_of(
+    st.integers(),
+    st.integers(-300, 300),
+    st.floats(allow_nan=False),
+    st.text(max_size=3),
+    st.booleans(),
+    st.none(),
+    st.just(math.inf),
+)
+_RECORDS = st.lists(
+    st.tuples(
+        st.integers(0, 2**40),
+        st.sampled_from(["train", "epoch", "eval/a"]),
+        st.dictionaries(st.sampled_from("abcd"), _VALUES, max_size=4),
+    ),
+    max_size=30,
+)
 
 
 @given(_RECORDS)
@@ -61,7 +74,8 @@ def test_any_records_read_back_as_logged_in_order(logged):
     records = history.records()
     assert records == [{"step": s, "kind": k, **v} for s, k, v in logged]
     assert [{n: type(x) for n, x in r.items()} for r in records] == [
-        {"step": int, "kind": str, **{n: type(x) for n, x in v.items()}} for _, _, v in logged]
+        {"step": int, "kind": str, **{n: type(x) for n, x in v.items()}} for _, _, v in logged
+    ]
     for kind in history.kinds:
         chosen = [(s, v) for s, k, v in logged if k == kind]
         columns = history.columns(kind)
@@ -72,8 +86,11 @@ def test_any_records_read_back_as_logged_in_order(logged):
 def test_a_missing_value_stays_apart_from_a_logged_nan():
     """A record lacking a name leaves it out of records() and None in columns(); a logged NaN stays NaN."""
     history = History([(1, "train", {"loss": math.nan}), (2, "train", {"acc": 0.5}), (3, "train", {"loss": 1.0})])
-    assert [sorted(r) for r in history.records()] == [["kind", "loss", "step"], ["acc", "kind", "step"],
-                                                      ["kind", "loss", "step"]]
+    assert [sorted(r) for r in history.records()] == [
+        ["kind", "loss", "step"],
+        ["acc", "kind", "step"],
+        ["kind", "loss", "step"],
+    ]
     columns = history.columns("train")
     assert math.isnan(columns["loss"][0]) and columns["loss"][1:] == [None, 1.0]
     assert columns["acc"] == [None, 0.5, None]
@@ -81,8 +98,14 @@ def test_a_missing_value_stays_apart_from_a_logged_nan():
 
 def test_records_keep_their_order_across_kinds():
     """records() interleaves the kinds in the order they were logged; records(kind) keeps that kind's order."""
-    logged = [(1, "train", {"loss": 1.0}), (1, "eval/a", {"m": 1}), (2, "train", {"loss": 0.5}),
-              (2, "eval/b", {"m": 2}), (2, "eval/a", {"m": 3}), (2, "epoch", {"loss": 0.75})]
+    logged = [
+        (1, "train", {"loss": 1.0}),
+        (1, "eval/a", {"m": 1}),
+        (2, "train", {"loss": 0.5}),
+        (2, "eval/b", {"m": 2}),
+        (2, "eval/a", {"m": 3}),
+        (2, "epoch", {"loss": 0.75}),
+    ]
     history = History(logged)
     assert [(r["step"], r["kind"]) for r in history.records()] == [(s, k) for s, k, _ in logged]
     assert [r["m"] for r in history.records("eval")] == [1, 2, 3]

@@ -42,8 +42,14 @@ class CountingEvaluators:
 
 def test_each_fact_is_read_from_the_hook_protocol():
     """Evaluators, best files, background saves, the scheduler's stepper, readers and the guard's parts, at once."""
-    hooks = pf.chain(pf.evaluate_every(2, tw.negative_mse, name="val"), pf.step_scheduler("step"),
-                     pf.save_every(4, async_save=True), pf.best_on("score"), pf.best_on("loss", mode="min"), watch)
+    hooks = pf.chain(
+        pf.evaluate_every(2, tw.negative_mse, name="val"),
+        pf.step_scheduler("step"),
+        pf.save_every(4, async_save=True),
+        pf.best_on("score"),
+        pf.best_on("loss", mode="min"),
+        watch,
+    )
     implied = Implied.of(hooks, guarded=True)
     assert dict(implied.evaluators) == {"val": tw.negative_mse}
     assert implied.best_metrics == ("score", "loss") and implied.best_per_metric
@@ -92,8 +98,12 @@ def _loss(model):
 def test_replace_derives_the_value_again_from_the_new_hooks(tmp_path):
     """After a swap the run's value is the new hook list's, as a run built with it has, and training goes on."""
     bests = [pf.chain(pf.best_on("score"), name="bests")]
-    hooks = [pf.evaluate_every(4, tw.negative_mse, name="val"), pf.evaluate_every(4, _loss, name="loss"),
-             pf.save_every(3), *bests]
+    hooks = [
+        pf.evaluate_every(4, tw.negative_mse, name="val"),
+        pf.evaluate_every(4, _loss, name="loss"),
+        pf.save_every(3),
+        *bests,
+    ]
     _, run = tw.build(tmp_path, hooks=hooks, max_epochs=3)
     run.run(steps=3)
     before = run.ctx.implied

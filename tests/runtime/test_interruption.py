@@ -120,8 +120,20 @@ HANDLERS = {
 
 # The calls each site sees in the 10 steps of the workload (about): where an injection can land.
 SITES = {
-    "open": 2, "fetch": 11, "fetch_drawn": 10, "forward": 10, "backward": 10, "optimizer": 10, "scheduler": 11,
-    "hook": 12, "before_hook": 12, "evaluate": 2, "evaluate_handler": 2, "save": 4, "best": 2, "log": 6,
+    "open": 2,
+    "fetch": 11,
+    "fetch_drawn": 10,
+    "forward": 10,
+    "backward": 10,
+    "optimizer": 10,
+    "scheduler": 11,
+    "hook": 12,
+    "before_hook": 12,
+    "evaluate": 2,
+    "evaluate_handler": 2,
+    "save": 4,
+    "best": 2,
+    "log": 6,
 }
 
 
@@ -133,13 +145,24 @@ def build(save_dir, kind, before, optimizer_cls=torch.optim.Adam):
     model.register_forward_pre_hook(lambda module, args: inject("forward"))
     model.hidden.weight.register_hook(lambda grad: inject("backward"))
     hooks = [
-        pf.evaluate_every(4, noisy_score, name="val"), pf.save_every(3), pf.best_on("score"), pf.log_every(5),
-        after_hook, *([before_hook] if before else []),
+        pf.evaluate_every(4, noisy_score, name="val"),
+        pf.save_every(3),
+        pf.best_on("score"),
+        pf.log_every(5),
+        after_hook,
+        *([before_hook] if before else []),
     ]
     run = pf.loop(
-        model, optimizer, FlakyLoader(loader(kind)), hooks=hooks, max_epochs=2, save_dir=save_dir,
+        model,
+        optimizer,
+        FlakyLoader(loader(kind)),
+        hooks=hooks,
+        max_epochs=2,
+        save_dir=save_dir,
         scheduler=scheduler,
-        saving=pf.Saving(checkpoint_format="legacy"), watching=pf.Watching(console=False), handlers=HANDLERS,
+        saving=pf.Saving(checkpoint_format="legacy"),
+        watching=pf.Watching(console=False),
+        handlers=HANDLERS,
     )
     # Registered after the loop's own step hooks: the loop still tells it ran before optimizer.step's body.
     optimizer.register_step_pre_hook(lambda opt, args, kwargs: inject("optimizer"))
@@ -149,8 +172,12 @@ def build(save_dir, kind, before, optimizer_cls=torch.optim.Adam):
 def outcome(save_dir, model, optimizer, scheduler, run) -> dict:
     log = (save_dir / "log.jsonl").read_text().splitlines()
     return {
-        "weights": weights(model), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-        "trace": [repr(e) for e in run.trace], "state": run.state, "log": [json.loads(line) for line in log],
+        "weights": weights(model),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "trace": [repr(e) for e in run.trace],
+        "state": run.state,
+        "log": [json.loads(line) for line in log],
         "rng": torch.get_rng_state(),
     }
 
@@ -172,7 +199,9 @@ def uninterrupted(kind, before) -> dict:
 
 
 failure = st.tuples(
-    st.sampled_from(sorted(SITES)), st.integers(1, 12), st.sampled_from([RuntimeError, KeyboardInterrupt]),
+    st.sampled_from(sorted(SITES)),
+    st.integers(1, 12),
+    st.sampled_from([RuntimeError, KeyboardInterrupt]),
     st.booleans(),  # fails again when retried
 )
 

@@ -226,7 +226,7 @@ def test_sigkill_during_the_redo_of_a_half_written_save_resumes_from_the_previou
 
     result, expected = torch.load(out, weights_only=True), torch.load(tmp_path / "full.pt", weights_only=True)
     assert same_weights(result["weights"], expected["weights"])
-    assert expected["trace"][-len(result["trace"]):] == result["trace"]
+    assert expected["trace"][-len(result["trace"]) :] == result["trace"]
 
 
 if __name__ == "__main__":

@@ -40,4 +40,4 @@ def test_sigkilled_run_resumes_to_identical_weights_and_trace(tmp_path, uninterr
     result = torch.load(out, weights_only=True)
     expected = uninterrupted[kind]
     assert same_weights(result["weights"], expected["weights"])
-    assert expected["trace"][-len(result["trace"]):] == result["trace"]
+    assert expected["trace"][-len(result["trace"]) :] == result["trace"]

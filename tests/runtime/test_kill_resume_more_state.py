@@ -42,4 +42,4 @@ def test_sigkilled_gan_with_ema_and_extra_state_resumes_exactly(tmp_path, uninte
     expected = uninterrupted[async_save]
     for part in ("weights", "optimizers", "ema", "stats"):
         assert same(result[part], expected[part]), part
-    assert expected["trace"][-len(result["trace"]):] == result["trace"]
+    assert expected["trace"][-len(result["trace"]) :] == result["trace"]

@@ -44,8 +44,9 @@ def test_torchmetrics_metrics_are_reset_updated_and_computed_under_their_names()
     evaluator = pf.loader_evaluator(DataLoader(data, batch_size=4), {"acc": acc}, name="test")
     expected = {"test/acc": pytest.approx(_by_hand(model, data))}
     assert evaluator(model) == expected and evaluator(model) == expected  # reset between evaluations
-    collection = torchmetrics.MetricCollection({"acc": torchmetrics.classification.MulticlassAccuracy(
-        num_classes=3, average="micro")})
+    collection = torchmetrics.MetricCollection(
+        {"acc": torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")}
+    )
     assert pf.loader_evaluator(DataLoader(data, batch_size=3), collection, name="test")(model) == expected
 
 
@@ -66,11 +67,19 @@ def test_in_a_loop_the_evaluator_runs_in_eval_mode_and_publishes_namespaced_metr
         seen.append(model.training)
         return accuracy(outputs, batch)
 
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), DataLoader(data, batch_size=5),
-                  step_fn=_step, hooks=[pf.evaluate_every(2, pf.loader_evaluator(DataLoader(data, batch_size=4),
-                                                                                 recording)),
-                                        pf.best_on("val/acc")],
-                  max_epochs=1, save_dir=tmp_path, watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        DataLoader(data, batch_size=5),
+        step_fn=_step,
+        hooks=[
+            pf.evaluate_every(2, pf.loader_evaluator(DataLoader(data, batch_size=4), recording)),
+            pf.best_on("val/acc"),
+        ],
+        max_epochs=1,
+        save_dir=tmp_path,
+        watching=pf.Watching(console=False, progress=False),
+    )
     state = run()
     assert seen == [False] * (2 + 3) and model.training  # the sanity check's 2 batches, then an evaluation's 3
     assert state.best == {"val/acc": pytest.approx(_by_hand(model, data))}
@@ -88,8 +97,11 @@ def _step(model, optimizer, batch, *, scheduler=None, scaler=None):
 def test_a_metric_of_the_wrong_shape_is_refused_when_made_or_when_it_returns():
     """One argument instead of (outputs, batch), something not a metric, a vector instead of a sum: each said."""
     loader = DataLoader(_data(), batch_size=4)
-    with pytest.raises(TypeError, match=r"'metric' must be callable as fn\(outputs, batch\) -> \{name: per-batch "
-                                         r"sum\} \(got .*<lambda>' with signature \(outputs\)\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"'metric' must be callable as fn\(outputs, batch\) -> \{name: per-batch "
+        r"sum\} \(got .*<lambda>' with signature \(outputs\)\)",
+    ):
         pf.loader_evaluator(loader, lambda outputs: {})
     with pytest.raises(TypeError, match="'metric' must be fn.*, a torchmetrics Metric .* \\(got int: 3\\)"):
         pf.loader_evaluator(loader, 3)

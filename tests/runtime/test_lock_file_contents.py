@@ -46,8 +46,14 @@ CRAFTED = {
 
 
 def _run(save_dir, console=False):
-    return tw.build(save_dir, hooks=[pf.save_every(2)], max_epochs=1, resume="auto", console=console,
-                    watching=pf.Watching(progress=False))
+    return tw.build(
+        save_dir,
+        hooks=[pf.save_every(2)],
+        max_epochs=1,
+        resume="auto",
+        console=console,
+        watching=pf.Watching(progress=False),
+    )
 
 
 def _locked(tmp_path, content: str | None, age_s: float = 0.0) -> pathlib.Path:

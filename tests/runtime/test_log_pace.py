@@ -38,8 +38,15 @@ def test_a_run_continued_after_a_pause_reports_its_steps_pace_not_the_pause(caps
         optimizer.step()
         return {"loss": loss}
 
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), data, hooks=[pf.log_every(2)], max_epochs=1,
-                  step_fn=step_fn, watching=pf.Watching(progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        hooks=[pf.log_every(2)],
+        max_epochs=1,
+        step_fn=step_fn,
+        watching=pf.Watching(progress=False),
+    )
     run.run(steps=2)
     time.sleep(0.6)
     run.run(steps=2)

@@ -174,8 +174,15 @@ def test_mlflow_file_store_gets_every_record(tmp_path, monkeypatch):
 def test_log_lines_say_the_elapsed_time_and_the_pace(tmp_path, capsys):
     """A train line ends with elapsed time, ms/step and samples/s; an evaluation line with the elapsed time."""
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=_hooks(),
-                  max_epochs=1, save_dir=tmp_path, watching=pf.Watching(progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        loader(),
+        hooks=_hooks(),
+        max_epochs=1,
+        save_dir=tmp_path,
+        watching=pf.Watching(progress=False),
+    )
     run()
     out = capsys.readouterr().out
     assert re.search(r"step 2 train: epoch=0 iter=2 of=5 loss=\S+ lr=\S+ \(\d+\.\ds, \S+ ms/step, \S+ samples/s\)", out)
@@ -189,21 +196,29 @@ def test_one_process_logs_its_own_outputs_with_no_rank_field(tmp_path):
     assert all("over" not in r for r in run.history.records())
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    ({"loggers": CSVLogger()}, TypeError, "'loggers' must be a list"),
-    ({"loggers": [CSVLogger]}, TypeError, "the class itself: make one, CSVLogger()"),
-    ({"loggers": [object()]}, TypeError, "missing: open, write, close"),
-    ({"loggers": [JsonlLogger("a.jsonl")] * 2}, ValueError, "the same logger twice"),
-    ({"log_reduce": "sum"}, ValueError, "'log_reduce' must be None .* or 'mean'"),
-    ({"progress": "yes"}, TypeError, "'progress' must be None"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"loggers": CSVLogger()}, TypeError, "'loggers' must be a list"),
+        ({"loggers": [CSVLogger]}, TypeError, "the class itself: make one, CSVLogger()"),
+        ({"loggers": [object()]}, TypeError, "missing: open, write, close"),
+        ({"loggers": [JsonlLogger("a.jsonl")] * 2}, ValueError, "the same logger twice"),
+        ({"log_reduce": "sum"}, ValueError, "'log_reduce' must be None .* or 'mean'"),
+        ({"progress": "yes"}, TypeError, "'progress' must be None"),
+    ],
+)
 def test_malformed_logging_arguments_are_refused_before_anything_is_written(tmp_path, kwargs, error, match):
     """Each names the argument and what it takes; save_dir stays empty."""
     kwargs = dict(kwargs)
     watched = {name: kwargs.pop(name) for name in ("log_reduce", "progress") if name in kwargs}  # Watching's fields
     with pytest.raises(error, match=match):
-        build(tmp_path, hooks=[pf.log_every(2)], max_epochs=1, **kwargs,
-              **({"watching": pf.Watching(**watched)} if watched else {}))
+        build(
+            tmp_path,
+            hooks=[pf.log_every(2)],
+            max_epochs=1,
+            **kwargs,
+            **({"watching": pf.Watching(**watched)} if watched else {}),
+        )
     assert not any(tmp_path.iterdir())
 
 
@@ -211,5 +226,12 @@ def test_a_logger_needing_a_directory_says_so_without_save_dir():
     """CSVLogger() without save_dir or path: a ValueError naming both fixes."""
     model = TinyNet()
     with pytest.raises(ValueError, match="pass save_dir= to loop\\(\\), or a path to the logger"):
-        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=[pf.log_every(2)],
-                max_epochs=1, loggers=[CSVLogger()], watching=pf.Watching(console=False))
+        pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.01),
+            loader(),
+            hooks=[pf.log_every(2)],
+            max_epochs=1,
+            loggers=[CSVLogger()],
+            watching=pf.Watching(console=False),
+        )

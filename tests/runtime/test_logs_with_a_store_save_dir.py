@@ -20,8 +20,11 @@ def _url() -> str:
 def test_a_logger_given_no_path_on_a_store_save_dir_says_logs_stay_local(logger):
     """TensorBoardLogger() with save_dir='memory://...': the error names the URL and asks for a local directory."""
     url = _url()
-    with pytest.raises(ValueError, match=rf"save_dir is '{url}', on an object store, and log files stay local .*"
-                                         rf"pass the logger a local directory, e.g. {logger.__name__}\("):
+    with pytest.raises(
+        ValueError,
+        match=rf"save_dir is '{url}', on an object store, and log files stay local .*"
+        rf"pass the logger a local directory, e.g. {logger.__name__}\(",
+    ):
         tw.build(url, hooks=[pf.save_every(2)], loggers=[logger()])
 
 

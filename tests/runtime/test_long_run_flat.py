@@ -69,8 +69,15 @@ def test_a_long_epoch_whose_outputs_no_hook_reads_holds_them_only_so_many_steps(
     model = TinyNet()
     tracemalloc.start()
     try:
-        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), one_long_epoch(5 * WAIT_AT_MOST), hooks=[],
-                max_epochs=1, step_fn=step, watching=pf.Watching(console=False))()
+        pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.01),
+            one_long_epoch(5 * WAIT_AT_MOST),
+            hooks=[],
+            max_epochs=1,
+            step_fn=step,
+            watching=pf.Watching(console=False),
+        )()
     finally:
         tracemalloc.stop()
     assert (held[1] - held[0]) / (last - first) < 50, held  # each step's waiting: ~0.75 KB

@@ -81,8 +81,12 @@ def test_log_every_writes_console_and_jsonl(tmp_path, capsys):
 def test_a_handler_can_be_replaced(tmp_path):
     """loop(handlers=...) swaps the handler of an effect type, for tests and notebooks."""
     seen = []
-    _, run = build(tmp_path, hooks=[pf.save_every(2)], max_epochs=1,
-                   handlers={SaveCheckpoint: lambda effect, state, ctx: seen.append(effect.step)})
+    _, run = build(
+        tmp_path,
+        hooks=[pf.save_every(2)],
+        max_epochs=1,
+        handlers={SaveCheckpoint: lambda effect, state, ctx: seen.append(effect.step)},
+    )
     run()
     assert seen == [2, 4, 5] and not (tmp_path / "model").exists()
 
@@ -117,7 +121,10 @@ def test_plain_function_hook_keeps_its_own_slot(tmp_path):
 
 def test_evaluator_may_return_a_number_or_none(tmp_path):
     """A bare number is published under the evaluator's name; None publishes nothing."""
-    hooks = [pf.evaluate_every(1, lambda model: 0.5, name="acc"), pf.evaluate_every(2, lambda model: None, name="quiet")]
+    hooks = [
+        pf.evaluate_every(1, lambda model: 0.5, name="acc"),
+        pf.evaluate_every(2, lambda model: None, name="quiet"),
+    ]
     _, run = build(tmp_path, hooks=hooks, max_epochs=1)
     with pytest.warns(pf.ConfigurationWarning, match="'quiet' returned None in a single-process run"):
         run.run(steps=2)
@@ -150,10 +157,14 @@ def test_default_step_explains_a_model_without_loss(tmp_path):
             return self.out(self.hidden(batch[0]))
 
     model = NoLoss()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), max_epochs=1,
-                  watching=pf.Watching(console=False))
-    with pytest.raises(TypeError, match=r"trains on model\(batch\)\['loss'\], but model\(batch\) returned a Tensor: "
-                                        r"return \{'loss': loss, ...\}.*TrainStep\(loss_fn=...\)"):
+    run = pf.loop(
+        model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), max_epochs=1, watching=pf.Watching(console=False)
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"trains on model\(batch\)\['loss'\], but model\(batch\) returned a Tensor: "
+        r"return \{'loss': loss, ...\}.*TrainStep\(loss_fn=...\)",
+    ):
         run.step()
 
 
@@ -161,8 +172,14 @@ def test_saving_without_save_dir_is_a_clear_error():
     """A saving hook in a run without save_dir is refused at construction, saying to pass one."""
     model = TinyNet()
     with pytest.raises(ValueError, match=r"save_every\(1\) write checkpoints.*pass save_dir="):
-        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), hooks=[pf.save_every(1)],
-                max_epochs=1, watching=pf.Watching(console=False))
+        pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            loader(),
+            hooks=[pf.save_every(1)],
+            max_epochs=1,
+            watching=pf.Watching(console=False),
+        )
 
 
 def test_bad_loop_arguments_are_refused(tmp_path):
@@ -172,8 +189,13 @@ def test_bad_loop_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match="checkpoint_format"):
         pf.loop(model, optimizer, loader(), max_epochs=1, saving=pf.Saving(checkpoint_format="zip"))
     with pytest.raises(ValueError, match="two evaluators are named 'val'"):
-        pf.loop(model, optimizer, loader(), max_epochs=1,
-                hooks=[pf.evaluate_every(1, negative_mse, name="val"), pf.evaluate_every(2, lambda m: 1.0, name="val")])
+        pf.loop(
+            model,
+            optimizer,
+            loader(),
+            max_epochs=1,
+            hooks=[pf.evaluate_every(1, negative_mse, name="val"), pf.evaluate_every(2, lambda m: 1.0, name="val")],
+        )
     with pytest.raises(TypeError, match=r"pass loop\(training=pimm_fn\.Training\(iters_per_epoch=N\)\)"):
         pf.loop(model, optimizer, iter([]), max_epochs=1)
 
@@ -193,8 +215,15 @@ def test_model_hook_lets_the_model_take_part(tmp_path):
             return None
 
     model = Aware()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), hooks=[pf.model_hook()],
-                  max_epochs=2, save_dir=tmp_path, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loader(),
+        hooks=[pf.model_hook()],
+        max_epochs=2,
+        save_dir=tmp_path,
+        watching=pf.Watching(console=False),
+    )
     run()
     assert model.epochs_seen == [0, 1]
     assert [e.effect.values["epoch"] for e in run.trace] == [0, 1]
@@ -205,9 +234,14 @@ def test_load_weights_warm_starts_with_key_rewrites(tmp_path, capsys):
     source = TinyNet()
     torch.save({f"backbone.{k}": v for k, v in source.state_dict().items()}, tmp_path / "pre.pth")
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(),
-                  hooks=[pf.load_weights(tmp_path / "pre.pth", replacements={"backbone.": ""})],
-                  max_epochs=1, save_dir=tmp_path / "run")
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        loader(),
+        hooks=[pf.load_weights(tmp_path / "pre.pth", replacements={"backbone.": ""})],
+        max_epochs=1,
+        save_dir=tmp_path / "run",
+    )
     run.step()
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), source.state_dict().values()))
     assert "loaded weights from" in capsys.readouterr().out
@@ -217,9 +251,14 @@ def test_load_weights_rule_that_matches_nothing_fails_loudly(tmp_path):
     """A replacement rule that matched no key is an error naming the rule."""
     torch.save(TinyNet().state_dict(), tmp_path / "pre.pth")
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(),
-                  hooks=[pf.load_weights(tmp_path / "pre.pth", replacements={"encoder.": "hidden."})],
-                  max_epochs=1, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        loader(),
+        hooks=[pf.load_weights(tmp_path / "pre.pth", replacements={"encoder.": "hidden."})],
+        max_epochs=1,
+        watching=pf.Watching(console=False),
+    )
     with pytest.raises(ValueError, match="encoder"):
         run.step()
 
@@ -229,8 +268,14 @@ def test_load_weights_that_match_no_parameter_fail_loudly(tmp_path):
     torch.save({f"backbone.{k}": v for k, v in TinyNet().state_dict().items()}, tmp_path / "pre.pth")
     model = TinyNet()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(),
-                  hooks=[pf.load_weights(tmp_path / "pre.pth")], max_epochs=1, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        loader(),
+        hooks=[pf.load_weights(tmp_path / "pre.pth")],
+        max_epochs=1,
+        watching=pf.Watching(console=False),
+    )
     with pytest.raises(ValueError, match=r"no key of the file matches the model .*replacements="):
         run.step()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -242,12 +287,20 @@ def test_load_weights_warm_starts_from_a_hub_safetensors_file_through_the_same_r
     from safetensors.torch import save_file
 
     source = TinyNet()
-    save_file({f"model.{k}": v.bfloat16() for k, v in source.state_dict().items()}, str(tmp_path / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {f"model.{k}": v.bfloat16() for k, v in source.state_dict().items()},
+        str(tmp_path / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(),
-                  hooks=[pf.load_weights(tmp_path / "model.safetensors", replacements={"model.": ""}, strict=True)],
-                  max_epochs=1, save_dir=tmp_path / "run")
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        loader(),
+        hooks=[pf.load_weights(tmp_path / "model.safetensors", replacements={"model.": ""}, strict=True)],
+        max_epochs=1,
+        save_dir=tmp_path / "run",
+    )
     run.step()
     assert all(torch.equal(v, source.state_dict()[k].bfloat16().float()) for k, v in model.state_dict().items())
     assert "model.safetensors: loaded 4/4 target keys; 0 missing; 0 unexpected" in capsys.readouterr().out
@@ -265,8 +318,14 @@ def test_load_weights_refuses_an_exported_safetensors_file_changed_since_and_tra
     path.write_bytes(bytes(raw))
     model = TinyNet()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.0), loader(), hooks=[pf.load_weights(path)],
-                  max_epochs=1, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        loader(),
+        hooks=[pf.load_weights(path)],
+        max_epochs=1,
+        watching=pf.Watching(console=False),
+    )
     with pytest.raises(pf.CheckpointError, match="w.safetensors does not match the SHA-256 its header records"):
         run.step()
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -280,9 +339,17 @@ def test_grad_scaler_state_is_checkpointed(tmp_path):
         model = TinyNet()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-        return scaler, pf.loop(model, optimizer, loader(), hooks=[pf.save_every(2)], max_epochs=1,
-                               save_dir=tmp_path,
-                               watching=pf.Watching(console=False), training=pf.Training(scaler=scaler), resume=resume)
+        return scaler, pf.loop(
+            model,
+            optimizer,
+            loader(),
+            hooks=[pf.save_every(2)],
+            max_epochs=1,
+            save_dir=tmp_path,
+            watching=pf.Watching(console=False),
+            training=pf.Training(scaler=scaler),
+            resume=resume,
+        )
 
     scaler, run = make(None)
     run.run(steps=2)

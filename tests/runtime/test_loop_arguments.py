@@ -21,12 +21,15 @@ def acc(model):
     return {"acc": 0.5}
 
 
-@pytest.mark.parametrize("hooks, match", [
-    ({pf.log_every(1)}, "must be a list or tuple of hooks, run in that order \\(got set\\)"),
-    (pf.log_every(1), r"got _LogEvery \(a single hook: wrap it in a list, \[hook\]\)"),
-    ([pf.save_every], r"holds the hook factory save_every itself: call it .* save_every\(\.\.\.\)"),
-    ([3], "a hook must be callable"),
-])
+@pytest.mark.parametrize(
+    "hooks, match",
+    [
+        ({pf.log_every(1)}, "must be a list or tuple of hooks, run in that order \\(got set\\)"),
+        (pf.log_every(1), r"got _LogEvery \(a single hook: wrap it in a list, \[hook\]\)"),
+        ([pf.save_every], r"holds the hook factory save_every itself: call it .* save_every\(\.\.\.\)"),
+        ([3], "a hook must be callable"),
+    ],
+)
 def test_a_malformed_hook_list_is_refused_with_the_fix(hooks, match):
     """A set, a single hook, an uncalled factory or a non-callable fails before anything runs, saying what to do."""
     with pytest.raises(TypeError, match=match):
@@ -69,8 +72,11 @@ def test_savers_meeting_evaluators_only_at_epoch_ends_are_not_warned_about(tmp_p
     """An epoch-end save is deferred past the epoch's evaluation, so that order is harmless."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", pf.ConfigurationWarning)
-        _loop(hooks=[pf.save_every(5), pf.evaluate_every(5, acc), pf.evaluate_every(3, acc, name="other")],
-              save_dir=tmp_path, max_epochs=2)
+        _loop(
+            hooks=[pf.save_every(5), pf.evaluate_every(5, acc), pf.evaluate_every(3, acc, name="other")],
+            save_dir=tmp_path,
+            max_epochs=2,
+        )
 
 
 def test_a_best_on_metric_no_evaluator_publishes_is_refused_with_the_guess(tmp_path):
@@ -78,8 +84,9 @@ def test_a_best_on_metric_no_evaluator_publishes_is_refused_with_the_guess(tmp_p
     run = _loop(hooks=[pf.evaluate_every(1, acc), pf.best_on("accuracy")], save_dir=tmp_path, max_epochs=1)
     with pytest.raises(ValueError) as raised:
         run.run(steps=3)
-    assert str(raised.value) == ("best_on('accuracy') waits for metric 'accuracy', but the evaluators publish "
-                                 "['acc']: did you mean 'acc'?")
+    assert str(raised.value) == (
+        "best_on('accuracy') waits for metric 'accuracy', but the evaluators publish ['acc']: did you mean 'acc'?"
+    )
     assert run.state.progress.global_step == 1
 
 
@@ -89,8 +96,9 @@ def test_two_best_on_metrics_keep_one_best_file_each(tmp_path):
     def scores(model):
         return {"acc": 0.5, "loss": 0.25}
 
-    _, run = build(tmp_path, hooks=[pf.evaluate_every(2, scores), pf.best_on("acc"), pf.best_on("loss", mode="min")],
-                   max_epochs=1)
+    _, run = build(
+        tmp_path, hooks=[pf.evaluate_every(2, scores), pf.best_on("acc"), pf.best_on("loss", mode="min")], max_epochs=1
+    )
     run()
     model_dir = tmp_path / "model"
     assert not (model_dir / "model_best.pth").exists()

@@ -16,8 +16,13 @@ def history(state, event):
 
 
 def _hooks():
-    return [pf.evaluate_every(4, negative_mse, name="val"), pf.save_every(3), pf.best_on("score"), pf.log_every(5),
-            history]
+    return [
+        pf.evaluate_every(4, negative_mse, name="val"),
+        pf.save_every(3),
+        pf.best_on("score"),
+        pf.log_every(5),
+        history,
+    ]
 
 
 def test_a_loop_displays_progress_metrics_best_last_save_and_hooks_by_identity(tmp_path):
@@ -67,8 +72,9 @@ def test_run_trace_is_a_trace_equal_to_the_plan(tmp_path):
 def test_the_evaluation_line_is_printed_before_the_new_best_line(tmp_path, capsys):
     """On the console, each evaluation's log line comes before the "new best" line it caused."""
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=_hooks(), max_epochs=1,
-                  save_dir=tmp_path)  # console on: the default
+    run = pf.loop(
+        model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=_hooks(), max_epochs=1, save_dir=tmp_path
+    )  # console on: the default
     run.run(steps=4)
     lines = [line for line in capsys.readouterr().out.splitlines() if "eval/val" in line or "new best" in line]
     assert [("eval" if "eval/val" in line else "best") for line in lines] == ["eval", "best"]

@@ -34,10 +34,20 @@ def test_loop_takes_thirteen_daily_arguments_and_six_option_values():
 def test_optimizers_keyword_is_refused_naming_the_dict_form_and_nothing_is_written(tmp_path):
     """loop(optimizers={...}) raises TypeError: pass optimizer={name: optimizer, ...}; save_dir stays empty."""
     model = TinyNet()
-    with pytest.raises(TypeError, match=r"^loop\(\) no longer takes optimizers=: pass optimizer=\{name: optimizer, "
-                                        r"\.\.\.\}, which a custom step_fn receives as its 'optimizer'$"):
-        pf.loop(model, train_data=loader(), optimizers={"a": torch.optim.SGD(model.parameters(), lr=0.1)},
-                step_fn=_no_step, hooks=[pf.save_every(2)], max_epochs=1, save_dir=tmp_path)
+    with pytest.raises(
+        TypeError,
+        match=r"^loop\(\) no longer takes optimizers=: pass optimizer=\{name: optimizer, "
+        r"\.\.\.\}, which a custom step_fn receives as its 'optimizer'$",
+    ):
+        pf.loop(
+            model,
+            train_data=loader(),
+            optimizers={"a": torch.optim.SGD(model.parameters(), lr=0.1)},
+            step_fn=_no_step,
+            hooks=[pf.save_every(2)],
+            max_epochs=1,
+            save_dir=tmp_path,
+        )
     assert not any(tmp_path.iterdir())
     assert set(GONE) == {"keep_snapshots", "optimizers"} and not set(GONE) & set(MOVED)
 
@@ -45,29 +55,49 @@ def test_optimizers_keyword_is_refused_naming_the_dict_form_and_nothing_is_writt
 def test_iters_per_epoch_keyword_is_refused_naming_training_and_nothing_is_written(tmp_path):
     """loop(iters_per_epoch=5) raises TypeError: pass training=pimm_fn.Training(iters_per_epoch=...)."""
     model = TinyNet()
-    with pytest.raises(TypeError, match=r"^loop\(\) no longer takes iters_per_epoch=: "
-                                        r"pass training=pimm_fn\.Training\(iters_per_epoch=\.\.\.\)$"):
-        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), iters_per_epoch=5,
-                hooks=[pf.save_every(2)], max_epochs=1, save_dir=tmp_path)
+    with pytest.raises(
+        TypeError,
+        match=r"^loop\(\) no longer takes iters_per_epoch=: "
+        r"pass training=pimm_fn\.Training\(iters_per_epoch=\.\.\.\)$",
+    ):
+        pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            loader(),
+            iters_per_epoch=5,
+            hooks=[pf.save_every(2)],
+            max_epochs=1,
+            save_dir=tmp_path,
+        )
     assert not any(tmp_path.iterdir())
 
 
 def test_training_refuses_a_bad_iters_per_epoch_when_made_and_reads_as_its_factory():
     """Training(iters_per_epoch=0) fails at construction in loop()'s old words; a good one shows in the repr."""
-    with pytest.raises(ValueError, match=r"^loop: 'iters_per_epoch' must be None or an int >= 1 \(got 0\); "
-                                         r"leave it None for len\(train_data\)$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^loop: 'iters_per_epoch' must be None or an int >= 1 \(got 0\); "
+        r"leave it None for len\(train_data\)$",
+    ):
         pf.Training(iters_per_epoch=0)
     with pytest.raises(ValueError, match=r"'iters_per_epoch' must be None or an int >= 1 \(got '5'\)"):
         pf.Training(iters_per_epoch="5")
     assert repr(pf.Training(iters_per_epoch=3)) == (
-        "Training(on_nonfinite='raise', scaler=None, extra_state=None, config=None, iters_per_epoch=3)")
+        "Training(on_nonfinite='raise', scaler=None, extra_state=None, config=None, iters_per_epoch=3)"
+    )
 
 
 def test_training_iters_per_epoch_sets_the_length_of_an_epoch():
     """Training(iters_per_epoch=3) over a 5-batch loader: epochs of 3 steps, 2 epochs end at step 6."""
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), loader(), max_epochs=2,
-                  training=pf.Training(iters_per_epoch=3), watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loader(),
+        max_epochs=2,
+        training=pf.Training(iters_per_epoch=3),
+        watching=pf.Watching(console=False),
+    )
     assert run.state.progress.iters_per_epoch == 3
     final = run()
     assert final.progress.global_step == 6 and run.finished
@@ -76,10 +106,20 @@ def test_training_iters_per_epoch_sets_the_length_of_an_epoch():
 def test_a_dict_of_optimizers_with_the_built_in_step_is_refused_with_the_fix():
     """optimizer={...} with step_fn=None: the default step steps one optimizer, and the error says what to pass."""
     model = TinyNet()
-    with pytest.raises(ValueError, match=r"built-in train step steps one optimizer, but optimizer= names \['a', 'b'\]: "
-                                         r"pass step_fn=your_step"):
-        pf.loop(model, {"a": torch.optim.SGD(model.hidden.parameters(), lr=0.1),
-                        "b": torch.optim.SGD(model.out.parameters(), lr=0.1)}, loader(), max_epochs=1)
+    with pytest.raises(
+        ValueError,
+        match=r"built-in train step steps one optimizer, but optimizer= names \['a', 'b'\]: "
+        r"pass step_fn=your_step",
+    ):
+        pf.loop(
+            model,
+            {
+                "a": torch.optim.SGD(model.hidden.parameters(), lr=0.1),
+                "b": torch.optim.SGD(model.out.parameters(), lr=0.1),
+            },
+            loader(),
+            max_epochs=1,
+        )
 
 
 def test_a_two_optimizer_run_given_as_a_dict_resumes_bit_identically(tmp_path):
@@ -97,5 +137,4 @@ def test_a_two_optimizer_run_given_as_a_dict_resumes_bit_identically(tmp_path):
     for part in ("weights", "optimizers", "ema", "stats"):
         assert same(again[part], expected[part]), part
     assert sorted(resumed.ctx.optimizers) == ["d", "g"]
-    assert again["trace"] == expected["trace"][-len(again["trace"]):]
-
+    assert again["trace"] == expected["trace"][-len(again["trace"]) :]

@@ -20,8 +20,16 @@ class _Model(torch.nn.Module):
 def _build(save_dir, lr=0.1):
     model = _Model()
     data = [torch.randn(4, 2) for _ in range(2)]
-    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=lr), data, max_epochs=1, save_dir=save_dir,
-                   resume="auto", hooks=[pf.save_every(1)], watching=pf.Watching(console=False))
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=lr),
+        data,
+        max_epochs=1,
+        save_dir=save_dir,
+        resume="auto",
+        hooks=[pf.save_every(1)],
+        watching=pf.Watching(console=False),
+    )
 
 
 def _caught(build):

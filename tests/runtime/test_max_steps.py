@@ -24,8 +24,16 @@ def _loud(save_dir, *, batch_size=8, resume="auto", **budget):
     model = TinyNet()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.9)
-    run = pf.loop(model, optimizer, loader("stateful", batch_size), hooks=standard_hooks(), save_dir=save_dir,
-                  scheduler=scheduler, resume=resume, **budget)
+    run = pf.loop(
+        model,
+        optimizer,
+        loader("stateful", batch_size),
+        hooks=standard_hooks(),
+        save_dir=save_dir,
+        scheduler=scheduler,
+        resume=resume,
+        **budget,
+    )
     return model, run
 
 
@@ -154,4 +162,4 @@ def test_a_sigkilled_max_steps_run_resumes_to_identical_weights_and_trace(tmp_pa
     result, expected = torch.load(out, weights_only=True), uninterrupted[kind]
     assert result["step"] == expected["step"] == BUDGET
     assert same_weights(result["weights"], expected["weights"])
-    assert expected["trace"][-len(result["trace"]):] == result["trace"]
+    assert expected["trace"][-len(result["trace"]) :] == result["trace"]

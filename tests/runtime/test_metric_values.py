@@ -32,16 +32,31 @@ def test_a_non_finite_metric_is_ignored_with_a_warning_naming_metric_and_step(tm
     assert len(messages) == 1
     assert f"{pf.best_on('acc', mode=mode)!r} got metric 'acc' = {bad!r} at step 2" in messages[0]
     assert run.finished and dict(run.state.best) == {"acc": 0.5}
-    assert json.loads((tmp_path / "model" / "model_best.json").read_text()) == {"metric": "acc", "step": 4, "value": 0.5}
+    assert json.loads((tmp_path / "model" / "model_best.json").read_text()) == {
+        "metric": "acc",
+        "step": 4,
+        "value": 0.5,
+    }
 
 
-@pytest.mark.parametrize("result, error, message", [
-    ({"acc": "0.5"}, TypeError, "evaluator 'bad' returned metric 'acc' as a str ('0.5'): return numbers"),
-    ({"acc": [1.0, 2.0]}, TypeError, "evaluator 'bad' returned metric 'acc' as a list ([1.0, 2.0]), which is not one number"),
-    ({"acc": None}, TypeError, "evaluator 'bad' returned metric 'acc' as a NoneType (None)"),
-    ({"acc": 10**400}, ValueError, "evaluator 'bad' returned metric 'acc' = "),
-    ([0.5], TypeError, "evaluator 'bad' must return a mapping of metric names to numbers, a number or None (got list: [0.5])"),
-])
+@pytest.mark.parametrize(
+    "result, error, message",
+    [
+        ({"acc": "0.5"}, TypeError, "evaluator 'bad' returned metric 'acc' as a str ('0.5'): return numbers"),
+        (
+            {"acc": [1.0, 2.0]},
+            TypeError,
+            "evaluator 'bad' returned metric 'acc' as a list ([1.0, 2.0]), which is not one number",
+        ),
+        ({"acc": None}, TypeError, "evaluator 'bad' returned metric 'acc' as a NoneType (None)"),
+        ({"acc": 10**400}, ValueError, "evaluator 'bad' returned metric 'acc' = "),
+        (
+            [0.5],
+            TypeError,
+            "evaluator 'bad' must return a mapping of metric names to numbers, a number or None (got list: [0.5])",
+        ),
+    ],
+)
 def test_an_evaluator_result_of_the_wrong_type_names_the_evaluator_and_the_key(tmp_path, result, error, message):
     """A metric that is not one number fails at that evaluation, naming the evaluator and the metric."""
 
@@ -63,6 +78,10 @@ def test_a_one_element_tensor_is_a_number_published_under_the_evaluator_name(tmp
     def both(model):
         return {"acc": torch.tensor([0.75])}
 
-    _, run = build(tmp_path, hooks=[pf.evaluate_every(2, loss_val, name="loss_val"), pf.evaluate_every(2, both, name="both")], max_epochs=1)
+    _, run = build(
+        tmp_path,
+        hooks=[pf.evaluate_every(2, loss_val, name="loss_val"), pf.evaluate_every(2, both, name="both")],
+        max_epochs=1,
+    )
     run.run(steps=2)
     assert dict(run.state.metrics) == {"loss_val": 0.25, "acc": 0.75}

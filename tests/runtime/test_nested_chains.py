@@ -62,7 +62,12 @@ def nested(draw, hooks):
 def _comparable(entries) -> list:
     """(step, event type, hook, effect) with Log values reduced to their kind: losses differ from placeholders."""
     return [
-        (e.step, type(e.event).__name__, e.hook, (e.effect.kind, e.effect.step) if isinstance(e.effect, Log) else e.effect)
+        (
+            e.step,
+            type(e.event).__name__,
+            e.hook,
+            (e.effect.kind, e.effect.step) if isinstance(e.effect, Log) else e.effect,
+        )
         for e in entries
     ]
 
@@ -74,8 +79,16 @@ def _real_trace(tmp_path, hooks) -> list:
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", pf.ConfigurationWarning)  # the drawn order may put a saver first
-        run = pf.loop(model, optimizer, tw.loader(), hooks=hooks, max_epochs=EPOCHS, save_dir=tmp_path,
-                      scheduler=scheduler, watching=pf.Watching(console=False))
+        run = pf.loop(
+            model,
+            optimizer,
+            tw.loader(),
+            hooks=hooks,
+            max_epochs=EPOCHS,
+            save_dir=tmp_path,
+            scheduler=scheduler,
+            watching=pf.Watching(console=False),
+        )
         run()
     return run.trace
 

@@ -18,11 +18,25 @@ def _standard_run(tmp_path, extra=(), first=(), **kwargs):
     torch.manual_seed(0)
     model = TinyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # Adam reads its step count
-    hooks = [*first, pf.evaluate_every(7, negative_mse, name="val"), pf.save_every(25), pf.best_on("score"),
-             pf.log_every(10), *extra]
+    hooks = [
+        *first,
+        pf.evaluate_every(7, negative_mse, name="val"),
+        pf.save_every(25),
+        pf.best_on("score"),
+        pf.log_every(10),
+        *extra,
+    ]
     data = DataLoader(dataset(), batch_size=8)  # unshuffled: a sampler's own reads are not the loop's
-    return pf.loop(model, optimizer, data, hooks=hooks, max_epochs=8, save_dir=tmp_path,
-                   watching=pf.Watching(console=False), **kwargs)
+    return pf.loop(
+        model,
+        optimizer,
+        data,
+        hooks=hooks,
+        max_epochs=8,
+        save_dir=tmp_path,
+        watching=pf.Watching(console=False),
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("on_nonfinite", ["raise", "warn"])
@@ -60,9 +74,14 @@ def test_a_long_epoch_read_every_wait_at_most_steps_has_the_epoch_mean_of_one_re
     def epoch_mean(*hooks):
         torch.manual_seed(0)
         model = TinyNet()
-        run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), one_long_epoch(5 * WAIT_AT_MOST // 2),
-                      hooks=[pf.log_every(10 * WAIT_AT_MOST), *hooks], max_epochs=1,
-                      watching=pf.Watching(console=False))
+        run = pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.01),
+            one_long_epoch(5 * WAIT_AT_MOST // 2),
+            hooks=[pf.log_every(10 * WAIT_AT_MOST), *hooks],
+            max_epochs=1,
+            watching=pf.Watching(console=False),
+        )
         run()
         return run.history.columns("epoch")["loss"]
 

@@ -16,9 +16,16 @@ from _tiny_workload import NaNAt, loader
 
 
 def _run(model, save_dir, **kwargs):
-    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader("plain", 8),
-                   hooks=[pf.save_every(2), pf.log_every(1)], max_epochs=2, save_dir=save_dir,
-                   watching=pf.Watching(progress=False), **kwargs)
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        loader("plain", 8),
+        hooks=[pf.save_every(2), pf.log_every(1)],
+        max_epochs=2,
+        save_dir=save_dir,
+        watching=pf.Watching(progress=False),
+        **kwargs,
+    )
 
 
 def test_the_nan_interruption_line_says_what_works_and_following_it_finishes(tmp_path, capsys):
@@ -47,11 +54,13 @@ def test_the_nan_interruption_line_says_what_works_and_following_it_finishes(tmp
 def _state_of(run) -> dict:
     """What an update changes: the weights, the optimizer's state, the scheduler's and the scaler's, the gradients."""
     optimizer = run.ctx.optimizer
-    return {"weights": {k: v.clone() for k, v in run.ctx.model.state_dict().items()},
-            "steps": [float(s["step"]) for s in optimizer.state.values()],
-            "scheduler": run.ctx.scheduler.last_epoch if run.ctx.scheduler is not None else None,
-            "scale": run.ctx.scaler.get_scale() if run.ctx.scaler is not None else None,
-            "grads": [p.grad for p in run.ctx.model.parameters()]}
+    return {
+        "weights": {k: v.clone() for k, v in run.ctx.model.state_dict().items()},
+        "steps": [float(s["step"]) for s in optimizer.state.values()],
+        "scheduler": run.ctx.scheduler.last_epoch if run.ctx.scheduler is not None else None,
+        "scale": run.ctx.scaler.get_scale() if run.ctx.scaler is not None else None,
+        "grads": [p.grad for p in run.ctx.model.parameters()],
+    }
 
 
 def _steps_around(run, at: int) -> tuple:
@@ -71,15 +80,24 @@ def test_skip_with_a_train_step_leaves_the_update_of_a_nan_loss_out():
     torch.manual_seed(0)
     model = NaNAt(3)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    run = pf.loop(model, optimizer, loader("plain", 8), max_epochs=2, step_fn=pf.TrainStep(clip_grad_norm=1.0),
-                  scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9),
-                  training=pf.Training(on_nonfinite="skip"), watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        optimizer,
+        loader("plain", 8),
+        max_epochs=2,
+        step_fn=pf.TrainStep(clip_grad_norm=1.0),
+        scheduler=torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9),
+        training=pf.Training(on_nonfinite="skip"),
+        watching=pf.Watching(console=False, progress=False),
+    )
     before, after, said = _steps_around(run, 3)
     assert all(torch.equal(before["weights"][k], after["weights"][k]) for k in before["weights"])
     assert after["steps"] == before["steps"] == [2.0] * 4 and after["scheduler"] == before["scheduler"] == 2
     assert all(g is None for g in after["grads"]) and run.state.progress.global_step == 3
-    assert said == ["the training loss is nan at global step 3 (batch index 2 of epoch 0, counting from 0): its "
-                    "optimizer step was skipped (the step still counts); 1 non-finite loss(es) so far"]
+    assert said == [
+        "the training loss is nan at global step 3 (batch index 2 of epoch 0, counting from 0): its "
+        "optimizer step was skipped (the step still counts); 1 non-finite loss(es) so far"
+    ]
     run()
     assert run.state.finished and all(torch.isfinite(p).all() for p in model.parameters())
 
@@ -93,9 +111,16 @@ def test_skip_with_the_supervised_step_under_fp16_accumulation_and_clipping_keep
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     step = pf.TrainStep(loss_fn=torch.nn.functional.cross_entropy, precision="fp16", accumulate=2, clip_grad_norm=1.0)
-    run = pf.loop(model, torch.optim.Adam(model.parameters(), lr=0.01), DataLoader(TensorDataset(x, y), batch_size=4),
-                  step_fn=step, hooks=[pf.log_every(1)], max_epochs=2, training=pf.Training(on_nonfinite="skip"),
-                  watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.Adam(model.parameters(), lr=0.01),
+        DataLoader(TensorDataset(x, y), batch_size=4),
+        step_fn=step,
+        hooks=[pf.log_every(1)],
+        max_epochs=2,
+        training=pf.Training(on_nonfinite="skip"),
+        watching=pf.Watching(console=False, progress=False),
+    )
     before, after, said = _steps_around(run, 5)
     assert all(torch.equal(before["weights"][k], after["weights"][k]) for k in before["weights"])
     assert after["steps"] == before["steps"] == [4.0] * 4 and after["scale"] == before["scale"]

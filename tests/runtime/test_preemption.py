@@ -158,8 +158,13 @@ def test_preemption_refuses_signals_it_cannot_hold():
     with pytest.raises(ValueError, match="'SIGNOPE', not a signal"):
         pf.Preemption(signals=("SIGNOPE",))
     with pytest.raises(ValueError, match="'max_time' must be seconds >= 0"):
-        pf.loop(torch.nn.Linear(1, 1), torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1), [1],
-                max_epochs=1, max_time="1h")
+        pf.loop(
+            torch.nn.Linear(1, 1),
+            torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1),
+            [1],
+            max_epochs=1,
+            max_time="1h",
+        )
 
 
 def test_save_every_minutes_saves_on_the_runs_clock(tmp_path):

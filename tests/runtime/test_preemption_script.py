@@ -26,8 +26,12 @@ TIMEOUT = 60
 
 
 def _start(save_dir, ready, *flags) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(HERE / "_preemption_workload.py"), str(save_dir), str(ready), *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "_preemption_workload.py"), str(save_dir), str(ready), *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_ready(proc, ready: pathlib.Path) -> None:
@@ -57,8 +61,9 @@ def _signal_when_ready(proc, ready: pathlib.Path, sig, delay: float) -> tuple:
 def test_sigterm_at_a_random_moment_saves_one_step_exits_75_and_resumes_bit_identical(tmp_path):
     """SIGTERM to a running script: one agreed step saved, one line, exit 75, no traceback; the resume is exact."""
     delay = random.uniform(0.0, 0.3)
-    code, out, err = _signal_when_ready(_start(tmp_path / "run", tmp_path / "ready"), tmp_path / "ready",
-                                        signal.SIGTERM, delay)
+    code, out, err = _signal_when_ready(
+        _start(tmp_path / "run", tmp_path / "ready"), tmp_path / "ready", signal.SIGTERM, delay
+    )
     said = [line for line in out.splitlines() if "SIGTERM" in line]
     assert code == 75, (delay, out, err)
     assert "Traceback" not in err, err
@@ -100,8 +105,9 @@ def test_sigterms_after_the_first_are_held_until_the_script_exits_with_75(tmp_pa
 
 def test_ctrl_c_in_a_script_says_where_the_last_checkpoint_is_without_the_loops_traceback(tmp_path):
     """SIGINT to a script: it ends as Ctrl-C ends a script, saying the last checkpoint and resume="auto", no traceback."""
-    code, out, err = _signal_when_ready(_start(tmp_path / "run", tmp_path / "ready"), tmp_path / "ready",
-                                        signal.SIGINT, 0.2)
+    code, out, err = _signal_when_ready(
+        _start(tmp_path / "run", tmp_path / "ready"), tmp_path / "ready", signal.SIGINT, 0.2
+    )
     assert code != 0, (code, out, err)  # 130 for a bare script; 1 once torch's imports are in
     assert "Traceback" not in err, err
     assert "stopped by Ctrl-C " in err and ('loop(..., resume="auto")' in err or "starts over" in err), err
@@ -112,8 +118,9 @@ def test_ctrl_c_in_a_script_built_to_resume_says_one_line_with_the_step_it_resum
     """SIGINT to a script built with resume="auto": one line, no "run() continues", the step stopped and the
     checkpoint's step it resumes from, and no advice to pass resume="auto" again."""
     marker = tmp_path / "run" / "model" / "last" / "COMPLETE"
-    code, out, err = _signal_when_ready(_start(tmp_path / "run", tmp_path / "ready", "--resume"), marker, signal.SIGINT,
-                                        0.05)  # once a checkpoint is there
+    code, out, err = _signal_when_ready(
+        _start(tmp_path / "run", tmp_path / "ready", "--resume"), marker, signal.SIGINT, 0.05
+    )  # once a checkpoint is there
     said = [line for line in (out + err).splitlines() if "Ctrl-C" in line or "interrupted" in line]
     assert code != 0 and "Traceback" not in err, (code, out, err)
     assert len(said) == 1 and "continues exactly" not in out + err, said

@@ -24,7 +24,10 @@ def test_the_window_is_planned_from_the_global_step():
         *[(s, StepProfiler(s, last=s == 9)) for s in range(2, 10)],
     ]
     assert _effects(pf.profile(active=3), max_steps=3) == [  # skip_first=0: it starts before the first step
-        (0, StartProfiler(0, 1, 1, 3, 1)), (1, StepProfiler(1)), (2, StepProfiler(2)), (3, StepProfiler(3)),
+        (0, StartProfiler(0, 1, 1, 3, 1)),
+        (1, StepProfiler(1)),
+        (2, StepProfiler(2)),
+        (3, StepProfiler(3)),
         (3, StopProfiler(3)),  # training ended inside the window
     ]
     for value in (hook, StartProfiler(1, 1, 1, 2, 2, "d"), StepProfiler(3, last=True), StopProfiler(4)):
@@ -44,8 +47,14 @@ def test_bad_arguments_are_refused_at_construction():
 def _run(hooks, **kwargs):
     torch.manual_seed(0)
     model = TinyNet()
-    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader(), hooks=hooks,
-                   watching=pf.Watching(progress=False), **kwargs)
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        loader(),
+        hooks=hooks,
+        watching=pf.Watching(progress=False),
+        **kwargs,
+    )
 
 
 def _traces(folder) -> list:

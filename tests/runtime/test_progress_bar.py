@@ -30,8 +30,13 @@ def test_the_bar_shows_epoch_steps_rate_loss_and_metrics(tmp_path, capsys):
 def test_the_bar_counts_the_epoch_its_label_names(tmp_path, capsys):
     """Each draw labelled 'epoch e' counts e's steps of e's length: 10 steps in epochs of 4 are 4, 4 and 2 (max_steps)."""
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(dataset(), batch_size=10),
-                  max_steps=10, watching=pf.Watching(progress=True))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        DataLoader(dataset(), batch_size=10),
+        max_steps=10,
+        watching=pf.Watching(progress=True),
+    )
     run()
     draws = re.findall(r"epoch (\d+):\s+\d+%\|[^|]*\| (\d+)/(\d+) ", capsys.readouterr().err)
     assert {(int(e), int(total)) for e, _, total in draws} == {(0, 4), (1, 4), (2, 2)}, draws
@@ -54,9 +59,15 @@ def test_a_shown_bar_reads_no_tensor_on_quiet_steps(tmp_path):
     torch.manual_seed(0)
     model = TinyNet()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)  # Adam reads its step count
-    run = pf.loop(model, optimizer, DataLoader(dataset(), batch_size=8),
-                  hooks=[pf.evaluate_every(7, negative_mse, name="val"), pf.log_every(10)], max_epochs=8,
-                  save_dir=tmp_path, watching=pf.Watching(console=False, progress=True))
+    run = pf.loop(
+        model,
+        optimizer,
+        DataLoader(dataset(), batch_size=8),
+        hooks=[pf.evaluate_every(7, negative_mse, name="val"), pf.log_every(10)],
+        max_epochs=8,
+        save_dir=tmp_path,
+        watching=pf.Watching(console=False, progress=True),
+    )
     reads = reads_per_step(run)
     quiet = quiet_steps(40, (7, 10), 5)
     assert quiet and {k: reads[k] for k in quiet} == dict.fromkeys(quiet, []) and reads[10]
@@ -65,8 +76,15 @@ def test_a_shown_bar_reads_no_tensor_on_quiet_steps(tmp_path):
 def test_console_lines_are_written_above_the_bar_whole(tmp_path, capsys):
     """With the bar on, each console line reaches stdout whole (tqdm.write), none is cut by the bar."""
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(dataset(), batch_size=8),
-                  hooks=_hooks(), max_epochs=1, save_dir=tmp_path, watching=pf.Watching(progress=True))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        DataLoader(dataset(), batch_size=8),
+        hooks=_hooks(),
+        max_epochs=1,
+        save_dir=tmp_path,
+        watching=pf.Watching(progress=True),
+    )
     run()
     out = capsys.readouterr().out.splitlines()
     assert out and all(line.startswith("[pimm_fn] ") for line in out)
@@ -79,8 +97,14 @@ def test_the_bar_is_off_where_nobody_watches_and_follows_the_argument(tmp_path, 
     assert progress_bar.wanted(None, console=True) is progress_bar.watched() is False
     assert progress_bar.wanted(True, console=False) and not progress_bar.wanted(False, console=True)
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), DataLoader(dataset(), batch_size=8),
-                  hooks=[pf.log_every(2)], max_epochs=1, watching=pf.Watching(console=True))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        DataLoader(dataset(), batch_size=8),
+        hooks=[pf.log_every(2)],
+        max_epochs=1,
+        watching=pf.Watching(console=True),
+    )
     assert run.ctx.bar is None and "progress_bar" not in repr(run.hooks)
 
 
@@ -94,8 +118,12 @@ def test_an_error_closes_the_bar_and_the_continued_run_opens_it_again(tmp_path, 
             raise RuntimeError("flaky evaluator")
         return negative_mse(model)
 
-    _, run = build(tmp_path, hooks=[pf.evaluate_every(4, evaluator, name="val"), pf.log_every(2)], max_epochs=1,
-                   watching=pf.Watching(progress=True))
+    _, run = build(
+        tmp_path,
+        hooks=[pf.evaluate_every(4, evaluator, name="val"), pf.log_every(2)],
+        max_epochs=1,
+        watching=pf.Watching(progress=True),
+    )
     with pytest.raises(RuntimeError, match="flaky evaluator"):
         run()
     assert not run.ctx.bar.showing
@@ -109,6 +137,12 @@ def test_a_resume_without_the_bar_says_nothing_of_its_slot(tmp_path, capsys):
     _, run = build(tmp_path, hooks=[pf.save_every(3)], max_epochs=1, watching=pf.Watching(progress=True))
     run.run(steps=3)
     run.ctx.close()
-    _, resumed = build(tmp_path, hooks=[pf.save_every(3)], max_epochs=1, resume="auto",
-                       watching=pf.Watching(progress=False), console=True)
+    _, resumed = build(
+        tmp_path,
+        hooks=[pf.save_every(3)],
+        max_epochs=1,
+        resume="auto",
+        watching=pf.Watching(progress=False),
+        console=True,
+    )
     assert "dropped" not in capsys.readouterr().out and resumed.state.progress.global_step == 3

@@ -17,8 +17,14 @@ def _batches(n):
 def _captures_per_step(monkeypatch, tmp_path, data, steps):
     """Torch RNG captures (``rng.torch_rng``'s CPU state reads) per quiet step of the standard stack."""
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), data, hooks=[pf.save_every(10**6)],
-                  max_epochs=1, save_dir=tmp_path)
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        data,
+        hooks=[pf.save_every(10**6)],
+        max_epochs=1,
+        save_dir=tmp_path,
+    )
     run.run(steps=2)  # past the epoch's opening
     real, count = rng._get_cpu, []
     monkeypatch.setattr(rng, "_get_cpu", lambda: count.append(1) or real())
@@ -34,8 +40,9 @@ def test_a_quiet_step_over_a_sequence_takes_one_rng_capture(monkeypatch, tmp_pat
 
 def test_a_loader_fetching_in_process_still_has_its_rng_taken_before_each_fetch(monkeypatch, tmp_path):
     """A dataset may augment with torch's RNG while fetched: a failed fetch must put back the RNG from before it."""
-    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(24, 4), torch.randn(24, 1)),
-                                       batch_size=2)
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(24, 4), torch.randn(24, 1)), batch_size=2
+    )
     assert _captures_per_step(monkeypatch, tmp_path, data, steps=8) == 2
 
 

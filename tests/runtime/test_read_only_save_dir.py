@@ -54,11 +54,17 @@ def read_only_child(save_dir: pathlib.Path, tmp_path: pathlib.Path) -> dict:
             pytest.skip("running as root, whose writes pass any mode bits, and no unshare for a read-only mount")
         view = tmp_path / "read-only-view"
         view.mkdir()
-        script = (f'mount --bind "{save_dir}" "{view}" && mount -o remount,bind,ro "{view}" && '
-                  f'exec "{sys.executable}" "{CHECK}" "{view}" 2')
+        script = (
+            f'mount --bind "{save_dir}" "{view}" && mount -o remount,bind,ro "{view}" && '
+            f'exec "{sys.executable}" "{CHECK}" "{view}" 2'
+        )
         command = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script]
-        probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                                f'mount --bind "{save_dir}" "{view}"'], capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'mount --bind "{save_dir}" "{view}"'],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if probe.returncode != 0:
             pytest.skip(f"running as root and no read-only mount is permitted here: {probe.stderr.strip()}")
         restore = None
@@ -76,7 +82,7 @@ def read_only_child(save_dir: pathlib.Path, tmp_path: pathlib.Path) -> dict:
             path.chmod(mode)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return json.loads(lines[0][len("RESULT "):]), view
+    return json.loads(lines[0][len("RESULT ") :]), view
 
 
 def test_a_finished_run_on_read_only_storage_opens_and_its_history_reads_back(finished, tmp_path):

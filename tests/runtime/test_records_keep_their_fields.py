@@ -3,7 +3,6 @@
 import json
 
 import pytest
-import torch
 
 import pimm_fn as pf
 from pimm_fn.core.effects import Log
@@ -42,14 +41,18 @@ def _step_returning(extra):
         loss.backward()
         optimizer.step()
         return {"loss": loss.detach(), **extra}
+
     return step_fn
 
 
-@pytest.mark.parametrize("outputs, message", [
-    ({"epoch": 7.0}, r"log_every: the train step returned output 'epoch'.*rename it \(e\.g\. 'train_epoch'\)"),
-    ({"step": 7.0}, r"log_every: the train step returned output 'step'"),
-    ({1: 0.5, "1": 0.25}, r"log_every: the train step returned output 1 and '1', which are one name once written"),
-])
+@pytest.mark.parametrize(
+    "outputs, message",
+    [
+        ({"epoch": 7.0}, r"log_every: the train step returned output 'epoch'.*rename it \(e\.g\. 'train_epoch'\)"),
+        ({"step": 7.0}, r"log_every: the train step returned output 'step'"),
+        ({1: 0.5, "1": 0.25}, r"log_every: the train step returned output 1 and '1', which are one name once written"),
+    ],
+)
 def test_a_train_output_that_would_overwrite_or_lose_a_field_is_refused(tmp_path, outputs, message):
     """A step output named like a record's position or own field, or two alike, is refused where it is logged."""
     _, run = build(tmp_path, hooks=[pf.log_every(2)], max_epochs=1, step_fn=_step_returning(outputs))
@@ -68,8 +71,11 @@ def test_no_log_record_holds_a_value_under_its_own_fields():
 def test_a_resume_keeps_all_four_evaluation_records(tmp_path):
     """With the metric renamed as the error says, 4 evaluations logged before a resume are all kept, at their steps."""
     step = iter(range(2, 100, 2))
-    hooks = lambda: [pf.evaluate_every(2, lambda model: {"val_step": float(next(step)) * 1000}, name="val"),
-                     pf.save_every(8), pf.log_every(100)]
+    hooks = lambda: [
+        pf.evaluate_every(2, lambda model: {"val_step": float(next(step)) * 1000}, name="val"),
+        pf.save_every(8),
+        pf.log_every(100),
+    ]
     _, first = build(tmp_path, hooks=hooks(), max_epochs=2)
     first.run(steps=9)  # evaluations at 2, 4, 6, 8; the checkpoint is step 8
     first.ctx.close()

@@ -23,8 +23,11 @@ def hooks_with(evaluator, nested: bool) -> list:
     """The standard hooks, the evaluator first; with ``nested``, it sits two chains deep."""
     evaluate = pf.evaluate_every(4, evaluator, name="val")
     if nested:
-        return [pf.chain(pf.log_every(5), pf.chain(evaluate, name="inner"), name="outer"),
-                pf.save_every(3), pf.best_on("score")]
+        return [
+            pf.chain(pf.log_every(5), pf.chain(evaluate, name="inner"), name="outer"),
+            pf.save_every(3),
+            pf.best_on("score"),
+        ]
     return [evaluate, pf.save_every(3), pf.best_on("score"), pf.log_every(5)]
 
 
@@ -154,8 +157,14 @@ def test_a_model_hook_swapped_in_is_bound_to_the_run_model(tmp_path):
     """model_hook() swapped in calls the run's model from the next step."""
     torch.manual_seed(0)
     model = Attending()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), tw.loader(), hooks=[idle],
-                  max_epochs=1, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        tw.loader(),
+        hooks=[idle],
+        max_epochs=1,
+        watching=pf.Watching(console=False),
+    )
     run.run(steps=1)
     run.replace(idle, pf.model_hook()).run()
     assert run.state.slots == (4,)
@@ -165,8 +174,11 @@ def test_a_model_hook_swapped_in_is_bound_to_the_run_model(tmp_path):
 def test_an_unknown_hook_is_refused_listing_the_hooks_there_are(tmp_path):
     """A hook the run does not have is named, with every identity the run has, nested ones by their path."""
     _, run = tw.build(tmp_path, hooks=[pf.save_every(3), pf.chain(pf.log_every(5), name="logs")], max_epochs=1)
-    with pytest.raises(ValueError, match=r"no hook 'save_every\(7\)'; its hooks are: 'save_every\(3\)', 'logs', "
-                                         r"'logs / log_every\(5\)'"):
+    with pytest.raises(
+        ValueError,
+        match=r"no hook 'save_every\(7\)'; its hooks are: 'save_every\(3\)', 'logs', "
+        r"'logs / log_every\(5\)'",
+    ):
         run.replace(pf.save_every(7), pf.save_every(8))
 
 
@@ -175,9 +187,12 @@ def test_a_slot_that_does_not_fit_is_refused_and_the_run_is_left_as_it_was(tmp_p
     _, run = tw.build(tmp_path, hooks=[pf.log_every(5)], max_epochs=1)
     run.run(steps=2)
     hooks, state = run.hooks, run.state
-    with pytest.raises(TypeError, match=r"'log_every\(5\)' cannot be replaced by 'Counter\(version=1\)': the old "
-                                        r"hook's slot is of type pimm_fn\.hooks\.logs\.LogState, the new hook's "
-                                        r"initial slot of type .*CountState.*fresh=True"):
+    with pytest.raises(
+        TypeError,
+        match=r"'log_every\(5\)' cannot be replaced by 'Counter\(version=1\)': the old "
+        r"hook's slot is of type pimm_fn\.hooks\.logs\.LogState, the new hook's "
+        r"initial slot of type .*CountState.*fresh=True",
+    ):
         run.replace("log_every(5)", Counter(1))
     assert run.hooks is hooks and run.state is state
     assert run.run().progress.global_step == 5
@@ -187,8 +202,11 @@ def test_a_new_identity_colliding_with_a_neighbour_is_refused(tmp_path):
     """A replacement with the identity of another hook of the same chain would share its checkpointed slot."""
     hooks = [pf.save_every(3), pf.chain(pf.log_every(5), pf.log_every(2), name="logs")]
     _, run = tw.build(tmp_path, hooks=hooks, max_epochs=1)
-    with pytest.raises(pf.DuplicateHookError, match=r"new hook 'log_every\(2\)' replacing 'log_every\(5\)' has "
-                                                    r"the identity of another hook beside it \(position 1\)"):
+    with pytest.raises(
+        pf.DuplicateHookError,
+        match=r"new hook 'log_every\(2\)' replacing 'log_every\(5\)' has "
+        r"the identity of another hook beside it \(position 1\)",
+    ):
         run.replace("log_every(5)", pf.log_every(2))
     run.replace("log_every(5)", pf.log_every(3))  # the same identity as a hook at another level is fine
     run.replace("logs / log_every(3)", pf.save_every(3), fresh=True)
@@ -217,10 +235,19 @@ def test_a_swap_with_a_process_group_is_refused(one_rank_group):
     """With a process group every rank would have to swap at once: refused, advising a rebuild and resume."""
     torch.manual_seed(0)
     model = tw.TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), tw.loader(), hooks=[pf.log_every(5)],
-                  max_epochs=1, watching=pf.Watching(console=False))
-    with pytest.raises(RuntimeError, match=r"cannot swap 'log_every\(5\)' for 'log_every\(2\)' in a run with a "
-                                           r"process group.*resume='auto'"):
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        tw.loader(),
+        hooks=[pf.log_every(5)],
+        max_epochs=1,
+        watching=pf.Watching(console=False),
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"cannot swap 'log_every\(5\)' for 'log_every\(2\)' in a run with a "
+        r"process group.*resume='auto'",
+    ):
         run.replace("log_every(5)", pf.log_every(2))
 
 

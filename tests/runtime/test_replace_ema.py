@@ -49,12 +49,15 @@ def test_an_ema_in_both_versions_keeps_its_average_and_one_removed_drops_it(tmp_
 
 def test_a_replacement_evaluating_an_average_no_ema_keeps_is_refused_and_changes_nothing(tmp_path):
     """evaluate_every(weights='slow') swapped in without ema(name='slow'): a ValueError naming it; the run is as it was."""
-    _, run = tw.build(tmp_path, hooks=[_with_ema(), pf.evaluate_every(4, tw.negative_mse, name="val"),
-                                       pf.save_every(3)], max_epochs=2)
+    _, run = tw.build(
+        tmp_path, hooks=[_with_ema(), pf.evaluate_every(4, tw.negative_mse, name="val"), pf.save_every(3)], max_epochs=2
+    )
     run.run(steps=2)
     hooks, extra = run.hooks, dict(run.ctx.extra_state)
     with pytest.raises(ValueError, match=r"replace: hook .* evaluates weights='slow', but no ema\(name='slow'\)"):
-        run.replace("evaluate_every(4, negative_mse, name='val')",
-                    pf.evaluate_every(4, tw.negative_mse, name="val", weights="slow"))
+        run.replace(
+            "evaluate_every(4, negative_mse, name='val')",
+            pf.evaluate_every(4, tw.negative_mse, name="val", weights="slow"),
+        )
     assert run.hooks == hooks and run.ctx.extra_state == extra
     assert run.run().progress.global_step == 10

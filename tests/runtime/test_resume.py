@@ -1,6 +1,5 @@
 """Resume: a run continued from any checkpoint ends exactly like the uninterrupted one."""
 
-
 import pytest
 import torch
 
@@ -158,9 +157,17 @@ def test_a_one_shot_iterator_warns_that_resume_is_not_exact(tmp_path):
         model = TinyNet()
         optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
         data = iter(list(DataLoader(dataset(), batch_size=8)) * 3)
-        return pf.loop(model, optimizer, data, hooks=[pf.save_every(2)], max_epochs=3,
-                       training=pf.Training(iters_per_epoch=5), save_dir=tmp_path, resume=resume,
-                       watching=pf.Watching(console=False))
+        return pf.loop(
+            model,
+            optimizer,
+            data,
+            hooks=[pf.save_every(2)],
+            max_epochs=3,
+            training=pf.Training(iters_per_epoch=5),
+            save_dir=tmp_path,
+            resume=resume,
+            watching=pf.Watching(console=False),
+        )
 
     make(None).run(steps=3)
     with pytest.warns(pf.ResumeNotExactWarning, match="cannot restore the data position"):

@@ -37,8 +37,17 @@ def _run(save_dir, seen, *, resume=None, **loader_args):
         seen.append(index.tolist())
         return _sgd(model, optimizer, x)
 
-    return pf.loop(model, optimizer, _loader(**loader_args), hooks=[pf.save_every(3)], max_epochs=2,
-                   save_dir=save_dir, resume=resume, watching=pf.Watching(console=False), step_fn=step)
+    return pf.loop(
+        model,
+        optimizer,
+        _loader(**loader_args),
+        hooks=[pf.save_every(3)],
+        max_epochs=2,
+        save_dir=save_dir,
+        resume=resume,
+        watching=pf.Watching(console=False),
+        step_fn=step,
+    )
 
 
 def _sgd(model, optimizer, x):

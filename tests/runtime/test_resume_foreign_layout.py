@@ -21,8 +21,16 @@ def _loop(save_dir, resume=None, handlers=None, max_epochs=3):
     torch.manual_seed(0)
     model = Net(2, 1)
     data = DataLoader(TensorDataset(torch.randn(4, 2)), batch_size=2)
-    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), data, hooks=[pf.save_every(2)],
-                   max_epochs=max_epochs, save_dir=save_dir, resume=resume, handlers=handlers)
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        hooks=[pf.save_every(2)],
+        max_epochs=max_epochs,
+        save_dir=save_dir,
+        resume=resume,
+        handlers=handlers,
+    )
 
 
 def test_readers_are_the_handlers_that_read_a_layout():

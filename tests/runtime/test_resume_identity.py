@@ -92,8 +92,16 @@ def test_a_removed_hook_is_noted_in_one_console_line_and_no_warning(tmp_path, ca
     model = tw.TinyNet()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pf.loop(model, torch.optim.Adam(model.parameters(), lr=0.01), tw.loader(), hooks=tw.standard_hooks()[:3],
-                max_epochs=EPOCHS, save_dir=tmp_path, resume="auto", watching=pf.Watching(console=True))
+        pf.loop(
+            model,
+            torch.optim.Adam(model.parameters(), lr=0.01),
+            tw.loader(),
+            hooks=tw.standard_hooks()[:3],
+            max_epochs=EPOCHS,
+            save_dir=tmp_path,
+            resume="auto",
+            watching=pf.Watching(console=True),
+        )
     noted = [line for line in capsys.readouterr().out.splitlines() if "log_every(5)" in line]
     assert len(noted) == 1 and "dropped the checkpointed slot(s) of 'log_every(5)'" in noted[0]
     assert not [w for w in caught if "log_every" in str(w.message) or "slot" in str(w.message)]
@@ -154,8 +162,16 @@ def _refused(save_dir, hooks):
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     before, rng = tw.weights(model), torch.get_rng_state()
     with pytest.raises(pf.ResumeError) as caught:
-        pf.loop(model, optimizer, tw.loader(), hooks=hooks, max_epochs=EPOCHS, save_dir=save_dir, resume="auto",
-                watching=pf.Watching(console=False))
+        pf.loop(
+            model,
+            optimizer,
+            tw.loader(),
+            hooks=hooks,
+            max_epochs=EPOCHS,
+            save_dir=save_dir,
+            resume="auto",
+            watching=pf.Watching(console=False),
+        )
     untouched = tw.same_weights(tw.weights(model), before) and not optimizer.state_dict()["state"]
     return str(caught.value), untouched and torch.equal(torch.get_rng_state(), rng)
 
@@ -164,7 +180,9 @@ def test_a_hook_whose_slot_type_changed_is_a_resume_error_naming_it_and_changes_
     """Same identity, another slot class: ResumeError naming the key and both types, before anything is loaded."""
     _interrupted(tmp_path, hooks=[pf.save_every(3), _Tallying()])
     message, untouched = _refused(tmp_path, [pf.save_every(3), _TallyingV2()])
-    assert "'tally'" in message and "test_resume_identity.Tally," in message and "test_resume_identity.TallyV2" in message
+    assert (
+        "'tally'" in message and "test_resume_identity.Tally," in message and "test_resume_identity.TallyV2" in message
+    )
     assert untouched
 
 
@@ -201,8 +219,12 @@ def test_the_checkpoint_keeps_slots_by_hook_identity(tmp_path):
 def _positional_save(effect, state, ctx):
     """The save as it was before slots were keyed: the whole State, slots by position, as one JSON."""
     own = codec.dumps(state)
-    trainer = {"optimizer": ctx.optimizer.state_dict(), "scheduler": ctx.scheduler.state_dict(), "scaler": None,
-               "state": own}
+    trainer = {
+        "optimizer": ctx.optimizer.state_dict(),
+        "scheduler": ctx.scheduler.state_dict(),
+        "scaler": None,
+        "state": own,
+    }
     local = {"state": own, "rng": capture_rng(), "cursor": ctx.feed.state_dict()}
     checkpoint.save_checkpoint(ctx.model_dir, step=effect.step, weights=ctx.weights(), trainer=trainer, local=local)
     return ()

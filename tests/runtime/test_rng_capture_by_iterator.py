@@ -31,8 +31,14 @@ class Batches:
 def test_a_container_handing_out_a_list_iterator_takes_one_rng_capture_per_quiet_step(monkeypatch, tmp_path):
     """next() on a list's iterator runs no user code, so only the forward's RNG is taken, as for a plain list."""
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), Batches(_batches(12)),
-                  hooks=[pf.save_every(10**6)], max_epochs=1, save_dir=tmp_path)
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        Batches(_batches(12)),
+        hooks=[pf.save_every(10**6)],
+        max_epochs=1,
+        save_dir=tmp_path,
+    )
     run.run(steps=2)  # past the epoch's opening
     real, count = rng._get_cpu, []
     monkeypatch.setattr(rng, "_get_cpu", lambda: count.append(1) or real())

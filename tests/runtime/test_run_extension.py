@@ -38,8 +38,17 @@ def _run(save_dir, *, epochs, resume=None, horizon=None, hooks=None):
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=0.05, total_steps=horizon or 5 * epochs)
-    run = pf.loop(model, optimizer, _data(), hooks=hooks or [pf.save_every(5)], max_epochs=epochs, save_dir=save_dir,
-                  scheduler=scheduler, resume=resume, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        optimizer,
+        _data(),
+        hooks=hooks or [pf.save_every(5)],
+        max_epochs=epochs,
+        save_dir=save_dir,
+        scheduler=scheduler,
+        resume=resume,
+        watching=pf.Watching(console=False),
+    )
     return model, run
 
 
@@ -51,8 +60,11 @@ def test_extending_a_run_past_its_schedulers_saved_horizon_is_refused_with_the_f
     run()
     model, _ = _run(tmp_path / "other", epochs=3)
     before = [p.clone() for p in model.parameters()]
-    with pytest.raises(pf.ResumeError, match=r"\(OneCycleLR\) was built for 10 steps and has taken 10; this run "
-                                             r"built it for 15.*pf\.load_weights"):
+    with pytest.raises(
+        pf.ResumeError,
+        match=r"\(OneCycleLR\) was built for 10 steps and has taken 10; this run "
+        r"built it for 15.*pf\.load_weights",
+    ):
         _run(tmp_path, epochs=3, resume="auto")
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     _, same = _run(tmp_path, epochs=2, resume="auto")  # the budget it was built for resumes

@@ -25,9 +25,16 @@ def _build(save_dir, resume=None):
     torch.manual_seed(0)
     sampler = RecordingSampler(dataset(), num_replicas=2, rank=0, shuffle=True, seed=3)
     model = TinyNet()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), DataLoader(dataset(), batch_size=4, sampler=sampler),
-                  hooks=[pf.save_every(2)], max_epochs=3, save_dir=save_dir, resume=resume,
-                  watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        DataLoader(dataset(), batch_size=4, sampler=sampler),
+        hooks=[pf.save_every(2)],
+        max_epochs=3,
+        save_dir=save_dir,
+        resume=resume,
+        watching=pf.Watching(console=False),
+    )
     return sampler, model, run
 
 
@@ -61,8 +68,16 @@ def test_a_sampler_with_its_own_generator_resumes_its_order_mid_epoch_and_at_the
         model = TinyNet()
         data = dataset()
         loader = DataLoader(data, batch_size=8, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(3)))
-        run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader, hooks=[pf.save_every(1)],
-                      max_epochs=3, save_dir=save_dir, resume=resume, watching=pf.Watching(console=False))
+        run = pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.01),
+            loader,
+            hooks=[pf.save_every(1)],
+            max_epochs=3,
+            save_dir=save_dir,
+            resume=resume,
+            watching=pf.Watching(console=False),
+        )
         return model, run
 
     reference, run = build(tmp_path / "reference")

@@ -42,16 +42,27 @@ def snapshot(root: pathlib.Path) -> dict:
 
 
 def second_run(save_dir, resume="auto", console=False):
-    return tw.build(save_dir, hooks=[pf.save_every(2)], max_epochs=3, resume=resume, console=console,
-                    watching=pf.Watching(progress=False))
+    return tw.build(
+        save_dir,
+        hooks=[pf.save_every(2)],
+        max_epochs=3,
+        resume=resume,
+        console=console,
+        watching=pf.Watching(progress=False),
+    )
 
 
 @pytest.fixture
 def holder(tmp_path):
     """A first run holding ``tmp_path/run``, trained to step 3 (saved at 2); killed at the end of the test."""
     save_dir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(HOLDER), str(save_dir), "--hold", "90"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=ENV)
+    proc = subprocess.Popen(
+        [sys.executable, str(HOLDER), str(save_dir), "--hold", "90"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=ENV,
+    )
     deadline, seen = time.monotonic() + 90, ""
     while "holding" not in seen:
         left = deadline - time.monotonic()
@@ -112,8 +123,9 @@ def test_a_lock_held_on_another_host_is_refused_with_the_file_to_delete(tmp_path
     save_dir = tmp_path / "run"
     save_dir.mkdir()
     other = lock.Holder("node-17", os.getpid(), time.time() - 60, "t")
-    (save_dir / lock.LOCK_NAME).write_text(json.dumps({"host": other.host, "pid": other.pid, "since": other.since,
-                                                        "token": other.token}))
+    (save_dir / lock.LOCK_NAME).write_text(
+        json.dumps({"host": other.host, "pid": other.pid, "since": other.since, "token": other.token})
+    )
     before = snapshot(save_dir)
     with pytest.raises(pf.SaveDirLockError, match="on host node-17") as caught:
         second_run(save_dir)
@@ -127,8 +139,9 @@ def test_a_lock_whose_pid_now_names_a_later_process_is_taken_over(tmp_path, caps
     save_dir.mkdir()
     sleeper = subprocess.Popen(["sleep", "60"])
     try:
-        (save_dir / lock.LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid,
-                                                            "since": time.time() - 3600, "token": "old"}))
+        (save_dir / lock.LOCK_NAME).write_text(
+            json.dumps({"host": socket.gethostname(), "pid": sleeper.pid, "since": time.time() - 3600, "token": "old"})
+        )
         _, run = second_run(save_dir, console=True)
     finally:
         sleeper.kill()

@@ -30,13 +30,21 @@ def _run(save_dir, *, kind="plain", batch_size=8, rows=None, resume=None, hooks=
     model = TinyNet()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     return pf.loop(
-        model, optimizer, loader(kind, batch_size), hooks=[pf.save_every(3)] if hooks is None else hooks,
-        max_epochs=2, save_dir=save_dir, resume=resume, watching=pf.Watching(console=False),
-        step_fn=_recording(rows) if rows is not None else None, **kwargs,
+        model,
+        optimizer,
+        loader(kind, batch_size),
+        hooks=[pf.save_every(3)] if hooks is None else hooks,
+        max_epochs=2,
+        save_dir=save_dir,
+        resume=resume,
+        watching=pf.Watching(console=False),
+        step_fn=_recording(rows) if rows is not None else None,
+        **kwargs,
     )
 
 
 # -- steps per epoch changed at resume ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind", ["plain", "stateful", "generator"])
 @pytest.mark.parametrize("batch_size", [4, 12])
@@ -54,7 +62,12 @@ def test_another_batch_size_continues_the_epoch_by_samples_consumed(tmp_path, ki
     assert f"continues at batch index {24 // batch_size} of {steps}" in message and "global_step stays 3" in message
     p = run.state.progress
     assert (p.global_step, p.epoch, p.iter_in_epoch, p.iters_per_epoch, p.samples_seen) == (
-        3, 0, 24 // batch_size, steps, 24)
+        3,
+        0,
+        24 // batch_size,
+        steps,
+        24,
+    )
     while run.state.progress.epoch == 0 and not run.state.progress.at_epoch_end:
         run.step()
     assert torch.equal(torch.cat(resumed_rows), torch.cat(original)[24:])  # no sample repeated or skipped
@@ -90,6 +103,7 @@ def test_another_batch_size_at_an_epoch_boundary_only_changes_the_length(tmp_pat
 
 # -- optimizer hyper-parameters changed at resume -------------------------------------------------
 
+
 def _sgd_run(save_dir, resume=None, scheduler=False, **hyper):
     mode = {k: hyper.pop(k) for k in list(hyper) if k == "resume_hyperparameters"}
     torch.manual_seed(0)
@@ -97,8 +111,18 @@ def _sgd_run(save_dir, resume=None, scheduler=False, **hyper):
     settings = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.0, **hyper}
     optimizer = torch.optim.SGD(model.parameters(), **settings)
     sched = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5) if scheduler else None
-    return pf.loop(model, optimizer, loader("plain", 8), hooks=[pf.save_every(3)], max_epochs=1, save_dir=save_dir,
-                   resume=resume, scheduler=sched, watching=pf.Watching(console=True), resuming=pf.Resuming(**mode))
+    return pf.loop(
+        model,
+        optimizer,
+        loader("plain", 8),
+        hooks=[pf.save_every(3)],
+        max_epochs=1,
+        save_dir=save_dir,
+        resume=resume,
+        scheduler=sched,
+        watching=pf.Watching(console=True),
+        resuming=pf.Resuming(**mode),
+    )
 
 
 def test_a_changed_lr_is_said_and_the_checkpoints_value_wins_by_default(tmp_path, capsys):
@@ -150,13 +174,23 @@ def test_bad_resume_hyperparameters_and_on_nonfinite_are_refused_at_construction
 
 # -- a non-finite loss ----------------------------------------------------------------------------
 
+
 def _nan_run(at, hooks=(), step_fn=None, **kwargs):
     torch.manual_seed(0)
     model = NaNAt(at)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
-    run = pf.loop(model, optimizer, loader("plain", 8), hooks=list(hooks), max_epochs=2, scheduler=scheduler,
-                  step_fn=step_fn, watching=pf.Watching(console=False), **kwargs)
+    run = pf.loop(
+        model,
+        optimizer,
+        loader("plain", 8),
+        hooks=list(hooks),
+        max_epochs=2,
+        scheduler=scheduler,
+        step_fn=step_fn,
+        watching=pf.Watching(console=False),
+        **kwargs,
+    )
     return model, run
 
 
@@ -177,8 +211,14 @@ def test_a_nan_loss_in_a_long_epoch_no_hook_reads_is_raised_within_wait_at_most_
 
     torch.manual_seed(0)
     model = NaNAt(3)
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), one_long_epoch(3 * WAIT_AT_MOST), hooks=[],
-                  max_epochs=1, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        one_long_epoch(3 * WAIT_AT_MOST),
+        hooks=[],
+        max_epochs=1,
+        watching=pf.Watching(console=False),
+    )
     with pytest.raises(pf.NonFiniteLossError, match="global step 3 "):
         run()
     assert run.state.progress.global_step == WAIT_AT_MOST and not run.finished
@@ -231,6 +271,7 @@ def test_warn_warns_and_goes_on():
 
 def test_a_custom_steps_nan_loss_is_checked_after_it_ran():
     """A custom step's reported NaN loss raises (its step already ran) or, under 'warn', warns, where it is read."""
+
     def step(model, optimizer, batch, *, scheduler=None, scaler=None):
         return {"loss": model(batch)["loss"].detach()}
 
@@ -244,6 +285,7 @@ def test_a_custom_steps_nan_loss_is_checked_after_it_ran():
 
 # -- model_best never from a non-finite evaluation ------------------------------------------------
 
+
 def test_best_on_never_writes_model_best_from_an_infinite_or_nan_evaluation(tmp_path):
     """Evaluations inf, nan, -inf write no model_best; the first finite one after them does."""
     scores = iter([math.inf, math.nan, 0.5, -math.inf])
@@ -255,8 +297,15 @@ def test_best_on_never_writes_model_best_from_an_infinite_or_nan_evaluation(tmp_
     torch.manual_seed(0)
     model = TinyNet()
     hooks = [pf.evaluate_every(2, evaluator, name="val"), pf.best_on("score"), pf.best_on("cost", mode="min")]
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), loader("plain", 8), hooks=hooks,
-                  max_epochs=2, save_dir=tmp_path, watching=pf.Watching(console=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        loader("plain", 8),
+        hooks=hooks,
+        max_epochs=2,
+        save_dir=tmp_path,
+        watching=pf.Watching(console=False),
+    )
     run.run(steps=4)
     assert not list((tmp_path / "model").glob("model_best*")) and dict(run.state.best) == {}
     run.run(steps=2)

@@ -54,17 +54,20 @@ def test_scalar_outputs_reads_tensors_that_require_grad_without_a_warning():
     assert out == {"loss": 6.0, "steps": 7.0, "ok": 1.0} and all(type(v) is float for v in out.values())
 
 
-@pytest.mark.parametrize("batch, size", [
-    ((torch.zeros(5, 2), torch.zeros(5)), 5),
-    ([torch.zeros(6, 2)], 6),
-    ((torch.tensor(1.0), torch.zeros(3)), 0),
-    (((torch.zeros(4, 1), torch.zeros(4)), torch.zeros(4)), 4),
-    ((torch.nn.Parameter(torch.zeros(2, 1)),), 2),
-    ({"x": torch.zeros(3, 1), "y": torch.zeros(8)}, 8),
-    (torch.zeros(9, 2), 9),
-    (([1, 2], 3), 0),
-    ((), 0),
-])
+@pytest.mark.parametrize(
+    "batch, size",
+    [
+        ((torch.zeros(5, 2), torch.zeros(5)), 5),
+        ([torch.zeros(6, 2)], 6),
+        ((torch.tensor(1.0), torch.zeros(3)), 0),
+        (((torch.zeros(4, 1), torch.zeros(4)), torch.zeros(4)), 4),
+        ((torch.nn.Parameter(torch.zeros(2, 1)),), 2),
+        ({"x": torch.zeros(3, 1), "y": torch.zeros(8)}, 8),
+        (torch.zeros(9, 2), 9),
+        (([1, 2], 3), 0),
+        ((), 0),
+    ],
+)
 def test_batch_size_counts_the_leading_dimension(batch, size):
     """The samples of a batch: the first tensor's leading dimension (the largest over a dict's values)."""
     assert _batch_size(batch) == size and type(_batch_size(batch)) is int

@@ -56,9 +56,16 @@ def trained(tmp_path):
     """A run whose validation error rises after its first evaluation (lr too high), so best != final."""
     model = Regressor()
     val = pf.loader_evaluator(DataLoader(_data(), batch_size=5), squared_error)
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.6), DataLoader(_data(), batch_size=4),
-                  step_fn=_step, hooks=[pf.evaluate_every(1, val), pf.best_on("val/mse", mode="min")],
-                  max_epochs=2, save_dir=tmp_path, watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.6),
+        DataLoader(_data(), batch_size=4),
+        step_fn=_step,
+        hooks=[pf.evaluate_every(1, val), pf.best_on("val/mse", mode="min")],
+        max_epochs=2,
+        save_dir=tmp_path,
+        watching=pf.Watching(console=False, progress=False),
+    )
     run()
     return run, val, model
 
@@ -91,23 +98,37 @@ def test_predict_returns_each_batchs_outputs_on_the_cpu(trained, tmp_path):
 def test_unknown_weights_or_a_missing_best_file_are_said_with_the_fix(tmp_path):
     """weights='ema' is not one of the two; a run that wrote no model_best says so."""
     model = Regressor()
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), DataLoader(_data(), batch_size=4),
-                  step_fn=_step, max_epochs=1, save_dir=tmp_path, watching=pf.Watching(console=False, progress=False))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        DataLoader(_data(), batch_size=4),
+        step_fn=_step,
+        max_epochs=1,
+        save_dir=tmp_path,
+        watching=pf.Watching(console=False, progress=False),
+    )
     run()
     val = pf.loader_evaluator(DataLoader(_data(), batch_size=5), squared_error)
     with pytest.raises(ValueError, match="'weights' must be 'final' .* or 'best' .* \\(got 'ema'\\)"):
         run.test(val, weights="ema")
-    with pytest.raises(FileNotFoundError, match="no best weights in .*: the run writes model_best with a "
-                                                "best_on\\(metric\\) hook"):
+    with pytest.raises(
+        FileNotFoundError, match="no best weights in .*: the run writes model_best with a best_on\\(metric\\) hook"
+    ):
         run.test(val, weights="best")
 
 
-@pytest.mark.parametrize("record, problem", [
-    (None, "model_best.json is a FIFO, not a regular file"),
-    ("[" * 100000, "model_best.json is damaged (ValueError: nested too deeply to parse)"),
-    ("[1]", "model_best.json is damaged (ValueError: holds a JSON list"),
-    ('{"metric": ["val/mse"], "step": 3, "value": 1.0}', "model_best.json is damaged (ValueError: 'metric' must be"),
-])
+@pytest.mark.parametrize(
+    "record, problem",
+    [
+        (None, "model_best.json is a FIFO, not a regular file"),
+        ("[" * 100000, "model_best.json is damaged (ValueError: nested too deeply to parse)"),
+        ("[1]", "model_best.json is damaged (ValueError: holds a JSON list"),
+        (
+            '{"metric": ["val/mse"], "step": 3, "value": 1.0}',
+            "model_best.json is damaged (ValueError: 'metric' must be",
+        ),
+    ],
+)
 def test_a_damaged_best_record_is_named_with_the_fix_not_called_missing(trained, tmp_path, record, problem):
     """model_best.pth beside a FIFO, too deep or not-a-record .json: a CheckpointError naming the .json and what to
     do, never "the run writes no model_best", never a wait; the final weights still test."""

@@ -33,8 +33,10 @@ def _interrupted_then_resumed(save_dir: Path, logger) -> list:
 
 def _expected(records: list) -> dict:
     """``{tracker name: [(step, value)]}`` of train/loss and eval/val/score, from log.jsonl."""
-    return {"train/loss": [(r["step"], r["loss"]) for r in records if r["kind"] == "train"],
-            "eval/val/score": [(r["step"], r["score"]) for r in records if r["kind"] == "eval/val"]}
+    return {
+        "train/loss": [(r["step"], r["loss"]) for r in records if r["kind"] == "train"],
+        "eval/val/score": [(r["step"], r["score"]) for r in records if r["kind"] == "eval/val"],
+    }
 
 
 def _same_points(got: list, expected: list) -> None:
@@ -61,8 +63,8 @@ def _wandb_records(path: Path):
         if 32768 - pos % 32768 < 7:  # a block's tail too short for a header is padding
             pos += 32768 - pos % 32768
             continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-        part, pos = part + data[pos + 7:pos + 7 + length], pos + 7 + length
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        part, pos = part + data[pos + 7 : pos + 7 + length], pos + 7 + length
         if kind in (1, 4):  # FULL or LAST: a whole record
             record = wandb_internal_pb2.Record()
             record.ParseFromString(part)

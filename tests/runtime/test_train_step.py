@@ -52,8 +52,12 @@ def loader(n=24, batch=4):
 
 def test_to_device_moves_every_tensor_of_nested_containers_and_keeps_their_types():
     """Tensors inside dicts, lists, tuples, namedtuples and dataclasses move; other values are the same objects."""
-    batch = {"a": [torch.ones(2), (torch.zeros(1), "tag")], "p": Pair(torch.ones(1), 3),
-             "s": Sample(torch.ones(3), "m", [torch.ones(1)]), "od": collections.OrderedDict(t=torch.ones(1))}
+    batch = {
+        "a": [torch.ones(2), (torch.zeros(1), "tag")],
+        "p": Pair(torch.ones(1), 3),
+        "s": Sample(torch.ones(3), "m", [torch.ones(1)]),
+        "od": collections.OrderedDict(t=torch.ones(1)),
+    }
     moved = to_device(batch, "meta")  # a device every machine has, so the move is real
     assert moved["a"][0].device.type == "meta" and moved["a"][1][0].device.type == "meta"
     assert type(moved["a"]) is list and type(moved["a"][1]) is tuple and moved["a"][1][1] == "tag"
@@ -68,9 +72,14 @@ def test_step_on_a_device_trains_on_batches_moved_there():
     """TrainStep(device='cpu') takes (x, y) batches through the non-blocking transfer and trains."""
     model = Linear()
     before = weights(model)
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), max_epochs=2,
-                  watching=pf.Watching(console=False),
-                  step_fn=pf.TrainStep(device="cpu"))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        loader(),
+        max_epochs=2,
+        watching=pf.Watching(console=False),
+        step_fn=pf.TrainStep(device="cpu"),
+    )
     run()
     assert run.state.progress.global_step == 12
     assert not same(weights(model), before)
@@ -95,9 +104,17 @@ def test_fp16_makes_a_grad_scaler_that_the_loop_checkpoints_and_restores(tmp_pat
 
     def build(resume=None, max_epochs=1):
         model = Linear()
-        return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), max_epochs=max_epochs,
-                       watching=pf.Watching(console=False), step_fn=pf.TrainStep(precision="fp16"), hooks=[pf.save_every(6)],
-                       save_dir=tmp_path, resume=resume), model
+        return pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            loader(),
+            max_epochs=max_epochs,
+            watching=pf.Watching(console=False),
+            step_fn=pf.TrainStep(precision="fp16"),
+            hooks=[pf.save_every(6)],
+            save_dir=tmp_path,
+            resume=resume,
+        ), model
 
     run, model = build()
     assert isinstance(run.ctx.scaler, torch.amp.GradScaler) and run.ctx.scaler.is_enabled()
@@ -114,9 +131,15 @@ def test_a_scaler_with_bf16_is_refused_before_training():
     """Training(scaler=GradScaler()) with TrainStep(precision='bf16') is a ValueError naming the fix."""
     model = Linear()
     with pytest.raises(ValueError, match="precision='fp16'"):
-        pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.05), loader(), max_epochs=1,
-                watching=pf.Watching(console=False), training=pf.Training(scaler=torch.amp.GradScaler("cpu")),
-                step_fn=pf.TrainStep(precision="bf16"))
+        pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            loader(),
+            max_epochs=1,
+            watching=pf.Watching(console=False),
+            training=pf.Training(scaler=torch.amp.GradScaler("cpu")),
+            step_fn=pf.TrainStep(precision="bf16"),
+        )
 
 
 def _after_one_step(step, batch, seed=0):
@@ -130,7 +153,7 @@ def test_k_micro_batches_update_as_one_batch_k_times_larger():
     """accumulate=3 over three batches of 4 steps the weights as one batch of 12 does (mean loss)."""
     x, y = data(12)
     whole, whole_out = _after_one_step(pf.TrainStep(), (x, y))
-    parts = MicroBatches([(x[i:i + 4], y[i:i + 4]) for i in (0, 4, 8)])
+    parts = MicroBatches([(x[i : i + 4], y[i : i + 4]) for i in (0, 4, 8)])
     accumulated, outputs = _after_one_step(pf.TrainStep(accumulate=3), parts)
     assert all(torch.allclose(whole[k], accumulated[k], atol=1e-6) for k in whole)
     assert torch.allclose(outputs["loss"], whole_out["loss"], atol=1e-6)  # the mean of equal-sized parts
@@ -143,8 +166,14 @@ def test_accumulating_loop_counts_optimizer_steps_and_drops_the_remainder():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     stepped = []
     optimizer.register_step_post_hook(lambda *args: stepped.append(1))
-    run = pf.loop(model, optimizer, loader(40, 4), max_epochs=2, watching=pf.Watching(console=False),
-                  step_fn=pf.TrainStep(accumulate=3))
+    run = pf.loop(
+        model,
+        optimizer,
+        loader(40, 4),
+        max_epochs=2,
+        watching=pf.Watching(console=False),
+        step_fn=pf.TrainStep(accumulate=3),
+    )
     assert run.ctx.feed.iters_per_epoch == 3
     run()
     assert run.state.progress.global_step == 6 == len(stepped)
@@ -207,9 +236,15 @@ def test_the_nonfinite_policy_applies_to_the_steps_loss():
     x, y = data(24)
     x[0, 0] = float("nan")
     data_ = DataLoader(TensorDataset(x, y), batch_size=24)
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.1), data_, max_epochs=1,
-                  watching=pf.Watching(console=False),
-                  hooks=[pf.log_every(1)], step_fn=pf.TrainStep(clip_grad_norm=1.0))
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data_,
+        max_epochs=1,
+        watching=pf.Watching(console=False),
+        hooks=[pf.log_every(1)],
+        step_fn=pf.TrainStep(clip_grad_norm=1.0),
+    )
     with pytest.raises(pf.NonFiniteLossError):
         run()
 
@@ -223,15 +258,18 @@ def test_train_step_pickles_compares_by_value_and_reprs_as_its_call():
     assert hash(step) == hash(pf.TrainStep(device="cpu", precision="bf16", accumulate=4, clip_grad_norm=1.0))
 
 
-@pytest.mark.parametrize("options,message", [
-    (dict(accumulate=0), "'accumulate' must be an int >= 1 (got 0)"),
-    (dict(accumulate=2.0), "'accumulate' must be an int >= 1 (got 2.0)"),
-    (dict(precision="16"), "'precision' must be one of ['32', 'bf16', 'fp16'] (got '16')"),
-    (dict(clip_grad_norm=1.0, clip_grad_value=0.5), "not both"),
-    (dict(clip_grad_norm=-1.0), "'clip_grad_norm' must be None or a finite number > 0 (got -1.0)"),
-    (dict(clip_grad_value=0), "'clip_grad_value' must be None or a finite number > 0 (got 0)"),
-    (dict(device="gpu"), "'device' must be None, a device string or a torch.device (got 'gpu')"),
-])
+@pytest.mark.parametrize(
+    "options,message",
+    [
+        (dict(accumulate=0), "'accumulate' must be an int >= 1 (got 0)"),
+        (dict(accumulate=2.0), "'accumulate' must be an int >= 1 (got 2.0)"),
+        (dict(precision="16"), "'precision' must be one of ['32', 'bf16', 'fp16'] (got '16')"),
+        (dict(clip_grad_norm=1.0, clip_grad_value=0.5), "not both"),
+        (dict(clip_grad_norm=-1.0), "'clip_grad_norm' must be None or a finite number > 0 (got -1.0)"),
+        (dict(clip_grad_value=0), "'clip_grad_value' must be None or a finite number > 0 (got 0)"),
+        (dict(device="gpu"), "'device' must be None, a device string or a torch.device (got 'gpu')"),
+    ],
+)
 def test_each_bad_option_is_refused_at_construction_with_what_is_allowed(options, message):
     """A bad option fails when the step is built, naming the option, the allowed values and the value."""
     with pytest.raises(ValueError) as raised:
@@ -265,9 +303,15 @@ def test_an_exception_inside_an_accumulation_then_run_again_ends_as_the_uninterr
     def build(at):
         torch.manual_seed(0)
         model = FailsOnce(at)
-        return model, pf.loop(model, torch.optim.Adam(model.parameters(), lr=0.01), loader(40, 4), max_epochs=2,
-                              watching=pf.Watching(console=False), hooks=[pf.log_every(1)],
-                              step_fn=pf.TrainStep(accumulate=3, loss_fn=loss_fn))
+        return model, pf.loop(
+            model,
+            torch.optim.Adam(model.parameters(), lr=0.01),
+            loader(40, 4),
+            max_epochs=2,
+            watching=pf.Watching(console=False),
+            hooks=[pf.log_every(1)],
+            step_fn=pf.TrainStep(accumulate=3, loss_fn=loss_fn),
+        )
 
     reference, run = build(at=0)
     run()

@@ -40,12 +40,15 @@ def uninterrupted(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("config,kill_at", [
-    ("accumulate", 5),  # mid-epoch 1, one step after the checkpoint of step 4
-    ("accumulate-stateful", 7),  # after the deferred checkpoint of the epoch-ending step 6
-    ("bf16-clip", 9),
-    ("supervised", 5),
-])
+@pytest.mark.parametrize(
+    "config,kill_at",
+    [
+        ("accumulate", 5),  # mid-epoch 1, one step after the checkpoint of step 4
+        ("accumulate-stateful", 7),  # after the deferred checkpoint of the epoch-ending step 6
+        ("bf16-clip", 9),
+        ("supervised", 5),
+    ],
+)
 def test_sigkilled_configured_step_resumes_to_identical_weights_and_trace(tmp_path, uninterrupted, config, kill_at):
     """SIGKILL after an optimizer step, then resume='auto': same final weights and the same effects from the resume."""
     killed = _run(tmp_path / "run", *CONFIGS[config], "--kill-at", kill_at)
@@ -56,4 +59,4 @@ def test_sigkilled_configured_step_resumes_to_identical_weights_and_trace(tmp_pa
     result, expected = torch.load(out, weights_only=True), uninterrupted(config)
     assert result["steps"] == expected["steps"]
     assert same_weights(result["weights"], expected["weights"])
-    assert expected["trace"][-len(result["trace"]):] == result["trace"]
+    assert expected["trace"][-len(result["trace"]) :] == result["trace"]

@@ -19,8 +19,9 @@ _RUNTIME = pathlib.Path(runtime_package.__file__).parent
 def _opens_units(path: pathlib.Path) -> bool:
     """The module makes units of a transaction (a call ``<something>.unit(...)``)."""
     tree = ast.parse(path.read_text())
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "unit"
-               for n in ast.walk(tree))
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "unit" for n in ast.walk(tree)
+    )
 
 
 def test_every_module_that_opens_units_holds_a_ctrl_c_back_in_its_own_code():

@@ -54,8 +54,14 @@ def _batches(n):
 def _run(tmp_path, hook, steps=12):
     torch.manual_seed(0)
     model = TinyNet()
-    return pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), _batches(steps), hooks=[hook],
-                   max_epochs=1, save_dir=tmp_path)
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        _batches(steps),
+        hooks=[hook],
+        max_epochs=1,
+        save_dir=tmp_path,
+    )
 
 
 def _built_per_step(monkeypatch, run, cls, steps=6):
@@ -112,8 +118,14 @@ def test_a_train_step_interrupted_after_an_unwanted_beforestep_continues_exactly
     """The interrupted step trains again from the same batch and RNG: weights and slots equal an uninterrupted run."""
     torch.manual_seed(0)
     model = FailsOnce(at=5)
-    run = pf.loop(model, torch.optim.SGD(model.parameters(), lr=0.01), _batches(12), hooks=[_EveryStep()],
-                  max_epochs=1, save_dir=tmp_path / "a")
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        _batches(12),
+        hooks=[_EveryStep()],
+        max_epochs=1,
+        save_dir=tmp_path / "a",
+    )
     with pytest.raises(RuntimeError, match="a failing forward"):
         run()
     assert run.interrupted.step == 5 and run.interrupted.phase == "the train step"

@@ -21,11 +21,18 @@ def _killed_in_step_6(save_dir: pathlib.Path) -> None:
     ready = save_dir.parent / "ready"
     # Its own W&B service: an inherited WANDB_SERVICE (this process's, from an earlier test) would outlive the kill
     # and keep holding the run's id.
-    env = {**{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"}, "WANDB_SILENT": "true",
-           "WANDB_MODE": "offline"}
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"},
+        "WANDB_SILENT": "true",
+        "WANDB_MODE": "offline",
+    }
     with open(save_dir.parent / "workload.log", "w") as log:
-        process = subprocess.Popen([sys.executable, str(HERE / "_wandb_kill_workload.py"), str(save_dir), str(ready)],
-                                   stdout=log, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            [sys.executable, str(HERE / "_wandb_kill_workload.py"), str(save_dir), str(ready)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
         try:
             deadline = time.monotonic() + TIMEOUT
             while not ready.exists():

@@ -4,7 +4,6 @@ import re
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.hooks import best_on, early_stop, evaluate_every, log_every, save_every
@@ -21,16 +20,26 @@ def broken_stack():
 def test_agreement_holds_for_the_standard_stack_under_rank_local_inputs():
     """Rank-local losses and rank-0-only metrics do not change any collective effect."""
     stack = [evaluate_every(2, miou), save_every(3), best_on("mIoU"), log_every(1)]
-    result = simulate(stack, world_size=4, iters_per_epoch=3, max_epochs=2,
-                      metrics=lambda s, r: {"mIoU": s % 4} if r == 0 else None,
-                      local=lambda s, r: {"loss": float(s * r)})
+    result = simulate(
+        stack,
+        world_size=4,
+        iters_per_epoch=3,
+        max_epochs=2,
+        metrics=lambda s, r: {"mIoU": s % 4} if r == 0 else None,
+        local=lambda s, r: {"loss": float(s * r)},
+    )
     assert_collective_agreement(result)
 
 
 def test_disagreement_report_names_step_event_hook_and_ranks():
     """The report gives the first diverging moment, the hook (index and repr) and what each rank wanted."""
-    result = simulate(broken_stack(), world_size=4, iters_per_epoch=2, max_epochs=1,
-                      metrics=lambda step, rank: {"mIoU": 0.5} if rank == 0 else None)
+    result = simulate(
+        broken_stack(),
+        world_size=4,
+        iters_per_epoch=2,
+        max_epochs=1,
+        metrics=lambda step, rank: {"mIoU": 0.5} if rank == 0 else None,
+    )
     with pytest.raises(AssertionError) as info:
         assert_collective_agreement(result)
     assert str(info.value) == (
@@ -68,8 +77,10 @@ def test_broken_hook_is_caught_by_hypothesis_with_a_small_readable_counterexampl
     assert "schedule=Schedule(world_size=2, iters_per_epoch=1, max_epochs=1, resume_at=())" in notes
     assert "metrics=MetricStream(name='mIoU', values=(0.0,), ranks='main')" in notes
     report = str(info.value)
-    assert report.startswith("ranks disagree on the collective effects at global step 1, during AfterStep; "
-                             "hook(s) involved: #1 save_on_improvement('mIoU')")
+    assert report.startswith(
+        "ranks disagree on the collective effects at global step 1, during AfterStep; "
+        "hook(s) involved: #1 save_on_improvement('mIoU')"
+    )
     assert "  rank 0 wanted: " in report and "SaveCheckpoint(step=1" in report
     assert len(report.splitlines()) == 4
 
@@ -77,8 +88,13 @@ def test_broken_hook_is_caught_by_hypothesis_with_a_small_readable_counterexampl
 def test_resume_continuity_holds_for_the_standard_stack_at_every_step():
     """Resuming at any step, as an int or an iterable, continues exactly."""
     stack = [evaluate_every(2, miou), save_every(3), best_on("mIoU"), log_every(2)]
-    kwargs = dict(world_size=3, iters_per_epoch=4, max_epochs=2, metrics=lambda s, r: {"mIoU": (s * 5) % 7},
-                  local=lambda s, r: {"loss": float(s + r)})
+    kwargs = dict(
+        world_size=3,
+        iters_per_epoch=4,
+        max_epochs=2,
+        metrics=lambda s, r: {"mIoU": (s * 5) % 7},
+        local=lambda s, r: {"loss": float(s + r)},
+    )
     assert_resume_continuity(stack, resume_at=5, **kwargs)
     assert_resume_continuity(stack, resume_at=range(1, 9), **kwargs)
 
@@ -87,8 +103,14 @@ def test_resume_report_shows_where_the_runs_part():
     """A saver before its evaluator checkpoints too early; the report shows both sides' first differing entry."""
     stack = [save_every(2), evaluate_every(2, miou), best_on("mIoU")]
     with pytest.raises(AssertionError) as info:
-        assert_resume_continuity(stack, resume_at=2, world_size=1, iters_per_epoch=6, max_epochs=1,
-                                 metrics={2: {"mIoU": 0.9}, 4: {"mIoU": 0.5}})
+        assert_resume_continuity(
+            stack,
+            resume_at=2,
+            world_size=1,
+            iters_per_epoch=6,
+            max_epochs=1,
+            metrics={2: {"mIoU": 0.9}, 4: {"mIoU": 0.5}},
+        )
     assert str(info.value) == (
         "rank 0, resumed from the checkpoint of step 2: the resumed run parts from the uninterrupted one "
         "at entry 3 after the resume\n"
@@ -118,6 +140,7 @@ def test_the_tutorial_in_the_docs_shows_the_real_report():
     result = simulate(broken_stack(), metrics=MetricStream("mIoU", (0.0,), "main"), **schedule.kwargs())
     with pytest.raises(AssertionError) as info:
         assert_collective_agreement(result)
+
     # The effect's optional fields may grow; the docs need only show today's.
     def same_fields(text):
         return re.sub(r"SaveCheckpoint\(step=1[^)]*\)", "SaveCheckpoint(step=1, ...)", text)

@@ -22,7 +22,12 @@ def test_plan_returns_the_trace_type_of_a_run():
     """pf.plan returns a Trace (as run.trace is), its hooks shown by identity, equal to a tuple of its entries."""
     planned = pf.plan(HOOKS, metrics=METRICS, **SCHEDULE)
     assert isinstance(planned, Trace) and planned == tuple(planned) and isinstance(planned[:2], Trace)
-    assert planned.hooks == ("evaluate_every(2, accuracy, name='val')", "save_every(3)", "best_on('acc')", "log_every(2)")
+    assert planned.hooks == (
+        "evaluate_every(2, accuracy, name='val')",
+        "save_every(3)",
+        "best_on('acc')",
+        "log_every(2)",
+    )
 
 
 def test_published_metrics_are_what_plan_takes_as_metrics():
@@ -35,8 +40,10 @@ def test_published_metrics_are_what_plan_takes_as_metrics():
 def test_a_trace_matches_the_plan_it_came_from_even_with_other_log_numbers():
     """A trace whose Log values differ from the plan's placeholders still matches: logs compare by step and kind."""
     planned = pf.plan(HOOKS, metrics=METRICS, **SCHEDULE)
-    losses = [attrs.evolve(e, effect=attrs.evolve(e.effect, values={"loss": 1.5})) if isinstance(e.effect, Log) else e
-              for e in planned]
+    losses = [
+        attrs.evolve(e, effect=attrs.evolve(e.effect, values={"loss": 1.5})) if isinstance(e.effect, Log) else e
+        for e in planned
+    ]
     assert losses != list(planned) and matches_plan(losses, HOOKS, **SCHEDULE)
     assert moments(losses) == moments(planned)
 

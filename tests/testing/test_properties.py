@@ -46,12 +46,17 @@ def test_collective_effects_agree_under_rank_local_inputs(stack, schedule, metri
 
 
 @settings(max_examples=80)
-@given(stack=any_stack(), schedule=schedules(max_world_size=8, max_resumes=0), metrics=metric_streams(),
-       local=rank_local_inputs())
+@given(
+    stack=any_stack(),
+    schedule=schedules(max_world_size=8, max_resumes=0),
+    metrics=metric_streams(),
+    local=rank_local_inputs(),
+)
 def test_resume_continues_exactly_at_every_step(stack, schedule, metrics, local):
     """Resumed at any step, every rank repeats the uninterrupted trace and ends in the same state."""
-    assert_resume_continuity(stack, resume_at=range(1, schedule.max_steps + 1), metrics=metrics, local=local,
-                             **schedule.kwargs())
+    assert_resume_continuity(
+        stack, resume_at=range(1, schedule.max_steps + 1), metrics=metrics, local=local, **schedule.kwargs()
+    )
 
 
 @SMALL
@@ -62,8 +67,10 @@ def test_save_every_saves_exactly_on_cadence_deferring_epoch_ends_with_one_final
     last = schedule.max_steps
     for trace in result.traces:
         saves = [(e.step, e.during, e.effect.final) for e in trace]
-        expected = [(k, "AfterEpoch" if k % schedule.iters_per_epoch == 0 else "AfterStep", False)
-                    for k in range(n, last + 1, n)]
+        expected = [
+            (k, "AfterEpoch" if k % schedule.iters_per_epoch == 0 else "AfterStep", False)
+            for k in range(n, last + 1, n)
+        ]
         if last % n:
             expected.append((last, "AfterTrain", True))
         assert saves == expected
@@ -72,12 +79,15 @@ def test_save_every_saves_exactly_on_cadence_deferring_epoch_ends_with_one_final
 
 
 @SMALL
-@given(schedule=schedules(max_resumes=0), metrics=metric_streams(ranks=("all", "main")),
-       mode=st.sampled_from(("max", "min")), every=st.integers(1, 4))
+@given(
+    schedule=schedules(max_resumes=0),
+    metrics=metric_streams(ranks=("all", "main")),
+    mode=st.sampled_from(("max", "min")),
+    every=st.integers(1, 4),
+)
 def test_best_improves_strictly_and_nan_never_improves(schedule, metrics, mode, every):
     """WriteBest values are strictly monotone, never NaN, and exactly the running best of what was published."""
-    result = simulate([evaluate_every(every, miou), best_on("mIoU", mode=mode)], metrics=metrics,
-                      **schedule.kwargs())
+    result = simulate([evaluate_every(every, miou), best_on("mIoU", mode=mode)], metrics=metrics, **schedule.kwargs())
     better = (lambda a, b: a > b) if mode == "max" else (lambda a, b: a < b)
     expected, best = [], None
     for step in range(every, schedule.max_steps + 1, every):
@@ -95,8 +105,9 @@ def test_best_improves_strictly_and_nan_never_improves(schedule, metrics, mode, 
 def test_plan_equals_rank_0s_simulated_trace(stack, schedule, metrics):
     """plan() without outputs is exactly what rank 0 of a simulated job without local outputs executes."""
     result = simulate(stack, metrics=metrics, **schedule.kwargs())
-    planned = plan(stack, iters_per_epoch=schedule.iters_per_epoch, max_epochs=schedule.max_epochs,
-                   metrics=metrics, outputs=())
+    planned = plan(
+        stack, iters_per_epoch=schedule.iters_per_epoch, max_epochs=schedule.max_epochs, metrics=metrics, outputs=()
+    )
     assert tuple(e.to_trace_entry() for e in result.traces[0]) == planned
 
 
@@ -122,6 +133,9 @@ def test_a_save_at_an_evaluation_step_records_the_evaluation(stack, schedule, me
     trace = result.traces[0]
     for i, entry in enumerate(trace):
         if isinstance(entry.effect, SaveCheckpoint):
-            later_best = [e for e in trace[i:] if isinstance(e.effect, WriteBest) and e.step == entry.step
-                          and e.during == entry.during]
+            later_best = [
+                e
+                for e in trace[i:]
+                if isinstance(e.effect, WriteBest) and e.step == entry.step and e.during == entry.during
+            ]
             assert not later_best, f"{entry} precedes a best update of the same moment"

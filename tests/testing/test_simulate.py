@@ -20,8 +20,14 @@ def test_save_every_4_over_10x3_at_world_size_4_saves_on_cadence_on_every_rank()
     """save_every(4), 10 iterations x 3 epochs: 4..28 on cadence, 20 deferred to AfterEpoch, 30 final."""
     result = simulate([save_every(4)], world_size=4, iters_per_epoch=10, max_epochs=3)
     expected = [
-        (4, "AfterStep", False), (8, "AfterStep", False), (12, "AfterStep", False), (16, "AfterStep", False),
-        (20, "AfterEpoch", False), (24, "AfterStep", False), (28, "AfterStep", False), (30, "AfterTrain", True),
+        (4, "AfterStep", False),
+        (8, "AfterStep", False),
+        (12, "AfterStep", False),
+        (16, "AfterStep", False),
+        (20, "AfterEpoch", False),
+        (24, "AfterStep", False),
+        (28, "AfterStep", False),
+        (30, "AfterTrain", True),
     ]
     for rank, trace in enumerate(result.traces):
         assert [(e.step, e.during, e.effect.final) for e in trace] == expected
@@ -43,24 +49,38 @@ def test_main_effects_appear_on_rank_0_only_as_the_interpreter_runs_them():
 
 def test_broadcast_evaluation_publishes_rank_0_values_on_every_rank():
     """With broadcast, rank 0's result is what every rank's state holds."""
-    result = simulate([evaluate_every(1, miou), best_on("mIoU")], world_size=3, iters_per_epoch=2, max_epochs=1,
-                      metrics=lambda step, rank: {"mIoU": 10.0 * rank + step})
+    result = simulate(
+        [evaluate_every(1, miou), best_on("mIoU")],
+        world_size=3,
+        iters_per_epoch=2,
+        max_epochs=1,
+        metrics=lambda step, rank: {"mIoU": 10.0 * rank + step},
+    )
     assert [s.best["mIoU"] for s in result.states] == [2.0, 2.0, 2.0]
 
 
 def test_unbroadcast_evaluation_keeps_each_ranks_own_values_and_none_publishes_nothing():
     """Without broadcast each rank publishes its own result; a rank computing None publishes {}."""
-    result = simulate([evaluate_every(1, miou, broadcast=False), best_on("mIoU")], world_size=3,
-                      iters_per_epoch=2, max_epochs=1,
-                      metrics=lambda step, rank: None if rank == 2 else {"mIoU": 10.0 * rank + step})
+    result = simulate(
+        [evaluate_every(1, miou, broadcast=False), best_on("mIoU")],
+        world_size=3,
+        iters_per_epoch=2,
+        max_epochs=1,
+        metrics=lambda step, rank: None if rank == 2 else {"mIoU": 10.0 * rank + step},
+    )
     assert [s.best.get("mIoU") for s in result.states] == [2.0, 12.0, None]
     assert result.states[2].metrics == {}
 
 
 def test_local_inputs_reach_each_ranks_after_step_events():
     """local(step, rank) becomes that rank's AfterStep outputs, and its epoch means."""
-    result = simulate([log_every(1)], world_size=2, iters_per_epoch=2, max_epochs=1,
-                      local=lambda step, rank: {"loss": float(step + 10 * rank)})
+    result = simulate(
+        [log_every(1)],
+        world_size=2,
+        iters_per_epoch=2,
+        max_epochs=1,
+        local=lambda step, rank: {"loss": float(step + 10 * rank)},
+    )
     rank0 = result.traces[0]
     assert [e.event.outputs["loss"] for e in rank0 if isinstance(e.event, ev.AfterStep)] == [1.0, 2.0]
     assert result.states[1].slots[0].sums == {}  # the epoch ended: sums reset
@@ -94,20 +114,30 @@ def test_a_resume_point_after_an_early_stop_is_refused_naming_where_the_run_ende
     """resume_at past the step early_stop ended the run at is a ValueError: that step, why, and what to pass."""
     hooks = [evaluate_every(2, miou), early_stop("mIoU", patience=1), save_every(2)]
     with pytest.raises(ValueError) as info:
-        simulate(hooks, world_size=2, iters_per_epoch=4, max_epochs=3, metrics={2: {"mIoU": 0.5}, 4: {"mIoU": 0.4}},
-                 resume_at=6)
+        simulate(
+            hooks,
+            world_size=2,
+            iters_per_epoch=4,
+            max_epochs=3,
+            metrics={2: {"mIoU": 0.5}, 4: {"mIoU": 0.4}},
+            resume_at=6,
+        )
     message = str(info.value)
-    assert message.startswith("simulate: resume_at holds step 6, but the run ended at step 4 before reaching it: "
-                              "a hook stopped it (early_stop('mIoU', patience=1): mIoU has not improved")
-    assert message.endswith("Resume at steps up to 4 (assert_resume_continuity leaves out the steps after the "
-                            "run's end itself)")
+    assert message.startswith(
+        "simulate: resume_at holds step 6, but the run ended at step 4 before reaching it: "
+        "a hook stopped it (early_stop('mIoU', patience=1): mIoU has not improved"
+    )
+    assert message.endswith(
+        "Resume at steps up to 4 (assert_resume_continuity leaves out the steps after the run's end itself)"
+    )
 
 
 def test_a_checkpoint_holds_the_state_its_save_was_written_with():
     """A saver listed before the evaluator saves before the evaluation: the resume loses its best value."""
     stack = [save_every(2), evaluate_every(2, miou), best_on("mIoU")]
-    result = simulate(stack, world_size=1, iters_per_epoch=6, max_epochs=1, resume_at=2,
-                      metrics={2: {"mIoU": 0.9}, 4: {"mIoU": 0.5}})
+    result = simulate(
+        stack, world_size=1, iters_per_epoch=6, max_epochs=1, resume_at=2, metrics={2: {"mIoU": 0.9}, 4: {"mIoU": 0.5}}
+    )
     assert result.effects(0, WriteBest) == (WriteBest("mIoU", 0.9, 2), WriteBest("mIoU", 0.5, 4))
 
 
@@ -115,6 +145,7 @@ def test_entries_convert_to_plan_entries_and_results_pickle():
     """SimEntry.to_trace_entry matches plan(); results and strategies' values pickle."""
     result = simulate([save_every(2)], world_size=1, iters_per_epoch=2, max_epochs=2)
     from pimm_fn import plan
+
     assert tuple(e.to_trace_entry() for e in result.traces[0]) == plan([save_every(2)], iters_per_epoch=2, max_epochs=2)
     assert pickle.loads(pickle.dumps(result.traces)) == result.traces
     assert isinstance(result.traces[0][0], SimEntry)
@@ -154,8 +185,9 @@ def test_bad_callable_results_name_the_step_and_rank():
 
 def test_nan_outputs_do_not_break_anything():
     """NaN losses flow through logging; the run still ends."""
-    result = simulate([log_every(1)], world_size=2, iters_per_epoch=2, max_epochs=1,
-                      local=lambda s, r: {"loss": math.nan})
+    result = simulate(
+        [log_every(1)], world_size=2, iters_per_epoch=2, max_epochs=1, local=lambda s, r: {"loss": math.nan}
+    )
     assert math.isnan(result.traces[0][-1].effect.values["loss"])
 
 
@@ -180,10 +212,15 @@ def test_importing_and_simulating_leaves_torch_unimported():
 def test_public_surface():
     """__all__ lists exactly the kit's public names, each importable."""
     assert kit.__all__ == [
-        "simulate", "SimulationResult", "SimEntry", "assert_collective_agreement", "assert_resume_continuity",
+        "simulate",
+        "SimulationResult",
+        "SimEntry",
+        "assert_collective_agreement",
+        "assert_resume_continuity",
     ]
     assert all(hasattr(kit, name) for name in kit.__all__)
     from pimm_fn.testing import strategies
+
     assert all(hasattr(strategies, name) for name in strategies.__all__)
 
 
@@ -215,7 +252,10 @@ def test_the_kit_imports_nothing_impure():
     forbidden = {"torch", "os", "time", "logging", "pathlib", "io", "shutil", "random"}
     for path in Path(kit.__file__).parent.glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else ([node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            )
             for name in names:
                 assert name.split(".")[0] not in forbidden, f"{path.name} imports {name}"

@@ -55,8 +55,13 @@ def test_every_rank_saves_the_same_step_and_the_resume_continues_the_trace(run, 
 
 
 @settings(max_examples=80)
-@given(schedule=schedules(max_world_size=4, max_resumes=0), seconds=st.floats(0.1, 5.0), limit=st.floats(1.0, 60.0),
-       margin=st.floats(0.0, 10.0), every=st.sampled_from((1, None)))
+@given(
+    schedule=schedules(max_world_size=4, max_resumes=0),
+    seconds=st.floats(0.1, 5.0),
+    limit=st.floats(1.0, 60.0),
+    margin=st.floats(0.0, 10.0),
+    every=st.sampled_from((1, None)),
+)
 def test_max_time_stops_every_rank_before_the_limit_less_the_margin(schedule, seconds, limit, margin, every):
     """Steps of constant length: each process stops at a boundary before max_time - margin, then resumes to the end.
 
@@ -64,8 +69,9 @@ def test_max_time_stops_every_rank_before_the_limit_less_the_margin(schedule, se
     """
     assume(2 * seconds < limit - margin)
     clock = StepClock((seconds,))
-    result = simulate([pf.save_every(3)], clock=clock, max_time=limit, margin=margin, check_every=every,
-                      **schedule.kwargs())
+    result = simulate(
+        [pf.save_every(3)], clock=clock, max_time=limit, margin=margin, check_every=every, **schedule.kwargs()
+    )
     assert len(set(result.preempted)) == 1
     begun = 0
     for step, reason in result.preempted[0]:
@@ -79,22 +85,34 @@ def test_max_time_stops_every_rank_before_the_limit_less_the_margin(schedule, se
 def test_save_every_minutes_saves_on_the_clock_it_is_given():
     """save_every(minutes=1) at 25 s a step: saves at steps 3, 6, 9 (75 s apart), then the final save."""
     trace = pf.plan([pf.save_every(minutes=1)], iters_per_epoch=5, max_epochs=2, clock=StepClock((25.0,)))
-    assert [(e.step, type(e.event).__name__) for e in trace] == [(3, "Elapsed"), (6, "Elapsed"), (9, "Elapsed"),
-                                                                  (10, "AfterTrain")]
+    assert [(e.step, type(e.event).__name__) for e in trace] == [
+        (3, "Elapsed"),
+        (6, "Elapsed"),
+        (9, "Elapsed"),
+        (10, "AfterTrain"),
+    ]
     assert all(isinstance(e.effect, SaveCheckpoint) for e in trace)
 
 
 def test_plan_ends_where_max_time_would_stop():
     """plan(clock=..., max_time=, margin=): 10 s a step, 100 s less 25: the run stops at step 6 (70 s, next 80 > 75)."""
-    trace = pf.plan([pf.save_every(2)], iters_per_epoch=5, max_epochs=4, clock=StepClock((10.0,)), max_time=100,
-                    margin=25)
+    trace = pf.plan(
+        [pf.save_every(2)], iters_per_epoch=5, max_epochs=4, clock=StepClock((10.0,)), max_time=100, margin=25
+    )
     assert [e.step for e in trace] == [2, 4, 6]
 
 
 def test_a_time_cadence_restarts_with_each_resumed_process():
     """After a preemption at step 4 the clock starts again: the next time save comes a full minute later."""
-    result = simulate([pf.save_every(minutes=1)], world_size=2, iters_per_epoch=10, max_epochs=1,
-                      preempt={1: 3}, clock=StepClock((20.0,)), check_every=1)
+    result = simulate(
+        [pf.save_every(minutes=1)],
+        world_size=2,
+        iters_per_epoch=10,
+        max_epochs=1,
+        preempt={1: 3},
+        clock=StepClock((20.0,)),
+        check_every=1,
+    )
     assert result.preempted == (((4, "SIGTERM"),), ((4, "SIGTERM"),))
     assert [e.step for e in result.traces[0] if isinstance(e.event, ev.Elapsed)] == [3, 7]
 
@@ -107,8 +125,13 @@ def test_only_hooks_that_name_elapsed_get_it_even_inside_a_chain():
         seen.append(type(event).__name__)
         return state, ()
 
-    trace = pf.plan([pf.chain(every_event, pf.save_every(minutes=1))], iters_per_epoch=5, max_epochs=2,
-                    clock=StepClock((25.0,)))
+    trace = pf.plan(
+        [pf.chain(every_event, pf.save_every(minutes=1))], iters_per_epoch=5, max_epochs=2, clock=StepClock((25.0,))
+    )
     assert "Elapsed" not in seen and "AfterStep" in seen
-    assert [(e.step, type(e.event).__name__) for e in trace] == [(3, "Elapsed"), (6, "Elapsed"), (9, "Elapsed"),
-                                                                  (10, "AfterTrain")]
+    assert [(e.step, type(e.event).__name__) for e in trace] == [
+        (3, "Elapsed"),
+        (6, "Elapsed"),
+        (9, "Elapsed"),
+        (10, "AfterTrain"),
+    ]

@@ -79,8 +79,12 @@ def stacks(draw):
 
 
 @settings(max_examples=60)
-@given(stack=stacks(), schedule=schedules(max_world_size=3, max_iters_per_epoch=30, max_epochs=3, max_resumes=3),
-       metrics=metric_streams(), local=st.none() | rank_local_inputs())
+@given(
+    stack=stacks(),
+    schedule=schedules(max_world_size=3, max_iters_per_epoch=30, max_epochs=3, max_resumes=3),
+    metrics=metric_streams(),
+    local=st.none() | rank_local_inputs(),
+)
 def test_simulate_skipping_quiet_steps_equals_walking_every_event(stack, schedule, metrics, local):
     """Every rank's trace, final state and resume indices are the same with skip_quiet on and off."""
     kwargs = dict(metrics=metrics, local=local, resume_at=schedule.resume_at, **schedule.kwargs())
@@ -131,8 +135,9 @@ def test_plan_skips_by_default():
 def test_simulate_resume_at_a_quiet_step_stops_exactly_there():
     """A resume point on a step no hook is called on still ends its segment at that step."""
     quick = simulate([save_every(50)], world_size=2, iters_per_epoch=100, max_epochs=2, resume_at=(37, 120))
-    slow = simulate([save_every(50)], world_size=2, iters_per_epoch=100, max_epochs=2, resume_at=(37, 120),
-                    skip_quiet=False)
+    slow = simulate(
+        [save_every(50)], world_size=2, iters_per_epoch=100, max_epochs=2, resume_at=(37, 120), skip_quiet=False
+    )
     assert quick.traces == slow.traces and quick.states == slow.states and quick.resume_index == slow.resume_index
     assert quick.resume_index[0] == (0, 2)  # no save before 37; the saves of 50 and 100 before 120
 

@@ -37,8 +37,13 @@ class Rank:
 
     def __init__(self, hooks, schedule, metrics, local, rank):
         self.hooks, self.local, self.rank = hooks, local, rank
-        self.fresh = initial_state(hooks.hooks, iters_per_epoch=schedule.iters_per_epoch,
-                                   max_epochs=schedule.max_epochs, rank=rank, world_size=schedule.world_size)
+        self.fresh = initial_state(
+            hooks.hooks,
+            iters_per_epoch=schedule.iters_per_epoch,
+            max_epochs=schedule.max_epochs,
+            rank=rank,
+            world_size=schedule.world_size,
+        )
         self.executor = SavingExecutor(metrics, rank)
         self.state = self.fresh
         self.checkpoint = None  # (state, trace length when its event ended)
@@ -69,8 +74,12 @@ class Rank:
 
 
 class KillResumeMachine(RuleBasedStateMachine):
-    @initialize(schedule=schedules(max_world_size=4, max_resumes=0), stack=hook_stacks(),
-                metrics=metric_streams(), local=rank_local_inputs())
+    @initialize(
+        schedule=schedules(max_world_size=4, max_resumes=0),
+        stack=hook_stacks(),
+        metrics=metric_streams(),
+        local=rank_local_inputs(),
+    )
     def start(self, schedule, stack, metrics, local):
         self.schedule, self.stack = schedule, stack
         hooks = chain(*stack)

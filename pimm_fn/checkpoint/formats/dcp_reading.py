@@ -89,12 +89,16 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint import files, storage
 from pimm_fn.checkpoint.errors import CheckpointError, cause, shown
 
 __all__ = [
-    "MetadataUnpickler", "problem", "metadata", "load", "empty", "plain_globals",
+    "MetadataUnpickler",
+    "problem",
+    "metadata",
+    "load",
+    "empty",
+    "plain_globals",
 ]
 
 
@@ -134,14 +138,22 @@ class MetadataUnpickler(pickle.Unpickler):
 
 
 def _is_dcp_type(obj: Any) -> bool:
-    return isinstance(obj, type) and obj.__module__.startswith("torch.distributed.checkpoint") and (
-        dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
+    return (
+        isinstance(obj, type)
+        and obj.__module__.startswith("torch.distributed.checkpoint")
+        and (dataclasses.is_dataclass(obj) or issubclass(obj, enum.Enum))
+    )
 
 
 def _enum_member(cls: Any, name: Any) -> enum.Enum:
     """``getattr(cls, name)`` for a DCP enum and one of its members' names; an ``UnpicklingError`` for anything else."""
-    if isinstance(cls, type) and issubclass(cls, enum.Enum) and _is_dcp_type(cls) and isinstance(name, str) \
-            and name in cls.__members__:
+    if (
+        isinstance(cls, type)
+        and issubclass(cls, enum.Enum)
+        and _is_dcp_type(cls)
+        and isinstance(name, str)
+        and name in cls.__members__
+    ):
         return cls.__members__[name]
     raise pickle.UnpicklingError(
         f"DCP metadata applies getattr to {getattr(cls, '__qualname__', type(cls).__name__)}.{name!r}, "
@@ -209,8 +221,9 @@ def _storage_entry(index: Any, info: Any) -> None:
     _field(info, "relative_path", str, f"the relative_path of {where}")
     _count(_field(info, "offset", int, f"the offset of {where}"), f"the offset of {where}")
     _count(_field(info, "length", int, f"the length of {where}"), f"the length of {where}")
-    transforms = _field(info, "transform_descriptors", (list, tuple, type(None)),
-                        f"the transform_descriptors of {where}")
+    transforms = _field(
+        info, "transform_descriptors", (list, tuple, type(None)), f"the transform_descriptors of {where}"
+    )
     if transforms is not None and not all(isinstance(t, str) for t in transforms):
         raise _Bad(f"describes {where} with transform_descriptors {shown(transforms)} where DCP writes strings")
 
@@ -231,10 +244,14 @@ def _tensor_entry(key: str, entry: TensorStorageMetadata, storage: dict) -> None
     for chunk in chunks:
         if not isinstance(chunk, ChunkStorageMetadata):
             raise _Bad(f"lists a chunk of {where} as a {type(chunk).__name__} where DCP writes a ChunkStorageMetadata")
-        offsets = _ints(_field(chunk, "offsets", (torch.Size, tuple), f"the offsets of a chunk of {where}"),
-                        f"the offsets of a chunk of {where}")
-        sizes = _ints(_field(chunk, "sizes", (torch.Size, tuple), f"the sizes of a chunk of {where}"),
-                      f"the sizes of a chunk of {where}")
+        offsets = _ints(
+            _field(chunk, "offsets", (torch.Size, tuple), f"the offsets of a chunk of {where}"),
+            f"the offsets of a chunk of {where}",
+        )
+        sizes = _ints(
+            _field(chunk, "sizes", (torch.Size, tuple), f"the sizes of a chunk of {where}"),
+            f"the sizes of a chunk of {where}",
+        )
         at = f"a chunk of {where} at {shown(list(offsets))} of {shown(list(sizes))}"
         if len(offsets) != len(size) or len(sizes) != len(size):
             raise _Bad(f"lists {at}, not of the tensor's rank {len(size)} (size {shown(list(size))})")
@@ -248,8 +265,10 @@ def _tensor_entry(key: str, entry: TensorStorageMetadata, storage: dict) -> None
             raise _Bad(f"lists {at} ({nbytes:,} bytes) stored in {info.length:,} bytes")
         total += math.prod(sizes)
     if total != math.prod(size):
-        raise _Bad(f"lists chunks of {where} holding {total:,} elements where its size {shown(list(size))} has "
-                   f"{math.prod(size):,}")
+        raise _Bad(
+            f"lists chunks of {where} holding {total:,} elements where its size {shown(list(size))} has "
+            f"{math.prod(size):,}"
+        )
 
 
 def _field(obj: Any, name: str, types, what: str) -> Any:
@@ -318,8 +337,15 @@ def metadata(directory: pathlib.Path, within: str = files.TRAINER) -> Metadata:
     return found
 
 
-def load(template: dict, directory: pathlib.Path, *, within: str = files.TRAINER, meta: Metadata | None = None,
-         collective: bool = False, plain_values: bool = False) -> None:
+def load(
+    template: dict,
+    directory: pathlib.Path,
+    *,
+    within: str = files.TRAINER,
+    meta: Metadata | None = None,
+    collective: bool = False,
+    plain_values: bool = False,
+) -> None:
     """Read ``directory/within``'s entry for every key of ``template`` into it, in place.
 
     Args:
@@ -366,8 +392,9 @@ def empty(entry: TensorStorageMetadata, directory: pathlib.Path, key: str, withi
         return torch.empty(entry.size, dtype=entry.properties.dtype)
     except (RuntimeError, MemoryError) as exc:  # torch's allocator refuses, or a dtype torch.empty does not make
         problem = f"lists {key!r} as a {_shown(entry.properties.dtype, entry.size)} tensor, which cannot be made here"
-        raise CheckpointError(storage.location(directory), _name(within, _METADATA),
-                              f"{problem} ({cause(exc)}) {_ALTERED}") from None
+        raise CheckpointError(
+            storage.location(directory), _name(within, _METADATA), f"{problem} ({cause(exc)}) {_ALTERED}"
+        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -403,8 +430,9 @@ def _check(where: _Where, template: dict, meta: Metadata, plain_values: bool) ->
         if isinstance(entry, BytesStorageMetadata):
             if plain_values and value is None:
                 continue
-            raise where.error(_METADATA, f"lists {key!r} as a pickled object where a tensor is expected: "
-                                         f"{_NOT_OURS} {_ALTERED}")
+            raise where.error(
+                _METADATA, f"lists {key!r} as a pickled object where a tensor is expected: {_NOT_OURS} {_ALTERED}"
+            )
         if not isinstance(entry, TensorStorageMetadata):
             problem = f"lists {key!r} as a {type(entry).__name__}, which DCP never writes: {_NOT_OURS}"
             raise where.error(_METADATA, problem)
@@ -412,8 +440,11 @@ def _check(where: _Where, template: dict, meta: Metadata, plain_values: bool) ->
             raise TypeError(f"safe_reading.load: template[{key!r}] must be a tensor (got {type(value).__name__})")
         saved, wanted = (entry.properties.dtype, tuple(entry.size)), (value.dtype, tuple(value.size()))
         if saved != wanted:
-            raise where.error(_METADATA, f"holds {key!r} as a {_shown(*saved)} tensor where this run expects "
-                                         f"{_shown(*wanted)} (written by another model, or altered)")
+            raise where.error(
+                _METADATA,
+                f"holds {key!r} as a {_shown(*saved)} tensor where this run expects "
+                f"{_shown(*wanted)} (written by another model, or altered)",
+            )
 
 
 def _shown(dtype: torch.dtype, shape: tuple) -> str:
@@ -457,8 +488,10 @@ class _StoreReader(_Guarded, FsspecReader):
 
     def read_data(self, plan, planner):
         # In file order: DCP reads in plan order, and each seek back makes the store's read-ahead fetch again.
-        where = lambda item: (self.storage_data[item.storage_index].relative_path,
-                              self.storage_data[item.storage_index].offset)
+        where = lambda item: (
+            self.storage_data[item.storage_index].relative_path,
+            self.storage_data[item.storage_index].offset,
+        )
         return super().read_data(dataclasses.replace(plan, items=sorted(plan.items, key=where)), planner)
 
 
@@ -486,8 +519,11 @@ def _plain_value(where: _Where, key: str, value: io.BytesIO) -> Any:
         with torch.serialization.safe_globals(plain_globals()):
             return torch.load(value, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for unsafe or bad bytes
-        raise where.error(_METADATA, f"lists {key!r}, a pickled value that does not load with "
-                                     f"torch.load(weights_only=True) ({cause(exc)}): {_NOT_OURS} {_ALTERED}") from None
+        raise where.error(
+            _METADATA,
+            f"lists {key!r}, a pickled value that does not load with "
+            f"torch.load(weights_only=True) ({cause(exc)}): {_NOT_OURS} {_ALTERED}",
+        ) from None
 
 
 def plain_globals() -> list:

@@ -33,8 +33,7 @@ from typing import Any
 import torch
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint import files, storage
 from pimm_fn.checkpoint.errors import CheckpointError, cause, shown, storage_errors, tensor_bytes
 from pimm_fn.checkpoint.files import CheckpointInfo, digest, info_from_marker, marker_payload
 from pimm_fn.checkpoint.formats.pack import pack, unpack
@@ -61,8 +60,12 @@ def write(path: pathlib.Path, content: dict) -> pathlib.Path:
     Raises:
         DiskFullError: the disk filled up; the temp file is removed and the previous ``path`` is intact.
     """
-    with storage_errors(path.parent, lambda: tensor_bytes(content), path.name,
-                        "nothing was published: the previous checkpoint is intact and stays the latest"):
+    with storage_errors(
+        path.parent,
+        lambda: tensor_bytes(content),
+        path.name,
+        "nothing was published: the previous checkpoint is intact and stays the latest",
+    ):
         return files.atomic_write(path, lambda f: torch.save(content, f))
 
 
@@ -100,8 +103,9 @@ def read(path: pathlib.Path, rank: int) -> tuple[dict, dict, dict | None]:
     weights = content.get("weights")
     problem = weights_problem(weights)
     if problem is not None:
-        raise CheckpointError(path, path.name, f"has a 'weights' entry that {problem} (written by another program, "
-                                               "or altered)")
+        raise CheckpointError(
+            path, path.name, f"has a 'weights' entry that {problem} (written by another program, or altered)"
+        )
     return weights, trainer, local
 
 
@@ -163,7 +167,9 @@ def _load(path: pathlib.Path, *, mmap: bool, checkpoint: pathlib.Path | None = N
         raise CheckpointError(checkpoint, _relative(path, checkpoint), "is missing") from None
     except Exception as exc:  # noqa: BLE001 - torch raises many types for bad files
         if not zipfile.is_zipfile(path):
-            problem = "does not load with torch.load(weights_only=True): it is not a torch file (cut short or overwritten)"
+            problem = (
+                "does not load with torch.load(weights_only=True): it is not a torch file (cut short or overwritten)"
+            )
         else:
             problem = f"does not load with torch.load(weights_only=True) ({cause(exc)})"
         if checkpoint is None:
@@ -202,7 +208,13 @@ def _unpacked(entry: dict) -> Any:
 
 
 def write_best(
-    model_dir: str | os.PathLike, weights: dict, *, metric: str, value: float, step: int, per_metric: bool = False,
+    model_dir: str | os.PathLike,
+    weights: dict,
+    *,
+    metric: str,
+    value: float,
+    step: int,
+    per_metric: bool = False,
     digests: bool = False,
 ) -> pathlib.Path:
     """Atomically write ``model_best.pth`` and ``model_best.json`` (main rank only).
@@ -232,7 +244,9 @@ def write_best(
         DiskFullError: the disk filled up; the previous best files are intact.
     """
     if not dist.is_main():
-        raise RuntimeError(f"write_best must run on the main rank only (called on rank {dist.rank()}); guard it with dist.is_main()")
+        raise RuntimeError(
+            f"write_best must run on the main rank only (called on rank {dist.rank()}); guard it with dist.is_main()"
+        )
     if not isinstance(metric, str) or not metric:
         raise ValueError(f"write_best: 'metric' must be a non-empty str (got {metric!r})")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -336,6 +350,8 @@ def check_best(path: pathlib.Path) -> None:
         raise CheckpointError(path, path.name, f"cannot be read ({cause(exc)})") from None
     if actual != recorded:
         problem = f"does not match the SHA-256 {path.with_suffix('.json').name} records: its bytes changed since it was written"
-        advice = (f"Restore it from a copy, or use a checkpoint's weights instead: list them with "
-                  f"`python -m pimm_fn ls {path.parent}` and pass one's path")
+        advice = (
+            f"Restore it from a copy, or use a checkpoint's weights instead: list them with "
+            f"`python -m pimm_fn ls {path.parent}` and pass one's path"
+        )
         raise CheckpointError(path, path.name, problem, advice)

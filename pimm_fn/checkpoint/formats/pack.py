@@ -106,7 +106,9 @@ def _encode(x: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         return float(x) if math.isfinite(x) else {"float": repr(float(x))}
     if isinstance(x, torch.Tensor):
         if x.layout != torch.strided or x.is_meta:
-            raise TypeError(f"pack: {path} is a {x.layout} tensor on {x.device}; only dense tensors with data can be saved")
+            raise TypeError(
+                f"pack: {path} is a {x.layout} tensor on {x.device}; only dense tensors with data can be saved"
+            )
         key = str(len(tensors))
         tensors[key] = x.detach().resolve_conj().resolve_neg()
         return {"tensor": key}
@@ -119,7 +121,11 @@ def _encode(x: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         tensors[key] = torch.from_numpy(raw.copy())
         return {"ndarray": key, "dtype": arr.dtype.str, "shape": list(arr.shape), "scalar": isinstance(x, np.generic)}
     if isinstance(x, dict):
-        return {"dict": [[_encode(k, f"{path} key {k!r}", tensors), _encode(v, f"{path}[{k!r}]", tensors)] for k, v in x.items()]}
+        return {
+            "dict": [
+                [_encode(k, f"{path} key {k!r}", tensors), _encode(v, f"{path}[{k!r}]", tensors)] for k, v in x.items()
+            ]
+        }
     if isinstance(x, (list, tuple)):
         tag = "tuple" if isinstance(x, tuple) else "list"
         return {tag: [_encode(v, f"{path}[{i}]", tensors) for i, v in enumerate(x)]}

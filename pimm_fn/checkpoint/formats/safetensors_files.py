@@ -30,12 +30,20 @@ import sys
 
 import torch
 
-from pimm_fn.checkpoint import files
-from pimm_fn.checkpoint import storage
+from pimm_fn.checkpoint import files, storage
 from pimm_fn.checkpoint.errors import CheckpointError, cause, shown
 
-__all__ = ["MAX_HEADER", "SHA256", "INDEX", "SINGLE", "in_directory", "is_safetensors", "read_safetensors",
-           "write_safetensors", "require"]
+__all__ = [
+    "MAX_HEADER",
+    "SHA256",
+    "INDEX",
+    "SINGLE",
+    "in_directory",
+    "is_safetensors",
+    "read_safetensors",
+    "write_safetensors",
+    "require",
+]
 
 MAX_HEADER = 100_000_000
 """The largest header read, in bytes: the ``safetensors`` package's own limit (a header of 100,000 tensors is ~10 MB)."""
@@ -47,13 +55,30 @@ SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
 
 # safetensors' dtype names -> torch's; the packed 4- and 6-bit floats (F4, F6_*) have no torch dtype of that shape.
 _DTYPES = {
-    "BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16", "F16": "float16",
-    "BF16": "bfloat16", "U32": "uint32", "I32": "int32", "F32": "float32", "U64": "uint64", "I64": "int64",
-    "F64": "float64", "C64": "complex64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz", "F8_E8M0": "float8_e8m0fnu",
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "U16": "uint16",
+    "I16": "int16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "U32": "uint32",
+    "I32": "int32",
+    "F32": "float32",
+    "U64": "uint64",
+    "I64": "int64",
+    "F64": "float64",
+    "C64": "complex64",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
 }
-_ADVICE = ("Replace it with an intact copy: download it again, or export it again with "
-           "`python -m pimm_fn export CHECKPOINT OUT.safetensors`")
+_ADVICE = (
+    "Replace it with an intact copy: download it again, or export it again with "
+    "`python -m pimm_fn export CHECKPOINT OUT.safetensors`"
+)
 
 
 def is_safetensors(path) -> bool:
@@ -71,8 +96,10 @@ def require():
     try:
         return importlib.import_module("safetensors.torch")
     except ImportError as error:
-        raise ImportError("writing safetensors needs the safetensors package: pip install 'pimm_fn[safetensors]' "
-                          "(or pip install safetensors)") from error
+        raise ImportError(
+            "writing safetensors needs the safetensors package: pip install 'pimm_fn[safetensors]' "
+            "(or pip install safetensors)"
+        ) from error
 
 
 def write_safetensors(out: pathlib.Path, tensors: dict, metadata: dict | None = None) -> None:
@@ -90,8 +117,10 @@ def write_safetensors(out: pathlib.Path, tensors: dict, metadata: dict | None = 
     st = require()
     others = [k for k, v in tensors.items() if not isinstance(v, torch.Tensor)]
     if others:
-        raise ValueError(f"safetensors holds tensors only; {shown(others)} hold other values (a module's extra "
-                         f"state): export them as .pth")
+        raise ValueError(
+            f"safetensors holds tensors only; {shown(others)} hold other values (a module's extra "
+            f"state): export them as .pth"
+        )
     blob = st.save(tensors, metadata={"format": "pt", **(metadata or {})})
     start = 8 + int.from_bytes(blob[:8], "little")
     header = json.loads(blob[8:start])
@@ -152,8 +181,7 @@ def _read_sharded(index: pathlib.Path) -> dict:
             raise CheckpointError(where, shard, f"is missing, though {index.name} names it", _ADVICE) from None
         stray = [name for name in tensors if weight_map.get(name) != shard]
         if stray:
-            raise CheckpointError(where, shard, f"holds {shown(stray)}, which {index.name} does not map to it",
-                                  _ADVICE)
+            raise CheckpointError(where, shard, f"holds {shown(stray)}, which {index.name} does not map to it", _ADVICE)
         out.update(tensors)
     missing = [name for name in weight_map if name not in out]
     if missing:
@@ -179,15 +207,19 @@ def _read_file(path, where, file: str) -> dict:
                 raise refuse(f"is {len(prefix)} bytes: no safetensors file (its first 8 give the header's length)")
             size = int.from_bytes(prefix, "little")
             if size > MAX_HEADER:
-                raise refuse(f"gives its header as {size:,} bytes, over the {MAX_HEADER:,} a header may have: "
-                             f"damaged, or no safetensors file")
+                raise refuse(
+                    f"gives its header as {size:,} bytes, over the {MAX_HEADER:,} a header may have: "
+                    f"damaged, or no safetensors file"
+                )
             text = f.read(size)
             if len(text) < size:
                 raise refuse(f"is cut short: its header is {size:,} bytes, {len(text):,} follow the first 8")
             try:
                 header = json.loads(text, object_pairs_hook=_unique_keys)
             except (ValueError, RecursionError) as exc:
-                raise refuse(f"has a header that does not parse ({cause(exc)}): damaged, or no safetensors file") from None
+                raise refuse(
+                    f"has a header that does not parse ({cause(exc)}): damaged, or no safetensors file"
+                ) from None
             data = _rest(f, path)
     except FileNotFoundError:
         raise
@@ -196,10 +228,14 @@ def _read_file(path, where, file: str) -> dict:
     entries, metadata = _checked_header(header, len(data), refuse)
     recorded = metadata.get(SHA256)
     if recorded is not None and _digest(header, data) != recorded:
-        raise refuse(f"does not match the SHA-256 its header records ({SHA256}): its header or its bytes changed "
-                     f"since it was written")
+        raise refuse(
+            f"does not match the SHA-256 its header records ({SHA256}): its header or its bytes changed "
+            f"since it was written"
+        )
     if sys.byteorder != "little":
-        raise refuse("holds little-endian tensors, which this big-endian machine does not read", "Read it on another machine")
+        raise refuse(
+            "holds little-endian tensors, which this big-endian machine does not read", "Read it on another machine"
+        )
     return {name: _tensor(data, entry, name, refuse) for name, entry in entries.items()}
 
 
@@ -252,25 +288,33 @@ def _checked_header(header, length: int, refuse) -> tuple[dict, dict]:
     for name, entry in entries.items():
         fields = (entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")) if isinstance(entry, dict) else ()
         if len(fields) != 3 or not isinstance(fields[0], str) or not _ints(fields[1]) or not _ints(fields[2], 2):
-            raise refuse(f"describes tensor {shown(name)} as {shown(entry, 120)}; expected dtype, shape and "
-                         f"data_offsets [begin, end]")
+            raise refuse(
+                f"describes tensor {shown(name)} as {shown(entry, 120)}; expected dtype, shape and "
+                f"data_offsets [begin, end]"
+            )
         dtype, shape, (begin, end) = fields
         torch_dtype = _dtype(dtype, name, refuse)
         numel = 1
         for d in shape:
             numel *= d
         if end > length:
-            raise refuse(f"gives tensor {shown(name)} the bytes {begin:,}..{end:,}, past the {length:,} of its data: "
-                         f"cut short, or damaged")
+            raise refuse(
+                f"gives tensor {shown(name)} the bytes {begin:,}..{end:,}, past the {length:,} of its data: "
+                f"cut short, or damaged"
+            )
         if begin > end or end - begin != numel * torch_dtype.itemsize:
-            raise refuse(f"gives tensor {shown(name)} ({dtype} {shape}: {numel * torch_dtype.itemsize:,} bytes) the "
-                         f"bytes {begin:,}..{end:,}: they do not fit it")
+            raise refuse(
+                f"gives tensor {shown(name)} ({dtype} {shape}: {numel * torch_dtype.itemsize:,} bytes) the "
+                f"bytes {begin:,}..{end:,}: they do not fit it"
+            )
         spans.append((begin, end, name))
     at = 0
     for begin, end, name in sorted(spans):
         if begin != at:
-            raise refuse(f"has {'bytes no tensor owns' if begin > at else 'tensors sharing bytes'} at byte {at:,} "
-                         f"of its data (tensor {shown(name)} starts at {begin:,})")
+            raise refuse(
+                f"has {'bytes no tensor owns' if begin > at else 'tensors sharing bytes'} at byte {at:,} "
+                f"of its data (tensor {shown(name)} starts at {begin:,})"
+            )
         at = end
     if at != length:
         raise refuse(f"has {length - at:,} bytes after its last tensor: damaged, or not written as one file")
@@ -278,8 +322,11 @@ def _checked_header(header, length: int, refuse) -> tuple[dict, dict]:
 
 
 def _ints(value, count: int | None = None) -> bool:
-    return (isinstance(value, list) and (count is None or len(value) == count)
-            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63 for v in value))
+    return (
+        isinstance(value, list)
+        and (count is None or len(value) == count)
+        and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63 for v in value)
+    )
 
 
 def _dtype(name: str, tensor: str, refuse) -> torch.dtype:
@@ -288,7 +335,8 @@ def _dtype(name: str, tensor: str, refuse) -> torch.dtype:
     if attr is None or not hasattr(torch, attr):
         has = f"torch {torch.__version__} has no dtype for it" if attr else "no dtype pimm_fn reads"
         advice = f"Convert {shown(tensor)} to a dtype torch has (F32, BF16, ...) before saving it" + (
-            ", or use a newer torch" if attr else "")
+            ", or use a newer torch" if attr else ""
+        )
         raise refuse(f"holds tensor {shown(tensor)} of dtype {shown(name)}: {has}", advice)
     return getattr(torch, attr)
 

@@ -37,13 +37,21 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from pimm_fn.checkpoint.formats import standard
-from pimm_fn.checkpoint.formats import dcp_reading
 from pimm_fn.checkpoint.errors import CheckpointError, cause
+from pimm_fn.checkpoint.formats import dcp_reading, standard
 
 __all__ = [
-    "MODEL", "OPTIM", "is_sharded", "state", "full_weights", "load_full_weights", "load_into", "read_full_weights",
-    "has_shards", "check_claim", "shards_error",
+    "MODEL",
+    "OPTIM",
+    "is_sharded",
+    "state",
+    "full_weights",
+    "load_full_weights",
+    "load_into",
+    "read_full_weights",
+    "has_shards",
+    "check_claim",
+    "shards_error",
 ]
 
 MODEL = "sharded/model/"
@@ -65,7 +73,10 @@ def state(model, optimizer) -> tuple[dict, dict]:
     optimizer state dict by parameter name with its tensors left out.
     """
     if not optimizer.state:  # nothing to save yet; get_state_dict would create it with a step (Adam counts it)
-        return {MODEL + name: value for name, value in get_model_state_dict(model).items()}, {"state": {}, "param_groups": None}
+        return {MODEL + name: value for name, value in get_model_state_dict(model).items()}, {
+            "state": {},
+            "param_groups": None,
+        }
     model_state, optimizer_state = get_state_dict(model, optimizer)
     shards = {MODEL + name: value for name, value in model_state.items()}
     rest = {}
@@ -102,7 +113,7 @@ def load_into(directory: pathlib.Path, model, optimizer, optimizer_rest: dict) -
     """
     if optimizer_rest["param_groups"] is None:  # saved before the optimizer's first step: it stays fresh
         _load(directory, template := {MODEL + name: value for name, value in get_model_state_dict(model).items()})
-        set_model_state_dict(model, {name[len(MODEL):]: value for name, value in template.items()})
+        set_model_state_dict(model, {name[len(MODEL) :]: value for name, value in template.items()})
         return
     from torch.distributed.checkpoint.state_dict import _init_optim_state
 
@@ -113,12 +124,15 @@ def load_into(directory: pathlib.Path, model, optimizer, optimizer_rest: dict) -
         template.update({_optim_key(name, key): v for key, v in entries.items() if isinstance(v, torch.Tensor)})
     _load(directory, template)
     loaded = {
-        name: {**optimizer_rest["state"].get(name, {}),
-               **{key: template[_optim_key(name, key)] for key, v in entries.items() if isinstance(v, torch.Tensor)}}
+        name: {
+            **optimizer_rest["state"].get(name, {}),
+            **{key: template[_optim_key(name, key)] for key, v in entries.items() if isinstance(v, torch.Tensor)},
+        }
         for name, entries in optimizer_state["state"].items()
     }
     set_state_dict(
-        model, optimizer,
+        model,
+        optimizer,
         model_state_dict={name: template[MODEL + name] for name in model_state},
         optim_state_dict={"state": loaded, "param_groups": optimizer_rest["param_groups"]},
     )
@@ -162,16 +176,28 @@ def check_claim(directory: pathlib.Path, claimed: bool) -> None:
     entries = {k: e for k, e in _metadata(directory).items() if k.startswith("sharded/")}
     odd = [k for k, e in entries.items() if not isinstance(e, TensorStorageMetadata)]
     if odd:
-        raise CheckpointError(directory, "trainer/.metadata", f"lists {odd[0]!r} as a pickled object where a shard "
-                              "tensor is expected: pimm_fn never unpickles objects from a checkpoint, so nothing "
-                              "of it was run (the checkpoint was not written by pimm_fn, or was altered)")
+        raise CheckpointError(
+            directory,
+            "trainer/.metadata",
+            f"lists {odd[0]!r} as a pickled object where a shard "
+            "tensor is expected: pimm_fn never unpickles objects from a checkpoint, so nothing "
+            "of it was run (the checkpoint was not written by pimm_fn, or was altered)",
+        )
     model = [k for k in entries if k.startswith(MODEL)]
     if claimed and not model:
-        raise CheckpointError(directory, "trainer/", "says its model was sharded (written by FSDP2), but its "
-                              "metadata lists no 'sharded/model/...' tensor: the trainer part was altered")
+        raise CheckpointError(
+            directory,
+            "trainer/",
+            "says its model was sharded (written by FSDP2), but its "
+            "metadata lists no 'sharded/model/...' tensor: the trainer part was altered",
+        )
     if not claimed and entries:
-        raise CheckpointError(directory, "trainer/", f"says its model was replicated, but its metadata lists "
-                              f"{len(entries)} shard(s) (e.g. {sorted(entries)[0]!r}): the trainer part was altered")
+        raise CheckpointError(
+            directory,
+            "trainer/",
+            f"says its model was replicated, but its metadata lists "
+            f"{len(entries)} shard(s) (e.g. {sorted(entries)[0]!r}): the trainer part was altered",
+        )
 
 
 def read_full_weights(directory: pathlib.Path) -> dict:
@@ -185,15 +211,20 @@ def read_full_weights(directory: pathlib.Path) -> dict:
     for key, entry in meta.state_dict_metadata.items():
         if key.startswith(MODEL):
             if not isinstance(entry, TensorStorageMetadata):
-                raise CheckpointError(directory, "trainer/.metadata", f"lists {key!r} as a pickled object where a "
-                                      "shard tensor is expected; refusing to load it")
+                raise CheckpointError(
+                    directory,
+                    "trainer/.metadata",
+                    f"lists {key!r} as a pickled object where a shard tensor is expected; refusing to load it",
+                )
             template[key] = torch.empty(entry.size, dtype=entry.properties.dtype)
     dcp_reading.load(template, directory, meta=meta)
-    return {key[len(MODEL):]: value for key, value in template.items()}
+    return {key[len(MODEL) :]: value for key, value in template.items()}
 
 
 def shards_error(directory: pathlib.Path, exc: BaseException) -> CheckpointError:
     """A failed read of a sharded model's shards (DCP's ``CheckpointException``), as the damaged file it comes from."""
     meta = standard.metadata(directory)
     shards = [key for key in meta.state_dict_metadata if key.startswith("sharded/")]
-    return CheckpointError(directory, standard.damaged_file(directory, meta, shards), f"does not read back ({cause(exc)})")
+    return CheckpointError(
+        directory, standard.damaged_file(directory, meta, shards), f"does not read back ({cause(exc)})"
+    )

@@ -27,13 +27,11 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from pimm_fn import dist
-
 from pimm_fn.checkpoint import files as L
-from pimm_fn.checkpoint import publish
-from pimm_fn.checkpoint.formats import dcp_reading
-from pimm_fn.checkpoint import storage
-from pimm_fn.checkpoint.formats.pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
+from pimm_fn.checkpoint import publish, storage
 from pimm_fn.checkpoint.errors import CheckpointError, cause, no_space, storage_errors, tensor_bytes
+from pimm_fn.checkpoint.formats import dcp_reading
+from pimm_fn.checkpoint.formats.pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
 
 _SKELETON = "skeleton"
 _METADATA = f"{L.TRAINER}/.metadata"
@@ -62,8 +60,11 @@ def write_state(directory: pathlib.Path, state: dict[str, torch.Tensor], group=N
             rank's write ran out of space, or failed otherwise.
     """
     publish.write_receipt(directory)
-    with warnings.catch_warnings(), storage_errors(
-        directory.parent, lambda: tensor_bytes(state), "this rank's trainer state", publish.removed(directory)
+    with (
+        warnings.catch_warnings(),
+        storage_errors(
+            directory.parent, lambda: tensor_bytes(state), "this rank's trainer state", publish.removed(directory)
+        ),
     ):
         warnings.filterwarnings("ignore", message=_NO_GROUP_WARNING)
         dcp.save(state, storage_writer=_writer(directory / L.TRAINER), process_group=group)
@@ -220,7 +221,7 @@ def _flatten(prefix: str, obj: Any) -> dict[str, torch.Tensor]:
 
 def _unflatten(prefix: str, state: dict[str, torch.Tensor]) -> Any:
     head = f"{prefix}/t/"
-    tensors = {k[len(head):]: v for k, v in state.items() if k.startswith(head)}
+    tensors = {k[len(head) :]: v for k, v in state.items() if k.startswith(head)}
     return unpack(tensor_to_skeleton(state[f"{prefix}/{_SKELETON}"]), tensors)
 
 
@@ -238,7 +239,9 @@ def _agree(replicated: dict[str, torch.Tensor], problem: Exception | None) -> No
         digest.update(f"{key}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
     if replicated:
         digest.update(tensor_to_skeleton(replicated[f"trainer/{_SKELETON}"]).encode())
-    reports = dist.all_gather_object((digest.hexdigest(), None if problem is None else f"{type(problem).__name__}: {problem}"))
+    reports = dist.all_gather_object(
+        (digest.hexdigest(), None if problem is None else f"{type(problem).__name__}: {problem}")
+    )
     if problem is not None:
         raise problem
     failed = [(r, msg) for r, (_, msg) in enumerate(reports) if msg is not None]
@@ -250,4 +253,3 @@ def _agree(replicated: dict[str, torch.Tensor], problem: Exception | None) -> No
             f"save_checkpoint: 'trainer' must be identical on every rank, but ranks {differ} differ from rank 0 "
             "in structure, shapes or plain values; move rank-specific values into 'local'"
         )
-

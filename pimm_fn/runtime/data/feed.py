@@ -58,7 +58,8 @@ from pimm_fn.runtime.step.driver import MicroBatches
 from pimm_fn.runtime.step.rng import capture_rng, restore_rng, set_torch_rng, torch_rng
 
 __all__ = [
-    "ReopenAtCursor", "Feed",
+    "ReopenAtCursor",
+    "Feed",
 ]
 
 
@@ -118,8 +119,13 @@ class Feed:
         self.group = group
         self.one_shot = isinstance(data, Iterator)
         # 0 is refused, never replaced by len(data): None alone means "the data's length".
-        self.iters_per_epoch = steps_per_epoch(data, group) if iters_per_epoch is None else int_at_least(1).with_hint(
-            "leave it None for len(train_data)").check(iters_per_epoch, "iters_per_epoch", owner="loop")
+        self.iters_per_epoch = (
+            steps_per_epoch(data, group)
+            if iters_per_epoch is None
+            else int_at_least(1)
+            .with_hint("leave it None for len(train_data)")
+            .check(iters_per_epoch, "iters_per_epoch", owner="loop")
+        )
         self.generator = getattr(data, "generator", None)
         self.stateful = (
             callable(getattr(data, "state_dict", None))
@@ -284,8 +290,13 @@ class Feed:
     def state_dict(self) -> dict:
         """The cursor: the loader's own state, and the RNG states replay needs."""
         now = self._rng()
-        cursor = {"epoch_start": self._epoch_start, "generator": now["generator"], "samplers": now["samplers"],
-                  "rest": self._rest, "data": describe(self.data)}
+        cursor = {
+            "epoch_start": self._epoch_start,
+            "generator": now["generator"],
+            "samplers": now["samplers"],
+            "rest": self._rest,
+            "data": describe(self.data),
+        }
         if self.stateful:
             cursor.update(loader=self.data.state_dict(), epoch_done=self._epoch_done)
         return cursor
@@ -347,8 +358,11 @@ class Feed:
         changed = changes(cursor.get("data"), describe(self.data))
         if not changed or (boundary and "loader" not in cursor):
             return cursor  # nothing of the old loader is loaded, or positioned by
-        then = (f"epoch {epoch + (iter_in_epoch > 0)} opens afresh" if boundary
-                else f"epoch {epoch} is replayed from its start to step {iter_in_epoch}")
+        then = (
+            f"epoch {epoch + (iter_in_epoch > 0)} opens afresh"
+            if boundary
+            else f"epoch {epoch} is replayed from its start to step {iter_in_epoch}"
+        )
         warnings.warn(
             f"the training data changed since the checkpoint ({changed}): the loader's saved state (if any) is "
             f"not loaded; {then}",

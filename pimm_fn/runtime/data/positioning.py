@@ -75,9 +75,23 @@ from pimm_fn.core.state import State
 from pimm_fn.runtime.errors import ResumeNotExactWarning
 
 __all__ = [
-    "epoch_sampler", "sampler_generators", "steps_per_epoch", "describe", "changes", "Remainder", "why_not",
-    "epoch_order", "share", "lend", "give_back", "mid_epoch", "world_message", "main_cursor", "world_offset",
-    "new_world", "new_epoch_length",
+    "epoch_sampler",
+    "sampler_generators",
+    "steps_per_epoch",
+    "describe",
+    "changes",
+    "Remainder",
+    "why_not",
+    "epoch_order",
+    "share",
+    "lend",
+    "give_back",
+    "mid_epoch",
+    "world_message",
+    "main_cursor",
+    "world_offset",
+    "new_world",
+    "new_epoch_length",
 ]
 
 
@@ -92,8 +106,11 @@ def epoch_sampler(data):
 def sampler_generators(data, own) -> tuple:
     """Generators the loader's samplers keep across epochs (torchdata's RandomSampler), besides ``own``."""
     found = []
-    for holder in (getattr(data, "sampler", None), getattr(data, "batch_sampler", None),
-                   getattr(getattr(data, "batch_sampler", None), "sampler", None)):
+    for holder in (
+        getattr(data, "sampler", None),
+        getattr(data, "batch_sampler", None),
+        getattr(getattr(data, "batch_sampler", None), "sampler", None),
+    ):
         generator = getattr(holder, "generator", None)
         if isinstance(generator, torch.Generator) and generator is not own and all(generator is not g for g in found):
             found.append(generator)
@@ -106,8 +123,11 @@ def describe(data) -> dict:
         samples = len(data.dataset)
     except (AttributeError, TypeError):
         samples = None
-    return {"batch_size": getattr(data, "batch_size", None), "num_workers": getattr(data, "num_workers", 0),
-            "samples": samples}
+    return {
+        "batch_size": getattr(data, "batch_size", None),
+        "num_workers": getattr(data, "num_workers", 0),
+        "samples": samples,
+    }
 
 
 def changes(saved: dict | None, now: dict) -> str:
@@ -115,16 +135,19 @@ def changes(saved: dict | None, now: dict) -> str:
     if not saved:
         return ""
     names = {"batch_size": "batch size", "num_workers": "num_workers", "samples": "dataset length"}
-    return ", ".join(f"{label} {saved.get(key)} -> {now.get(key)}" for key, label in names.items()
-                     if saved.get(key) != now.get(key))
+    return ", ".join(
+        f"{label} {saved.get(key)} -> {now.get(key)}" for key, label in names.items() if saved.get(key) != now.get(key)
+    )
 
 
 def _length(data) -> int:
     try:
         length = len(data)
     except TypeError:
-        raise TypeError(f"the training data ({type(data).__name__}) has no len(): pass "
-                        "loop(training=pimm_fn.Training(iters_per_epoch=N))") from None
+        raise TypeError(
+            f"the training data ({type(data).__name__}) has no len(): pass "
+            "loop(training=pimm_fn.Training(iters_per_epoch=N))"
+        ) from None
     if length < 1:
         raise ValueError(f"the training data is empty (len {length}): give the loop at least one batch")
     return length
@@ -192,8 +215,13 @@ def share(order, offset: int, *, num_replicas: int, rank: int, drop_last: bool) 
 def lend(data, epoch: int, offset: int) -> Remainder:
     """Lend ``data``'s batch sampler this rank's share of ``epoch`` from global position ``offset``."""
     sampler = data.sampler
-    indices = share(epoch_order(sampler, epoch), offset, num_replicas=sampler.num_replicas, rank=sampler.rank,
-                    drop_last=sampler.drop_last)
+    indices = share(
+        epoch_order(sampler, epoch),
+        offset,
+        num_replicas=sampler.num_replicas,
+        rank=sampler.rank,
+        drop_last=sampler.drop_last,
+    )
     remainder = Remainder(indices, sampler)
     data.batch_sampler.sampler = remainder
     return remainder
@@ -242,8 +270,10 @@ def new_world(state, ctx, info, offset, why, cursor) -> State:
     """
     p, new = state.progress, ctx.feed.iters_per_epoch
     if not mid_epoch(state):
-        ctx.say(f"resumed on {ctx.world_size} rank(s) at an epoch boundary (written by {info.world_size}): "
-                f"epochs now have {new} steps, global_step stays {p.global_step}")
+        ctx.say(
+            f"resumed on {ctx.world_size} rank(s) at an epoch boundary (written by {info.world_size}): "
+            f"epochs now have {new} steps, global_step stays {p.global_step}"
+        )
         return _at_boundary(state, new)
     if offset is None:
         message = world_message(info, ctx) + f"; {why}, so epoch {p.epoch} restarts from its first batch"
@@ -272,9 +302,13 @@ def new_epoch_length(state, ctx, info, cursor) -> State:
         return _continue_at(state, feed, offset, head)
     index, why = _position(p, feed.data, feed, cursor)
     if index is None:
-        return _restart(state, feed, f"{head}. Epoch {p.epoch} was interrupted after {p.iter_in_epoch} of its {old} "
-                                     f"steps, and {why}: epoch {p.epoch} restarts from its first batch; global_step "
-                                     f"stays {p.global_step}")
+        return _restart(
+            state,
+            feed,
+            f"{head}. Epoch {p.epoch} was interrupted after {p.iter_in_epoch} of its {old} "
+            f"steps, and {why}: epoch {p.epoch} restarts from its first batch; global_step "
+            f"stays {p.global_step}",
+        )
     index = min(index, new)  # the samples consumed reach past the new epoch: it has ended
     warnings.warn(
         f"{head}. Epoch {p.epoch} was interrupted after {p.iter_in_epoch} of its {old} steps ({why}): it continues "
@@ -319,8 +353,11 @@ def _restart(state, feed, message: str) -> State:
     """The interrupted epoch restarted from its first batch, ``message`` saying why."""
     warnings.warn(message, ResumeNotExactWarning, stacklevel=5)
     feed.start_epoch(state.progress.epoch)
-    return attrs.evolve(state, progress=attrs.evolve(state.progress, iter_in_epoch=0,
-                                                     iters_per_epoch=feed.iters_per_epoch), position="BeforeEpoch")
+    return attrs.evolve(
+        state,
+        progress=attrs.evolve(state.progress, iter_in_epoch=0, iters_per_epoch=feed.iters_per_epoch),
+        position="BeforeEpoch",
+    )
 
 
 def _consumed(p, cursor, world: int, group: int) -> tuple[int | None, str]:
@@ -331,7 +368,7 @@ def _consumed(p, cursor, world: int, group: int) -> tuple[int | None, str]:
     data = (cursor or {}).get("data")
     if not data or not isinstance(data.get("batch_size"), int):
         return None, "the checkpoint does not record its loader's batch size"
-    offset, first = (cursor.get("rest") or (0, 0))
+    offset, first = cursor.get("rest") or (0, 0)
     return offset + (p.iter_in_epoch - first) * group * data["batch_size"] * world, ""
 
 

@@ -31,29 +31,62 @@ from pimm_fn.core import validate as v
 from pimm_fn.core.effects import Effect, SaveCheckpoint, WriteBest
 
 __all__ = [
-    "ARGUMENTS", "check_arguments", "check_model", "check_optimizer", "check_scheduler", "check_train_data",
-    "check_resume", "check_max_epochs", "check_budget", "check_on_nonfinite", "check_resume_hyperparameters",
-    "check_sharding", "check_best_trackers", "check_trains_model", "check_save_dir", "check_bucket",
-    "check_fresh_save_dir", "replaced_best",
+    "ARGUMENTS",
+    "check_arguments",
+    "check_model",
+    "check_optimizer",
+    "check_scheduler",
+    "check_train_data",
+    "check_resume",
+    "check_max_epochs",
+    "check_budget",
+    "check_on_nonfinite",
+    "check_resume_hyperparameters",
+    "check_sharding",
+    "check_best_trackers",
+    "check_trains_model",
+    "check_save_dir",
+    "check_bucket",
+    "check_fresh_save_dir",
+    "replaced_best",
 ]
 
 
 # loop()'s plain arguments and what each must be, and the fields of its options that share a check
 # (pimm_fn.runtime.engine.options); the others are checked by the functions below.
 ARGUMENTS = {
-    "step_fn": v.optional(v.is_callable.with_hint(
-        "pass step_fn(model, optimizer, batch, *, scheduler=None, scaler=None) -> outputs, or pimm_fn.TrainStep(...)")),
-    "scheduler": v.optional(v.has_methods(
-        "step", "state_dict", "load_state_dict", expected="a learning-rate scheduler",
-    ).with_hint("pass a torch.optim.lr_scheduler instance built on the optimizer")),
-    "scaler": v.optional(v.has_methods(
-        "scale", "step", "update", "state_dict", "load_state_dict", expected="a GradScaler",
-    ).with_hint("pass torch.amp.GradScaler(...), or TrainStep(precision='fp16') to have one made")),
+    "step_fn": v.optional(
+        v.is_callable.with_hint(
+            "pass step_fn(model, optimizer, batch, *, scheduler=None, scaler=None) -> outputs, or pimm_fn.TrainStep(...)"
+        )
+    ),
+    "scheduler": v.optional(
+        v.has_methods(
+            "step",
+            "state_dict",
+            "load_state_dict",
+            expected="a learning-rate scheduler",
+        ).with_hint("pass a torch.optim.lr_scheduler instance built on the optimizer")
+    ),
+    "scaler": v.optional(
+        v.has_methods(
+            "scale",
+            "step",
+            "update",
+            "state_dict",
+            "load_state_dict",
+            expected="a GradScaler",
+        ).with_hint("pass torch.amp.GradScaler(...), or TrainStep(precision='fp16') to have one made")
+    ),
     "iters_per_epoch": v.optional(v.int_at_least(1).with_hint("leave it None for len(train_data)")),
     "check_agreement": v.optional(v.is_bool.with_hint("pass None (on with a process group), True or False")),
-    "handlers": v.optional(v.mapping_of(
-        v.subclass_of(Effect), v.is_callable, expected="a dict of effect types to handlers",
-    ).with_hint("e.g. {SaveCheckpoint: handler(effect, state, ctx)}")),
+    "handlers": v.optional(
+        v.mapping_of(
+            v.subclass_of(Effect),
+            v.is_callable,
+            expected="a dict of effect types to handlers",
+        ).with_hint("e.g. {SaveCheckpoint: handler(effect, state, ctx)}")
+    ),
     "config": v.optional(v.instance_of(Mapping, expected="a mapping of settings")),
     "keep_trace": v.optional(v.int_at_least(0).with_hint("None keeps every executed effect in run.trace")),
 }
@@ -80,8 +113,14 @@ def check_arguments(**arguments) -> None:
 def check_model(model) -> None:
     """``model`` is a ``torch.nn.Module`` (wrapped in DDP or sharded by FSDP2 alike)."""
     if not isinstance(model, torch.nn.Module):
-        raise v.invalid("loop", "model", "a torch.nn.Module", model, error=TypeError,
-                        hint="loop(model, optimizer, train_data, ...) takes the model first")
+        raise v.invalid(
+            "loop",
+            "model",
+            "a torch.nn.Module",
+            model,
+            error=TypeError,
+            hint="loop(model, optimizer, train_data, ...) takes the model first",
+        )
 
 
 def check_optimizer(optimizer) -> None:
@@ -99,9 +138,15 @@ def check_optimizer(optimizer) -> None:
 def check_scheduler(scheduler) -> None:
     """``scheduler`` is ``None`` or a learning-rate scheduler (an optimizer has ``step()`` too: refused by name)."""
     if isinstance(scheduler, torch.optim.Optimizer):
-        raise v.invalid("loop", "scheduler", "None or a learning-rate scheduler", scheduler, error=TypeError,
-                        hint="that is an optimizer: build a scheduler on it, e.g. "
-                             "torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)")
+        raise v.invalid(
+            "loop",
+            "scheduler",
+            "None or a learning-rate scheduler",
+            scheduler,
+            error=TypeError,
+            hint="that is an optimizer: build a scheduler on it, e.g. "
+            "torch.optim.lr_scheduler.StepLR(optimizer, step_size=10)",
+        )
     ARGUMENTS["scheduler"].check(scheduler, "scheduler", owner="loop")
 
 
@@ -112,8 +157,9 @@ def check_train_data(train_data) -> None:
     if isinstance(train_data, (str, bytes, Mapping)) or not (
         hasattr(train_data, "__iter__") or hasattr(train_data, "__getitem__")
     ):
-        raise v.invalid("loop", "train_data", "an iterable of batches (a DataLoader, a list...)", train_data,
-                        error=TypeError)
+        raise v.invalid(
+            "loop", "train_data", "an iterable of batches (a DataLoader, a list...)", train_data, error=TypeError
+        )
 
 
 def check_resume(resume) -> None:
@@ -266,8 +312,9 @@ def check_save_dir(hooks, save_dir) -> None:
     """
     if save_dir is not None:
         if isinstance(save_dir, bool) or not isinstance(save_dir, (str, os.PathLike)) or not os.fspath(save_dir):
-            raise v.invalid("loop", "save_dir", "None or a directory path, a str or os.PathLike", save_dir,
-                            error=TypeError)
+            raise v.invalid(
+                "loop", "save_dir", "None or a directory path, a str or os.PathLike", save_dir, error=TypeError
+            )
         if storage.is_url(save_dir):
             storage.location(save_dir)  # an unknown scheme or a missing package: refused before anything is written
             return
@@ -304,8 +351,9 @@ def check_bucket(save_dir, *, create: bool, say) -> None:
         if bucket.bucket_exists():
             return False
         if not create:
-            raise CheckpointStorageError(f"loop: save_dir {str(save_dir)!r}: "
-                                         f"{bucket.missing_bucket(save_dir, done='this run wrote nothing')}")
+            raise CheckpointStorageError(
+                f"loop: save_dir {str(save_dir)!r}: {bucket.missing_bucket(save_dir, done='this run wrote nothing')}"
+            )
         bucket.make_bucket()
         return True
 

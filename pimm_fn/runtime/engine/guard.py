@@ -63,8 +63,7 @@ import torch.distributed as td
 from pimm_fn import dist
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Scope
-from pimm_fn.runtime.engine.implied import Implied
-from pimm_fn.runtime.engine.implied import Setup, describe_setup, schedule_of
+from pimm_fn.runtime.engine.implied import Implied, Setup, describe_setup, schedule_of
 from pimm_fn.runtime.errors import CollectiveDivergenceError
 
 __all__ = [

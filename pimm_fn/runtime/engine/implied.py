@@ -38,8 +38,16 @@ from pimm_fn.core.fold import Chain
 from pimm_fn.runtime.handlers.control import hooks_step_scheduler
 
 __all__ = [
-    "HookSetup", "Setup", "setup_of", "hook_setups", "schedule_of", "describe_setup", "stable", "Implied",
-    "best_metrics", "named_evaluators",
+    "HookSetup",
+    "Setup",
+    "setup_of",
+    "hook_setups",
+    "schedule_of",
+    "describe_setup",
+    "stable",
+    "Implied",
+    "best_metrics",
+    "named_evaluators",
 ]
 
 
@@ -119,8 +127,12 @@ def schedule_of(state) -> tuple:
     """The schedule every rank must share, as ``(name, value)`` pairs, from the run's ``state``."""
     p = state.progress
     return (
-        ("iters_per_epoch", p.iters_per_epoch), ("max_epochs", p.max_epochs), ("epoch", p.epoch),
-        ("iter_in_epoch", p.iter_in_epoch), ("global_step", p.global_step), ("position", state.position),
+        ("iters_per_epoch", p.iters_per_epoch),
+        ("max_epochs", p.max_epochs),
+        ("epoch", p.epoch),
+        ("iter_in_epoch", p.iter_in_epoch),
+        ("global_step", p.global_step),
+        ("position", state.position),
         ("max_steps", p.step_limit),
     )
 
@@ -188,18 +200,25 @@ def describe_setup(per_rank: list) -> str:
     per rank on purpose (its own local file) can declare a rank-independent identity, hook_key = '...'.
     """
     hooks, schedule = _hook_lines(per_rank), _schedule_lines(per_rank)
-    lines = ["ranks would start training with different hooks or schedules, so their collective effects could not "
-             "agree:", *hooks, *schedule]
+    lines = [
+        "ranks would start training with different hooks or schedules, so their collective effects could not agree:",
+        *hooks,
+        *schedule,
+    ]
     if hooks:
-        lines.append("Every rank must build the same hook list, with the same arguments, in the same order: build it "
-                     "from configuration every rank shares, never from the rank, the host or a clock. A hook of your "
-                     "own configured per rank on purpose (its own local file) can declare a rank-independent "
-                     "identity, hook_key = '...'.")
+        lines.append(
+            "Every rank must build the same hook list, with the same arguments, in the same order: build it "
+            "from configuration every rank shares, never from the rank, the host or a clock. A hook of your "
+            "own configured per rank on purpose (its own local file) can declare a rank-independent "
+            "identity, hook_key = '...'."
+        )
     if not hooks and not schedule:  # the digests differ, the values look alike: show them whole
         lines.append(f"  setups: {_per_rank([repr(s) for s in per_rank])}")
     if schedule:
-        lines.append("Every rank must resume from the same checkpoint and see the same number of batches per epoch "
-                     "(a DistributedSampler pads the shards to equal length).")
+        lines.append(
+            "Every rank must resume from the same checkpoint and see the same number of batches per epoch "
+            "(a DistributedSampler pads the shards to equal length)."
+        )
     return "\n".join(lines)
 
 
@@ -318,10 +337,19 @@ class Implied:
         watched = _watched(hooks)
         processed = {t: bool(hooks.active(t)) or (guarded and _compared(hooks, watched, t)) for t in ev.LIFECYCLE}
         return cls(
-            hooks, named_evaluators(top), best_metrics(top), _readers(top),
-            hook_list.saves_in_background(top), hooks_step_scheduler(top), guarded, watched,
-            _cadences(hooks, watched), hook_setups(top), types.MappingProxyType(processed),
-            bool(hooks.active(ev.Elapsed)), not processed[ev.BeforeStep] and not hooks.fires_every_step,
+            hooks,
+            named_evaluators(top),
+            best_metrics(top),
+            _readers(top),
+            hook_list.saves_in_background(top),
+            hooks_step_scheduler(top),
+            guarded,
+            watched,
+            _cadences(hooks, watched),
+            hook_setups(top),
+            types.MappingProxyType(processed),
+            bool(hooks.active(ev.Elapsed)),
+            not processed[ev.BeforeStep] and not hooks.fires_every_step,
         )
 
     @property

@@ -34,11 +34,13 @@ import torch
 from pimm_fn.checkpoint.background import BackgroundSaver
 from pimm_fn.core.effects import Scope
 from pimm_fn.runtime.engine.implied import Implied
-from pimm_fn.runtime.errors import Advice
-from pimm_fn.runtime.errors import MissingHandlerError
+from pimm_fn.runtime.errors import Advice, MissingHandlerError
 
 __all__ = [
-    "Interpreter", "KEEP_TRACE", "Context", "unwrap",
+    "Interpreter",
+    "KEEP_TRACE",
+    "Context",
+    "unwrap",
 ]
 
 
@@ -144,14 +146,20 @@ class Context:
     console: bool = True
     implied: Implied | None = None  # what the run's hooks imply; None: a context built by hand, without hooks
     advice: Advice | None = None  # the run's Advice, told of every evaluation
-    nonfinite: Any = None  # the step's NonFinite policy for a NaN/inf loss (loop(training=Training(on_nonfinite=))); None: no check
+    nonfinite: Any = (
+        None  # the step's NonFinite policy for a NaN/inf loss (loop(training=Training(on_nonfinite=))); None: no check
+    )
     saver: BackgroundSaver = attrs.Factory(BackgroundSaver)  # background saves: in flight, prewarm, optimizer hooks
     sharded: bool = False  # the model keeps DTensor parameters (FSDP2): its state goes through DCP's state_dict API
     weights_file: bool = True  # a sharded model's checkpoints gather its full weights into model.pth
     everywhere: tuple = ()  # main-rank effect types every rank executes (a sharded model's WriteBest gathers)
     optimizers: dict | None = None  # loop(optimizer={name: opt}): name -> optimizer; ``optimizer`` is this dict too
-    extra_state: dict = attrs.Factory(dict)  # loop(training=Training(extra_state=)) and the ema() averages: name -> object with state_dict()
-    logs: Any = None  # the run's Logs: its loggers, history and clock (pimm_fn.runtime.handlers.logs); the Log handler's
+    extra_state: dict = attrs.Factory(
+        dict
+    )  # loop(training=Training(extra_state=)) and the ema() averages: name -> object with state_dict()
+    logs: Any = (
+        None  # the run's Logs: its loggers, history and clock (pimm_fn.runtime.handlers.logs); the Log handler's
+    )
     bar: Any = None  # the run's ProgressBar on the main rank when one is shown (pimm_fn.runtime.handlers.progress)
     lock: Any = None  # the save_dir lock (pimm_fn.checkpoint.lock): released when training ends
     stopping: Any = None  # preemption and max_time (pimm_fn.runtime.engine.preemption.Stopping); None: never asked
@@ -182,7 +190,9 @@ class Context:
     @property
     def model_dir(self) -> Path:
         if self.save_dir is None:
-            raise ValueError("this run has no save_dir, but a hook asked to write a checkpoint: pass save_dir= to loop()")
+            raise ValueError(
+                "this run has no save_dir, but a hook asked to write a checkpoint: pass save_dir= to loop()"
+            )
         return self.save_dir / "model"
 
     def weights(self) -> dict:

@@ -23,10 +23,8 @@ import weakref
 from collections.abc import Mapping
 
 from pimm_fn import dist
-from pimm_fn.checkpoint import discovery
-from pimm_fn.checkpoint import files
+from pimm_fn.checkpoint import discovery, files, storage
 from pimm_fn.checkpoint import lock as save_dir_lock
-from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.formats import sharded
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
@@ -48,9 +46,9 @@ from pimm_fn.runtime.engine.run import Loop
 from pimm_fn.runtime.errors import Advice, ConfigurationWarning, configuration_messages
 from pimm_fn.runtime.evaluation.sanity import sanity_check
 from pimm_fn.runtime.handlers import progress as progress_bar
-from pimm_fn.runtime.handlers.dispatch import run_handlers
 from pimm_fn.runtime.handlers.checkpointing import prewarm_staging
 from pimm_fn.runtime.handlers.control import check_scheduler_hooks
+from pimm_fn.runtime.handlers.dispatch import run_handlers
 from pimm_fn.runtime.handlers.logs import Logs
 from pimm_fn.runtime.logs.loggers import check_loggers, run_loggers
 from pimm_fn.runtime.resume.resume import fresh_state, locate, restore, resumed_state
@@ -61,7 +59,12 @@ from pimm_fn.runtime.step.nonfinite import NonFinite
 from pimm_fn.runtime.step.train_step import check_step_fn, train_step
 
 __all__ = [
-    "MOVED", "GONE", "refuse_moved", "check_options", "Loop", "loop",
+    "MOVED",
+    "GONE",
+    "refuse_moved",
+    "check_options",
+    "Loop",
+    "loop",
 ]
 
 
@@ -71,8 +74,10 @@ MOVED = {
     **{name: ("resuming", "Resuming") for name in ("strict_resume", "resume_hyperparameters")},
     **{name: ("watching", "Watching") for name in ("console", "progress", "log_reduce", "keep_trace")},
     **{name: ("parallel", "Parallel") for name in ("ddp", "check_agreement")},
-    **{name: ("training", "Training") for name in ("on_nonfinite", "scaler", "extra_state", "config",
-                                                   "iters_per_epoch")},
+    **{
+        name: ("training", "Training")
+        for name in ("on_nonfinite", "scaler", "extra_state", "config", "iters_per_epoch")
+    },
 }
 
 
@@ -115,11 +120,18 @@ def check_options(**values) -> None:
     for name, value in values.items():
         kind = _KINDS[name]
         v.instance_of(kind, expected=f"a pimm_fn.{kind.__name__}").with_hint(
-            f"pass {name}=pimm_fn.{kind.__name__}(...)").check(value, name, owner="loop")
+            f"pass {name}=pimm_fn.{kind.__name__}(...)"
+        ).check(value, name, owner="loop")
 
 
-_KINDS = {"saving": Saving, "resuming": Resuming, "watching": Watching, "parallel": Parallel, "training": Training,
-          "preemption": Preemption}
+_KINDS = {
+    "saving": Saving,
+    "resuming": Resuming,
+    "watching": Watching,
+    "parallel": Parallel,
+    "training": Training,
+    "preemption": Preemption,
+}
 
 
 def loop(
@@ -303,8 +315,9 @@ def loop(
     # Every argument is checked here, before anything is built, loaded or written (pimm_fn.runtime.engine.arguments).
     if moved:
         refuse_moved(moved)  # a keyword loop() took before its options were values: where it went
-    check_options(saving=saving, resuming=resuming, watching=watching, parallel=parallel,
-                                  training=training, preemption=preemption)
+    check_options(
+        saving=saving, resuming=resuming, watching=watching, parallel=parallel, training=training, preemption=preemption
+    )
     max_time = options.seconds(max_time, "max_time") if max_time is not None else None
     arguments.check_model(model)
     arguments.check_optimizer(optimizer)
@@ -315,9 +328,13 @@ def loop(
     arguments.check_arguments(step_fn=step_fn, scheduler=scheduler, handlers=handlers)
     arguments.check_budget(max_epochs, max_steps, fresh=resume is None)
     check_save_dir(hooks, save_dir)
-    if storage.is_url(save_dir) and saving.checkpoint_format == "legacy":  # it publishes by a rename, which a store lacks
-        raise ValueError(f"loop: Saving(checkpoint_format='legacy') publishes by a rename, which save_dir {save_dir!r} "
-                         f"(an fsspec store) does not have; use checkpoint_format='standard' there")
+    if (
+        storage.is_url(save_dir) and saving.checkpoint_format == "legacy"
+    ):  # it publishes by a rename, which a store lacks
+        raise ValueError(
+            f"loop: Saving(checkpoint_format='legacy') publishes by a rename, which save_dir {save_dir!r} "
+            f"(an fsspec store) does not have; use checkpoint_format='standard' there"
+        )
     if not built_in(step_fn):
         check_step_fn(step_fn)  # it takes the loop's call: step_fn(model, optimizer, batch, *, scheduler, scaler)
     arguments.check_on_nonfinite(training.on_nonfinite, custom_step=not built_in(step_fn))
@@ -325,8 +342,9 @@ def loop(
     show_bar = progress_bar.wanted(watching.progress, watching.console)  # this process's wish; rank 0's decides, below
     loggers = check_loggers(loggers, watching.log_reduce)
     shards = sharded.is_sharded(unwrap(model))
-    arguments.check_sharding(shards, ddp=parallel.ddp, checkpoint_format=saving.checkpoint_format,
-                             weights_file=saving.weights_file)
+    arguments.check_sharding(
+        shards, ddp=parallel.ddp, checkpoint_format=saving.checkpoint_format, weights_file=saving.weights_file
+    )
     optimizer, optimizers = stateful_objects.check_optimizers(optimizer, step_fn, sharded=shards)
     arguments.check_trains_model(model, optimizers or {"optimizer": optimizer})  # not another model's parameters
     extra_state = stateful_objects.extra_state(training.extra_state, hooks, sharded=shards)
@@ -339,28 +357,56 @@ def loop(
     shown = (progress_hook(bar_cadence(feed.iters_per_epoch)),) if dist.broadcast_object(show_bar) else ()
     hooks = chain(*protocol.bind(hooks, unwrap(model)), *shown)
     save_dir = storage.location(save_dir) if save_dir is not None else None  # a StorePath for a URL
-    scaler = loop_scaler(step_fn, training.scaler, model)  # a TrainStep(precision="fp16")'s own, checkpointed as scaler=
+    scaler = loop_scaler(
+        step_fn, training.scaler, model
+    )  # a TrainStep(precision="fp16")'s own, checkpointed as scaler=
     guarded = dist.is_initialized() and parallel.check_agreement is not False
     implied = Implied.of(hooks, guarded=guarded)  # what the hooks imply, derived once (pimm_fn.runtime.engine.implied)
-    averaged = watching.log_reduce == "mean" and dist.world_size() > 1  # every rank joins the average of each training record
+    averaged = (
+        watching.log_reduce == "mean" and dist.world_size() > 1
+    )  # every rank joins the average of each training record
     ctx = Context(
-        model=model, optimizer=optimizer, feed=feed, save_dir=save_dir, scheduler=scheduler, scaler=scaler,
-        checkpoint_format=saving.checkpoint_format, keep=saving.keep, rank=dist.rank(), world_size=dist.world_size(),
-        console=watching.console, implied=implied, advice=Advice(implied, world_size=dist.world_size()),
+        model=model,
+        optimizer=optimizer,
+        feed=feed,
+        save_dir=save_dir,
+        scheduler=scheduler,
+        scaler=scaler,
+        checkpoint_format=saving.checkpoint_format,
+        keep=saving.keep,
+        rank=dist.rank(),
+        world_size=dist.world_size(),
+        console=watching.console,
+        implied=implied,
+        advice=Advice(implied, world_size=dist.world_size()),
         nonfinite=NonFinite(training.on_nonfinite, world_size=dist.world_size(), can_skip=built_in(step_fn)),
-        sharded=shards, weights_file=saving.weights_file, digests=saving.digests,
+        sharded=shards,
+        weights_file=saving.weights_file,
+        digests=saving.digests,
         everywhere=((WriteBest,) if shards else ()) + ((Log,) if averaged else ()),
-        optimizers=optimizers, extra_state=extra_state,
+        optimizers=optimizers,
+        extra_state=extra_state,
     )
     # logs stay local: no log.jsonl on a store (Logs and run_loggers leave a store save_dir out; a logger says so)
-    ctx.logs = Logs(run_loggers(save_dir, loggers), save_dir=save_dir, say=ctx.say, rank=ctx.rank,
-                    world_size=ctx.world_size, reduce=watching.log_reduce)
+    ctx.logs = Logs(
+        run_loggers(save_dir, loggers),
+        save_dir=save_dir,
+        say=ctx.say,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        reduce=watching.log_reduce,
+    )
     ctx.bar = progress_bar.ProgressBar() if shown and ctx.rank == 0 else None
-    ctx.stopping = Stopping(preemption, max_time=max_time, world_size=ctx.world_size,
-                            ticks=implied.ticks,
-                            tell=ctx.console and ctx.rank == 0)  # its clock: what max_time counts from
-    interpreter = Interpreter(ctx, run_handlers(handlers),
-                              AgreementGuard(implied) if guarded else None, keep_trace=watching.keep_trace)
+    ctx.stopping = Stopping(
+        preemption,
+        max_time=max_time,
+        world_size=ctx.world_size,
+        ticks=implied.ticks,
+        tell=ctx.console and ctx.rank == 0,
+    )  # its clock: what max_time counts from
+    interpreter = Interpreter(
+        ctx, run_handlers(handlers), AgreementGuard(implied) if guarded else None, keep_trace=watching.keep_trace
+    )
     epochs = max_epochs if max_steps is None else -(-max_steps // feed.iters_per_epoch)
     for message in configuration_messages(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
         warnings.warn(message, ConfigurationWarning, stacklevel=2)
@@ -368,15 +414,31 @@ def loop(
     lock = save_dir_lock.take(save_dir, say=ctx.say)  # before anything is written there; rank 0's, told to all
     with lock.released_on_error():
         # skipped checkpoints said on the console, as any line; a pimm legacy file takes this run's steps per epoch
-        info = locate(resume, save_dir, say=ctx.say, iters_per_epoch=feed.iters_per_epoch,
-                      readers=discovery.readers((handlers or {}).values()))  # a plug-in's, with its handlers
+        info = locate(
+            resume,
+            save_dir,
+            say=ctx.say,
+            iters_per_epoch=feed.iters_per_epoch,
+            readers=discovery.readers((handlers or {}).values()),
+        )  # a plug-in's, with its handlers
         if info is None:  # resume=None, or 'auto' found nothing: a fresh run
-            state = fresh_state(ctx, hooks.hooks, resume=resume, max_epochs=max_epochs, max_steps=max_steps,
-                                config=training.config)
+            state = fresh_state(
+                ctx, hooks.hooks, resume=resume, max_epochs=max_epochs, max_steps=max_steps, config=training.config
+            )
         else:  # restored here, so what restore() warns is attributed to loop()'s caller
-            state = resumed_state(restore(info, ctx, hooks.hooks, strict=resuming.strict_resume,
-                                          hyperparameters=resuming.resume_hyperparameters),
-                                  info, ctx, max_epochs=max_epochs, max_steps=max_steps)
+            state = resumed_state(
+                restore(
+                    info,
+                    ctx,
+                    hooks.hooks,
+                    strict=resuming.strict_resume,
+                    hyperparameters=resuming.resume_hyperparameters,
+                ),
+                info,
+                ctx,
+                max_epochs=max_epochs,
+                max_steps=max_steps,
+            )
         writes = info is None or not state.finished  # a finished run opened to be read (run.history) writes nothing
         ctx.lock = lock.settle(writes=writes)  # the refusal raised when it will write; else released at once
         if writes and save_dir is not None:  # every rank that writes can write there, before the first step

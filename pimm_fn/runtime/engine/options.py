@@ -118,13 +118,21 @@ class Watching:
     factory_name: ClassVar[str] = "loop"
 
     console: bool = attrs.field(default=True, validator=_BOOL)
-    progress: bool | None = attrs.field(default=None, validator=v.optional(v.is_bool.with_hint(
-        "pass None (a bar where someone watches), True or False")))
+    progress: bool | None = attrs.field(
+        default=None,
+        validator=v.optional(v.is_bool.with_hint("pass None (a bar where someone watches), True or False")),
+    )
     log_reduce: str | None = attrs.field(default=None, validator=_log_reduce)
     keep_trace: int | None = attrs.field(default=KEEP_TRACE, validator=ARGUMENTS["keep_trace"])
-    sanity_check: int | None = attrs.field(default=None, validator=v.optional(v.int_at_least(0).with_hint(
-        "pass the number of batches each loader_evaluator runs before the first step, 0 (off), or None "
-        "(2 batches of each loader_evaluator)")))
+    sanity_check: int | None = attrs.field(
+        default=None,
+        validator=v.optional(
+            v.int_at_least(0).with_hint(
+                "pass the number of batches each loader_evaluator runs before the first step, 0 (off), or None "
+                "(2 batches of each loader_evaluator)"
+            )
+        ),
+    )
 
 
 @attrs.frozen
@@ -176,8 +184,12 @@ class Training:
 
     on_nonfinite: str = attrs.field(default="raise", validator=_on_nonfinite)
     scaler: object = attrs.field(default=None, validator=ARGUMENTS["scaler"])
-    extra_state: Mapping | None = attrs.field(default=None, validator=v.optional(v.instance_of(
-        Mapping, expected="a dict of {name: object with state_dict() and load_state_dict()}")))
+    extra_state: Mapping | None = attrs.field(
+        default=None,
+        validator=v.optional(
+            v.instance_of(Mapping, expected="a dict of {name: object with state_dict() and load_state_dict()}")
+        ),
+    )
     config: Mapping | None = attrs.field(default=None, validator=ARGUMENTS["config"])
     iters_per_epoch: int | None = attrs.field(default=None, validator=ARGUMENTS["iters_per_epoch"])
 
@@ -206,11 +218,14 @@ def _signals(value) -> tuple:
         try:
             sig = signal.Signals[one] if isinstance(one, str) else signal.Signals(one)
         except (KeyError, ValueError):
-            raise ValueError(f"loop: Preemption 'signals' holds {one!r}, not a signal: pass e.g. signal.SIGTERM or "
-                             f"'SIGUSR1'") from None
+            raise ValueError(
+                f"loop: Preemption 'signals' holds {one!r}, not a signal: pass e.g. signal.SIGTERM or 'SIGUSR1'"
+            ) from None
         if sig == signal.SIGINT:
-            raise ValueError("loop: Preemption 'signals' holds SIGINT: Ctrl-C keeps its own handling; pass "
-                             "save_on_interrupt=True to save before a script exits on it")
+            raise ValueError(
+                "loop: Preemption 'signals' holds SIGINT: Ctrl-C keeps its own handling; pass "
+                "save_on_interrupt=True to save before a script exits on it"
+            )
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             raise ValueError(f"loop: Preemption 'signals' holds {sig.name}, which no process can catch")
         found.append(sig.name)

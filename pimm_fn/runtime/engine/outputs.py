@@ -34,7 +34,10 @@ import torch
 from pimm_fn.core.schedule import last_quiet_step, skip_to
 
 __all__ = [
-    "device_outputs", "Unread", "WAIT_AT_MOST", "QuietSteps",
+    "device_outputs",
+    "Unread",
+    "WAIT_AT_MOST",
+    "QuietSteps",
 ]
 
 
@@ -89,8 +92,10 @@ class Unread:
         pending = self.steps + ([(None, current)] if current is not None else [])
         tensors = [v for _, outputs in pending for v in outputs.values() if v.__class__ is not float]
         values = iter(_floats(tensors))
-        read = [(step, {k: v if v.__class__ is float else next(values) for k, v in outputs.items()})
-                for step, outputs in pending]
+        read = [
+            (step, {k: v if v.__class__ is float else next(values) for k, v in outputs.items()})
+            for step, outputs in pending
+        ]
         if current is not None:
             return read[:-1], read[-1][1]
         return read, None

@@ -141,13 +141,19 @@ def across_ranks(stopped, error: BaseException):
         return stopped, peer
     alike = [r for r, v in others.items() if v.startswith(where + "\n")]
     missing = sorted(set(range(world)) - set(reports) - {rank})
-    note = f"rank {rank}: " + (
-        f"rank(s) {', '.join(map(str, missing))} did not fail here (they went on, into a collective that waits for this rank)" if missing
-        else f"the ranks failed in different places ({_describe(others)})" if len(alike) < len(others)
-        else "the other ranks stopped on this failure"
-    ) + (
-        ", so the process group was shut down to stop every rank; run() cannot continue this run: rebuild it "
-        'on every rank in a fresh process group (restart the job) with resume="auto"'
+    note = (
+        f"rank {rank}: "
+        + (
+            f"rank(s) {', '.join(map(str, missing))} did not fail here (they went on, into a collective that waits for this rank)"
+            if missing
+            else f"the ranks failed in different places ({_describe(others)})"
+            if len(alike) < len(others)
+            else "the other ranks stopped on this failure"
+        )
+        + (
+            ", so the process group was shut down to stop every rank; run() cannot continue this run: rebuild it "
+            'on every rank in a fresh process group (restart the job) with resume="auto"'
+        )
     )
     if hasattr(error, "add_note"):
         error.add_note(note)

@@ -83,7 +83,13 @@ from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.preemption import lags, next_cadence, time_is_up
 
 __all__ = [
-    "CtrlC", "CTRL_C", "advise", "interactive", "newest_checkpoint", "Requests", "Stopping",
+    "CtrlC",
+    "CTRL_C",
+    "advise",
+    "interactive",
+    "newest_checkpoint",
+    "Requests",
+    "Stopping",
     "saved_at",
 ]
 
@@ -94,11 +100,25 @@ _RUNTIME = pathlib.Path(__file__).parent.parent
 # The loop's own bookkeeping: a signal landing in these files is held back, wherever the loop stands.
 OWN_FILES = frozenset(
     str(path)
-    for path in [*(_RUNTIME.parent / "core").glob("*.py"), *(_RUNTIME / name for name in (
-        "engine/run.py", "engine/walker.py", "engine/transaction.py", "engine/outputs.py", "engine/peers.py",
-        "engine/interpreter.py", "engine/preemption.py", "step/driver.py", "step/rng.py", "data/feed.py",
-        "data/positioning.py",
-    ))]
+    for path in [
+        *(_RUNTIME.parent / "core").glob("*.py"),
+        *(
+            _RUNTIME / name
+            for name in (
+                "engine/run.py",
+                "engine/walker.py",
+                "engine/transaction.py",
+                "engine/outputs.py",
+                "engine/peers.py",
+                "engine/interpreter.py",
+                "engine/preemption.py",
+                "step/driver.py",
+                "step/rng.py",
+                "data/feed.py",
+                "data/positioning.py",
+            )
+        ),
+    ]
 )
 
 
@@ -182,11 +202,13 @@ def _advice(error: KeyboardInterrupt) -> str:
 
 def _advising(previous):
     """``sys.excepthook`` printing a script's Ctrl-C advice instead of the loop's traceback; the rest as before."""
+
     def hook(kind, error, traceback):
         advice = _advice(error) if isinstance(error, KeyboardInterrupt) else None
         if advice is None:
             return previous(kind, error, traceback)
         print(f"KeyboardInterrupt\n{advice}", file=sys.stderr, flush=True)
+
     hook.pimm_fn_advising = True
     return hook
 
@@ -203,8 +225,9 @@ def newest_checkpoint(model_dir) -> tuple | None:
     return info.step, info.path
 
 
-def advise(error: KeyboardInterrupt, stopped: str, *, newest: tuple | None, model_dir, auto: bool,
-           saves_on_interrupt: bool) -> None:
+def advise(
+    error: KeyboardInterrupt, stopped: str, *, newest: tuple | None, model_dir, auto: bool, saves_on_interrupt: bool
+) -> None:
     """Attach to a Ctrl-C escaping ``run()`` in a script the line its exit prints in place of the traceback.
 
     The one line a script's Ctrl-C says (the loop's "run() continues exactly"
@@ -230,10 +253,16 @@ def advise(error: KeyboardInterrupt, stopped: str, *, newest: tuple | None, mode
         where, how = f"no checkpoint is in {model_dir}", "Running the script again starts over"
     else:
         where = f"the last checkpoint is step {newest[0]} in {newest[1]}"
-        how = (f'Run the script again: it resumes from step {newest[0]} (resume="auto")' if auto else
-               f'To continue from it, run the script again with loop(..., resume="auto")')
-    first = ("" if saves_on_interrupt or model_dir is None else
-             "; to save on Ctrl-C first, pass preemption=pimm_fn.Preemption(save_on_interrupt=True)")
+        how = (
+            f'Run the script again: it resumes from step {newest[0]} (resume="auto")'
+            if auto
+            else 'To continue from it, run the script again with loop(..., resume="auto")'
+        )
+    first = (
+        ""
+        if saves_on_interrupt or model_dir is None
+        else "; to save on Ctrl-C first, pass preemption=pimm_fn.Preemption(save_on_interrupt=True)"
+    )
     error.pimm_fn_advice = f"[pimm_fn] stopped by Ctrl-C {stopped}; {where}. {how}{first}"
     if not getattr(sys.excepthook, "pimm_fn_advising", False):
         sys.excepthook = _advising(sys.excepthook)
@@ -367,8 +396,11 @@ class Stopping:
         if not self.lagged:
             now, interval = self._clock()
             reason = self.requests.reason
-            if reason is None and self.limit is not None and time_is_up(now, interval, self.limit, self.option.margin,
-                                                                         lagged=False):
+            if (
+                reason is None
+                and self.limit is not None
+                and time_is_up(now, interval, self.limit, self.option.margin, lagged=False)
+            ):
                 reason = MAX_TIME
             return reason, ev.Elapsed(step, round(now, 3)) if self.ticks else None
         if self._next is None:  # the first boundary of this process: one step trained

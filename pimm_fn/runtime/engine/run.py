@@ -14,14 +14,14 @@ import contextlib
 from pimm_fn import notebook
 from pimm_fn.core import summary
 from pimm_fn.core.trace import Trace
-from pimm_fn.runtime.evaluation import after_training
 from pimm_fn.runtime.engine import swap
 from pimm_fn.runtime.engine.interpreter import Context
-from pimm_fn.runtime.handlers.logs import clock
 from pimm_fn.runtime.engine.preemption import advise, newest_checkpoint
-from pimm_fn.runtime.errors import Preempted
 from pimm_fn.runtime.engine.transaction import Interruption
 from pimm_fn.runtime.engine.walker import Walker
+from pimm_fn.runtime.errors import Preempted
+from pimm_fn.runtime.evaluation import after_training
+from pimm_fn.runtime.handlers.logs import clock
 
 __all__ = ["Loop"]
 
@@ -107,10 +107,16 @@ class Loop:
         """Attach to a script's Ctrl-C the one line its exit prints (``pimm_fn.runtime.engine.preemption.advise``)."""
         model_dir = self.ctx.model_dir if self.ctx.save_dir else None
         stopping, stopped = self.ctx.stopping, self.interrupted
-        advise(error, f"during step {stopped.step} ({stopped.phase})" if stopped is not None else
-               f"after step {self.state.progress.global_step}", newest=newest_checkpoint(model_dir),
-               model_dir=model_dir, auto=self._resume == "auto",
-               saves_on_interrupt=stopping is not None and stopping.requests.interrupt)
+        advise(
+            error,
+            f"during step {stopped.step} ({stopped.phase})"
+            if stopped is not None
+            else f"after step {self.state.progress.global_step}",
+            newest=newest_checkpoint(model_dir),
+            model_dir=model_dir,
+            auto=self._resume == "auto",
+            saves_on_interrupt=stopping is not None and stopping.requests.interrupt,
+        )
 
     def _use(self, implied) -> None:
         """Run on with the hooks of ``implied`` (``pimm_fn.runtime.engine.implied``), as ``replace`` derived it anew."""

@@ -49,8 +49,16 @@ from pimm_fn.runtime.handlers.ema import EmaWeights
 from pimm_fn.runtime.step import stateful_objects
 
 __all__ = [
-    "entries", "identity_path", "locate", "with_hook", "slot_at", "with_slot", "siblings", "replace",
-    "replace_evaluator", "carried_slot",
+    "entries",
+    "identity_path",
+    "locate",
+    "with_hook",
+    "slot_at",
+    "with_slot",
+    "siblings",
+    "replace",
+    "replace_evaluator",
+    "carried_slot",
 ]
 
 
@@ -110,7 +118,7 @@ def with_hook(hooks: tuple, path: tuple, new) -> tuple:
     i, rest = path[0], path[1:]
     # A composite rebuilt around its new children, as pimm_fn.core.hook.bind rebuilds it.
     hook = new if not rest else protocol.with_children(hooks[i], with_hook(protocol.children(hooks[i]), rest, new))
-    return hooks[:i] + (hook,) + hooks[i + 1:]
+    return hooks[:i] + (hook,) + hooks[i + 1 :]
 
 
 def slot_at(slots: tuple, hooks: tuple, path: tuple):
@@ -128,7 +136,7 @@ def with_slot(slots: tuple, hooks: tuple, path: tuple, slot) -> tuple:
     if rest:
         inner = slots[i] if slots[i] is not None else protocol.init_slot(hooks[i])
         slot = with_slot(tuple(inner), protocol.children(hooks[i]), rest, slot)
-    return slots[:i] + (slot,) + slots[i + 1:]
+    return slots[:i] + (slot,) + slots[i + 1 :]
 
 
 def siblings(hooks: tuple, path: tuple) -> tuple:
@@ -328,8 +336,11 @@ def replace_evaluator(run, name: str, fn) -> None:
         ValueError: no hook provides an evaluator ``name`` (listing those there are).
         TypeError: the hook providing it is not an ``evaluate_every`` hook.
     """
-    found = [(p, k, h) for p, k, h in entries(run.hooks.hooks)
-             if protocol.children(h) is None and name in hook_list.evaluators([h])]
+    found = [
+        (p, k, h)
+        for p, k, h in entries(run.hooks.hooks)
+        if protocol.children(h) is None and name in hook_list.evaluators([h])
+    ]
     if not found:
         raise ValueError(
             f"replace_evaluator: no evaluator named {name!r} in this run (known: {sorted(run.ctx.evaluators)})"

@@ -47,12 +47,19 @@ from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.runtime.engine.peers import across_ranks
 from pimm_fn.runtime.engine.preemption import CTRL_C, interactive
-from pimm_fn.runtime.errors import ResumeNotExactWarning
-from pimm_fn.runtime.errors import NonFiniteLossError
+from pimm_fn.runtime.errors import NonFiniteLossError, ResumeNotExactWarning
 
 __all__ = [
-    "Interruption", "Transaction", "Unit", "failing_hook", "effect_phase", "fold_phase", "StepWatch",
-    "warn_if_not_exact", "OPTIMIZING", "AFTER_OPTIMIZER",
+    "Interruption",
+    "Transaction",
+    "Unit",
+    "failing_hook",
+    "effect_phase",
+    "fold_phase",
+    "StepWatch",
+    "warn_if_not_exact",
+    "OPTIMIZING",
+    "AFTER_OPTIMIZER",
 ]
 
 
@@ -173,8 +180,19 @@ class Transaction:
     started from).
     """
 
-    __slots__ = ("keys", "step", "interrupted", "held", "trained", "event", "work", "rng", "_ctx", "_interpreter",
-                 "_last_step")
+    __slots__ = (
+        "keys",
+        "step",
+        "interrupted",
+        "held",
+        "trained",
+        "event",
+        "work",
+        "rng",
+        "_ctx",
+        "_interpreter",
+        "_last_step",
+    )
 
     def __init__(self, ctx, interpreter, last_step, keys=CTRL_C):
         self.keys = keys  # a real Ctrl-C: taken inside a unit, held back in the loop's records
@@ -191,7 +209,9 @@ class Transaction:
         phase = phase if phase.__class__ is str else phase(self.step, error)
         step = self.step if self.step is not None else self._last_step()
         advice = error.advice if isinstance(error, NonFiniteLossError) else None  # continuing would raise it again
-        self.interrupted = Interruption(step, phase, advice=advice)  # first: an interrupt while the ranks agree keeps it
+        self.interrupted = Interruption(
+            step, phase, advice=advice
+        )  # first: an interrupt while the ranks agree keeps it
         self.interrupted, instead = across_ranks(self.interrupted, error)
         self._interpreter.close(on_error=True)
         if not (self.interrupted.continues and _scripts_ctrl_c(error)):  # a script's says one line as it exits

@@ -18,13 +18,13 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.processing import start
 from pimm_fn.core.schedule import advance, next_event
-from pimm_fn.runtime.step.driver import Driver
-from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
-from pimm_fn.runtime.errors import Preempted
 from pimm_fn.runtime.engine.outputs import QuietSteps
+from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
+from pimm_fn.runtime.engine.transaction import LOADING, Transaction, effect_phase, fold_phase, step_of
+from pimm_fn.runtime.errors import Preempted
+from pimm_fn.runtime.step.driver import Driver
 from pimm_fn.runtime.step.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.step.train_step import runner, train_step
-from pimm_fn.runtime.engine.transaction import LOADING, Transaction, effect_phase, fold_phase, step_of
 
 __all__ = ["Walker"]
 
@@ -66,9 +66,12 @@ class Walker:
         self.hooks, self.processed = implied.hooks, dict(implied.processed)
         self._quiet_steps = implied.quiet_steps
         self._driver = Driver(
-            self.ctx, self.tx, runner(self._step_fn, implied.processed[ev.AfterStep], self.ctx.nonfinite),
+            self.ctx,
+            self.tx,
+            runner(self._step_fn, implied.processed[ev.AfterStep], self.ctx.nonfinite),
             scheduler_in_step=not implied.steps_scheduler,  # else the hooks step it
-            default_step=self._step_fn is train_step, trained=self._trained,
+            default_step=self._step_fn is train_step,
+            trained=self._trained,
         )
         self._peeked = (None, None)  # (state, next_event(state)): the step's tail computes the next head
 
@@ -167,7 +170,7 @@ class Walker:
         self._close()  # as at training's end: nothing left in flight, every record written, the lock released
         code = stopping.option.exit_code
         saved = f"saved step {step} to {path}" if path is not None else f"stopped at step {step} (no save_dir)"
-        ctx.say(f"{reason}: {saved}; exiting with code {code}; continue with loop(..., resume=\"auto\")")
+        ctx.say(f'{reason}: {saved}; exiting with code {code}; continue with loop(..., resume="auto")')
         raise Preempted(code, step, reason, path)
 
     def last_saved(self) -> int | None:

@@ -19,10 +19,10 @@ import torch
 
 from pimm_fn import checkpoint, dist
 from pimm_fn.hooks.evaluation import evaluator_name
-from pimm_fn.runtime.step.train_step import to_device
 from pimm_fn.runtime.engine.interpreter import unwrap
-from pimm_fn.runtime.handlers.evaluation import as_metrics, evaluating
 from pimm_fn.runtime.evaluation.loader_evaluator import default_forward
+from pimm_fn.runtime.handlers.evaluation import as_metrics, evaluating
+from pimm_fn.runtime.step.train_step import to_device
 
 __all__ = ["test", "predict", "best_weights_file"]
 
@@ -55,11 +55,15 @@ def best_weights_file(model_dir, metric: str | None = None) -> pathlib.Path:
     if damaged:  # it may hold the weights asked for: say so rather than "no best weights"
         raise damaged[0]
     if metric is not None:
-        raise FileNotFoundError(f"no best weights of {metric!r} in {model_dir} (best weights of: {sorted(found)}); "
-                                f"a best_on({metric!r}) hook writes them when the metric improves")
+        raise FileNotFoundError(
+            f"no best weights of {metric!r} in {model_dir} (best weights of: {sorted(found)}); "
+            f"a best_on({metric!r}) hook writes them when the metric improves"
+        )
     if not found:
-        raise FileNotFoundError(f"no best weights in {model_dir}: the run writes model_best with a best_on(metric) "
-                                f"hook, after an evaluation improved it; pass weights='final' for the model as it is")
+        raise FileNotFoundError(
+            f"no best weights in {model_dir}: the run writes model_best with a best_on(metric) "
+            f"hook, after an evaluation improved it; pass weights='final' for the model as it is"
+        )
     if len(found) > 1:
         raise ValueError(f"{model_dir} holds best weights of {sorted(found)}: pass metric= to say which")
     return next(iter(found.values()))
@@ -69,10 +73,12 @@ def _damaged_record(path: pathlib.Path, exc: Exception) -> checkpoint.Checkpoint
     """The error for best weights ``path`` whose ``.json`` cannot be read: which file, why, and what to do."""
     record = path.with_suffix(".json").name
     return checkpoint.CheckpointError(
-        path, record, f"{checkpoint.record_problem(exc)}, so which metric {path.name} is the best of is not known",
+        path,
+        record,
+        f"{checkpoint.record_problem(exc)}, so which metric {path.name} is the best of is not known",
         advice=f"Restore {record} (or delete it; a best_on hook writes both files again when its metric improves), "
-               f"load {path.name} itself with pf.checkpoint.load_weights_file, or pass weights='final' for the model "
-               f"as it is",
+        f"load {path.name} itself with pf.checkpoint.load_weights_file, or pass weights='final' for the model "
+        f"as it is",
     )
 
 
@@ -80,8 +86,9 @@ def _damaged_record(path: pathlib.Path, exc: Exception) -> checkpoint.Checkpoint
 def _weights(run, weights: str, metric: str | None):
     """The model holds ``weights`` for the block: ``"final"`` as it is, ``"best"`` read from the run's best file."""
     if weights not in _WEIGHTS:
-        raise ValueError(f"'weights' must be 'final' (the model as it is) or 'best' (save_dir's model_best) "
-                         f"(got {weights!r:.80})")
+        raise ValueError(
+            f"'weights' must be 'final' (the model as it is) or 'best' (save_dir's model_best) (got {weights!r:.80})"
+        )
     if weights == "final":
         yield
         return
@@ -89,8 +96,10 @@ def _weights(run, weights: str, metric: str | None):
     if ctx.save_dir is None:
         raise ValueError("weights='best' reads save_dir/model/model_best.pth, but this run has no save_dir")
     if ctx.sharded:
-        raise ValueError("weights='best' into a sharded (FSDP2) model is not supported: load model_best.pth into "
-                         "an unsharded copy of the model and evaluate that")
+        raise ValueError(
+            "weights='best' into a sharded (FSDP2) model is not supported: load model_best.pth into "
+            "an unsharded copy of the model and evaluate that"
+        )
     best = checkpoint.load_weights_file(best_weights_file(ctx.model_dir, metric))
     module = unwrap(ctx.model)
     own = {name: value.detach().clone() for name, value in module.state_dict().items()}

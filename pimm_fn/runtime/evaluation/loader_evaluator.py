@@ -66,8 +66,17 @@ from pimm_fn.runtime.step.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.step.train_step import TARGET_KEYS, to_device
 
 __all__ = [
-    "is_torchmetric", "check_metric", "check_arity", "check_loader", "shard_of", "missing_forwards",
-    "reduce_sums", "LoaderEvaluator", "loader_evaluator", "default_forward", "default_target",
+    "is_torchmetric",
+    "check_metric",
+    "check_arity",
+    "check_loader",
+    "shard_of",
+    "missing_forwards",
+    "reduce_sums",
+    "LoaderEvaluator",
+    "loader_evaluator",
+    "default_forward",
+    "default_target",
     "mean_over_count",
 ]
 
@@ -103,8 +112,10 @@ def check_arity(fn, n: int, what: str, shape: str) -> None:
 
 def check_loader(instance, attribute, value) -> None:
     if isinstance(value, (str, bytes, Mapping)) or not hasattr(value, "__iter__"):
-        raise TypeError(f"loader_evaluator: 'loader' must be a DataLoader (or an iterable of batches) "
-                        f"(got {type(value).__name__}: {value!r:.80})")
+        raise TypeError(
+            f"loader_evaluator: 'loader' must be a DataLoader (or an iterable of batches) "
+            f"(got {type(value).__name__}: {value!r:.80})"
+        )
 
 
 def shard_of(loader, rank: int, world: int):
@@ -122,13 +133,21 @@ def shard_of(loader, rank: int, world: int):
     if isinstance(loader.dataset, IterableDataset):
         raise TypeError(f"loader_evaluator cannot split an IterableDataset over {world} ranks by index: {fix}")
     if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
-        raise TypeError(f"loader_evaluator cannot split a DataLoader with its own batch_sampler "
-                        f"({type(loader.batch_sampler).__name__}) over {world} ranks: {fix}")
+        raise TypeError(
+            f"loader_evaluator cannot split a DataLoader with its own batch_sampler "
+            f"({type(loader.batch_sampler).__name__}) over {world} ranks: {fix}"
+        )
     workers = loader.num_workers
     return DataLoader(
-        loader.dataset, batch_size=loader.batch_size, sampler=list(range(rank, len(loader.dataset), world)),
-        num_workers=workers, collate_fn=loader.collate_fn, pin_memory=loader.pin_memory,
-        drop_last=loader.drop_last, timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=list(range(rank, len(loader.dataset), world)),
+        num_workers=workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        drop_last=loader.drop_last,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
         multiprocessing_context=loader.multiprocessing_context if workers else None,
         prefetch_factor=loader.prefetch_factor if workers else None,
     )
@@ -142,8 +161,10 @@ def missing_forwards(model, done: int, name: str) -> int:
     torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
     missing = int(most.item()) - done
     if missing and not done:
-        raise ValueError(f"loader_evaluator {name!r}: rank {dist.rank()} holds no sample of the dataset (fewer "
-                         f"samples than ranks), but a sharded model's forward needs every rank: evaluate more samples")
+        raise ValueError(
+            f"loader_evaluator {name!r}: rank {dist.rank()} holds no sample of the dataset (fewer "
+            f"samples than ranks), but a sharded model's forward needs every rank: evaluate more samples"
+        )
     return missing
 
 
@@ -205,17 +226,23 @@ def _device(model) -> torch.device:
 
 def _add(sums: dict, part, name: str) -> None:
     if not isinstance(part, Mapping):
-        raise TypeError(f"loader_evaluator {name!r}: the metric must return {{name: per-batch sum}} "
-                        f"(got {type(part).__name__}: {part!r:.80})")
+        raise TypeError(
+            f"loader_evaluator {name!r}: the metric must return {{name: per-batch sum}} "
+            f"(got {type(part).__name__}: {part!r:.80})"
+        )
     for key, value in part.items():
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
-                raise TypeError(f"loader_evaluator {name!r}: metric {key!r} is a tensor of {value.numel()} "
-                                f"elements; return one sum per batch (e.g. (pred == y).sum())")
+                raise TypeError(
+                    f"loader_evaluator {name!r}: metric {key!r} is a tensor of {value.numel()} "
+                    f"elements; return one sum per batch (e.g. (pred == y).sum())"
+                )
             value = value.detach().reshape(()).to(torch.float64)
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"loader_evaluator {name!r}: metric {key!r} must be a number or a one-element "
-                            f"tensor (got {type(value).__name__}: {value!r:.80})")
+            raise TypeError(
+                f"loader_evaluator {name!r}: metric {key!r} must be a number or a one-element "
+                f"tensor (got {type(value).__name__}: {value!r:.80})"
+            )
         sums[key] = sums[key] + value if key in sums else value
 
 
@@ -291,8 +318,9 @@ class LoaderEvaluator:
             _add(sums, self.metric(outputs, batch), self.name)
         totals = reduce_sums(sums)
         if not totals:
-            raise ValueError(f"loader_evaluator {self.name!r}: the metric returned no sum on any rank "
-                             f"(an empty loader?)")
+            raise ValueError(
+                f"loader_evaluator {self.name!r}: the metric returned no sum on any rank (an empty loader?)"
+            )
         return (self.finish or mean_over_count)(totals)
 
     def _torchmetrics(self, model) -> dict:
@@ -323,8 +351,17 @@ def _plain(metric) -> bool:
     return not isinstance(metric, Mapping) and not is_torchmetric(metric)
 
 
-def loader_evaluator(loader, metric, *, name: str = "val", forward=None, target=None, finish=None,
-                     shard: bool = True, max_batches: int | None = None) -> LoaderEvaluator:
+def loader_evaluator(
+    loader,
+    metric,
+    *,
+    name: str = "val",
+    forward=None,
+    target=None,
+    finish=None,
+    shard: bool = True,
+    max_batches: int | None = None,
+) -> LoaderEvaluator:
     """An evaluator for ``evaluate_every`` that runs the model over ``loader`` (see the module docstring).
 
     Args:

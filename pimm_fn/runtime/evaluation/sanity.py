@@ -21,8 +21,8 @@ would be gone for the first evaluation.
 """
 
 from pimm_fn import dist
-from pimm_fn.runtime.handlers.evaluation import as_metrics, evaluating
 from pimm_fn.runtime.errors import CollectiveDivergenceError
+from pimm_fn.runtime.handlers.evaluation import as_metrics, evaluating
 from pimm_fn.runtime.step.rng import capture_rng, restore_rng
 
 __all__ = ["sanity_check", "shortened", "BATCHES"]

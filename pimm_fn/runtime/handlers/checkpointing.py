@@ -17,8 +17,8 @@ makes each ``step()`` wait until the save in flight has staged its copy.
 
 from pimm_fn import checkpoint, dist
 from pimm_fn.checkpoint.contents import PerRank, Replicated, TrainerContents, saved_state, to_parts
-from pimm_fn.checkpoint.saving import save_run
 from pimm_fn.checkpoint.formats import sharded
+from pimm_fn.checkpoint.saving import save_run
 from pimm_fn.core import hook_list
 from pimm_fn.core.effects import SaveCheckpoint, WriteBest
 from pimm_fn.runtime.engine.interpreter import unwrap
@@ -27,8 +27,15 @@ from pimm_fn.runtime.resume.checks import recorded
 from pimm_fn.runtime.step.rng import capture_rng
 
 __all__ = [
-    "save_checkpoint", "write_best", "trainer_state", "trainer_contents", "replicated", "saved_weights",
-    "weights_for_background", "prewarm_staging", "gate_optimizers",
+    "save_checkpoint",
+    "write_best",
+    "trainer_state",
+    "trainer_contents",
+    "replicated",
+    "saved_weights",
+    "weights_for_background",
+    "prewarm_staging",
+    "gate_optimizers",
 ]
 
 
@@ -103,8 +110,10 @@ def weights_for_background(ctx) -> dict:
     optimizer step could wait for the background copy."""
     module = unwrap(ctx.model)
     params = {p.data_ptr() for p in module.parameters()}
-    return {k: v if not hasattr(v, "data_ptr") or v.data_ptr() in params else v.clone()
-            for k, v in module.state_dict().items()}
+    return {
+        k: v if not hasattr(v, "data_ptr") or v.data_ptr() in params else v.clone()
+        for k, v in module.state_dict().items()
+    }
 
 
 class _Handles:
@@ -122,6 +131,7 @@ def gate_optimizers(ctx) -> None:
     """Make each optimizer's ``step()`` wait until a background save has staged its copy."""
     saver = ctx.saver
     if saver.gate is None:
+
         def wait_for_staging(optimizer, args, kwargs):
             saver.wait_staged()
 
@@ -174,7 +184,8 @@ def _start_prewarm(ctx, pause_s: float):
         return ctx.saver.warm(
             weights=unwrap(ctx.model).state_dict(),
             trainer=to_parts(TrainerContents(replicated(ctx, None, background=True), None))[0],
-            local={}, pause_s=pause_s
+            local={},
+            pause_s=pause_s,
         )
     except (TypeError, ValueError):
         return None  # state the save cannot pack: the save itself reports it
@@ -220,8 +231,13 @@ def write_best(effect: WriteBest, state, ctx) -> tuple:
     if ctx.rank != 0:
         return ()
     path = checkpoint.write_best(
-        ctx.model_dir, weights, metric=effect.metric, value=effect.value, step=effect.step,
-        per_metric=ctx.best_per_metric, digests=ctx.digests,
+        ctx.model_dir,
+        weights,
+        metric=effect.metric,
+        value=effect.value,
+        step=effect.step,
+        per_metric=ctx.best_per_metric,
+        digests=ctx.digests,
     )
     ctx.say(f"new best {effect.metric}={effect.value:.6g} at step {effect.step}: wrote {path}")
     return ()

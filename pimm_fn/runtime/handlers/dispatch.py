@@ -20,8 +20,16 @@ from pimm_fn.runtime.handlers.progress import show_progress
 from pimm_fn.runtime.handlers.warm_start import load_weights
 
 __all__ = [
-    "DEFAULT_HANDLERS", "run_handlers", "save_checkpoint", "write_best", "evaluate", "log", "RecordedLog",
-    "load_weights", "call", "resolve",
+    "DEFAULT_HANDLERS",
+    "run_handlers",
+    "save_checkpoint",
+    "write_best",
+    "evaluate",
+    "log",
+    "RecordedLog",
+    "load_weights",
+    "call",
+    "resolve",
 ]
 
 

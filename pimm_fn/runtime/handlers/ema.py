@@ -66,8 +66,12 @@ class EmaWeights:
             )
         self.params = {k: _like(v, params[k]) for k, v in self.params.items()}
         self.buffers = {k: _like(v, buffers[k]) for k, v in self.buffers.items()}
-        lists = (list(self.params.values()), [params[k].detach() for k in self.params],
-                 list(self.buffers.values()), [buffers[k].detach() for k in self.buffers])
+        lists = (
+            list(self.params.values()),
+            [params[k].detach() for k in self.params],
+            list(self.buffers.values()),
+            [buffers[k].detach() for k in self.buffers],
+        )
         self._bound = (module, lists)
         return lists
 

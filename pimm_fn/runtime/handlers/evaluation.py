@@ -26,9 +26,8 @@ from collections.abc import Mapping
 import torch
 
 from pimm_fn import dist
-from pimm_fn.core.effects import Evaluate, WriteBest
+from pimm_fn.core.effects import Evaluate, WriteBest, named
 from pimm_fn.core.events import MetricsPublished
-from pimm_fn.core.effects import named
 from pimm_fn.runtime.engine.interpreter import unwrap
 
 __all__ = ["evaluating", "eval_mode", "evaluate", "as_metrics"]
@@ -127,7 +126,11 @@ def evaluate(effect: Evaluate, state, ctx) -> tuple:
     if effect.broadcast:
         values = dist.broadcast_object(values)
     if ctx.advice is not None:  # after the broadcast: a misspelt metric is refused on every rank alike
-        ctx.advice.evaluated(effect.evaluator, values, step=effect.step,
-                             consistent=effect.broadcast or ctx.world_size == 1)
-    return (MetricsPublished(values or {}, effect.evaluator, effect.step, consistent=effect.broadcast,
-                             weights=effect.weights),)
+        ctx.advice.evaluated(
+            effect.evaluator, values, step=effect.step, consistent=effect.broadcast or ctx.world_size == 1
+        )
+    return (
+        MetricsPublished(
+            values or {}, effect.evaluator, effect.step, consistent=effect.broadcast, weights=effect.weights
+        ),
+    )

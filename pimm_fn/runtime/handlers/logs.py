@@ -76,8 +76,14 @@ class Logs:
             self.history = History.from_jsonl(Path(self.save_dir) / LOG_NAME, upto=progress.global_step)
         if not writes:
             return
-        self._opening = Opening(self.save_dir, progress.global_step, resumed, say=self.say, store=self.store,
-                                history=self.history if resumed else None)
+        self._opening = Opening(
+            self.save_dir,
+            progress.global_step,
+            resumed,
+            say=self.say,
+            store=self.store,
+            history=self.history if resumed else None,
+        )
         self._open_all(self._opening)
 
     def _open_all(self, opening: Opening) -> None:
@@ -238,8 +244,9 @@ def log(effect: Log, state, ctx) -> tuple:
 
 def _logs(ctx) -> Logs:
     if ctx.logs is None:  # a context built by hand: the console, and save_dir's log.jsonl appended to (none on a store)
-        ctx.logs = Logs(run_loggers(ctx.save_dir, ()), save_dir=ctx.save_dir, say=ctx.say, rank=ctx.rank,
-                        world_size=ctx.world_size)
+        ctx.logs = Logs(
+            run_loggers(ctx.save_dir, ()), save_dir=ctx.save_dir, say=ctx.say, rank=ctx.rank, world_size=ctx.world_size
+        )
     return ctx.logs
 
 

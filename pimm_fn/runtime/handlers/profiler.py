@@ -28,8 +28,13 @@ def new_profile(*, memory: bool = False, shapes: bool = False, schedule=None, on
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    return torch.profiler.profile(activities=activities, profile_memory=memory, record_shapes=shapes,
-                                  schedule=schedule, on_trace_ready=on_trace_ready)
+    return torch.profiler.profile(
+        activities=activities,
+        profile_memory=memory,
+        record_shapes=shapes,
+        schedule=schedule,
+        on_trace_ready=on_trace_ready,
+    )
 
 
 def trace_dir(effect: StartProfiler, ctx) -> Path:
@@ -37,8 +42,9 @@ def trace_dir(effect: StartProfiler, ctx) -> Path:
     if effect.dir is not None:
         return Path(effect.dir)
     if ctx.save_dir is None:
-        raise ValueError("profile(): this run has no save_dir to write the traces into: pass profile(dir=...) "
-                         "or loop(save_dir=...)")
+        raise ValueError(
+            "profile(): this run has no save_dir to write the traces into: pass profile(dir=...) or loop(save_dir=...)"
+        )
     return Path(ctx.save_dir) / "profiler"
 
 
@@ -61,16 +67,20 @@ class Profiler:
             self.close()  # a window begun again (a run replayed from its start): the old one ends first
             where = trace_dir(effect, ctx)
             where.mkdir(parents=True, exist_ok=True)
-            schedule = torch.profiler.schedule(wait=effect.wait, warmup=effect.warmup, active=effect.active,
-                                               repeat=effect.repeat)
+            schedule = torch.profiler.schedule(
+                wait=effect.wait, warmup=effect.warmup, active=effect.active, repeat=effect.repeat
+            )
             handler = torch.profiler.tensorboard_trace_handler(str(where), worker_name=f"rank{ctx.rank}")
-            self._running = new_profile(memory=effect.memory, shapes=effect.shapes, schedule=schedule,
-                                        on_trace_ready=handler)
+            self._running = new_profile(
+                memory=effect.memory, shapes=effect.shapes, schedule=schedule, on_trace_ready=handler
+            )
             with _cycles_apart():
                 self._running.__enter__()
             cycle = effect.wait + effect.warmup + effect.active
-            ctx.say(f"profiling steps {effect.step + 1}-{effect.step + effect.repeat * cycle} (recording the last "
-                    f"{effect.active} of every {cycle}); traces in {where}")
+            ctx.say(
+                f"profiling steps {effect.step + 1}-{effect.step + effect.repeat * cycle} (recording the last "
+                f"{effect.active} of every {cycle}); traces in {where}"
+            )
         elif self._running is not None:  # none: resumed inside a window this process did not start
             if isinstance(effect, StepProfiler):
                 with _cycles_apart():

@@ -74,6 +74,7 @@ def _tqdm():
     try:
         import ipywidgets  # noqa: F401
         from tqdm.notebook import tqdm
+
         return tqdm
     except ImportError:
         return functools.partial(text, file=sys.stdout)  # one stream with the console lines, as they are printed
@@ -115,8 +116,13 @@ class ProgressBar:
 
     def _open(self, progress, start: int):
         self._epoch, self._cell = progress.epoch, _cell()
-        self._bar = _tqdm()(total=progress.epoch_end_step - start, initial=progress.iter_in_epoch,
-                            desc=f"epoch {progress.epoch}", dynamic_ncols=True, leave=True)
+        self._bar = _tqdm()(
+            total=progress.epoch_end_step - start,
+            initial=progress.iter_in_epoch,
+            desc=f"epoch {progress.epoch}",
+            dynamic_ncols=True,
+            leave=True,
+        )
         return self._bar
 
     def write(self, line: str) -> None:

@@ -37,7 +37,10 @@ from pimm_fn.core.effects import POSITION, row  # POSITION: where a record was t
 from pimm_fn.runtime.logs.loggers import read_records
 
 __all__ = [
-    "Column", "Table", "History", "read_jsonl",
+    "Column",
+    "Table",
+    "History",
+    "read_jsonl",
 ]
 
 

@@ -57,8 +57,21 @@ from pimm_fn.core import effects
 from pimm_fn.core.effects import Log, row, unrow
 
 __all__ = [
-    "line_of", "record_of", "read_records", "keep_upto", "DAMAGED", "Opening", "JsonlLogger", "LogFile",
-    "check_loggers", "run_loggers", "resolve_path", "local_path", "keep_lines", "set_aside", "LOG_NAME",
+    "line_of",
+    "record_of",
+    "read_records",
+    "keep_upto",
+    "DAMAGED",
+    "Opening",
+    "JsonlLogger",
+    "LogFile",
+    "check_loggers",
+    "run_loggers",
+    "resolve_path",
+    "local_path",
+    "keep_lines",
+    "set_aside",
+    "LOG_NAME",
     "CSVLogger",
 ]
 
@@ -126,8 +139,10 @@ def keep_upto(path, step: int, say=print) -> None:
         _write(temp, b"".join(line + b"\n" for line in kept), "wb")
         os.replace(temp, path)
     if damaged:
-        say(f"{path.name}: {_count(damaged)} damaged (not UTF-8, not a JSON record, or cut short): moved as they "
-            f"were to {path.name}{DAMAGED}; the good records are kept in order")
+        say(
+            f"{path.name}: {_count(damaged)} damaged (not UTF-8, not a JSON record, or cut short): moved as they "
+            f"were to {path.name}{DAMAGED}; the good records are kept in order"
+        )
     if past:
         say(f"{path.name}: dropped {past} record(s) after step {step}, where the run resumed")
 
@@ -254,8 +269,10 @@ class JsonlLogger:
 def local_path(logger, path) -> Path | None:
     """A logger's file as a local ``Path``; a URL is refused: logs stay local (object stores do not append)."""
     if storage.is_url(path) or storage.is_store(path):
-        raise ValueError(f"{type(logger).__name__}: {str(path)!r} is a URL, and log files stay local (an object store "
-                         f"cannot append); pass a local path (checkpoints may still go to the store via save_dir)")
+        raise ValueError(
+            f"{type(logger).__name__}: {str(path)!r} is a URL, and log files stay local (an object store "
+            f"cannot append); pass a local path (checkpoints may still go to the store via save_dir)"
+        )
     return Path(path) if path is not None else None
 
 
@@ -267,12 +284,16 @@ def resolve_path(logger, path, save_dir, default: str, *, store: str | None = No
     if path is not None:
         return path
     if save_dir is None and store is not None:
-        raise ValueError(f"{type(logger).__name__}() writes into save_dir by default, but this run's save_dir is "
-                         f"{store!r}, on an object store, and log files stay local (an object store cannot append): "
-                         f"pass the logger a local directory, e.g. {type(logger).__name__}({default!r})")
+        raise ValueError(
+            f"{type(logger).__name__}() writes into save_dir by default, but this run's save_dir is "
+            f"{store!r}, on an object store, and log files stay local (an object store cannot append): "
+            f"pass the logger a local directory, e.g. {type(logger).__name__}({default!r})"
+        )
     if save_dir is None:
-        raise ValueError(f"{type(logger).__name__}() writes into save_dir by default, and this run has none: "
-                         f"pass save_dir= to loop(), or a path to the logger")
+        raise ValueError(
+            f"{type(logger).__name__}() writes into save_dir by default, and this run has none: "
+            f"pass save_dir= to loop(), or a path to the logger"
+        )
     return Path(save_dir) / default
 
 
@@ -286,14 +307,17 @@ def check_loggers(loggers, log_reduce=None) -> tuple:
     if log_reduce not in (None, "mean"):
         raise ValueError(f"loop: 'log_reduce' must be None (rank 0's outputs) or 'mean' (got {log_reduce!r})")
     if not isinstance(loggers, (list, tuple)):
-        raise TypeError(f"loop: 'loggers' must be a list of loggers, e.g. [pimm_fn.CSVLogger()] "
-                        f"(got {type(loggers).__name__})")
+        raise TypeError(
+            f"loop: 'loggers' must be a list of loggers, e.g. [pimm_fn.CSVLogger()] (got {type(loggers).__name__})"
+        )
     for logger in loggers:
         missing = [m for m in ("open", "write", "close") if not callable(getattr(logger, m, None))]
         if isinstance(logger, type) or missing:
             made = f" (the class itself: make one, {logger.__name__}())" if isinstance(logger, type) else ""
-            raise TypeError(f"loop: logger {logger!r:.80} needs the methods open(opening), write(record) and "
-                            f"close(){made}; missing: {', '.join(missing) or 'an instance'}")
+            raise TypeError(
+                f"loop: logger {logger!r:.80} needs the methods open(opening), write(record) and "
+                f"close(){made}; missing: {', '.join(missing) or 'an instance'}"
+            )
     if len({id(logger) for logger in loggers}) < len(loggers):
         raise ValueError("loop: 'loggers' holds the same logger twice: each writes once per record")
     return tuple(loggers)
@@ -332,8 +356,12 @@ class CSVLogger:
         path = self._where = resolve_path(self, self.path, opening.save_dir, "log.csv", store=opening.store)
         if opening.resumed and not opening.continued:
             header = _header(path)
-            keep_lines(path, lambda line: line == header or _step_of_csv(line) <= opening.step, opening.say,
-                       f"row(s) after step {opening.step}, where the run resumed")
+            keep_lines(
+                path,
+                lambda line: line == header or _step_of_csv(line) <= opening.step,
+                opening.say,
+                f"row(s) after step {opening.step}, where the run resumed",
+            )
         elif not opening.continued:
             set_aside(path, opening.say)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,15 +49,25 @@ from pimm_fn.runtime.logs.history import POSITION
 from pimm_fn.runtime.logs.loggers import Opening, resolve_path, set_aside
 
 __all__ = [
-    "TensorBoardLogger", "MLFlowLogger", "scalars", "unsent", "require", "remembered", "remember", "held_offline",
+    "TensorBoardLogger",
+    "MLFlowLogger",
+    "scalars",
+    "unsent",
+    "require",
+    "remembered",
+    "remember",
+    "held_offline",
     "WandbLogger",
 ]
 
 
 def scalars(record) -> dict:
     """``{"<kind>/<name>": float}`` of the record's numbers, position fields left out."""
-    return {f"{record.kind}/{k}": float(v) for k, v in record.values.items()
-            if k not in POSITION and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        f"{record.kind}/{k}": float(v)
+        for k, v in record.values.items()
+        if k not in POSITION and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def require(module: str, extra: str, who: str):
@@ -65,8 +75,9 @@ def require(module: str, extra: str, who: str):
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise ImportError(f"{who} needs the {extra} package: pip install 'pimm_fn[{extra}]' "
-                          f"(or pip install {extra})") from error
+        raise ImportError(
+            f"{who} needs the {extra} package: pip install 'pimm_fn[{extra}]' (or pip install {extra})"
+        ) from error
 
 
 class TensorBoardLogger:
@@ -151,8 +162,14 @@ class MLFlowLogger:
 
     ID_FILE = "mlflow-run-id"
 
-    def __init__(self, experiment: str = "pimm_fn", *, run_name: str | None = None, tracking_uri: str | None = None,
-                 tags: dict | None = None):
+    def __init__(
+        self,
+        experiment: str = "pimm_fn",
+        *,
+        run_name: str | None = None,
+        tracking_uri: str | None = None,
+        tags: dict | None = None,
+    ):
         self.experiment, self.run_name, self.tracking_uri, self.tags = experiment, run_name, tracking_uri, tags
         self._client = None
         self._id = None
@@ -207,10 +224,10 @@ def _records(data: bytes):
         if _BLOCK - pos % _BLOCK < _HEADER:  # a block's tail too short for a header is padding
             pos += _BLOCK - pos % _BLOCK
             continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
         if pos + _HEADER + length > len(data):
             return
-        part, pos = part + data[pos + _HEADER:pos + _HEADER + length], pos + _HEADER + length
+        part, pos = part + data[pos + _HEADER : pos + _HEADER + length], pos + _HEADER + length
         if kind in (_FULL, _LAST):
             yield part
             part = b""
@@ -321,8 +338,15 @@ class WandbLogger:
         where = {"dir": str(opening.save_dir)} if opening.save_dir is not None else {}
         if where:
             Path(opening.save_dir).mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(project=self.project, name=self.name, mode=self.mode, id=run_id,
-                               resume="allow" if run_id else None, **where, **self.init)
+        self._run = wandb.init(
+            project=self.project,
+            name=self.name,
+            mode=self.mode,
+            id=run_id,
+            resume="allow" if run_id else None,
+            **where,
+            **self.init,
+        )
         if self._id is None and run_id is not None:  # a resumed process: what the run holds already
             self._held = self._holding(opening.save_dir, run_id)
         self._id = self._run.id

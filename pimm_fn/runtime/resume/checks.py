@@ -71,13 +71,29 @@ from pimm_fn import dist
 from pimm_fn.checkpoint.errors import CheckpointError
 from pimm_fn.checkpoint.formats import sharded
 from pimm_fn.checkpoint.inspection import TRAINER
-from pimm_fn.runtime.step.rng import rng_problem
 from pimm_fn.runtime.errors import ResumeError
+from pimm_fn.runtime.step.rng import rng_problem
 
 __all__ = [
-    "hyperparameters", "differences", "apply_new", "restart_schedule", "describe", "horizon_problem", "Changed",
-    "qualified_name", "recorded", "changes", "unfit_scheduler_state", "fresh_states", "refusal", "fresh_line",
-    "check_sharding", "check_weights", "rng_error", "check_optimizers", "changed_classes",
+    "hyperparameters",
+    "differences",
+    "apply_new",
+    "restart_schedule",
+    "describe",
+    "horizon_problem",
+    "Changed",
+    "qualified_name",
+    "recorded",
+    "changes",
+    "unfit_scheduler_state",
+    "fresh_states",
+    "refusal",
+    "fresh_line",
+    "check_sharding",
+    "check_weights",
+    "rng_error",
+    "check_optimizers",
+    "changed_classes",
 ]
 
 
@@ -200,10 +216,19 @@ def horizon_problem(scheduler, saved: dict | None, path) -> str | None:
 
 # Keys a torch release may add or drop for the same optimizer (how a group is computed, not by which rule), and
 # the initial_lr a scheduler adds.
-_OPTIMIZER_SWITCHES = frozenset({
-    "params", "param_names", "foreach", "fused", "capturable", "differentiable", "maximize", "decoupled_weight_decay",
-    "initial_lr",
-})
+_OPTIMIZER_SWITCHES = frozenset(
+    {
+        "params",
+        "param_names",
+        "foreach",
+        "fused",
+        "capturable",
+        "differentiable",
+        "maximize",
+        "decoupled_weight_decay",
+        "initial_lr",
+    }
+)
 
 
 _NEVER_STEPPED = {"state": {}, "param_groups": None}  # a sharded optimizer's state before its first step
@@ -314,12 +339,29 @@ def changes(replicated, ctx) -> tuple[Changed, ...]:
     found = []
     for name, optimizer in ctx.named_optimizers().items():
         saved = _saved_optimizer(replicated, name)
-        found.append(_change("optimizer", name, optimizer, _saved_class(replicated.classes, "optimizer", name),
-                             _group_keys(saved), _group_keys(optimizer.state_dict()), "param groups"))
+        found.append(
+            _change(
+                "optimizer",
+                name,
+                optimizer,
+                _saved_class(replicated.classes, "optimizer", name),
+                _group_keys(saved),
+                _group_keys(optimizer.state_dict()),
+                "param groups",
+            )
+        )
     if ctx.scheduler is not None and replicated.scheduler is not None:
-        found.append(_change("scheduler", None, ctx.scheduler, _saved_class(replicated.classes, "scheduler", None),
-                             _scheduler_keys(replicated.scheduler), _scheduler_keys(ctx.scheduler.state_dict()),
-                             "state entries"))
+        found.append(
+            _change(
+                "scheduler",
+                None,
+                ctx.scheduler,
+                _saved_class(replicated.classes, "scheduler", None),
+                _scheduler_keys(replicated.scheduler),
+                _scheduler_keys(ctx.scheduler.state_dict()),
+                "state entries",
+            )
+        )
     return tuple(c for c in found if c is not None)
 
 
@@ -335,8 +377,10 @@ def unfit_scheduler_state(replicated, ctx) -> str | None:
     missing = [k for k in _SCHEDULER_CORE if k in ctx.scheduler.state_dict() and k not in replicated.scheduler]
     if not missing:
         return None
-    return (f"its scheduler state holds {sorted(replicated.scheduler)[:6]}, without {missing}, which every torch "
-            f"scheduler's state holds: it was not written by this scheduler, or was altered")
+    return (
+        f"its scheduler state holds {sorted(replicated.scheduler)[:6]}, without {missing}, which every torch "
+        f"scheduler's state holds: it was not written by this scheduler, or was altered"
+    )
 
 
 def fresh_states(replicated, changed, ctx):
@@ -350,8 +394,10 @@ def fresh_states(replicated, changed, ctx):
     if ctx.optimizers is None:
         own = dict(_NEVER_STEPPED) if replicated.sharded else ctx.optimizer.state_dict()
         return attrs.evolve(replicated, optimizer=own)
-    kept = {name: ctx.optimizers[name].state_dict() if name in names else state
-            for name, state in replicated.optimizers.items()}
+    kept = {
+        name: ctx.optimizers[name].state_dict() if name in names else state
+        for name, state in replicated.optimizers.items()
+    }
     return attrs.evolve(replicated, optimizers=kept)
 
 
@@ -371,10 +417,15 @@ def refusal(changed, path) -> str:
 
 def fresh_line(c: Changed, path) -> str:
     """The console line of one object started fresh under ``resume_hyperparameters='new'``."""
-    start = ("its schedule starts again from this run's lr" if c.what == "scheduler" else
-             "its param groups are this run's and its state (moments, buffers) starts empty")
-    return (f"the {c.label} in {path} is {c.saved_text}, this run's is a {c.now}: the {c.label} starts fresh "
-            f"(resume_hyperparameters='new'): {start}; the model and the rest resumed")
+    start = (
+        "its schedule starts again from this run's lr"
+        if c.what == "scheduler"
+        else "its param groups are this run's and its state (moments, buffers) starts empty"
+    )
+    return (
+        f"the {c.label} in {path} is {c.saved_text}, this run's is a {c.now}: the {c.label} starts fresh "
+        f"(resume_hyperparameters='new'): {start}; the model and the rest resumed"
+    )
 
 
 def check_sharding(replicated, ctx, info) -> None:
@@ -386,8 +437,11 @@ def check_sharding(replicated, ctx, info) -> None:
     checked against the DCP metadata: shards claimed are there, as tensors.
     """
     if info.format != "standard" and replicated.sharded:
-        raise CheckpointError(info.path, info.path.name, "says its model was sharded, but a legacy file holds no "
-                              "shards: its trainer part was altered")
+        raise CheckpointError(
+            info.path,
+            info.path.name,
+            "says its model was sharded, but a legacy file holds no shards: its trainer part was altered",
+        )
     if info.format == "standard":
         sharded.check_claim(info.path, replicated.sharded)
     if ctx.sharded and not replicated.sharded:
@@ -397,10 +451,17 @@ def check_sharding(replicated, ctx, info) -> None:
             f"unsharded, or start the sharded run from its weights (load_weights({str(info.path)!r}))"
         )
     rest = replicated.optimizer
-    if replicated.sharded and not (isinstance(rest, dict) and isinstance(rest.get("state"), dict)
-                                   and isinstance(rest.get("param_groups"), (list, type(None)))):
-        raise CheckpointError(info.path, TRAINER, "says its model was sharded, but its optimizer part is not "
-                              "the state and param groups a sharded save writes: its trainer part was altered")
+    if replicated.sharded and not (
+        isinstance(rest, dict)
+        and isinstance(rest.get("state"), dict)
+        and isinstance(rest.get("param_groups"), (list, type(None)))
+    ):
+        raise CheckpointError(
+            info.path,
+            TRAINER,
+            "says its model was sharded, but its optimizer part is not "
+            "the state and param groups a sharded save writes: its trainer part was altered",
+        )
 
 
 def check_weights(model, weights, info) -> None:
@@ -413,12 +474,18 @@ def check_weights(model, weights, info) -> None:
     own = model.state_dict()
     missing = [k for k in own if k not in weights]
     unexpected = [k for k in weights if k not in own]
-    shapes = [f"{k}: {list(weights[k].shape)} saved, {list(v.shape)} here" for k, v in own.items()
-              if k in weights and hasattr(v, "shape") and hasattr(weights[k], "shape") and v.shape != weights[k].shape]
+    shapes = [
+        f"{k}: {list(weights[k].shape)} saved, {list(v.shape)} here"
+        for k, v in own.items()
+        if k in weights and hasattr(v, "shape") and hasattr(weights[k], "shape") and v.shape != weights[k].shape
+    ]
     if not (missing or unexpected or shapes):
         return
-    parts = [f"{what} {', '.join(map(str, keys[:5]))}{' ...' if len(keys) > 5 else ''}"
-             for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes)) if keys]
+    parts = [
+        f"{what} {', '.join(map(str, keys[:5]))}{' ...' if len(keys) > 5 else ''}"
+        for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes))
+        if keys
+    ]
     raise ResumeError(
         f"cannot resume from {info.path}: its weights do not fit this run's {type(model).__name__} "
         f"({'; '.join(parts)}). Build the model the checkpoint was written with, or start fresh from its weights "
@@ -431,8 +498,12 @@ def rng_error(local, info) -> CheckpointError | None:
     problem = None if local is None else rng_problem(local.rng)
     if problem is None:
         return None
-    return CheckpointError(info.path, TRAINER, f"holds RNG states of rank {dist.rank()} that do not restore "
-                           f"({problem}): the checkpoint was not written by pimm_fn, or was altered")
+    return CheckpointError(
+        info.path,
+        TRAINER,
+        f"holds RNG states of rank {dist.rank()} that do not restore "
+        f"({problem}): the checkpoint was not written by pimm_fn, or was altered",
+    )
 
 
 def check_optimizers(replicated, ctx, info) -> None:

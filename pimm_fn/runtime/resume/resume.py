@@ -61,8 +61,7 @@ import attrs
 from torch.distributed.checkpoint.api import CheckpointException
 
 from pimm_fn import checkpoint, dist
-from pimm_fn.checkpoint import discovery
-from pimm_fn.checkpoint import inspection, storage
+from pimm_fn.checkpoint import discovery, inspection, storage
 from pimm_fn.checkpoint.contents import SavedState, from_parts
 from pimm_fn.checkpoint.formats import sharded
 from pimm_fn.core.budget import budget_lines
@@ -75,14 +74,16 @@ from pimm_fn.runtime.data import positioning
 from pimm_fn.runtime.engine import arguments
 from pimm_fn.runtime.engine.arguments import replaced_best
 from pimm_fn.runtime.engine.interpreter import unwrap
-from pimm_fn.runtime.errors import ConfigurationWarning, nothing_to_train
+from pimm_fn.runtime.errors import ConfigurationWarning, ResumeError, nothing_to_train
 from pimm_fn.runtime.resume import checks
 from pimm_fn.runtime.resume.checks import changed_classes, check_optimizers, check_sharding, check_weights, rng_error
-from pimm_fn.runtime.errors import ResumeError
 from pimm_fn.runtime.step.rng import restore_rng
 
 __all__ = [
-    "locate", "restore", "fresh_state", "resumed_state",
+    "locate",
+    "restore",
+    "fresh_state",
+    "resumed_state",
 ]
 
 
@@ -153,9 +154,11 @@ def _refusal(save_dir, model_dir: pathlib.Path, readers) -> str | None:
         return f"save_dir {str(save_dir)!r} already holds {readers[index].name} checkpoints ({path.name}); {again}"
     strangers = [c.path.name for c in listing if c.path.is_dir() and not inspection.is_checkpoint_dir(c.path)]
     if strangers:
-        return (f"save_dir {str(save_dir)!r} holds {', '.join(strangers)} in model/, which is not a pimm_fn checkpoint "
-                f"(another library's?); a fresh run would overwrite it. Pass the handlers of the plug-in that reads "
-                f"it (pimm's: handlers=pimm_fn.compat.HANDLERS) with resume='auto', or choose another save_dir")
+        return (
+            f"save_dir {str(save_dir)!r} holds {', '.join(strangers)} in model/, which is not a pimm_fn checkpoint "
+            f"(another library's?); a fresh run would overwrite it. Pass the handlers of the plug-in that reads "
+            f"it (pimm's: handlers=pimm_fn.compat.HANDLERS) with resume='auto', or choose another save_dir"
+        )
     return None
 
 
@@ -270,7 +273,8 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
     offset, why = (None, "") if same_world else positioning.world_offset(saved.progress, ctx, info, cursor)
     if not same_world and strict and positioning.mid_epoch(saved) and offset is None:
         raise ResumeError(
-            positioning.world_message(info, ctx) + f"; {why}, so epoch {saved.progress.epoch} would restart from its first "
+            positioning.world_message(info, ctx)
+            + f"; {why}, so epoch {saved.progress.epoch} would restart from its first "
             f"batch: resume with the same world size, or pass resuming=pimm_fn.Resuming(strict_resume=False)"
         )
     replicated = held.replicated
@@ -289,8 +293,11 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
         if target is not None and stored is not None and not (name == "scheduler" and fresh_scheduler):
             target.load_state_dict(stored)
         elif (target is None) != (stored is None):  # one side only: said, as any change since the checkpoint
-            ctx.say(f"the checkpoint {info.path} holds no {name} state: this run's {name} starts fresh" if stored is None
-                    else f"dropped the checkpoint's {name} state: this run has no {name}")
+            ctx.say(
+                f"the checkpoint {info.path} holds no {name} state: this run's {name} starts fresh"
+                if stored is None
+                else f"dropped the checkpoint's {name} state: this run has no {name}"
+            )
     if fresh_scheduler:
         for name, optimizer in ctx.named_optimizers().items():
             checks.restart_schedule(optimizer, built[name], ctx.scheduler)
@@ -387,8 +394,13 @@ def fresh_state(ctx, hooks, *, resume, max_epochs, max_steps, config) -> State:
     if resume == "auto" and (said := replaced_best(ctx.save_dir)):  # said, not refused: an 'auto' restart is legal
         warnings.warn(said, ConfigurationWarning, stacklevel=3)
     return initial_state(
-        hooks, iters_per_epoch=ctx.feed.iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps,
-        rank=ctx.rank, world_size=ctx.world_size, config=config,
+        hooks,
+        iters_per_epoch=ctx.feed.iters_per_epoch,
+        max_epochs=max_epochs,
+        max_steps=max_steps,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        config=config,
     )
 
 

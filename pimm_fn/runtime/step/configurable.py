@@ -43,9 +43,8 @@ import torch
 
 from pimm_fn.core.validate import int_at_least, is_bool, is_callable, number, one_of, optional
 from pimm_fn.runtime.step import train_step as step_contract
-from pimm_fn.runtime.step.train_step import to_device
 from pimm_fn.runtime.step.driver import MicroBatches
-from pimm_fn.runtime.step.train_step import train_step
+from pimm_fn.runtime.step.train_step import to_device, train_step
 
 __all__ = ["TrainStep", "loop_scaler", "built_in", "PRECISIONS"]
 
@@ -59,7 +58,9 @@ def _device_name(value):
     try:
         return str(torch.device(value))
     except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"TrainStep: 'device' must be None, a device string or a torch.device (got {value!r})") from None
+        raise ValueError(
+            f"TrainStep: 'device' must be None, a device string or a torch.device (got {value!r})"
+        ) from None
 
 
 _clip = optional(number(above=0))  # a finite norm or value to clip to
@@ -74,8 +75,9 @@ def _two_names(instance, attribute, value) -> None:
     if value is None:
         return
     if not (isinstance(value, tuple) and len(value) == 2 and all(isinstance(k, str) and k for k in value)):
-        raise ValueError(f"TrainStep: 'keys' must be None or (input_key, target_key), two non-empty str "
-                         f"(got {value!r:.80})")
+        raise ValueError(
+            f"TrainStep: 'keys' must be None or (input_key, target_key), two non-empty str (got {value!r:.80})"
+        )
 
 
 def _name(fn) -> str:
@@ -157,8 +159,12 @@ class TrainStep:
     """
 
     factory_name: ClassVar[str] = "TrainStep"
-    loss_fn: object = attrs.field(default=None, validator=optional(is_callable.with_hint(
-        "pass loss_fn(output, target) -> loss, e.g. torch.nn.functional.cross_entropy")))
+    loss_fn: object = attrs.field(
+        default=None,
+        validator=optional(
+            is_callable.with_hint("pass loss_fn(output, target) -> loss, e.g. torch.nn.functional.cross_entropy")
+        ),
+    )
     keys: tuple | None = attrs.field(default=None, converter=_keys, validator=_two_names)
     device: str | None = attrs.field(default=None, converter=_device_name)
     precision: str = attrs.field(default="32", validator=one_of(*PRECISIONS))
@@ -169,8 +175,10 @@ class TrainStep:
 
     def __attrs_post_init__(self):
         if self.keys is not None and self.loss_fn is None:
-            raise ValueError(f"TrainStep: keys={self.keys!r} name the input and target of a supervised step: pass "
-                             f"loss_fn= too (TrainStep(loss_fn=..., keys={self.keys!r}))")
+            raise ValueError(
+                f"TrainStep: keys={self.keys!r} name the input and target of a supervised step: pass "
+                f"loss_fn= too (TrainStep(loss_fn=..., keys={self.keys!r}))"
+            )
         if self.clip_grad_norm is not None and self.clip_grad_value is not None:
             raise ValueError(
                 f"TrainStep: pass clip_grad_norm or clip_grad_value, not both "
@@ -179,8 +187,11 @@ class TrainStep:
 
     def __repr__(self):
         """The call that builds this step, with the options that differ from the defaults."""
-        options = [f"{f.name}={_name(value) if f.name == 'loss_fn' else repr(value)}"
-                   for f in attrs.fields(type(self)) if (value := getattr(self, f.name)) != f.default]
+        options = [
+            f"{f.name}={_name(value) if f.name == 'loss_fn' else repr(value)}"
+            for f in attrs.fields(type(self))
+            if (value := getattr(self, f.name)) != f.default
+        ]
         return f"TrainStep({', '.join(options)})"
 
     def device_type(self, model) -> str:

@@ -27,7 +27,10 @@ from pimm_fn import dist
 from pimm_fn.runtime.errors import ConfigurationWarning
 
 __all__ = [
-    "local_cuda_index", "misplaced_model", "use_local_cuda_device", "wrap_ddp",
+    "local_cuda_index",
+    "misplaced_model",
+    "use_local_cuda_device",
+    "wrap_ddp",
 ]
 
 

@@ -19,7 +19,9 @@ from pimm_fn.runtime.step.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.step.train_step import scalar_outputs
 
 __all__ = [
-    "MicroBatches", "batch_size", "Driver",
+    "MicroBatches",
+    "batch_size",
+    "Driver",
 ]
 
 
@@ -68,8 +70,19 @@ class Driver:
         trained: called with each trained step: the loop counts it or folds its ``AfterStep``.
     """
 
-    __slots__ = ("_ctx", "_tx", "_run_step", "_trained", "_handed", "_after", "_skipping", "_watch", "_loading",
-                 "_training", "_scheduling")
+    __slots__ = (
+        "_ctx",
+        "_tx",
+        "_run_step",
+        "_trained",
+        "_handed",
+        "_after",
+        "_skipping",
+        "_watch",
+        "_loading",
+        "_training",
+        "_scheduling",
+    )
 
     def __init__(self, ctx, tx, run_step, *, scheduler_in_step: bool, default_step: bool, trained):
         self._ctx, self._tx, self._run_step, self._trained = ctx, tx, run_step, trained

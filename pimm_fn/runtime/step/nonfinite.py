@@ -38,7 +38,7 @@ import torch
 
 from pimm_fn import dist
 from pimm_fn.runtime.engine.outputs import WAIT_AT_MOST
-from pimm_fn.runtime.errors import NonFiniteLossError, NonFiniteLossWarning, _ADVICE
+from pimm_fn.runtime.errors import _ADVICE, NonFiniteLossError, NonFiniteLossWarning
 
 __all__ = ["NonFinite", "NONFINITE_POLICIES"]
 
@@ -48,7 +48,7 @@ NONFINITE_POLICIES = ("raise", "skip", "warn")
 
 _FIX = {
     True: "Pass loop(training=pimm_fn.Training(on_nonfinite='skip')) to leave such batches out of the update, "
-          "or on_nonfinite='warn' to warn and go on",
+    "or on_nonfinite='warn' to warn and go on",
     False: "Pass loop(training=pimm_fn.Training(on_nonfinite='warn')) to warn and go on",
 }
 
@@ -123,10 +123,14 @@ class NonFinite:
         self.count += 1
         p = self.where() if self.where is not None else None
         if step is not None:
-            place = (f"global step {step} (read where a hook reads the step's outputs, at the epoch's end, or every "
-                     f"{WAIT_AT_MOST} steps)")
+            place = (
+                f"global step {step} (read where a hook reads the step's outputs, at the epoch's end, or every "
+                f"{WAIT_AT_MOST} steps)"
+            )
         elif p is not None:
-            place = f"global step {p.global_step + 1} (batch index {p.iter_in_epoch} of epoch {p.epoch}, counting from 0)"
+            place = (
+                f"global step {p.global_step + 1} (batch index {p.iter_in_epoch} of epoch {p.epoch}, counting from 0)"
+            )
         else:
             place = "this step"
         which = f"is {value}" if not math.isfinite(value) else f"is not finite on another rank (here {value})"

@@ -48,8 +48,10 @@ def check_optimizers(optimizer, step_fn, *, sharded: bool) -> tuple:
         ValueError: several optimizers with a built-in step, or with a sharded model.
     """
     if optimizer is None:
-        raise TypeError("loop: pass the optimizer (loop(model, optimizer, data, ...)), or "
-                        "optimizer={name: opt, ...} for a custom step_fn")
+        raise TypeError(
+            "loop: pass the optimizer (loop(model, optimizer, data, ...)), or "
+            "optimizer={name: opt, ...} for a custom step_fn"
+        )
     if not isinstance(optimizer, Mapping):
         return optimizer, None
     _names(optimizer, "optimizer")
@@ -86,7 +88,9 @@ def extra_state(given, hooks, *, sharded: bool) -> dict:
         found.update(given)
     averages = hook_list.averages(hooks)
     if averages and sharded:
-        raise ValueError("loop: ema() of a sharded (FSDP2) model is not supported yet: its average would be sharded too")
+        raise ValueError(
+            "loop: ema() of a sharded (FSDP2) model is not supported yet: its average would be sharded too"
+        )
     for name in averages:
         if name in found:
             raise ValueError(f"loop: extra_state has an entry {name!r}, and so has ema(name={name!r}): rename one")
@@ -100,7 +104,9 @@ def _check_evaluated(hooks, averages) -> None:
     for hook_key, name in hook_list.evaluated_averages(hooks):
         if name not in averages:
             known = f"the run keeps {sorted(averages)}" if averages else "add pimm_fn.ema(0.999) to the hooks"
-            raise ValueError(f"loop: hook {hook_key} evaluates weights={name!r}, but no ema(name={name!r}) keeps them: {known}")
+            raise ValueError(
+                f"loop: hook {hook_key} evaluates weights={name!r}, but no ema(name={name!r}) keeps them: {known}"
+            )
     seen_saver = None
     evaluators = {}
     for leaf in protocol.leaves(hooks):

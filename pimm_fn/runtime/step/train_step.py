@@ -49,8 +49,20 @@ from pimm_fn.runtime.engine.outputs import device_outputs
 from pimm_fn.runtime.step.nonfinite import NonFinite
 
 __all__ = [
-    "to_device", "STEP_FN", "INPUT_KEYS", "TARGET_KEYS", "check_step_fn", "call_refused", "forward_refused",
-    "no_loss", "supervised", "check_loss", "train_step", "train_step_scalars", "scalar_outputs", "runner",
+    "to_device",
+    "STEP_FN",
+    "INPUT_KEYS",
+    "TARGET_KEYS",
+    "check_step_fn",
+    "call_refused",
+    "forward_refused",
+    "no_loss",
+    "supervised",
+    "check_loss",
+    "train_step",
+    "train_step_scalars",
+    "scalar_outputs",
+    "runner",
 ]
 
 
@@ -164,8 +176,11 @@ def forward_refused(error: TypeError, batch, owner) -> TypeError:
 
 def no_loss(outputs, owner) -> TypeError:
     """The error for a model output without a ``"loss"`` in a step that trains on ``model(batch)["loss"]``."""
-    got = (f"a {type(outputs).__name__} with keys {sorted(map(str, outputs))}" if isinstance(outputs, Mapping)
-           else f"a {type(outputs).__name__}")
+    got = (
+        f"a {type(outputs).__name__} with keys {sorted(map(str, outputs))}"
+        if isinstance(outputs, Mapping)
+        else f"a {type(outputs).__name__}"
+    )
     return TypeError(
         f"{owner} trains on model(batch)['loss'], but model(batch) returned {got}: return {{'loss': loss, ...}} from "
         f"forward, or, for a model that returns predictions, pass loop(step_fn={SUPERVISED}) (it trains on "
@@ -194,13 +209,20 @@ def supervised(batch, keys, owner) -> tuple:
         if all(name is not None and name in batch for name in names):
             return batch[names[0]], batch[names[1]]
         found = sorted(map(str, batch))
-        fix = f"name them: keys=({found[0]!r}, {found[1]!r})" if len(found) == 2 else "name them: keys=(input_key, target_key)"
+        fix = (
+            f"name them: keys=({found[0]!r}, {found[1]!r})"
+            if len(found) == 2
+            else "name them: keys=(input_key, target_key)"
+        )
         got = f"a {type(batch).__name__} with keys {found}" + (f" (keys={keys!r} asked)" if keys else "")
     elif isinstance(batch, (list, tuple)) and len(batch) == 2:
         return batch[0], batch[1]
     else:
-        got = (f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (list, tuple))
-               else f"a {type(batch).__name__}")
+        got = (
+            f"a {type(batch).__name__} of {len(batch)}"
+            if isinstance(batch, (list, tuple))
+            else f"a {type(batch).__name__}"
+        )
         fix = "have the dataset return (input, target) pairs"
     raise TypeError(
         f"{owner} takes (input, target) batches: a tuple or list of two, or a mapping with the input under one of "
@@ -297,8 +319,10 @@ def train_step_scalars(model, optimizer, batch, scheduler=None, scaler=None, *, 
 
 def scalar_outputs(outputs) -> dict:
     """The step's numeric scalars as floats: ``device_outputs`` read at once; other outputs (logits) are dropped."""
-    return {name: value if value.__class__ is float else float(value.item())
-            for name, value in device_outputs(outputs).items()}
+    return {
+        name: value if value.__class__ is float else float(value.item())
+        for name, value in device_outputs(outputs).items()
+    }
 
 
 def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
@@ -315,6 +339,7 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
     """
     later = nonfinite is not None and not nonfinite.before_backward  # the loss, read with the outputs
     if step_fn is train_step:
+
         def run(model, optimizer, batch, scheduler, scaler):
             outputs, loss, value = _optimize(model, optimizer, batch, scheduler, scaler, nonfinite)
             if not read:
@@ -323,6 +348,7 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
             if len(outputs) == 1 and lr.__class__ is float:  # {"loss": loss}, what most models return
                 return {"loss": loss.detach() if value is None else value, "lr": lr}
             return device_outputs({**outputs, "loss": loss if value is None else value, "lr": lr})
+
         return run
 
     skip = nonfinite if nonfinite is not None and nonfinite.before_backward else None  # a TrainStep's, then
@@ -339,6 +365,7 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
             return device_outputs(outputs)
         loss = _loss(outputs) if later else None
         return device_outputs({"loss": loss}) if loss is not None else {}
+
     return run
 
 
