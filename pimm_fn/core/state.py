@@ -21,35 +21,35 @@ __all__ = ["Progress", "State"]
 
 # The validators run on every copy the fold makes: an exact ``int`` (the common case) passes in one
 # test; anything else (a bool, another subclass) takes the full check.
-def _non_negative(instance, attribute, value):
+def _non_negative(instance: Any, attribute: Any, value: Any) -> None:
     if value.__class__ is not int or value < 0:
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"'{attribute.name}' must be an int >= 0 (got {value!r})")
 
 
-def _positive(instance, attribute, value):
+def _positive(instance: Any, attribute: Any, value: Any) -> None:
     if value.__class__ is not int or value < 1:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"'{attribute.name}' must be an int >= 1 (got {value!r})")
 
 
-def _optional_positive(instance, attribute, value):
+def _optional_positive(instance: Any, attribute: Any, value: Any) -> None:
     if value is not None:
         _positive(instance, attribute, value)
 
 
-def _progress(instance, attribute, value):
+def _progress(instance: Any, attribute: Any, value: Any) -> None:
     if not isinstance(value, Progress):
         raise TypeError(f"'{attribute.name}' must be a Progress (got {value!r:.80})")
 
 
-def _rank(instance, attribute, value):
+def _rank(instance: Any, attribute: Any, value: Any) -> None:
     _non_negative(instance, attribute, value)
     if isinstance(instance.world_size, int) and 0 < instance.world_size <= value:
         raise ValueError(f"'{attribute.name}' must be < world_size={instance.world_size} (got {value!r})")
 
 
-def _tuple(instance, attribute, value):
+def _tuple(instance: Any, attribute: Any, value: Any) -> None:
     if value.__class__ is not tuple and not isinstance(value, tuple):
         raise TypeError(f"'{attribute.name}' must be a tuple (got {value!r:.80})")
 
@@ -59,12 +59,12 @@ _POSITIONS = ("ModifyConfig", "BeforeTrain", "BeforeEpoch", "BeforeStep", "After
 _POSITION_SET = frozenset(_POSITIONS)
 
 
-def _position(instance, attribute, value):
+def _position(instance: Any, attribute: Any, value: Any) -> None:
     if value is not None and not (value.__class__ is str and value in _POSITION_SET) and value not in _POSITIONS:
         raise ValueError(f"'{attribute.name}' must be None or one of {list(_POSITIONS)} (got {value!r})")
 
 
-def _optional_str(instance, attribute, value):
+def _optional_str(instance: Any, attribute: Any, value: Any) -> None:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"'{attribute.name}' must be None or a str (got {value!r:.80})")
 
@@ -104,7 +104,7 @@ class Progress:
     def __str__(self) -> str:
         return summary.progress_line(self)
 
-    def _repr_pretty_(self, printer, cycle) -> None:
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         notebook.pretty(printer, str(self), cycle)
 
     def _repr_html_(self) -> str:
@@ -195,7 +195,7 @@ class State:
     metrics: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
     best: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
     config: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
-    slots: tuple = attrs.field(default=(), validator=_tuple)
+    slots: tuple[Any, ...] = attrs.field(default=(), validator=_tuple)
     slot: Any = None
     position: str | None = attrs.field(default=None, validator=_position)
     stop: str | None = attrs.field(default=None, validator=_optional_str)
@@ -209,7 +209,7 @@ class State:
     def __str__(self) -> str:
         return summary.render_text("State", summary.state_rows(self))
 
-    def _repr_pretty_(self, printer, cycle) -> None:
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
         notebook.pretty(printer, str(self), cycle)
 
     def _repr_html_(self) -> str:
@@ -223,11 +223,11 @@ class State:
     def is_main(self) -> bool:
         return self.rank == 0
 
-    def with_slot(self, slot) -> "State":
+    def with_slot(self, slot: Any) -> "State":
         """This state with the running hook's slot replaced."""
         return self.moved(self.progress, self.position, self.slots, slot)
 
-    def moved(self, progress: Progress, position: str | None, slots: tuple, slot) -> "State":
+    def moved(self, progress: Progress, position: str | None, slots: tuple[Any, ...], slot: Any) -> "State":
         """This state with its per-step parts replaced: ``progress``, ``position``, ``slots`` and the running ``slot``.
 
         The fold's copy, made a few times on each step a hook is called on:
