@@ -97,34 +97,21 @@ def save_run(
     published before this returns, and its :class:`CheckpointInfo` is.
     """
     trainer, local = to_parts(contents)
-    if background is not None:
-        background.save(
-            model_dir,
-            step=step,
-            weights=weights,
-            trainer=trainer,
-            local=local,
-            snapshot=snapshot,
-            sharded=contents.sharded,
-            keep=keep,
-            metrics=metrics,
-            digests=digests,
-        )
-        return None
-    return save_checkpoint(
-        model_dir,
+    save = dict(
         step=step,
         weights=weights,
         trainer=trainer,
         local=local,
-        format=format,
         snapshot=snapshot,
         sharded=contents.sharded,
         keep=keep,
         metrics=metrics,
         digests=digests,
-        saved_for=saved_for,
-    )
+    )  # what both ways of writing take alike
+    if background is not None:
+        background.save(model_dir, **save)
+        return None
+    return save_checkpoint(model_dir, **save, format=format, saved_for=saved_for)
 
 
 def save_checkpoint(
