@@ -255,7 +255,8 @@ class Chain:
         effects: tuple[Effect, ...]
         cls = event.__class__
         if cls is AfterStep:
-            step, outputs = cast(AfterStep, event).step, cast(AfterStep, event).outputs  # the class is AfterStep
+            after = cast(AfterStep, event)  # the class is AfterStep
+            step, outputs = after.step, after.outputs
             called = [call for every, call in self._step_calls if not step % every]
             if outputs:
                 for i, every, accumulate in self._accumulators:
