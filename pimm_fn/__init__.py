@@ -22,6 +22,7 @@ from pimm_fn.core.effects import Scope
 from pimm_fn.core.fold import Chain, TraceEntry, chain
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook_list import DuplicateHookError, hook_factory
+from pimm_fn.core.outputs import StepOutputs, StepOutputsClosed
 from pimm_fn.core.plan import plan
 from pimm_fn.core.retention import any_of, keep_best, keep_every, keep_last
 from pimm_fn.core.state import Progress, State
@@ -88,6 +89,8 @@ __all__ = [
     "DuplicateHookError",
     "hook_factory",
     "FrozenMap",
+    "StepOutputs",
+    "StepOutputsClosed",
     "plan",
     "keep_last",
     "keep_every",

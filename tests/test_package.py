@@ -29,6 +29,8 @@ PUBLIC = {
     "TraceEntry",
     "chain",
     "FrozenMap",
+    "StepOutputs",
+    "StepOutputsClosed",
     "plan",
     "keep_last",
     "keep_every",

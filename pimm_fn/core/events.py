@@ -10,11 +10,13 @@ run's clock (rank 0's, the same on every rank) at a step boundary, to the hooks
 that listen to it: the core itself reads no clock.
 """
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import attrs
 
 from pimm_fn.core.frozen import FrozenMap, freeze, repr_unless_none
+from pimm_fn.core.outputs import StepOutputs
 
 __all__ = [
     "Event",
@@ -61,16 +63,23 @@ class BeforeStep(Event):
     step: int
 
 
+def _step_outputs(outputs: Mapping[str, float] | None) -> "FrozenMap | StepOutputs":
+    """A real run's ``StepOutputs`` as it is (reading it is the hooks' choice), any other mapping frozen."""
+    return outputs if isinstance(outputs, StepOutputs) else freeze(outputs)
+
+
 @attrs.frozen
 class AfterStep(Event):
     """After global step ``step`` trained, with its scalar outputs.
 
     ``outputs`` are rank-local (each rank's own loss); ``batch_size`` counts
-    the samples this step consumed on this rank.
+    the samples this step consumed on this rank. In a real run ``outputs`` is
+    a ``StepOutputs`` (``pimm_fn.core.outputs``): the values are read off the
+    device only when a hook asks for one.
     """
 
     step: int
-    outputs: FrozenMap = attrs.field(default=FrozenMap(), converter=freeze)
+    outputs: "FrozenMap | StepOutputs" = attrs.field(default=FrozenMap(), converter=_step_outputs)
     batch_size: int = 0
 
 

@@ -35,6 +35,7 @@ from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import AfterStep, Event
 from pimm_fn.core.hook_list import check_hooks
 from pimm_fn.core.hook_results import checked_result, checked_update
+from pimm_fn.core.outputs import StepOutputs
 from pimm_fn.core.schedule import advance, stepped, stepped_state
 from pimm_fn.core.state import Progress, State
 from pimm_fn.core.trace import TraceEntry  # defined beside Trace; importable from here as before
@@ -258,7 +259,7 @@ class Chain:
             after = cast(AfterStep, event)  # the class is AfterStep
             step, outputs = after.step, after.outputs
             called = [call for every, call in self._step_calls if not step % every]
-            if outputs:
+            if outputs and outputs.__class__ is not StepOutputs:  # a real run's unread ones wait: summed when read
                 for i, every, accumulate in self._accumulators:
                     if step % every:  # a step the cadence skips: only the outputs count
                         new_slots = new_slots or list(slots)
@@ -344,7 +345,7 @@ def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list[tuple[in
         before, progress = state, stepped(state.progress, event)
         if not hooks.fires(event.step):  # no hook is called: only the accumulators see the outputs
             slots = state.slots
-            if hooks._accumulators and event.outputs:
+            if hooks._accumulators and event.outputs and event.outputs.__class__ is not StepOutputs:
                 slots = hooks._accumulate(slots, event.outputs)
             return stepped_state(state, progress, slots), []
         state, slots, emitted = hooks._fold(state, event, state.slots, progress)

@@ -21,11 +21,14 @@ and the agreement guard need to know about it. Every one is optional:
                     (a running loss sum); called only for non-empty outputs.
 ``accumulate_all``  ``(slot, outputs_seq) -> slot``: ``accumulate`` over each
                     in order, in one call (quiet steps' outputs, read at once).
-``reads_outputs``   False when, called for ``AfterStep``, it reads neither the
-                    step's outputs nor its slot's sums of them, and saves
-                    nothing (a weight average): the loop then need not read
-                    the outputs off the device for it (default True). Such a
-                    hook has no ``accumulate``.
+``reads_outputs``   True when, called for ``AfterStep``, it reads the step's
+                    outputs every time (a logger), or its slot's sums of them:
+                    the loop then reads them up front, with the outputs of
+                    the quiet steps before, in one transfer. Default: True for
+                    a hook that declares ``accumulate``, else False, and the
+                    outputs are read only if the hook asks for a value
+                    (``pimm_fn.core.outputs``): a hook that never looks costs
+                    no read off the device.
 ``rank_consistent`` True when its collective effects read nothing
                     rank-local, so the guard need not compare them per step.
 ``emits``           the effect types it may emit (default: unknown).
@@ -145,7 +148,7 @@ class Declared:
     rank_consistent: bool
     emits: tuple | None
     reads_metrics: tuple
-    reads_outputs: bool = True
+    reads_outputs: bool = False
     update: Callable[[Any, Any, Any], Any] | None = (
         None  # ``update(slot, state, event)``, or ``None``: the hook is called as ``hook(state, event)``
     )
@@ -193,7 +196,9 @@ def declared(hook) -> Declared:
     if not isinstance(rank_consistent, bool):
         raise TypeError(f"hook {hook!r:.80}: 'rank_consistent' must be a bool (got {rank_consistent!r})")
     reads = tuple(getattr(hook, "reads_metrics", ()))
-    reads_outputs = getattr(hook, "reads_outputs", True)
+    reads_outputs = getattr(hook, "reads_outputs", None)
+    if reads_outputs is None:
+        reads_outputs = accumulate is not None  # one that sums the outputs reads them; any other reads on demand
     if not isinstance(reads_outputs, bool):
         raise TypeError(f"hook {hook!r:.80}: 'reads_outputs' must be a bool (got {reads_outputs!r})")
     if not reads_outputs and accumulate is not None:

@@ -4,8 +4,9 @@
 terminal or notebook decides, for every rank); its ``ShowProgress``
 effects go to the bar (``pimm_fn.runtime.handlers.progress``) on the main rank.
 It never makes the loop read a step's outputs off the device
-(``reads_outputs = False``): it passes on the outputs a reading hook
-(``log_every``) had read on that step anyway, and each evaluation's metrics.
+(``reads_outputs = False``): it passes on the outputs a hook had read on
+that step anyway (``log_every``, or one that asked for a value), and each
+evaluation's metrics.
 """
 
 from typing import ClassVar
@@ -17,6 +18,7 @@ from pimm_fn.core.effects import Effect, Scope
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.frozen import FrozenMap, freeze
 from pimm_fn.core.hook_list import hook_factory
+from pimm_fn.core.outputs import StepOutputs
 from pimm_fn.core.validate import int_at_least
 
 __all__ = ["progress_bar", "ShowProgress", "BAR_KEY"]
@@ -57,7 +59,9 @@ class _ProgressBar:
     def update(self, slot, state, event):
         """The hook protocol's ``update`` (no slot): called so, it builds no ``State`` after a hook with one."""
         match event:
-            case ev.AfterStep(step=step, outputs=outputs):  # outputs: empty unless a reading hook fired here
+            case ev.AfterStep(step=step, outputs=outputs):
+                if isinstance(outputs, StepOutputs) and not outputs.was_read:  # no hook asked: the bar does not
+                    outputs = _EMPTY
                 return slot, state, (ShowProgress(step, outputs),)
             case ev.AfterEpoch():  # the bar reaches the epoch's last step, whatever n
                 return slot, state, (ShowProgress(state.progress.global_step),)

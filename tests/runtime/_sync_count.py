@@ -1,32 +1,6 @@
 """Counting the reads of tensor values (device-to-host transfers on a GPU) a piece of code makes."""
 
-import contextlib
-
-import torch
-
-READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
-
-
-@contextlib.contextmanager
-def counting_reads():
-    """Yield a list that grows by one name per call of a tensor-reading method while the block runs."""
-    calls = []
-    originals = {name: getattr(torch.Tensor, name) for name in READS}
-
-    def counted(name, original):
-        def read(self, *args, **kwargs):
-            calls.append(name)
-            return original(self, *args, **kwargs)
-
-        return read
-
-    for name, original in originals.items():
-        setattr(torch.Tensor, name, counted(name, original))
-    try:
-        yield calls
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
+from benchmarks.host_reads import READS, counting_reads  # noqa: F401 - the one counter: the benchmark's
 
 
 def quiet_steps(max_step: int, cadences, iters_per_epoch: int) -> list:

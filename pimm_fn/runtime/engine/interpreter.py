@@ -78,8 +78,12 @@ class Interpreter:
         if self.guard is not None:
             self.guard.settle()
 
+    def skips(self, entry) -> bool:
+        """Whether ``entry``'s effect is skipped here: its event's watched effects diverged across ranks."""
+        return entry.event is self._skipped and self.guard.skips(entry)
+
     def execute(self, state, entry) -> tuple:
-        if entry.event is self._skipped and self.guard.skips(entry):
+        if self.skips(entry):
             return ()
         effect = entry.effect
         if effect.scope is Scope.MAIN and self.ctx.rank != 0 and effect.__class__ not in self.ctx.everywhere:
@@ -149,6 +153,7 @@ class Context:
     nonfinite: Any = (
         None  # the step's NonFinite policy for a NaN/inf loss (loop(training=Training(on_nonfinite=))); None: no check
     )
+    exact_retry: bool = True  # run() after an exception continues exactly (loop(training=Training(exact_retry=)))
     saver: BackgroundSaver = attrs.Factory(BackgroundSaver)  # background saves: in flight, prewarm, optimizer hooks
     sharded: bool = False  # the model keeps DTensor parameters (FSDP2): its state goes through DCP's state_dict API
     weights_file: bool = True  # a sharded model's checkpoints gather its full weights into model.pth

@@ -35,6 +35,8 @@ from pimm_fn.core.schedule import last_quiet_step, skip_to
 
 __all__ = [
     "device_outputs",
+    "read_now",
+    "read_in_place",
     "Unread",
     "WAIT_AT_MOST",
     "QuietSteps",
@@ -69,6 +71,19 @@ def device_outputs(outputs) -> dict:
     return kept
 
 
+def read_now(outputs: dict) -> dict[str, float]:
+    """One step's ``device_outputs`` as floats, in one transfer: what a hook asking for a value costs."""
+    values = iter(_floats([v for v in outputs.values() if v.__class__ is not float]))
+    return {k: v if v.__class__ is float else next(values) for k, v in outputs.items()}
+
+
+def read_in_place(outputs: dict) -> dict[str, float]:
+    """``read_now``, the floats also put in ``outputs``: where those wait with the unread ones, they are read once."""
+    values = read_now(outputs)
+    outputs.update(values)
+    return values
+
+
 class Unread:
     """The outputs of the steps no hook has read yet, in step order, left on their device."""
 
@@ -87,8 +102,7 @@ class Unread:
         The batch is kept until :meth:`clear`: a reader that fails reads it again.
         """
         if not self.steps and current is not None:  # a step whose hooks read it, nothing else waiting
-            values = iter(_floats([v for v in current.values() if v.__class__ is not float]))
-            return [], {k: v if v.__class__ is float else next(values) for k, v in current.items()}
+            return [], read_now(current)
         pending = self.steps + ([(None, current)] if current is not None else [])
         tensors = [v for _, outputs in pending for v in outputs.values() if v.__class__ is not float]
         values = iter(_floats(tensors))

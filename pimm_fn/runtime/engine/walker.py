@@ -12,13 +12,16 @@ builds nothing (the step's ``AfterStep`` moves the position past it), and
 the step's outputs are read before its one ``AfterStep`` is built.
 """
 
+from functools import partial
+
 import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint
+from pimm_fn.core.outputs import StepOutputs
 from pimm_fn.core.processing import start
 from pimm_fn.core.schedule import advance, next_event
-from pimm_fn.runtime.engine.outputs import QuietSteps
+from pimm_fn.runtime.engine.outputs import QuietSteps, read_in_place
 from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
 from pimm_fn.runtime.engine.transaction import LOADING, Transaction, effect_phase, fold_phase, step_of
 from pimm_fn.runtime.errors import Preempted
@@ -241,15 +244,17 @@ class Walker:
                 self._reading_step = (step, scalars, size)  # its AfterStep, built only if the read fails
                 scalars = self._read(step, scalars)  # read before the event is built: it is built once, with floats
                 self._reading_step = None
-            else:
-                self._quiet.unread.add(step, scalars)  # no hook reads them at this AfterStep: they wait, unread
-                scalars = {}
+            else:  # no hook reads them up front: they wait, unread, and the hooks see them on demand
+                self._quiet.unread.add(step, scalars)
+                scalars = (
+                    StepOutputs(step, scalars, partial(read_in_place, scalars)) if self.processed[ev.AfterStep] else {}
+                )
         self._hand(ev.AfterStep(step, scalars, size))
 
     def dispatch(self, event) -> None:
         """Hand ``event`` to the hooks and execute their effects; outputs waiting on the device are read first."""
         cls, tx = event.__class__, self.tx
-        if cls is ev.AfterStep and event.outputs:  # a retried step's, still on the device
+        if cls is ev.AfterStep and event.outputs and event.outputs.__class__ is not StepOutputs:  # a retried step's
             tx.step, tx.event = event.step, event  # a failed read hands it on again
             event = ev.AfterStep(event.step, self._read(event.step, event.outputs), event.batch_size)
         elif cls is ev.AfterEpoch and self._quiet.unread:
@@ -270,6 +275,8 @@ class Walker:
                 self._finish(work)
         else:  # no hook wants it and no guard compares it: process() would only advance
             tx.event, self.state = None, advance(self.state, event)
+        if cls is ev.AfterStep and event.outputs.__class__ is StepOutputs:
+            event.outputs.close()  # its step is over: what no hook read is never read for it
 
     def _read(self, step: int | None = None, outputs=None) -> dict | None:
         """Every unread output read in one transfer, with ``outputs`` (of ``step``'s ``AfterStep``), as floats.
@@ -305,9 +312,28 @@ class Walker:
             tx.work, tx.rng = work, torch_rng() if work.next_effect is not None else None
             tx.step = step_of(work.frames[0].event)
             with self._working:
+                if self._quiet.unread and self._saves(work):
+                    work = tx.work = self._summed(work)
                 work = work.advance(self.hooks, self._interpreter)
         tx.work = tx.rng = None
         self.state = work.state
+
+    def _saves(self, work) -> bool:
+        """Whether the next unit of ``work`` saves a checkpoint here (one the guard does not skip)."""
+        entry = work.next_effect
+        return entry is not None and entry.effect.__class__ is SaveCheckpoint and not self._interpreter.skips(entry)
+
+    def _summed(self, work):
+        """``work`` whose state holds the outputs that wait, read (a NaN said) before its effect saves a checkpoint.
+
+        So a checkpoint records the hooks' sums of every step it holds, and a
+        non-finite loss is said before a checkpoint of a later step is written.
+        Only before a save that runs: every rank runs the same saves, so the
+        NaN check's all-reduce is met on every rank (a best-weights write is
+        the main rank's alone, and the guard skips a save ranks disagree on).
+        """
+        pending, _ = self._quiet.read(None, None, self.ctx.nonfinite)
+        return attrs.evolve(work, state=self._quiet.accumulated(work.state, self.hooks, pending))
 
     def _stopped_in_work(self, step: int, error: BaseException) -> str:
         """Where the kept work stopped (its effect, or the hook folding a follow-up); the run takes its state."""

@@ -105,7 +105,8 @@ class ProgressBar:
         bar = self._bar if self._bar is not None else self._open(progress, start)
         if effect.values:
             self._values.update(effect.values)
-            bar.set_postfix({k: _short(v) for k, v in self._values.items()}, refresh=False)
+            # By name: the same order whichever hook read a value first (outputs are read only where asked for).
+            bar.set_postfix({k: _short(v) for k, v in sorted(self._values.items())}, refresh=False)
         if progress.epoch != self._epoch:  # a new epoch: its own count, from 0 (reset redraws: the label first)
             self._epoch = progress.epoch
             bar.set_description_str(f"epoch {progress.epoch}", refresh=False)
