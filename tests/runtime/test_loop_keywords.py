@@ -83,7 +83,8 @@ def test_training_refuses_a_bad_iters_per_epoch_when_made_and_reads_as_its_facto
     with pytest.raises(ValueError, match=r"'iters_per_epoch' must be None or an int >= 1 \(got '5'\)"):
         pf.Training(iters_per_epoch="5")
     assert repr(pf.Training(iters_per_epoch=3)) == (
-        "Training(on_nonfinite='raise', scaler=None, extra_state=None, config=None, iters_per_epoch=3)"
+        "Training(on_nonfinite='raise', scaler=None, extra_state=None, config=None, iters_per_epoch=3, "
+        "exact_retry=True)"
     )
 
 

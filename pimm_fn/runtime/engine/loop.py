@@ -380,6 +380,7 @@ def loop(
         implied=implied,
         advice=Advice(implied, world_size=dist.world_size()),
         nonfinite=NonFinite(training.on_nonfinite, world_size=dist.world_size(), can_skip=built_in(step_fn)),
+        exact_retry=training.exact_retry,
         sharded=shards,
         weights_file=saving.weights_file,
         digests=saving.digests,

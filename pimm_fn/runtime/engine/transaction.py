@@ -58,6 +58,7 @@ __all__ = [
     "fold_phase",
     "StepWatch",
     "warn_if_not_exact",
+    "retried_inexactly",
     "OPTIMIZING",
     "AFTER_OPTIMIZER",
 ]
@@ -276,6 +277,18 @@ def warn_if_not_exact(step: int, phase: str) -> None:
             ResumeNotExactWarning,
             stacklevel=4,
         )
+
+
+def retried_inexactly(step: int, error: BaseException) -> str:
+    """The phase of a train step that raised under ``Training(exact_retry=False)``: its retry is warned as not exact."""
+    warnings.warn(
+        f"step {step} was interrupted in the train step with Training(exact_retry=False): training it again "
+        f"(what run() does) starts from the RNG as it is now, and applies the optimizer step twice if it had run; "
+        f'for an exact continuation resume from the last checkpoint (resume="auto"), or keep exact_retry on',
+        ResumeNotExactWarning,
+        stacklevel=4,
+    )
+    return TRAINING
 
 
 class StepWatch:

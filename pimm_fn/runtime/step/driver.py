@@ -14,7 +14,7 @@ What a step gets from the feed (one batch, or a group of micro-batches) and how 
 
 import torch
 
-from pimm_fn.runtime.engine.transaction import LOADING, SCHEDULING, TRAINING, StepWatch
+from pimm_fn.runtime.engine.transaction import LOADING, SCHEDULING, TRAINING, StepWatch, retried_inexactly
 from pimm_fn.runtime.step.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.step.train_step import scalar_outputs
 
@@ -78,6 +78,7 @@ class Driver:
         "_handed",
         "_after",
         "_skipping",
+        "_exact",
         "_watch",
         "_loading",
         "_training",
@@ -91,10 +92,12 @@ class Driver:
         self._handed = None if self._after else scheduler  # the scheduler the step function is handed
         nonfinite = ctx.nonfinite  # under "skip", a batch left out of the update leaves the scheduler too
         self._skipping = nonfinite if self._after and nonfinite is not None and nonfinite.policy == "skip" else None
-        self._watch = watch = StepWatch.of(ctx.optimizer)  # one per optimizer: drivers rebuilt around it share it
+        self._exact = exact = ctx.exact_retry  # else no RNG kept and no watch: a retry is not exact (warned)
+        # One watch per optimizer: drivers rebuilt around it share it.
+        self._watch = watch = StepWatch.of(ctx.optimizer) if exact else None
         self._loading, self._scheduling = tx.unit(LOADING), tx.unit(SCHEDULING)
         # Where, around optimizer.step(), the train step raised (not exact once it began: warned).
-        self._training = tx.unit(TRAINING if watch is None else watch.stopped)
+        self._training = tx.unit(watch.stopped if watch is not None else TRAINING if exact else retried_inexactly)
 
     def train(self, step: int) -> None:
         """Train global step ``step`` and hand it on."""
@@ -103,10 +106,11 @@ class Driver:
         if tx.held is None:
             with self._loading:
                 batch = ctx.feed.next_batch()  # on an exception the feed is back before this fetch
-            tx.held = (batch, torch_rng())
-        else:  # the batch an interrupted try drew, with the RNG its forward started from
-            batch = tx.held[0]
-            set_torch_rng(tx.held[1])
+            tx.held = (batch, torch_rng() if self._exact else None)
+        else:  # the batch an interrupted try drew, with the RNG its forward started from (when kept)
+            batch, rng = tx.held
+            if rng is not None:
+                set_torch_rng(rng)
         skipping = self._skipping
         skips = skipping.count if skipping is not None else 0
         if watch is not None:
