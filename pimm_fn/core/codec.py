@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import attrs
 
 from pimm_fn.core.frozen import FrozenMap
+from pimm_fn.core.outputs import StepOutputs
 
 __all__ = ["register_slot_type", "encode", "decode", "dumps", "loads"]
 
@@ -48,7 +49,7 @@ def encode(value: Any) -> Any:
         return {"__tuple__": [encode(v) for v in value]}
     if isinstance(value, list):
         return [encode(v) for v in value]
-    if isinstance(value, FrozenMap):
+    if isinstance(value, (FrozenMap, StepOutputs)):  # a step's outputs kept by a hook: their values, as a FrozenMap
         return {"__map__": [[encode(k), encode(v)] for k, v in value.items()]}
     if isinstance(value, dict):
         return {"__dict__": [[encode(k), encode(v)] for k, v in value.items()]}

@@ -86,3 +86,11 @@ def test_pickled_it_keeps_what_it_holds_and_never_its_reader():
     unread = pickle.loads(pickle.dumps(StepOutputs(4, ["loss"], lambda: {"loss": 0.5}.copy())))
     with pytest.raises(StepOutputsClosed):
         unread["loss"]
+
+
+def test_kept_in_a_slot_it_is_stored_as_its_values_and_an_unread_one_says_why_not():
+    from pimm_fn.core.codec import dumps, loads
+
+    assert loads(dumps(_read_view(4, 0.5))) == FrozenMap({"loss": 0.5})
+    with pytest.raises(StepOutputsClosed):
+        dumps(StepOutputs(4, ["loss"], None))
