@@ -65,7 +65,7 @@ declares, and what the hooks provide together (evaluators, averages, ...).
 """
 
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -83,13 +83,13 @@ __all__ = [
 ]
 
 
-def children(hook) -> tuple | None:
+def children(hook: Any) -> tuple[Any, ...] | None:
     """The hooks of a composite (``chain``), or ``None`` for a leaf."""
     found = getattr(hook, "children", None)
     return tuple(found) if found is not None else None
 
 
-def leaves(hooks) -> Iterator:
+def leaves(hooks: Iterable[Any]) -> Iterator[Any]:
     """Every leaf hook of ``hooks``, depth first, through nested composites.
 
     >>> from pimm_fn.hooks import save_every, best_on
@@ -105,7 +105,7 @@ def leaves(hooks) -> Iterator:
             yield from leaves(inner)
 
 
-def key(hook) -> str:
+def key(hook: Any) -> str:
     """The stable identity of ``hook``; see the module docstring.
 
     >>> from pimm_fn.hooks import save_every
@@ -122,7 +122,7 @@ def key(hook) -> str:
         return explicit
     if isinstance(hook, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
         return f"{hook.__module__}.{hook.__qualname__}"
-    cls = type(hook)
+    cls: type[object] = type(hook)  # not type[Any]: mypy reads that as the metaclass, binding __repr__ to it
     if cls.__repr__ is object.__repr__:
         return f"{cls.__module__}.{cls.__qualname__}"
     return repr(hook)
@@ -142,12 +142,12 @@ class Declared:
     """
 
     key: str
-    events: tuple | None
+    events: tuple[type, ...] | None
     every: int
     accumulate: Callable[[Any, Any], Any] | None
     rank_consistent: bool
-    emits: tuple | None
-    reads_metrics: tuple
+    emits: tuple[type, ...] | None
+    reads_metrics: tuple[str, ...]
     reads_outputs: bool = False
     update: Callable[[Any, Any, Any], Any] | None = (
         None  # ``update(slot, state, event)``, or ``None``: the hook is called as ``hook(state, event)``
@@ -156,24 +156,24 @@ class Declared:
         None  # ``accumulate_all(slot, outputs_seq)``, or ``None``: ``accumulate`` on each
     )
 
-    def wants(self, event_type) -> bool:
+    def wants(self, event_type: type) -> bool:
         if self.events is None:
             return not getattr(event_type, "opt_in", False)
         return any(issubclass(event_type, t) for t in self.events)
 
-    def may_emit(self, effect_type) -> bool:
+    def may_emit(self, effect_type: type | tuple[type, ...]) -> bool:
         """Whether ``emits`` declares ``effect_type`` (or a subclass; a tuple of types: any). Undeclared: no."""
         return self.emits is not None and any(issubclass(t, effect_type) for t in self.emits)
 
 
-def _every(hook) -> int:
+def _every(hook: Any) -> int:
     every = getattr(hook, "every", 1)
     if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise ValueError(f"hook {hook!r:.80}: 'every' must be an int >= 1 (got {every!r})")
     return every
 
 
-def _types(hook, name) -> tuple | None:
+def _types(hook: Any, name: str) -> tuple[type, ...] | None:
     found = getattr(hook, name, None)
     if found is None:
         return None
@@ -183,7 +183,7 @@ def _types(hook, name) -> tuple | None:
     return found
 
 
-def declared(hook) -> Declared:
+def declared(hook: Any) -> Declared:
     """Read and check what ``hook`` declares.
 
     Raises:
@@ -227,14 +227,14 @@ def declared(hook) -> Declared:
     )
 
 
-def with_children(hook, hooks):
+def with_children(hook: Any, hooks: Iterable[Any]) -> Any:
     """The composite ``hook`` rebuilt around ``hooks`` (its name and kind kept)."""
     if children(hook) is None:
         raise TypeError(f"hook {hook!r:.80} is not a composite: it has no children to replace")
     return hook.with_children(tuple(hooks))
 
 
-def with_evaluator(hook, name: str, fn):
+def with_evaluator(hook: Any, name: str, fn: Callable[..., Any]) -> Any:
     """``hook`` running ``fn`` as its evaluator ``name``, when it declares ``with_evaluator``.
 
     Raises:
@@ -249,7 +249,7 @@ def with_evaluator(hook, name: str, fn):
     return swap(name, fn)
 
 
-def bind(hooks, model) -> tuple:
+def bind(hooks: Iterable[Any], model: Any) -> tuple[Any, ...]:
     """``hooks`` with every hook that declares ``bind`` bound to ``model``, at any depth."""
     bound = []
     for hook in hooks:
