@@ -23,8 +23,10 @@ pimm_fn.core.hook_list.DuplicateHookError: 'hooks' holds two hooks with the iden
 """
 
 import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
-from pimm_fn.core.hook import declared, key, leaves
+from pimm_fn.core.hook import Declared, declared, key, leaves
 
 __all__ = [
     "check_hooks",
@@ -40,12 +42,14 @@ __all__ = [
     "emits_any",
 ]
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
 
 class DuplicateHookError(ValueError):
     """Two hooks of one list share an identity, so their checkpointed slots could not be told apart."""
 
 
-def hook_factory(fn):
+def hook_factory(fn: _F) -> _F:
     """Mark ``fn`` as a factory of hooks, so a hook list holding ``fn`` itself is refused with advice.
 
     >>> @hook_factory
@@ -53,11 +57,11 @@ def hook_factory(fn):
     >>> every_other.hook_factory
     True
     """
-    fn.hook_factory = True
+    setattr(fn, "hook_factory", True)  # a mark on any callable, which its type does not declare
     return fn
 
 
-def check_hooks(hooks, where: str = "hooks") -> tuple:
+def check_hooks(hooks: object, where: str = "hooks") -> tuple[Any, ...]:
     """``hooks`` as a tuple, refused with advice when it is not a list of hooks.
 
     An object declaring ``as_hook()`` (not callable itself) is replaced by the hook it declares.
@@ -84,14 +88,14 @@ def check_hooks(hooks, where: str = "hooks") -> tuple:
     return tuple(hooks)
 
 
-def _as_hook(item):
+def _as_hook(item: Any) -> Any:
     """``item``, or the hook it declares it stands for (``as_hook()``) when it is not callable itself."""
     convert = getattr(item, "as_hook", None)
     return convert() if not callable(item) and callable(convert) else item
 
 
-def _refuse_duplicates(hooks, where) -> None:
-    seen = {}
+def _refuse_duplicates(hooks: Iterable[Any], where: str) -> None:
+    seen: dict[str, int] = {}
     for position, hook in enumerate(hooks):
         name = key(hook)
         if name in seen:
@@ -105,15 +109,15 @@ def _refuse_duplicates(hooks, where) -> None:
 
 
 # -- what the list declares as one hook (a chain) ------------------------------------------------
-def union_events(parts) -> tuple | None:
+def union_events(parts: Sequence[Declared]) -> tuple[type, ...] | None:
     """The events a composite of ``parts`` (``Declared`` values) is called for; ``(object,)``: every one, opt-in too."""
     if any(d.events is None for d in parts):
         named_opt_in = any(getattr(t, "opt_in", False) for d in parts for t in d.events or ())
         return (object,) if named_opt_in else None
-    return tuple(dict.fromkeys(t for d in parts for t in d.events))
+    return tuple(dict.fromkeys(t for d in parts for t in d.events or ()))  # every part's is a tuple here
 
 
-def common_every(parts, after_step) -> int:
+def common_every(parts: Iterable[Declared], after_step: type) -> int:
     """The cadence a composite needs so that each part's ``AfterStep`` cadence still fires.
 
     ``after_step`` is the ``AfterStep`` event class (passed in to keep this module event-free).
@@ -122,21 +126,21 @@ def common_every(parts, after_step) -> int:
     return math.gcd(*cadences) if cadences else 1
 
 
-def union_emits(parts) -> tuple | None:
+def union_emits(parts: Sequence[Declared]) -> tuple[type, ...] | None:
     """The effects a composite of ``parts`` may emit; ``None``: unknown, when a part's are."""
     if any(d.emits is None for d in parts):
         return None
-    return tuple(dict.fromkeys(t for d in parts for t in d.emits))
+    return tuple(dict.fromkeys(t for d in parts for t in d.emits or ()))  # every part's is a tuple here
 
 
 # -- what its hooks provide, at any depth ---------------------------------------------------------
-def evaluators(hooks) -> dict:
+def evaluators(hooks: Iterable[Any]) -> dict[str, Callable[..., Any]]:
     """``{name: fn}`` of every evaluator the hooks provide, nested chains included.
 
     Raises:
         ValueError: two different callables share a name.
     """
-    found = {}
+    found: dict[str, Callable[..., Any]] = {}
     for hook in leaves(hooks):
         provide = getattr(hook, "evaluators", None)
         for name, fn in (provide() if callable(provide) else {}).items():
@@ -149,13 +153,13 @@ def evaluators(hooks) -> dict:
     return found
 
 
-def averages(hooks) -> dict:
+def averages(hooks: Iterable[Any]) -> dict[str, float]:
     """``{name: decay}`` of every weight average the hooks keep, nested chains included.
 
     Raises:
         ValueError: two hooks keep an average of the same name.
     """
-    found = {}
+    found: dict[str, float] = {}
     for hook in leaves(hooks):
         provide = getattr(hook, "averages", None)
         for name, decay in (provide() if callable(provide) else {}).items():
@@ -167,17 +171,17 @@ def averages(hooks) -> dict:
     return found
 
 
-def evaluated_averages(hooks) -> list:
+def evaluated_averages(hooks: Iterable[Any]) -> list[tuple[str, str]]:
     """``(hook key, average name)`` for each hook evaluating an average's weights (``weights=``), in order."""
     return [(key(h), h.weights) for h in leaves(hooks) if isinstance(getattr(h, "weights", None), str)]
 
 
-def saves_in_background(hooks) -> bool:
+def saves_in_background(hooks: Iterable[Any]) -> bool:
     """Whether some hook, at any depth, declares that it saves asynchronously (``async_save``)."""
     return any(getattr(h, "async_save", False) is True for h in leaves(hooks))
 
 
-def emits_any(hooks, effect_type) -> bool:
+def emits_any(hooks: Iterable[Any], effect_type: type | tuple[type, ...]) -> bool:
     """Whether some hook, at any depth, declares in ``emits`` that it may emit ``effect_type`` (or a subclass).
 
     A hook whose ``emits`` is unknown (not declared) counts as not emitting it.
