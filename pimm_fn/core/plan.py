@@ -5,29 +5,38 @@ only the executor differs: it records each effect and answers ``Evaluate``
 with the metrics you supply. A real run's ``trace`` equals its plan.
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core import summary
 from pimm_fn.core.budget import check_budget, epochs_reaching, fresh_progress
-from pimm_fn.core.effects import Evaluate, Stop
+from pimm_fn.core.effects import Effect, Evaluate, Stop
 from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots
 from pimm_fn.core.frozen import freeze
 from pimm_fn.core.preemption import Boundaries
-from pimm_fn.core.processing import process
+from pimm_fn.core.processing import Executor, process
 from pimm_fn.core.schedule import last_quiet_step, next_event, skip_to, state_at_step
 from pimm_fn.core.state import Progress, State
 from pimm_fn.core.trace import Trace
 
 __all__ = ["plan", "RecordingExecutor", "initial_state", "run_schedule", "at_boundary"]
 
-MetricSource = Callable[[int, int], Mapping | None]
+MetricSource = Callable[[int, int], Mapping[str, float] | None]  # (step, rank) -> the metrics, or None
+OutputSource = Callable[[int], Mapping[str, float] | None]  # step -> the step's scalar outputs
 
 
 def initial_state(
-    hooks, *, iters_per_epoch, max_epochs=None, max_steps=None, rank=0, world_size=1, config=None
+    hooks: Iterable[Any],
+    *,
+    iters_per_epoch: int,
+    max_epochs: int | None = None,
+    max_steps: int | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    config: Mapping[str, Any] | None = None,
 ) -> State:
     """The state a fresh run of ``hooks`` starts from, with one budget: ``max_epochs`` or ``max_steps``."""
     progress = fresh_progress(iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps)
@@ -46,12 +55,12 @@ class RecordingExecutor:
     """
 
     metrics: MetricSource
-    trace: list = attrs.field(factory=list)
+    trace: list[TraceEntry] = attrs.field(factory=list)
 
-    def check(self, state, event, emitted) -> None:
+    def check(self, state: State, event: ev.Event, emitted: list[tuple[int, Effect]]) -> None:
         pass
 
-    def execute(self, state: State, entry: TraceEntry) -> tuple:
+    def execute(self, state: State, entry: TraceEntry) -> tuple[ev.Event, ...]:
         effect = entry.effect
         if getattr(effect, "traced", True):  # as the interpreter's trace: the progress bar's moves left out
             self.trace.append(entry)
@@ -66,7 +75,7 @@ class RecordingExecutor:
         )
 
 
-def at_boundary(event, following) -> bool:
+def at_boundary(event: ev.Event, following: ev.Event | None) -> bool:
     """Whether the walk stands at a step boundary: a step's events (and its epoch's end) done, the next step ahead.
 
     Where the runtime delivers ``Elapsed`` and may stop for preemption or
@@ -79,14 +88,14 @@ def at_boundary(event, following) -> bool:
 def run_schedule(
     hooks: Chain,
     state: State,
-    executor,
-    outputs=None,
+    executor: Executor,
+    outputs: OutputSource | None = None,
     *,
-    stop=None,
-    visit=None,
-    skip_quiet=True,
-    clock=None,
-    boundary=None,
+    stop: Callable[[State], bool] | None = None,
+    visit: int | None = None,
+    skip_quiet: bool = True,
+    clock: Callable[[int], float] | None = None,
+    boundary: Callable[[State], bool] | None = None,
 ) -> State:
     """Walk the lifecycle from ``state`` to the end (or until ``stop(state)``, checked after each event).
 
@@ -115,8 +124,8 @@ def run_schedule(
     with either, every step is walked.
     """
     before_step_quiet = skip_quiet and not hooks.active(ev.BeforeStep)
-    ticks = clock is not None and bool(hooks.active(ev.Elapsed))
-    jumps = before_step_quiet and (stop is None or visit is not None) and not ticks and boundary is None
+    ticking = clock if clock is not None and hooks.active(ev.Elapsed) else None  # when a hook listens to Elapsed
+    jumps = before_step_quiet and (stop is None or visit is not None) and ticking is None and boundary is None
     event = next_event(state)
     while event is not None:
         if before_step_quiet and isinstance(event, ev.BeforeStep):
@@ -127,6 +136,7 @@ def run_schedule(
                     if stop is not None and stop(state):
                         return state
                     event = next_event(state)
+                    continue  # on from the jump's end as from any state: the step after it is walked
             if isinstance(event, ev.BeforeStep):  # no hook is called for it: the AfterStep after it moves the position
                 event = ev.AfterStep(event.step)
         if isinstance(event, ev.AfterStep) and outputs is not None:
@@ -135,10 +145,10 @@ def run_schedule(
         if stop is not None and stop(state):
             return state
         following = next_event(state)
-        if (ticks or boundary is not None) and at_boundary(event, following):
-            if ticks:
+        if (ticking is not None or boundary is not None) and at_boundary(event, following):
+            if ticking is not None:
                 step = state.progress.global_step
-                state = process(hooks, state, ev.Elapsed(step, clock(step)), executor)
+                state = process(hooks, state, ev.Elapsed(step, ticking(step)), executor)
             if boundary is not None and boundary(state):
                 return state
             following = next_event(state)
@@ -146,7 +156,7 @@ def run_schedule(
     return state
 
 
-def _jump(hooks: Chain, state: State, last: int, outputs) -> State:
+def _jump(hooks: Chain, state: State, last: int, outputs: OutputSource | None) -> State:
     """``skip_to(state, last)``, the steps' outputs handed to the accumulating hooks on the way."""
     if outputs is None or not hooks._accumulators:
         return skip_to(state, last)
@@ -174,7 +184,7 @@ def _state_at(state: State, start: Progress) -> State:
     return attrs.evolve(state, progress=attrs.evolve(progress, max_epochs=epochs_reaching(state)))
 
 
-def _metric_source(metrics) -> MetricSource:
+def _metric_source(metrics: Mapping[int, Mapping[str, float]] | MetricSource | None) -> MetricSource:
     if metrics is None:
         return lambda step, rank: None
     if callable(metrics):
@@ -184,7 +194,7 @@ def _metric_source(metrics) -> MetricSource:
     raise TypeError(f"'metrics' must be a mapping {{step: {{name: value}}}} or a callable (got {metrics!r:.80})")
 
 
-def _placeholders(outputs):
+def _placeholders(outputs: tuple[str, ...]) -> OutputSource | None:
     """``outputs(step)`` giving each named output the placeholder 0.0, or ``None`` for no outputs."""
     if isinstance(outputs, str) or not all(isinstance(name, str) for name in outputs):
         raise TypeError(f"plan: 'outputs' must be a tuple of output names, e.g. ('loss',) (got {outputs!r:.80})")
@@ -195,16 +205,16 @@ def _placeholders(outputs):
 
 
 def plan(
-    hooks,
+    hooks: Iterable[Any],
     *,
     iters_per_epoch: int,
     max_epochs: int | None = None,
     max_steps: int | None = None,
     start_step: int = 0,
     start: Progress | None = None,
-    metrics=None,
-    outputs=("loss",),
-    clock=None,
+    metrics: Mapping[int, Mapping[str, float]] | MetricSource | None = None,
+    outputs: tuple[str, ...] = ("loss",),
+    clock: Callable[[int], float] | None = None,
     max_time: float | None = None,
     margin: float = 0.0,
 ) -> Trace:
@@ -254,18 +264,18 @@ def plan(
     [(20, 'AfterEpoch'), (24, 'AfterEpoch')]
     """
     check_budget(max_epochs, max_steps, caller="plan")
-    hooks = chain(*hooks)
+    chained = chain(*hooks)
     placeholders = _placeholders(outputs)
-    state = initial_state(hooks.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps)
+    state = initial_state(chained.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps)
     executor = RecordingExecutor(_metric_source(metrics))
     if start is not None:
-        state = process(hooks, _state_at(state, start), ev.BeforeTrain(resumed=True), executor)
+        state = process(chained, _state_at(state, start), ev.BeforeTrain(resumed=True), executor)
     elif start_step:
         # As a resumed run: BeforeTrain(resumed=True), then on from the checkpoint.
-        state = process(hooks, state_at_step(state, start_step), ev.BeforeTrain(resumed=True), executor)
+        state = process(chained, state_at_step(state, start_step), ev.BeforeTrain(resumed=True), executor)
     if max_time is not None and clock is None:
         raise TypeError("plan: 'max_time' needs a 'clock' (clock(step) -> seconds since training began)")
     # One process under a time budget, no signal: the rules ``simulate`` and the runtime apply.
     boundary = None if max_time is None else Boundaries({}, world_size=1, clock=clock, max_time=max_time, margin=margin)
-    run_schedule(hooks, state, executor, placeholders, clock=clock, boundary=boundary)
-    return Trace(executor.trace, map(summary.hook_label, hooks.hooks))
+    run_schedule(chained, state, executor, placeholders, clock=clock, boundary=boundary)
+    return Trace(executor.trace, map(summary.hook_label, chained.hooks))
