@@ -27,6 +27,8 @@ keys, at any depth.
 
 import json
 import numbers
+from collections.abc import Iterable
+from typing import Any
 
 import attrs
 
@@ -50,9 +52,13 @@ class SlotMismatch(ValueError):
         expected: the type of the slot the hook starts from.
     """
 
-    def __init__(self, message: str, *, key: str, found: str, expected: str):
+    def __init__(self, message: str, *, key: str, found: str, expected: str) -> None:
         super().__init__(message)
         self.key, self.found, self.expected = key, found, expected
+
+
+def _entries(entries: Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+    return tuple(entries)  # attrs' converter=tuple, with the type the checker reads
 
 
 @attrs.frozen
@@ -62,9 +68,9 @@ class Keyed:
     The slot of a chain is itself a ``Keyed`` of its children's slots.
     """
 
-    entries: tuple = attrs.field(converter=tuple)
+    entries: tuple[tuple[str, Any], ...] = attrs.field(converter=_entries)
 
-    def keys(self) -> tuple:
+    def keys(self) -> tuple[str, ...]:
         return tuple(k for k, _ in self.entries)
 
 
@@ -77,7 +83,7 @@ class Undecodable:
 
 
 # -- positional -> keyed --------------------------------------------------------------------------
-def keyed(hooks, slots) -> Keyed:
+def keyed(hooks: Iterable[Any], slots: Iterable[Any]) -> Keyed:
     """``slots`` (one per hook of ``hooks``, in order) keyed by each hook's identity.
 
     Raises:
@@ -97,7 +103,7 @@ def keyed(hooks, slots) -> Keyed:
     return Keyed(tuple((k, _keyed_slot(h, s)) for k, h, s in zip(keys, hooks, slots)))
 
 
-def _keyed_slot(hook, slot):
+def _keyed_slot(hook: Any, slot: Any) -> Any:
     inner = protocol.children(hook)
     if inner is None:
         return slot
@@ -105,7 +111,7 @@ def _keyed_slot(hook, slot):
 
 
 # -- keyed -> positional --------------------------------------------------------------------------
-def unkeyed(hooks, saved: Keyed, _path: tuple = ()) -> tuple[tuple, tuple[str, ...]]:
+def unkeyed(hooks: Iterable[Any], saved: Keyed, _path: tuple[str, ...] = ()) -> tuple[tuple[Any, ...], tuple[str, ...]]:
     """The slots of ``hooks``, in their order, taken from ``saved`` by identity.
 
     A hook ``saved`` does not know starts from its initial slot; a key of
@@ -123,7 +129,8 @@ def unkeyed(hooks, saved: Keyed, _path: tuple = ()) -> tuple[tuple, tuple[str, .
     if not isinstance(saved, Keyed):
         raise TypeError(f"unkeyed: 'saved' must be a Keyed value (got {type(saved).__name__})")
     remaining = dict(saved.entries)
-    slots, dropped = [], []
+    slots: list[Any] = []
+    dropped: list[str] = []
     for hook in hooks:
         path = _path + (protocol.key(hook),)
         if path[-1] not in remaining:
@@ -136,7 +143,7 @@ def unkeyed(hooks, saved: Keyed, _path: tuple = ()) -> tuple[tuple, tuple[str, .
     return tuple(slots), tuple(gone + dropped)
 
 
-def _claim(hook, saved, path: tuple) -> tuple:
+def _claim(hook: Any, saved: Any, path: tuple[str, ...]) -> tuple[Any, tuple[str, ...]]:
     """``(slot, dropped)``: ``saved`` given to ``hook``, checked against what the hook starts from."""
     inner = protocol.children(hook)
     if inner is not None:
@@ -147,7 +154,7 @@ def _claim(hook, saved, path: tuple) -> tuple:
     return _checked(hook, saved, path), ()
 
 
-def _checked(hook, saved, path: tuple):
+def _checked(hook: Any, saved: Any, path: tuple[str, ...]) -> Any:
     """``saved`` when it fits the slot ``hook`` starts from, else a ``SlotMismatch``."""
     initial = protocol.init_slot(hook)
     expected = _type_name(initial) if initial is not None else _ANY
@@ -160,19 +167,19 @@ def _checked(hook, saved, path: tuple):
     return saved
 
 
-def _same_kind(saved, initial) -> bool:
+def _same_kind(saved: object, initial: object) -> bool:
     # A number slot may move between int and float (a running sum); bool is no number here.
     if type(saved) is type(initial):
         return True
     return all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (saved, initial))
 
 
-def _type_name(value) -> str:
+def _type_name(value: object) -> str:
     cls = type(value)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _mismatch(path: tuple, found: str, expected: str, undecodable: str = "") -> SlotMismatch:
+def _mismatch(path: tuple[str, ...], found: str, expected: str, undecodable: str = "") -> SlotMismatch:
     key = _PATH.join(path)
     if undecodable:
         what = f"its slot in the checkpoint, of type {found}, {undecodable}"
@@ -194,7 +201,7 @@ def _a(expected: str) -> str:
 
 
 # -- by position (checkpoints written before slots were keyed) -----------------------------------
-def by_position(hooks, slots: tuple, _path: tuple = ()) -> tuple:
+def by_position(hooks: Iterable[Any], slots: object, _path: tuple[str, ...] = ()) -> tuple[Any, ...]:
     """``slots`` matched to ``hooks`` by position, as checkpoints written before keyed slots need.
 
     Raises:
@@ -213,7 +220,7 @@ def by_position(hooks, slots: tuple, _path: tuple = ()) -> tuple:
             found=f"{count} slot(s)",
             expected=f"{len(hooks)} slot(s)",
         )
-    out = []
+    out: list[Any] = []
     for hook, slot in zip(hooks, slots):
         path = _path + (protocol.key(hook),)
         inner = protocol.children(hook)
@@ -231,7 +238,7 @@ def dumps(saved: Keyed) -> str:
     return json.dumps(_encode(saved), sort_keys=True, allow_nan=False)
 
 
-def _encode(saved: Keyed) -> dict:
+def _encode(saved: Keyed) -> dict[str, list[list[Any]]]:
     return {_NESTED: [[k, _encode(v) if isinstance(v, Keyed) else codec.encode(v)] for k, v in saved.entries]}
 
 
@@ -250,27 +257,28 @@ def loads(text: str) -> Keyed:
     return _decode(data)
 
 
-def _is_nested(data) -> bool:
+def _is_nested(data: object) -> bool:
     return isinstance(data, dict) and list(data) == [_NESTED] and isinstance(data[_NESTED], list)
 
 
-def _decode(data: dict) -> Keyed:
+def _decode(data: dict[str, Any]) -> Keyed:
     return Keyed(tuple((k, _decode(v) if _is_nested(v) else _decode_slot(v)) for k, v in data[_NESTED]))
 
 
-def _decode_slot(data):
+def _decode_slot(data: Any) -> Any:
     try:
         return codec.decode(data)
     except Exception as exc:  # noqa: BLE001 - a changed slot class may fail in its own validators, any way
         return Undecodable(_saved_type(data), f"{type(exc).__name__}: {exc}")
 
 
-def _saved_type(data) -> str:
+def _saved_type(data: object) -> str:
     """The type the encoded ``data`` names, as ``module.Class`` (or the plain kind)."""
     if isinstance(data, dict):
         for tag in ("__attrs__", "__enum__"):
-            if isinstance(data.get(tag), str):
-                return data[tag].replace(":", ".")
+            name = data.get(tag)
+            if isinstance(name, str):
+                return name.replace(":", ".")
         for tag, kind in (
             ("__tuple__", "tuple"),
             ("__map__", "FrozenMap"),
