@@ -22,7 +22,8 @@ optional(int_at_least(0))
 import inspect
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 
@@ -45,8 +46,10 @@ __all__ = [
     "non_empty_str",
 ]
 
+_T = TypeVar("_T")
 
-def finite(value) -> bool:
+
+def finite(value: object) -> bool:
     """``value`` is a real number that can be compared and kept: not a bool, not NaN, not +/-inf.
 
     >>> finite(0.5), finite(3), finite(float("inf")), finite(float("nan")), finite(True), finite("1")
@@ -60,7 +63,7 @@ def finite(value) -> bool:
         return False
 
 
-def refused_call(fn, *args, **kwargs) -> inspect.Signature | None:
+def refused_call(fn: Callable[..., object], *args: object, **kwargs: object) -> inspect.Signature | None:
     """``fn``'s signature when ``fn(*args, **kwargs)`` could not bind to it, else ``None``.
 
     What lets a callable the loop will call later (an evaluator, a metric, a
@@ -83,7 +86,15 @@ def refused_call(fn, *args, **kwargs) -> inspect.Signature | None:
     return None
 
 
-def invalid(owner, name: str, expected: str, value, *, hint: str | None = None, error=ValueError) -> Exception:
+def invalid(
+    owner: str | None,
+    name: str,
+    expected: str,
+    value: object,
+    *,
+    hint: str | None = None,
+    error: type[Exception] = ValueError,
+) -> Exception:
     """The exception for argument ``name`` of ``owner`` holding ``value`` instead of ``expected``; raise it.
 
     >>> raise invalid("loop", "save_dir", "a directory", "run.txt", hint="it is a file")
@@ -95,7 +106,7 @@ def invalid(owner, name: str, expected: str, value, *, hint: str | None = None, 
     return error(f"{where}'{name}' must be {expected} (got {shown(value)}){fix}")
 
 
-def shown(value) -> str:
+def shown(value: object) -> str:
     """``value`` as an error message shows it: its repr, or its type when that is long or spans lines.
 
     >>> shown("no"), shown(list(range(100)))
@@ -109,35 +120,45 @@ def shown(value) -> str:
     return f"{'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}" + (f" of {size} items" if size is not None else "")
 
 
-def _name(attribute) -> str:
+def _name(attribute: "attrs.Attribute[Any]") -> str:
     """The argument's name as the factory spells it (an attrs field's alias)."""
     return getattr(attribute, "alias", None) or attribute.name
 
 
-def _owner(instance) -> str:
+def _owner(instance: object) -> str:
     return getattr(instance, "factory_name", type(instance).__name__)
 
 
 class Validator:
-    """Base of the validators: ``accepts`` and ``expected`` define one; ``check`` and attrs' call use them."""
+    """Base of the validators: ``accepts``, ``expected``, ``with_hint`` define one; ``check`` and attrs' call use them.
 
-    error = ValueError
-    hint = None
+    A validator is a frozen value: ``error`` (the exception it raises) and ``hint`` (the fix its
+    errors end with) are read, never set.
+    """
 
-    def accepts(self, value) -> bool:
+    @property
+    def error(self) -> type[Exception]:
+        return ValueError
+
+    @property
+    def hint(self) -> str | None:
+        return None
+
+    def accepts(self, value: object) -> bool:
         raise NotImplementedError
 
     @property
     def expected(self) -> str:
         raise NotImplementedError
 
-    def check(self, value, name: str, *, owner: str | None = None):
+    def check(self, value: _T, name: str, *, owner: str | None = None) -> _T:
         """``value`` when it is valid; else raises, naming ``owner``, ``name`` and ``value``."""
         if not self.accepts(value):
             raise invalid(owner, name, self.expected, value, hint=self.hint, error=self.error)
         return value
 
-    def __call__(self, instance, attribute, value) -> None:  # the attrs validator protocol
+    # the attrs validator protocol
+    def __call__(self, instance: object, attribute: "attrs.Attribute[Any]", value: object) -> None:
         self.check(value, _name(attribute), owner=_owner(instance))
 
     def with_hint(self, hint: str) -> "Validator":
@@ -147,10 +168,10 @@ class Validator:
         Traceback (most recent call last):
         TypeError: loop: 'console' must be a bool (got 'no'); pass True or False
         """
-        return attrs.evolve(self, hint=hint)
+        raise NotImplementedError
 
 
-def _repr(value) -> str:
+def _repr(value: object) -> str:
     return value.__qualname__ if isinstance(value, type) else repr(value)
 
 
@@ -162,31 +183,37 @@ class _Check(Validator):
     """
 
     factory: str
-    args: tuple | None
-    kwargs: tuple = ()  # (name, value) pairs
-    test: object = attrs.field(default=None, eq=False)
+    args: tuple[Any, ...] | None
+    kwargs: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs
+    test: Callable[[Any], bool] = attrs.field(kw_only=True, eq=False)
     description: str = attrs.field(default="", eq=False)
-    error: type = attrs.field(default=ValueError, eq=False)
+    error: type[Exception] = attrs.field(default=ValueError, eq=False)
     hint: str | None = None
 
-    def accepts(self, value) -> bool:
+    def accepts(self, value: object) -> bool:
         return self.test(value)
 
     @property
     def expected(self) -> str:
         return self.description
 
-    def __repr__(self):
+    def with_hint(self, hint: str) -> Validator:
+        return attrs.evolve(self, hint=hint)
+
+    def __repr__(self) -> str:
         shown_args = [*map(_repr, self.args or ()), *(f"{k}={_repr(v)}" for k, v in self.kwargs)]
         call = self.factory if self.args is None else f"{self.factory}({', '.join(shown_args)})"
         return call + ("" if self.hint is None else f".with_hint({self.hint!r})")
 
-    def __reduce__(self):  # by the call that made it: the test is a closure
+    # by the call that made it: the test is a closure
+    def __reduce__(self) -> tuple[Callable[..., Validator], tuple[Any, ...]]:
         return (_remake, (self.factory, self.args, self.kwargs, self.hint))
 
 
-def _remake(factory: str, args, kwargs, hint) -> Validator:
-    made = globals()[factory] if args is None else globals()[factory](*args, **dict(kwargs))
+def _remake(
+    factory: str, args: tuple[Any, ...] | None, kwargs: tuple[tuple[str, Any], ...], hint: str | None
+) -> Validator:
+    made: Validator = globals()[factory] if args is None else globals()[factory](*args, **dict(kwargs))
     return made if hint is None else made.with_hint(hint)
 
 
@@ -205,11 +232,11 @@ def int_at_least(minimum: int) -> Validator:
     )
 
 
-def _bound(value) -> str:
+def _bound(value: float) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def number(*, at_least=None, above=None, below=None) -> Validator:
+def number(*, at_least: float | None = None, above: float | None = None, below: float | None = None) -> Validator:
     """A finite real number (not a bool) within the bounds given; ``ValueError`` otherwise.
 
     >>> number(at_least=0, below=1).with_hint("0.999 is usual").check(1.0, "decay", owner="ema")
@@ -227,7 +254,7 @@ def number(*, at_least=None, above=None, below=None) -> Validator:
         signs = {"at_least": ">=", "above": ">", "below": "<"}
         description = " ".join(["a finite number", *(f"{signs[k]} {_bound(b)}" for k, b in bounds)])
 
-    def test(v):
+    def test(v: Any) -> bool:
         return (
             finite(v)
             and (at_least is None or v >= at_least)
@@ -238,7 +265,7 @@ def number(*, at_least=None, above=None, below=None) -> Validator:
     return _Check("number", (), bounds, test=test, description=description)
 
 
-def one_of(*choices) -> Validator:
+def one_of(*choices: object) -> Validator:
     """Equal to one of ``choices`` (and of its type: ``1`` is not ``True``); ``ValueError`` otherwise.
 
     >>> one_of("max", "min").check("MAX", "mode", owner="best_on")
@@ -246,7 +273,7 @@ def one_of(*choices) -> Validator:
     ValueError: best_on: 'mode' must be one of ['max', 'min'] (got 'MAX')
     """
 
-    def test(v):
+    def test(v: object) -> bool:
         try:
             return any(v == c and type(v) is type(c) for c in choices)
         except Exception:  # a value whose == raises (an array) is none of the choices
@@ -255,7 +282,7 @@ def one_of(*choices) -> Validator:
     return _Check("one_of", tuple(choices), test=test, description=f"one of {list(choices)}")
 
 
-def instance_of(*types, expected: str | None = None) -> Validator:
+def instance_of(*types: type, expected: str | None = None) -> Validator:
     """An instance of one of ``types`` (a bool only where ``bool`` is listed); ``TypeError`` otherwise.
 
     >>> instance_of(dict, expected="a dict of settings").check([1], "config", owner="loop")
@@ -263,7 +290,7 @@ def instance_of(*types, expected: str | None = None) -> Validator:
     TypeError: loop: 'config' must be a dict of settings (got [1])
     """
 
-    def test(v):  # True is an int to Python, never to an argument that counts
+    def test(v: object) -> bool:  # True is an int to Python, never to an argument that counts
         return isinstance(v, types) and (bool in types or not isinstance(v, bool))
 
     return _Check(
@@ -306,19 +333,19 @@ is_callable = _Check("is_callable", None, test=callable, description="callable",
 
 @attrs.frozen(repr=False)
 class _HasMethods(Validator):
-    methods: tuple
+    methods: tuple[str, ...]
     description: str = attrs.field(kw_only=True)
     hint: str | None = None
     error = TypeError
 
-    def accepts(self, value) -> bool:
+    def accepts(self, value: object) -> bool:
         return not isinstance(value, type) and all(callable(getattr(value, m, None)) for m in self.methods)
 
     @property
     def expected(self) -> str:
         return f"{self.description}, with {', '.join(m + '()' for m in self.methods)}"
 
-    def check(self, value, name: str, *, owner: str | None = None):
+    def check(self, value: _T, name: str, *, owner: str | None = None) -> _T:
         if not self.accepts(value):
             missing = [m + "()" for m in self.methods if not callable(getattr(value, m, None))]
             what = "a class, not an instance of it" if isinstance(value, type) else f"it has no {', '.join(missing)}"
@@ -326,7 +353,10 @@ class _HasMethods(Validator):
             raise invalid(owner, name, self.expected, value, hint=hint, error=self.error)
         return value
 
-    def __repr__(self):
+    def with_hint(self, hint: str) -> Validator:
+        return attrs.evolve(self, hint=hint)
+
+    def __repr__(self) -> str:
         hint = "" if self.hint is None else f".with_hint({self.hint!r})"
         return f"has_methods({', '.join(map(repr, self.methods))}, expected={self.description!r}){hint}"
 
@@ -345,17 +375,22 @@ def has_methods(*methods: str, expected: str) -> Validator:
 class _Optional(Validator):
     inner: Validator
 
-    error = property(lambda self: self.inner.error)
-    hint = property(lambda self: self.inner.hint)
+    @property
+    def error(self) -> type[Exception]:
+        return self.inner.error
 
-    def accepts(self, value) -> bool:
+    @property
+    def hint(self) -> str | None:
+        return self.inner.hint
+
+    def accepts(self, value: object) -> bool:
         return value is None or self.inner.accepts(value)
 
     @property
     def expected(self) -> str:
         return f"None or {self.inner.expected}"
 
-    def check(self, value, name: str, *, owner: str | None = None):
+    def check(self, value: _T, name: str, *, owner: str | None = None) -> _T:
         if value is not None and not self.inner.accepts(value):  # the inner check's detail, "None or" added
             try:
                 self.inner.check(value, name, owner=owner)
@@ -367,7 +402,7 @@ class _Optional(Validator):
     def with_hint(self, hint: str) -> Validator:
         return _Optional(self.inner.with_hint(hint))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"optional({self.inner!r})"
 
 
@@ -389,7 +424,7 @@ class _MappingOf(Validator):
     hint: str | None = None
     error = TypeError
 
-    def accepts(self, value) -> bool:
+    def accepts(self, value: object) -> bool:
         return isinstance(value, Mapping) and all(
             self.key.accepts(k) and self.value.accepts(v) for k, v in value.items()
         )
@@ -398,7 +433,7 @@ class _MappingOf(Validator):
     def expected(self) -> str:
         return self.description
 
-    def check(self, value, name: str, *, owner: str | None = None):
+    def check(self, value: _T, name: str, *, owner: str | None = None) -> _T:
         if not isinstance(value, Mapping):
             raise invalid(owner, name, self.expected, value, hint=self.hint, error=TypeError)
         where, whole = (
@@ -416,7 +451,10 @@ class _MappingOf(Validator):
                 )
         return value
 
-    def __repr__(self):
+    def with_hint(self, hint: str) -> Validator:
+        return attrs.evolve(self, hint=hint)
+
+    def __repr__(self) -> str:
         hint = "" if self.hint is None else f".with_hint({self.hint!r})"
         return f"mapping_of({self.key!r}, {self.value!r}, expected={self.description!r}){hint}"
 
