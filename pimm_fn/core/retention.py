@@ -18,7 +18,8 @@ any_of(keep_last(2), keep_best(1, 'mIoU'))
 [10, 20]
 """
 
-from typing import ClassVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import attrs
 
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 
-def recordable(metrics) -> dict:
+def recordable(metrics: Mapping[Any, Any] | None) -> dict[str, float]:
     """The finite real values of ``metrics``, as floats: what a checkpoint records for retention.
 
     >>> recordable({"mIoU": 0.5, "loss": float("nan"), "epoch": 3, "done": True})
@@ -47,18 +48,29 @@ def recordable(metrics) -> dict:
     return {str(k): float(v) for k, v in dict(metrics or {}).items() if finite(v)}
 
 
+def _recorded(metrics: Mapping[Any, Any] | None) -> FrozenMap:
+    return FrozenMap(recordable(metrics))
+
+
 @attrs.frozen
 class Snapshot:
     """A complete snapshot as retention sees it: its step and the run's metrics at that save."""
 
     step: int = attrs.field(validator=int_at_least(0))
-    metrics: FrozenMap = attrs.field(default=FrozenMap(), converter=lambda m: FrozenMap(recordable(m)))
+    metrics: FrozenMap = attrs.field(default=FrozenMap(), converter=_recorded)
+
+
+# A policy: one below, or a callable of one's own taking the snapshots (oldest first) and returning the steps to keep.
+_AnyPolicy = Callable[[Sequence[Snapshot]], Iterable[int]]
 
 
 class _Policy:
     """Gives every policy ``a | b`` for ``any_of(a, b)``."""
 
-    def __or__(self, other):
+    def __call__(self, snapshots: Sequence[Snapshot]) -> frozenset[int]:
+        raise NotImplementedError
+
+    def __or__(self, other: _AnyPolicy) -> "_AnyOf":
         return any_of(self, other)
 
 
@@ -67,12 +79,12 @@ class _KeepLast(_Policy):
     factory_name: ClassVar[str] = "keep_last"
     n: int = attrs.field(validator=int_at_least(0))
 
-    def __call__(self, snapshots) -> frozenset:
+    def __call__(self, snapshots: Sequence[Snapshot]) -> frozenset[int]:
         steps = sorted(s.step for s in snapshots)
         # Never steps[len(steps) - n:]: with fewer than n snapshots that start is negative and slices from the end.
         return frozenset(steps[max(0, len(steps) - self.n) :] if self.n else ())
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"keep_last({self.n})"
 
 
@@ -81,10 +93,10 @@ class _KeepEvery(_Policy):
     factory_name: ClassVar[str] = "keep_every"
     k: int = attrs.field(validator=int_at_least(1))
 
-    def __call__(self, snapshots) -> frozenset:
+    def __call__(self, snapshots: Sequence[Snapshot]) -> frozenset[int]:
         return frozenset(s.step for s in snapshots if s.step % self.k == 0)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"keep_every({self.k})"
 
 
@@ -95,14 +107,14 @@ class _KeepBest(_Policy):
     metric: str = attrs.field(validator=non_empty_str)
     mode: str = attrs.field(default="max", validator=one_of("max", "min"))
 
-    def __call__(self, snapshots) -> frozenset:
+    def __call__(self, snapshots: Sequence[Snapshot]) -> frozenset[int]:
         rated = [s for s in snapshots if self.metric in s.metrics]
         sign = -1.0 if self.mode == "max" else 1.0
         # Ties go to the older snapshot: the first to reach a value is the best, as best_on decides.
         ranked = sorted(rated, key=lambda s: (sign * s.metrics[self.metric], s.step))
         return frozenset(s.step for s in ranked[: self.k])
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         mode = "" if self.mode == "max" else f", mode={self.mode!r}"
         return f"keep_best({self.k}, {self.metric!r}{mode})"
 
@@ -110,7 +122,7 @@ class _KeepBest(_Policy):
 _A_POLICY = is_callable.with_hint("pass a retention policy: keep_last(3), keep_best(2, 'mIoU') or any_of(...)")
 
 
-def _policies(instance, attribute, value) -> None:
+def _policies(instance: object, attribute: "attrs.Attribute[Any]", value: tuple[_AnyPolicy, ...]) -> None:
     if not value:
         raise ValueError("any_of: give at least one policy, e.g. any_of(keep_last(3), keep_best(1, 'mIoU'))")
     for policy in value:
@@ -120,16 +132,16 @@ def _policies(instance, attribute, value) -> None:
 @attrs.frozen(repr=False)
 class _AnyOf(_Policy):
     factory_name: ClassVar[str] = "any_of"
-    policies: tuple = attrs.field(validator=_policies)
+    policies: tuple[_AnyPolicy, ...] = attrs.field(validator=_policies)
 
-    def __call__(self, snapshots) -> frozenset:
+    def __call__(self, snapshots: Sequence[Snapshot]) -> frozenset[int]:
         return frozenset().union(*(_kept(p, snapshots) for p in self.policies))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"any_of({', '.join(map(repr, self.policies))})"
 
 
-def keep_last(n: int):
+def keep_last(n: int) -> _KeepLast:
     """Keep the ``n`` newest snapshots, all of them while there are fewer (``n=0``: none; ``last`` always stays).
 
     >>> sorted(keep_last(2)([Snapshot(s) for s in (4, 8, 12)]))
@@ -140,7 +152,7 @@ def keep_last(n: int):
     return _KeepLast(n)
 
 
-def keep_every(k: int):
+def keep_every(k: int) -> _KeepEvery:
     """Keep the snapshots whose step is a multiple of ``k``: a sparse history of the run.
 
     >>> sorted(keep_every(100)([Snapshot(s) for s in (50, 100, 150, 200)]))
@@ -149,7 +161,7 @@ def keep_every(k: int):
     return _KeepEvery(k)
 
 
-def keep_best(k: int, metric: str, *, mode: str = "max"):
+def keep_best(k: int, metric: str, *, mode: str = "max") -> _KeepBest:
     """Keep the ``k`` snapshots with the best ``metric`` (``mode`` ``"max"`` or ``"min"``).
 
     A snapshot's metric is the value the run last published before that save
@@ -164,19 +176,19 @@ def keep_best(k: int, metric: str, *, mode: str = "max"):
     return _KeepBest(k, metric, mode)
 
 
-def any_of(*policies):
+def any_of(*policies: _AnyPolicy) -> _AnyOf:
     """Keep what any of ``policies`` keeps; ``a | b`` is ``any_of(a, b)``.
 
     >>> any_of(keep_last(1), keep_every(10)) == (keep_last(1) | keep_every(10))
     True
     """
-    flat = []
+    flat: list[_AnyPolicy] = []
     for policy in policies:  # any_of is associative: nest-free, so equal compositions compare equal
         flat.extend(policy.policies if isinstance(policy, _AnyOf) else (policy,))
     return _AnyOf(tuple(flat))
 
 
-def _kept(policy, snapshots) -> frozenset:
+def _kept(policy: _AnyPolicy, snapshots: Sequence[Snapshot]) -> frozenset[int]:
     """What ``policy`` keeps, checked: a policy of one's own must return steps."""
     kept = policy(snapshots)
     try:
@@ -191,11 +203,11 @@ def _kept(policy, snapshots) -> frozenset:
 class Decision:
     """What :func:`decide` chose: the snapshots to ``keep`` and to ``remove``, oldest first."""
 
-    keep: tuple
-    remove: tuple
+    keep: tuple[Snapshot, ...]
+    remove: tuple[Snapshot, ...]
 
 
-def decide(policy, snapshots, *, protect=()) -> Decision:
+def decide(policy: _AnyPolicy, snapshots: Iterable[Snapshot], *, protect: Iterable[int] = ()) -> Decision:
     """Apply ``policy`` to ``snapshots``; the steps in ``protect`` are kept whatever it says.
 
     Args:
@@ -219,7 +231,7 @@ def decide(policy, snapshots, *, protect=()) -> Decision:
     return Decision(tuple(s for s in ordered if s.step in kept), tuple(s for s in ordered if s.step not in kept))
 
 
-def resolve(keep, keep_snapshots, *, caller: str):
+def resolve(keep: _AnyPolicy | None, keep_snapshots: int | None, *, caller: str) -> _AnyPolicy | None:
     """The one policy a ``keep=`` and a legacy ``keep_snapshots=`` stand for, or ``None`` (keep all).
 
     >>> resolve(None, 3, caller="loop")
