@@ -17,13 +17,14 @@ One row per effect (step, hook identity, event, effect, each compact as
 under a title saying how many effects and the steps they span.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
-from pimm_fn.core.effects import Log, SaveCheckpoint
+from pimm_fn.core.effects import Effect, Log, SaveCheckpoint
 
 __all__ = [
     "number",
@@ -46,7 +47,62 @@ __all__ = [
 WIDTH = 100  # the most characters a displayed value takes before it is cut
 
 
-def number(value) -> str:
+# What the summaries read of a Progress, a State and a TraceEntry (pimm_fn.core.state and .trace): those
+# modules import this one to show themselves, not the reverse.
+class _Progress(Protocol):
+    @property
+    def iters_per_epoch(self) -> int: ...
+    @property
+    def max_epochs(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def iter_in_epoch(self) -> int: ...
+    @property
+    def global_step(self) -> int: ...
+    @property
+    def samples_seen(self) -> int: ...
+    @property
+    def step_limit(self) -> int | None: ...
+    @property
+    def steps_left(self) -> int: ...
+
+
+class _State(Protocol):
+    @property
+    def progress(self) -> _Progress: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def metrics(self) -> Mapping[Any, object]: ...
+    @property
+    def best(self) -> Mapping[Any, object]: ...
+    @property
+    def config(self) -> Mapping[Any, object]: ...
+    @property
+    def slots(self) -> tuple[Any, ...]: ...
+    @property
+    def position(self) -> str | None: ...
+    @property
+    def stop(self) -> str | None: ...
+    @property
+    def finished(self) -> bool: ...
+
+
+class _Entry(Protocol):
+    @property
+    def step(self) -> int: ...
+    @property
+    def event(self) -> ev.Event: ...
+    @property
+    def effect(self) -> Effect: ...
+    @property
+    def hook(self) -> int: ...
+
+
+def number(value: object) -> str:
     """A number as the log lines print it: a float to 5 significant digits.
 
     >>> number(-5.186985492706299), number(3), number("val")
@@ -55,7 +111,7 @@ def number(value) -> str:
     return f"{value:.5g}" if isinstance(value, float) else str(value)
 
 
-def pairs(mapping: Mapping) -> str:
+def pairs(mapping: Mapping[Any, object]) -> str:
     """``name=value`` pairs of ``mapping``, as a log line shows them.
 
     >>> pairs({"score": -5.186985492706299, "epoch": 1})
@@ -69,21 +125,24 @@ def cut(text: str, width: int = WIDTH) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
-def _is_default(field, value) -> bool:
+def _is_default(field: "attrs.Attribute[Any]", value: object) -> bool:
     default = field.default
-    if isinstance(default, attrs.Factory):  # an empty container made fresh: shown when it holds something
+    # An empty container made fresh: shown when it holds something. (attrs' stub declares Factory a function,
+    # so that a default of Factory(list) types as a list; it is a class.)
+    if isinstance(default, attrs.Factory):  # type: ignore[arg-type]
         return not value if isinstance(value, (Mapping, tuple, list)) else False
     return default is not attrs.NOTHING and type(value) is type(default) and value == default
 
 
-def _compact(value) -> str:
-    if attrs.has(type(value)):
+def _compact(value: object) -> str:
+    cls = type(value)
+    if attrs.has(cls):
         shown = (
             f"{f.name}={_compact(getattr(value, f.name))}"
-            for f in attrs.fields(type(value))
+            for f in attrs.fields(cls)
             if f.repr and not f.name.startswith("_") and not _is_default(f, getattr(value, f.name))
         )
-        return f"{type(value).__name__}({', '.join(shown)})"
+        return f"{cls.__name__}({', '.join(shown)})"
     if isinstance(value, float):
         return number(value)
     if isinstance(value, Mapping):
@@ -95,7 +154,7 @@ def _compact(value) -> str:
     return repr(value)
 
 
-def compact(value, width: int = WIDTH) -> str:
+def compact(value: object, width: int = WIDTH) -> str:
     """``value`` in short: an attrs value with only its fields off their defaults, floats shortened, cut to ``width``.
 
     >>> from pimm_fn.core.effects import SaveCheckpoint, WriteBest
@@ -106,10 +165,13 @@ def compact(value, width: int = WIDTH) -> str:
 
 
 # Per event type, the fields a label leaves out: rank-local data that the effects repeat.
-_ELIDED = {ev.AfterStep: ("outputs", "batch_size"), ev.MetricsPublished: ("values", "consistent")}
+_ELIDED: dict[type[ev.Event], tuple[str, ...]] = {
+    ev.AfterStep: ("outputs", "batch_size"),
+    ev.MetricsPublished: ("values", "consistent"),
+}
 
 
-def event_label(event) -> str:
+def event_label(event: ev.Event) -> str:
     """``event`` by what names its moment: step outputs and metric values left out, marked ``...``.
 
     >>> event_label(ev.AfterStep(3, {"loss": 0.25}, 8)), event_label(ev.AfterEpoch(0))
@@ -128,7 +190,7 @@ def event_label(event) -> str:
     return f"{type(event).__name__}({', '.join(shown + ['...'] * left_out)})"
 
 
-def hook_label(hook) -> str:
+def hook_label(hook: Any) -> str:
     """A hook by its identity; an unnamed ``chain`` by its children's.
 
     >>> from pimm_fn.core.fold import chain
@@ -144,7 +206,7 @@ def hook_label(hook) -> str:
     return name
 
 
-def progress_line(progress, world_size: int = 1) -> str:
+def progress_line(progress: _Progress, world_size: int = 1) -> str:
     """Where training stands, in one line: step of total, epoch, iteration in it, budget, samples.
 
     ``epoch`` counts from 0, as ``Progress.epoch`` and the log lines do. The
@@ -168,7 +230,7 @@ def progress_line(progress, world_size: int = 1) -> str:
     )
 
 
-def _where(state) -> str:
+def _where(state: _State) -> str:
     """The state's place in the lifecycle: finished, stopping, or the last event."""
     if state.finished:
         return "finished"
@@ -177,7 +239,7 @@ def _where(state) -> str:
     return f"after {state.position}" if state.position is not None else "not started"
 
 
-def state_rows(state, hooks=None) -> list:
+def state_rows(state: _State, hooks: Sequence[Any] | None = None) -> list[tuple[str, str]]:
     """``(label, value)`` rows summing up ``state``: metrics, best values, and each hook's slot.
 
     With ``hooks`` (the run's hook list) a slot is shown beside its hook's
@@ -200,7 +262,7 @@ def state_rows(state, hooks=None) -> list:
     return rows
 
 
-def render_text(title: str, rows) -> str:
+def render_text(title: str, rows: Sequence[tuple[str, object]]) -> str:
     """``title`` then one indented ``label: value`` line per row; a value's later lines indented under it.
 
     >>> print(render_text("State", [("metrics", "acc=0.5"), ("slots", "#0 a\\n#1 b")]))
@@ -218,7 +280,7 @@ def render_text(title: str, rows) -> str:
     return "\n".join(lines)
 
 
-def run_rows(state, hooks, trace) -> list:
+def run_rows(state: _State, hooks: Sequence[Any], trace: Sequence[_Entry]) -> list[tuple[str, str]]:
     """``state_rows`` of a live run, with its last save and last training log line read from its ``trace``."""
     rows = state_rows(state, hooks)
     save = next((e.effect for e in reversed(trace) if isinstance(e.effect, SaveCheckpoint)), None)
@@ -232,7 +294,7 @@ def run_rows(state, hooks, trace) -> list:
     return rows[:at] + found + rows[at:]
 
 
-def fields_repr(value) -> str:
+def fields_repr(value: attrs.AttrsInstance) -> str:
     """The exact repr of an attrs ``value``, one field a line, a tuple field one item a line: the call that makes it.
 
     What ``repr(state)`` prints: every field and every digit as attrs
@@ -265,15 +327,19 @@ def fields_repr(value) -> str:
 _HEAD = _TAIL = 10  # a long trace shows its first and last entries
 
 
-def trace_table(entries, hooks=None) -> tuple:
+_Row = tuple[str, str, str, str]  # a trace table's row: step, hook, event, effect
+
+
+def trace_table(entries: Iterable[_Entry], hooks: Sequence[str] | None = None) -> tuple[_Row, list[_Row]]:
     """``(header, rows)`` of a trace: step, hook (identity, or ``#index``), event, effect; a long one cut in the middle.
 
     ``hooks`` are the hooks' labels in list order, as ``TraceEntry.hook`` indexes them.
     """
 
-    def row(e):
-        known = hooks is not None and 0 <= e.hook < len(hooks)
-        hook = cut(hooks[e.hook], WIDTH // 2) if known else f"#{e.hook}"
+    labels: Sequence[str] = () if hooks is None else hooks
+
+    def row(e: _Entry) -> _Row:
+        hook = cut(labels[e.hook], WIDTH // 2) if 0 <= e.hook < len(labels) else f"#{e.hook}"
         return str(e.step), hook, event_label(e.event), compact(e.effect)
 
     entries = tuple(entries)
@@ -284,7 +350,7 @@ def trace_table(entries, hooks=None) -> tuple:
     return ("step", "hook", "event", "effect"), [*map(row, entries[:_HEAD]), gap, *map(row, entries[-_TAIL:])]
 
 
-def table_text(title: str, header, rows) -> str:
+def table_text(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """``title`` then ``rows`` under ``header`` in left-aligned columns, the last one free.
 
     >>> print(table_text("Trace", ("step", "effect"), [("3", "SaveCheckpoint(step=3)")]))
@@ -299,7 +365,7 @@ def table_text(title: str, header, rows) -> str:
     return "\n".join(lines)
 
 
-def trace_title(entries) -> str:
+def trace_title(entries: Sequence[_Entry]) -> str:
     """How many effects a trace holds and the steps they span.
 
     >>> from types import SimpleNamespace as Entry
