@@ -33,8 +33,8 @@ come in, with the fix. So it does two names that read alike once written
 """
 
 import enum
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
@@ -70,8 +70,12 @@ POSITION = ("epoch", "of_epochs", "iter", "of", "over")  # where a training reco
 
 RESERVED = FIELDS + POSITION  # what a measured value may not be named
 
+_V = TypeVar("_V")
 
-def named(values: Mapping, who: str, prefix: str = "my", reserved=RESERVED) -> dict:
+
+def named(
+    values: Mapping[Any, _V], who: str, prefix: str = "my", reserved: Collection[str] = RESERVED
+) -> dict[str, _V]:
     """``values`` under ``str`` names; a ``ValueError`` naming ``who`` for a reserved name or two alike.
 
     ``who`` says whose values they are (``"evaluator 'val' returned metric"``);
@@ -86,7 +90,7 @@ def named(values: Mapping, who: str, prefix: str = "my", reserved=RESERVED) -> d
     """
     if fits(values, reserved):  # the common case, every logged step: no message built
         return {key if key.__class__ is str else str(key): value for key, value in values.items()}
-    found = {}
+    found: dict[str, object] = {}
     for key in values:
         name = str(key)
         if name in reserved:
@@ -103,7 +107,7 @@ def named(values: Mapping, who: str, prefix: str = "my", reserved=RESERVED) -> d
     raise AssertionError("fits() and named() disagree")  # unreachable: fits() said a name was wrong
 
 
-def fits(values: Mapping, reserved=RESERVED) -> bool:
+def fits(values: Mapping[Any, object], reserved: Collection[str] = RESERVED) -> bool:
     """No name of ``values`` is ``reserved`` and no two read alike once written: what :func:`named` checks.
 
     >>> fits({"acc": 0.9, 1: 0.5}), fits({"step": 1}), fits({1: 0.5, "1": 0.5}), fits({"step": 1}, reserved=())
@@ -116,7 +120,7 @@ def fits(values: Mapping, reserved=RESERVED) -> bool:
     return len(names) == len(keys) and names.isdisjoint(reserved)
 
 
-def row(step: int, kind: str, values: Mapping) -> dict:
+def row(step: int, kind: str, values: Mapping[str, object]) -> dict[str, object]:
     """The line a record is written as: ``FIELDS`` first, then its values.
 
     >>> row(4, "eval/val", {"acc": 0.9})
@@ -125,7 +129,7 @@ def row(step: int, kind: str, values: Mapping) -> dict:
     return {"step": step, "kind": kind, **values}
 
 
-def unrow(line: Mapping) -> tuple:
+def unrow(line: Mapping[str, Any]) -> tuple[int, str, dict[str, Any]]:
     """``(step, kind, values)`` of a line read back; a ``KeyError`` when it lacks a field.
 
     >>> unrow({"step": 4, "kind": "eval/val", "acc": 0.9})
@@ -140,7 +144,7 @@ class Scope(enum.Enum):
     MAIN = "main"
     LOCAL = "local"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Scope.{self.name}"
 
 
@@ -148,7 +152,17 @@ class Scope(enum.Enum):
 class Effect:
     """Base class; a subclass sets ``scope``."""
 
-    scope: ClassVar[Scope] = Scope.LOCAL
+    # A subclass sets its scope as a class variable, but Call's is a field (a scope per call), which a ClassVar
+    # declared here would forbid: the type checker reads it as a property of an effect; at run time the
+    # base's is a class variable, as every other effect's is.
+    if TYPE_CHECKING:
+
+        @property
+        def scope(self) -> Scope:
+            return Scope.LOCAL
+
+    else:
+        scope = Scope.LOCAL
 
     @property
     def runs_first(self) -> bool:
@@ -229,7 +243,7 @@ class Evaluate(Effect):
     __repr__ = repr_unless_none("weights")
 
 
-def _keeps_its_fields(log, attribute, values: FrozenMap) -> None:
+def _keeps_its_fields(log: "Log", attribute: "attrs.Attribute[Any]", values: FrozenMap) -> None:
     """A value named ``step`` or ``kind`` (or two names alike, ``1`` and ``"1"``) would overwrite one in the line."""
     if not fits(values, FIELDS):
         named(values, f"Log({log.step!r}, {log.kind!r}) holds value", reserved=FIELDS)
@@ -266,7 +280,7 @@ class LoadWeights(Effect):
 
     scope: ClassVar[Scope] = Scope.LOCAL
     path: str
-    replacements: tuple = ()
+    replacements: tuple[tuple[str, str], ...] = ()
     strict: bool = False
     dialect: str = "pimm_fn"
 
@@ -323,14 +337,14 @@ class UpdateEma(Effect):
 _PLAIN = (type(None), bool, int, float, str)
 
 
-def _plain(value, where: str):
+def _plain(value: object, where: str) -> object:
     """``value`` as a plain value: lists become tuples, mappings ``FrozenMap``s; anything else is refused."""
     if isinstance(value, _PLAIN):
         return value
     if isinstance(value, (tuple, list)):
-        return tuple(_plain(v, f"{where}[{i}]") for i, v in enumerate(value))
+        return _plain_items(value, where)
     if isinstance(value, Mapping):
-        return FrozenMap({_plain(k, f"{where} key"): _plain(v, f"{where}[{k!r}]") for k, v in value.items()})
+        return _plain_map(value, where)
     raise TypeError(
         f"Call: {where} is a {type(value).__name__} ({value!r:.80}), not a plain value: pass numbers, strings, "
         f"None, and tuples or dicts of them (an effect compares, pickles and digests alike on every rank); "
@@ -338,19 +352,27 @@ def _plain(value, where: str):
     )
 
 
-def _plain_args(args) -> tuple:
-    return _plain(tuple(args), "args")
+def _plain_items(values: Iterable[object], where: str) -> tuple[object, ...]:
+    return tuple(_plain(v, f"{where}[{i}]") for i, v in enumerate(values))
 
 
-def _plain_kwargs(kwargs) -> FrozenMap:
-    kwargs = _plain(freeze(kwargs), "kwargs")
+def _plain_map(values: Mapping[Any, object], where: str) -> FrozenMap:
+    return FrozenMap({_plain(k, f"{where} key"): _plain(v, f"{where}[{k!r}]") for k, v in values.items()})
+
+
+def _plain_args(args: Iterable[object]) -> tuple[object, ...]:
+    return _plain_items(args, "args")
+
+
+def _plain_kwargs(kwargs: Mapping[Any, object] | None) -> FrozenMap:
+    kwargs = _plain_map(freeze(kwargs), "kwargs")
     for name in kwargs:
         if not (isinstance(name, str) and name.isidentifier()):
             raise TypeError(f"Call: kwargs names must be identifiers, as a call's keywords are (got {name!r})")
     return kwargs
 
 
-def _function_name(call, attribute, name) -> None:
+def _function_name(call: "Call", attribute: "attrs.Attribute[Any]", name: object) -> None:
     """``"module:qualname"``: a module path, then a path of names inside it, neither made by a call."""
     module, colon, qualname = name.partition(":") if isinstance(name, str) else ("", "", "")
     parts = [*module.split("."), *qualname.split(".")]
@@ -361,7 +383,7 @@ def _function_name(call, attribute, name) -> None:
         )
 
 
-def _a_scope(call, attribute, scope) -> None:
+def _a_scope(call: "Call", attribute: "attrs.Attribute[Any]", scope: object) -> None:
     if not isinstance(scope, Scope):
         raise TypeError(f"Call: 'scope' must be Scope.MAIN, Scope.LOCAL or Scope.COLLECTIVE (got {scope!r})")
 
@@ -393,12 +415,20 @@ class Call(Effect):
 
     function: str = attrs.field(validator=_function_name)
     step: int
-    args: tuple = attrs.field(default=(), converter=_plain_args)
+    args: tuple[object, ...] = attrs.field(default=(), converter=_plain_args)
     kwargs: FrozenMap = attrs.field(factory=FrozenMap, converter=_plain_kwargs)
     scope: Scope = attrs.field(default=Scope.MAIN, validator=_a_scope)
 
     @classmethod
-    def of(cls, fn, step: int, *, args=(), kwargs=None, scope: Scope = Scope.MAIN) -> "Call":
+    def of(
+        cls,
+        fn: Callable[..., object],
+        step: int,
+        *,
+        args: Iterable[object] = (),
+        kwargs: Mapping[str, object] | None = None,
+        scope: Scope = Scope.MAIN,
+    ) -> "Call":
         """A ``Call`` of ``fn``, named by its module and qualified name; see the class.
 
         Raises:
@@ -423,7 +453,7 @@ class Call(Effect):
             )
         return cls(f"{module}:{qualname}", step, args, kwargs or {}, scope)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         extra = (f", args={self.args!r}" if self.args else "") + (f", kwargs={self.kwargs!r}" if self.kwargs else "")
         extra += f", scope={self.scope!r}" if self.scope is not Scope.MAIN else ""
         return f"Call({self.function!r}, {self.step!r}{extra})"
