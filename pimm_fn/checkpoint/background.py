@@ -223,13 +223,15 @@ class StagingArea:
     def _allocate(self, layout: tuple) -> list[torch.Tensor]:
         """Keep the tensors whose (key, dtype, shape) did not change, allocate the rest; returns the new ones."""
         kept = {entry: t for entry, t in zip(self._layout, self._tensors)}
-        self._tensors = [kept.pop(entry, None) for entry in layout]
+        reused = [kept.pop(entry, None) for entry in layout]
+        self._tensors = []
         del kept  # tensors for entries that are gone are freed here
-        fresh = []
-        for j, (entry, t) in enumerate(zip(layout, self._tensors)):
+        fresh: list[torch.Tensor] = []
+        for entry, t in zip(layout, reused):
             if t is None:
-                self._tensors[j] = t = torch.empty(entry[3], dtype=entry[2])
+                t = torch.empty(entry[3], dtype=entry[2])
                 fresh.append(t)
+            self._tensors.append(t)
         self._layout = layout
         self.nbytes = sum(t.untyped_storage().nbytes() for t in self._tensors)
         return fresh
@@ -503,6 +505,7 @@ class AsyncSave:
             self._thread.join()
         if self._error is not None:
             raise self._error
+        assert self._info is not None  # the work finished without an error: it returned the checkpoint
         return self._info
 
     def __repr__(self):

@@ -51,7 +51,7 @@ model is sharded. Each refusal says the checkpoint was not written by
 pimm_fn, or was altered.
 """
 
-from typing import Any
+from typing import Any, TypeGuard
 
 import attrs
 
@@ -73,7 +73,7 @@ __all__ = [
 ]
 
 
-def _names(value) -> bool:
+def _names(value: object) -> TypeGuard[dict[str, str]]:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
@@ -223,7 +223,7 @@ def to_parts(contents: TrainerContents) -> tuple[dict, dict]:
     """
     r = contents.replicated
     # Tensors first, in a fixed order: a prewarm's template numbers them as the save does.
-    trainer = {"optimizer": r.optimizer, "scheduler": r.scheduler, "scaler": r.scaler}
+    trainer: dict[str, Any] = {"optimizer": r.optimizer, "scheduler": r.scheduler, "scaler": r.scaler}
     if r.optimizers is not None:
         trainer["optimizers"] = r.optimizers
     if r.extra:
@@ -279,7 +279,8 @@ def from_parts(trainer: dict, local: dict | None) -> TrainerContents:
             f"the checkpoint's per-rank 'cursor' is a {type(local.get('cursor')).__name__}, where "
             f"pimm_fn writes a dict: it was not written by pimm_fn, or was altered"
         )
-    return TrainerContents(replicated, PerRank(_read_state(local, layout), local.get("rng"), local["cursor"]))
+    rng: Any = local.get("rng")  # as the checkpoint has it: PerRank refuses what is not a dict
+    return TrainerContents(replicated, PerRank(_read_state(local, layout), rng, local["cursor"]))
 
 
 def _read_state(part: dict, layout: int) -> SavedState:

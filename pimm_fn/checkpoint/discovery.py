@@ -117,7 +117,7 @@ class Candidate:
         priority: how it ranks among entries of one step: 2 ``last``, 1 a snapshot, 0 a retired copy.
     """
 
-    path: pathlib.Path
+    path: storage.Location
     step: int | None
     info: CheckpointInfo | None = None
     error: CheckpointError | None = None
@@ -142,7 +142,7 @@ def candidates(model_dir: str | os.PathLike) -> list[Candidate]:
     return sorted(found, key=key, reverse=True)
 
 
-def _examine(entry: pathlib.Path) -> Candidate | None:
+def _examine(entry: storage.Location) -> Candidate | None:
     priority = _priority(entry)
     if priority is None:
         return None
@@ -165,7 +165,7 @@ def _examine(entry: pathlib.Path) -> Candidate | None:
     return Candidate(entry, info.step, info, priority=priority)
 
 
-def _priority(entry: pathlib.Path) -> int | None:
+def _priority(entry: storage.Location) -> int | None:
     name = entry.name
     if name.startswith(files.STAGING):
         return None
@@ -180,7 +180,7 @@ def _priority(entry: pathlib.Path) -> int | None:
     return 1 if files.ITER_FILE.match(name) else None
 
 
-def _named_step(entry: pathlib.Path) -> int | None:
+def _named_step(entry: storage.Location) -> int | None:
     match = (files.ITER_DIR if entry.is_dir() else files.ITER_FILE).match(entry.name)
     return int(match.group(1)) if match else None
 
@@ -242,6 +242,7 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
     if usable is not None:
         return usable
     if found:
+        assert found[0].error is not None  # a candidate that is not usable holds why
         raise found[0].error
     raise FileNotFoundError(f"find_checkpoint: no complete checkpoint under {str(model_dir)!r}; expected {expected}")
 
@@ -371,7 +372,8 @@ def _read_everywhere(info: CheckpointInfo) -> LoadedCheckpoint | CheckpointError
     )  # rank 0 hashes each file once, before any rank reads one
     if changed is not None:
         return changed
-    loaded, problem = None, None
+    loaded: LoadedCheckpoint | None = None
+    problem: CheckpointError | str | None = None
     try:
         loaded = load_checkpoint(info)
     except CheckpointError as exc:
@@ -382,6 +384,7 @@ def _read_everywhere(info: CheckpointInfo) -> LoadedCheckpoint | CheckpointError
     problems = dist.all_gather_object(problem)
     failed = [(rank, p) for rank, p in enumerate(problems) if p is not None]
     if not failed:
+        assert loaded is not None  # this rank read it: no problem here either
         return loaded
     rank, first = failed[0]
     if isinstance(first, str):
@@ -422,7 +425,7 @@ def readers(handlers: Iterable) -> tuple:
     >>> readers([print, reader, reader]) == (reader,)
     True
     """
-    found = {}
+    found: dict[int, Reader] = {}
     for handler in handlers:
         if isinstance(handler, Reader) and isinstance(getattr(handler, "name", None), str):
             found.setdefault(id(handler), handler)

@@ -204,8 +204,9 @@ def storage_error(
     if no_space(exc) is not None:
         return DiskFullError(directory, nbytes() if callable(nbytes) else nbytes, what, consequence)
     if isinstance(exc, (CheckpointException, OSError)):
-        several = isinstance(exc, CheckpointException) and dist.world_size() > 1
-        ranks = f" on rank(s) {sorted(exc.failures)}" if several else ""
+        ranks = ""
+        if isinstance(exc, CheckpointException) and dist.world_size() > 1:
+            ranks = f" on rank(s) {sorted(exc.failures)}"
         fix = f". {unwritable_advice(directory)}" if os_error(exc) is not None else ""  # the storage refused: say how
         return CheckpointStorageError(
             f"{doing} {what} under {directory} failed{ranks}: {cause(exc)}; {consequence}{fix}"
@@ -295,6 +296,8 @@ class NoIntactCheckpointError(CheckpointError):
 
 class NotRegularFileError(OSError):
     """A link, FIFO, device or directory where a regular file belongs: what it is, in ``strerror``."""
+
+    strerror: str  # always given: NotRegularFileError(errno, what it is, the path)
 
 
 class SetAsideWarning(UserWarning):

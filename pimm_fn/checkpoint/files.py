@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import os
 import pathlib
@@ -106,7 +107,7 @@ import socket
 import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
 import attrs
 import torch
@@ -201,12 +202,12 @@ ITER_FILE = re.compile(r"^iter_(\d+)\.pth$")
 STORE_LAST = re.compile(r"^last-(\d+)-[0-9a-f]+$")  # the rolling checkpoint on a store, under its final name
 
 
-def is_best_name(path: pathlib.Path) -> bool:
+def is_best_name(path: storage.Location) -> bool:
     """Whether ``path`` is named as a best-model weights file: ``model_best.pth`` or ``model_best_<metric>.pth``."""
     return path.suffix == ".pth" and path.stem.startswith(best_stem())
 
 
-def remove(path: pathlib.Path) -> None:
+def remove(path: storage.Location) -> None:
     """Delete a checkpoint dir or file; the marker goes first.
 
     Removing the marker first means a crash half-way through leaves a
@@ -231,7 +232,7 @@ def link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def copy_on_store(source, target) -> None:
+def copy_on_store(source: storage.StorePath, target: storage.StorePath) -> None:
     """Copy a checkpoint directory on an fsspec store to ``target`` (server-side copies), its marker last, if any.
 
     The marker commits on a store: until it is copied, ``target`` is invisible.
@@ -263,14 +264,14 @@ _KINDS = (
 )
 
 
-def _refuse_unless_regular(path, mode: int) -> None:
+def _refuse_unless_regular(path: str | os.PathLike[str], mode: int) -> None:
     """Raise :class:`NotRegularFileError` naming what ``path`` is, unless ``mode`` is a regular file's."""
     if not stat.S_ISREG(mode):
         kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
         raise NotRegularFileError(errno.EINVAL, f"is {kind}, not a regular file", str(path))
 
 
-def open_regular(path: str | os.PathLike) -> BinaryIO:
+def open_regular(path: str | os.PathLike[str]) -> io.BufferedReader:
     """``path`` opened for reading once sure it is a regular file: a link, FIFO or device is never opened.
 
     The ``lstat`` before the open keeps devices and FIFOs unopened; the flags
@@ -293,7 +294,7 @@ def open_regular(path: str | os.PathLike) -> BinaryIO:
     return open(fd, "rb")
 
 
-def read_bytes(path: str | os.PathLike, *, limit: int = MAX_BYTES) -> bytes:
+def read_bytes(path: str | os.PathLike[str] | storage.StorePath, *, limit: int = MAX_BYTES) -> bytes:
     """The bytes of the regular file ``path``, refused past ``limit`` bytes (a store's object read as it is)."""
     if storage.is_store(path):
         data = path.read_bytes()
@@ -305,12 +306,12 @@ def read_bytes(path: str | os.PathLike, *, limit: int = MAX_BYTES) -> bytes:
     return data
 
 
-def read_text(path: str | os.PathLike, *, limit: int = MAX_BYTES) -> str:
+def read_text(path: str | os.PathLike[str] | storage.StorePath, *, limit: int = MAX_BYTES) -> str:
     """The UTF-8 text of the regular file ``path`` (``UnicodeDecodeError`` is a ``ValueError``)."""
     return read_bytes(path, limit=limit).decode("utf-8")
 
 
-def read_json(path: str | os.PathLike, *, limit: int = MAX_BYTES) -> object:
+def read_json(path: str | os.PathLike[str] | storage.StorePath, *, limit: int = MAX_BYTES) -> object:
     """The JSON value the regular file ``path`` holds; malformed or too deeply nested JSON is a ``ValueError``.
 
     >>> import pathlib, tempfile
@@ -368,7 +369,7 @@ class CheckpointInfo:
         'last'
     """
 
-    path: pathlib.Path = attrs.field(converter=storage.location)  # a StorePath on an fsspec store
+    path: storage.Location = attrs.field(converter=storage.location)
     step: int = attrs.field(validator=_non_negative)
     format: str = attrs.field(validator=_known_format)
     world_size: int = attrs.field(validator=_positive)
@@ -393,7 +394,7 @@ def marker_payload(step: int, fmt: str, world_size: int, metrics: dict | None = 
     return payload
 
 
-def info_from_marker(path: pathlib.Path, payload: object, fmt: str) -> CheckpointInfo:
+def info_from_marker(path: storage.Location, payload: object, fmt: str) -> CheckpointInfo:
     """Validate a marker payload; raise ``ValueError`` saying what is wrong."""
     if not isinstance(payload, dict):
         raise ValueError(f"marker must be a JSON object, got {type(payload).__name__}")
@@ -402,8 +403,11 @@ def info_from_marker(path: pathlib.Path, payload: object, fmt: str) -> Checkpoin
             f"marker must have version={VERSION}, format={fmt!r} "
             f"(got version={payload.get('version')!r}, format={payload.get('format')!r})"
         )
+    # As the JSON has them: CheckpointInfo's validators refuse what is not a count.
+    step: Any = payload.get("step")
+    world_size: Any = payload.get("world_size")
     try:
-        return CheckpointInfo(path, payload.get("step"), fmt, payload.get("world_size"))
+        return CheckpointInfo(path, step, fmt, world_size)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"marker is invalid: {exc}") from None
 
@@ -411,7 +415,7 @@ def info_from_marker(path: pathlib.Path, payload: object, fmt: str) -> Checkpoin
 _BLOCK = 8 * 2**20  # bytes hashed per read: large blocks, one pass over each file
 
 
-def digest(path: str | os.PathLike) -> str:
+def digest(path: str | os.PathLike[str] | storage.StorePath) -> str:
     """The SHA-256 of a file, hex: streamed in large blocks through one reused buffer (any file size, bounded memory).
 
     >>> import pathlib, tempfile
@@ -430,7 +434,7 @@ def digest(path: str | os.PathLike) -> str:
     return sha.hexdigest()
 
 
-def manifest(directory: pathlib.Path, *, digests: bool = False, known: dict | None = None) -> dict:
+def manifest(directory: storage.Location, *, digests: bool = False, known: dict | None = None) -> dict:
     """The marker's ``files`` entry for a finished checkpoint directory: ``{relative path: {"size", ["sha256"]}}``.
 
     ``known``: ``{relative path: SHA-256}`` already computed while writing
@@ -463,7 +467,7 @@ _SKIPPED_NOTE = (
 )
 
 
-def fsync_dir(path: pathlib.Path) -> None:
+def fsync_dir(path: storage.Location) -> None:
     """Make renames inside ``path`` durable (best effort where unsupported; nothing to do on a store)."""
     if storage.is_store(path):
         return
@@ -479,7 +483,7 @@ def fsync_dir(path: pathlib.Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib.Path:
+def atomic_write(path: pathlib.Path, write: Callable[[BinaryIO], object]) -> pathlib.Path:
     """Write a file via a temp name in the same directory, then ``os.replace``.
 
     Args:
@@ -500,7 +504,7 @@ def atomic_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib
     return path
 
 
-def staged_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib.Path:
+def staged_write(path: pathlib.Path, write: Callable[[BinaryIO], object]) -> pathlib.Path:
     """Write ``path``'s content durably under a fresh ``.staging-<name>.<random>`` name beside it; return that name.
 
     The one way pimm_fn makes a file that is renamed into place (the caller
@@ -531,7 +535,7 @@ def staged_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib
     return tmp
 
 
-def durable_write(path: pathlib.Path, write: Callable[[object], None]) -> pathlib.Path:
+def durable_write(path: storage.Location, write: Callable[[BinaryIO], object]) -> storage.Location:
     """Write and fsync a file in place, for a directory nobody reads yet.
 
     Inside a ``.staging-*`` directory no temp name is needed: discovery never
@@ -553,21 +557,21 @@ def durable_write(path: pathlib.Path, write: Callable[[object], None]) -> pathli
 class _Hashed:
     """A binary file that hashes the bytes written through it: a file's SHA-256 in the pass that writes it."""
 
-    def __init__(self, file):
+    def __init__(self, file: BinaryIO):
         self._file, self.sha256 = file, hashlib.sha256()
 
-    def write(self, data) -> int:
+    def write(self, data: bytes) -> int:
         self.sha256.update(data)  # releases the GIL for large buffers
         return self._file.write(data)
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._file, name)
 
 
-def hashed(write: Callable[[object], None], keep: Callable[[str], None]) -> Callable[[object], None]:
+def hashed(write: Callable[[_Hashed], object], keep: Callable[[str], None]) -> Callable[[BinaryIO], object]:
     """``write`` through a file that hashes the bytes it writes; ``keep`` gets their SHA-256 (hex) once written."""
 
-    def writing(f) -> None:
+    def writing(f: BinaryIO) -> None:
         through = _Hashed(f)
         write(through)
         keep(through.sha256.hexdigest())
@@ -585,7 +589,14 @@ class BackgroundWrite:
     costs no second read. :meth:`result` joins the thread and re-raises its error.
     """
 
-    def __init__(self, path: pathlib.Path, write: Callable[[object], None], nbytes: int = 0, *, digest: bool = False):
+    def __init__(
+        self,
+        path: storage.Location,
+        write: Callable[[BinaryIO | _Hashed], object],
+        nbytes: int = 0,
+        *,
+        digest: bool = False,
+    ):
         self.path, self.nbytes = path, nbytes  # what it writes, and about how many bytes (for a full disk's error)
         self.sha256: str | None = None
         self._error: BaseException | None = None
@@ -598,7 +609,7 @@ class BackgroundWrite:
     def _keep(self, sha256: str) -> None:
         self.sha256 = sha256
 
-    def _run(self, path: pathlib.Path, write: Callable[[object], None]) -> None:
+    def _run(self, path: storage.Location, write: Callable[[BinaryIO], object]) -> None:
         try:
             durable_write(path, write)
         except BaseException as exc:  # noqa: BLE001 - re-raised by result()
@@ -615,7 +626,9 @@ class BackgroundWrite:
         self._thread.join()
 
 
-def weights_write(directory: pathlib.Path, weights: dict | None, *, digest: bool = False) -> BackgroundWrite:
+def weights_write(
+    directory: storage.Location, weights: dict[str, Any] | None, *, digest: bool = False
+) -> BackgroundWrite:
     """Start writing ``weights`` as ``directory``'s weights file, or, for ``None``, the note saying why there is none.
 
     ``digest``: hash the file as it is written (``BackgroundWrite.sha256``).
@@ -627,7 +640,7 @@ def weights_write(directory: pathlib.Path, weights: dict | None, *, digest: bool
 
 
 def write_marker(
-    directory: pathlib.Path,
+    directory: storage.Location,
     step: int,
     world_size: int,
     *,
@@ -639,7 +652,9 @@ def write_marker(
 
     With ``staged`` the directory is a staging one that is published by a
     rename afterwards: the marker is written in place and the directory
-    fsynced once, instead of a temp file and a rename. ``metrics`` are
+    fsynced once, instead of a temp file and a rename. On a store, which
+    has no rename, it is written in place either way (an object appears
+    only once whole). ``metrics`` are
     recorded in it (see :func:`marker_payload`). ``files`` is the
     directory's :func:`pimm_fn.checkpoint.files.manifest` (each file's size, and SHA-256
     when asked), which validation checks before the checkpoint is used.
@@ -648,7 +663,7 @@ def write_marker(
     if files is not None:
         payload["files"] = files
     text = json.dumps(payload, sort_keys=True).encode()
-    if staged:
+    if staged or storage.is_store(directory):
         durable_write(directory / MARKER, lambda f: f.write(text))
         fsync_dir(directory)
     else:
@@ -658,7 +673,7 @@ def write_marker(
 _PROBE = f"{STAGING}probe-"  # a crash's leftover is a .staging-* entry: the next save removes it
 
 
-def probe(directory) -> None:
+def probe(directory: storage.Location) -> None:
     """Create, rename and delete a probe in ``directory`` (a local path or a store's): what a save does there.
 
     Raises:
@@ -682,7 +697,7 @@ def probe(directory) -> None:
             remove(left)
 
 
-def check_writable(save_dir, *, every_rank: bool) -> None:
+def check_writable(save_dir: str | os.PathLike[str] | storage.StorePath, *, every_rank: bool) -> None:
     """Each rank that writes probes ``save_dir/model`` (``save_dir`` itself while there is no ``model/``); collective.
 
     Args:
@@ -711,7 +726,7 @@ def check_writable(save_dir, *, every_rank: bool) -> None:
     )
 
 
-def _probed(save_dir) -> "pathlib.Path | storage.StorePath":
+def _probed(save_dir: storage.Location) -> storage.Location:
     """Where a save writes: ``model/``, or ``save_dir`` while it has none (the first save makes it)."""
     model_dir = save_dir / "model"
     if storage.is_store(save_dir) or model_dir.is_dir():

@@ -41,6 +41,7 @@ import io
 import json
 import pathlib
 import re
+from typing import Any
 
 import attrs
 import torch
@@ -49,6 +50,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from pimm_fn.checkpoint import discovery, files, storage
 from pimm_fn.checkpoint.contents import TrainerContents, from_parts
 from pimm_fn.checkpoint.discovery import find_checkpoint
+from pimm_fn.checkpoint.errors import CheckpointError
 from pimm_fn.checkpoint.files import CheckpointInfo
 from pimm_fn.checkpoint.formats import dcp_reading, one_file, safetensors_files
 from pimm_fn.checkpoint.formats.one_file import best_record, check_best, record_problem
@@ -99,7 +101,7 @@ def _info(dtype: torch.dtype, shape) -> TensorInfo:
     return TensorInfo(str(dtype).removeprefix("torch."), tuple(int(n) for n in shape), numel * dtype.itemsize)
 
 
-def tensor_infos(path: pathlib.Path) -> dict[str, TensorInfo]:
+def tensor_infos(path: storage.Location) -> dict[str, TensorInfo]:
     """Every tensor entry of a standard checkpoint's ``trainer/`` DCP directory, from its metadata alone."""
     return infos_of(dcp_reading.metadata(path).state_dict_metadata)
 
@@ -123,7 +125,7 @@ def _ndarray_keys(node) -> set[str]:
     return set()
 
 
-def trainer_without_tensors(path: pathlib.Path) -> dict:
+def trainer_without_tensors(path: storage.Location) -> dict:
     """The replicated trainer part of a checkpoint (directory or legacy file), its tensors as :class:`TensorInfo`.
 
     Raises:
@@ -134,35 +136,44 @@ def trainer_without_tensors(path: pathlib.Path) -> dict:
         skeleton, stored = packed["skeleton"], packed["tensors"]
         infos = {k: _info(t.dtype, t.shape) for k, t in stored.items()}
         needed = {k: stored[k] for k in numpy_keys(skeleton)}
-        return unpack(skeleton, {**infos, **needed})
+        leaves: dict[str, Any] = {**infos, **needed}  # each tensor's TensorInfo in its place; numpy values read
+        return unpack(skeleton, leaves)
     meta = dcp_reading.metadata(path).state_dict_metadata
-    if not isinstance(meta.get("trainer/skeleton"), TensorStorageMetadata):
-        raise ValueError(f"{path / files.TRAINER} has no 'trainer/skeleton' tensor: not written by pimm_fn")
-    head = {"trainer/skeleton": dcp_reading.empty(meta["trainer/skeleton"], path, "trainer/skeleton")}
+    head = {"trainer/skeleton": _empty(meta, path, "trainer/skeleton")}
     _read(path, head)
     skeleton = tensor_to_skeleton(head["trainer/skeleton"])
     infos = {k.removeprefix("trainer/t/"): v for k, v in infos_of(meta).items() if k.startswith("trainer/t/")}
-    needed = {
-        f"trainer/t/{k}": dcp_reading.empty(meta[f"trainer/t/{k}"], path, f"trainer/t/{k}")
-        for k in numpy_keys(skeleton)
-    }
+    needed = {f"trainer/t/{k}": _empty(meta, path, f"trainer/t/{k}") for k in numpy_keys(skeleton)}
     _read(path, needed)
     needed = {k.removeprefix("trainer/t/"): v for k, v in needed.items()}
-    return unpack(skeleton, {**infos, **needed})
+    leaves = {**infos, **needed}
+    return unpack(skeleton, leaves)
 
 
-def _read(path: pathlib.Path, state: dict) -> None:
+def _empty(meta: dict, path: storage.Location, key: str) -> torch.Tensor:
+    """An uninitialized tensor for the entry ``key`` of ``path``'s DCP metadata ``meta``, to read it into.
+
+    Raises:
+        ValueError: the metadata lists no tensor under ``key`` (none, or a pickled object).
+    """
+    entry = meta.get(key)
+    if not isinstance(entry, TensorStorageMetadata):
+        raise ValueError(f"{path / files.TRAINER} has no {key!r} tensor: not written by pimm_fn")
+    return dcp_reading.empty(entry, path, key)
+
+
+def _read(path: storage.Location, state: dict) -> None:
     """Read the entries of ``state`` (and only those) from a standard checkpoint's DCP directory, in place."""
     if state:
         dcp_reading.load(state, path)
 
 
-def contents_of(path: pathlib.Path) -> TrainerContents:
+def contents_of(path: storage.Location) -> TrainerContents:
     """The checkpoint's ``TrainerContents`` (no local part), its tensors as :class:`TensorInfo`."""
     return from_parts(trainer_without_tensors(path), None)
 
 
-def size_of(path: pathlib.Path) -> int:
+def size_of(path: storage.Location) -> int:
     """Bytes on disk of a file, or of every file under a directory (hard-linked snapshots count in full)."""
     if path.is_file():
         return path.stat().st_size
@@ -171,7 +182,7 @@ def size_of(path: pathlib.Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def weights_without_tensors(path: pathlib.Path) -> dict[str, TensorInfo]:
+def weights_without_tensors(path: storage.Location) -> dict[str, TensorInfo]:
     """The model weights a checkpoint holds, as :class:`TensorInfo` by name (mapped, not read).
 
     A sharded model saved without ``model.pth`` gives its shards' full shapes.
@@ -204,27 +215,27 @@ _BATCH_BYTES = 256 * 2**20  # tensors read per DCP load: bounded memory for any 
 NOT_RECORDED = "sizes and checksums are not recorded in this checkpoint's marker: only readability was checked"
 
 
-def is_checkpoint_dir(path: pathlib.Path) -> bool:
+def is_checkpoint_dir(path: storage.Location) -> bool:
     """A directory laid out as a standard checkpoint (complete or not)."""
     return path.is_dir() and any((path / name).exists() for name in (files.MARKER, files.TRAINER, files.WEIGHTS))
 
 
-def is_marked(path: pathlib.Path) -> bool:
+def is_marked(path: storage.Location) -> bool:
     """Whether a checkpoint directory has its completion marker (was ever finished); a file always counts."""
     return not path.is_dir() or (path / files.MARKER).exists()
 
 
-def is_best_file(path: pathlib.Path) -> bool:
+def is_best_file(path: storage.Location) -> bool:
     """A ``model_best.pth`` or ``model_best_<metric>.pth`` file."""
     return path.is_file() and files.is_best_name(path)
 
 
-def is_removal(path: pathlib.Path) -> bool:
+def is_removal(path: storage.Location) -> bool:
     """An ``unfinished`` entry that is a snapshot being removed by retention, not a save."""
     return path.name.startswith(REMOVING)
 
 
-def kind_of(path: pathlib.Path) -> tuple[str, int | None] | None:
+def kind_of(path: storage.Location) -> tuple[str, int | None] | None:
     """``(kind, step)`` of a model_dir entry by its name; ``None`` for a name nothing pimm_fn writes has.
 
     ``kind``: ``"checkpoint"`` (``last``, ``iter_<step>``, either format),
@@ -252,7 +263,7 @@ def kind_of(path: pathlib.Path) -> tuple[str, int | None] | None:
     return ("checkpoint", int(match.group(1))) if match else None
 
 
-def _stored_kind(path) -> tuple[str, int | None] | None:
+def _stored_kind(path: storage.StorePath) -> tuple[str, int | None] | None:
     """:func:`kind_of` on an fsspec store: ``last-<step>-<token>`` and ``iter_<step>``, unfinished until their marker exists."""
     match = files.STORE_LAST.match(path.name) or files.ITER_DIR.match(path.name)
     if match is None:
@@ -266,10 +277,10 @@ def _trailing_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def newest(model_dir: pathlib.Path) -> tuple[CheckpointInfo | None, list[tuple]]:
+def newest(model_dir: storage.Location) -> tuple[CheckpointInfo | None, list[tuple]]:
     """The checkpoint ``resume="auto"`` takes in ``model_dir`` (``None``: none is usable), and the newer ones it passes
     over, each as ``(path, CheckpointError)``: local, no collectives (:mod:`pimm_fn.checkpoint.discovery`)."""
-    passed = []
+    passed: list[tuple[storage.Location, CheckpointError | None]] = []
     for found in discovery.candidates(model_dir):
         if found.info is not None:
             return found.info, passed
@@ -277,7 +288,7 @@ def newest(model_dir: pathlib.Path) -> tuple[CheckpointInfo | None, list[tuple]]
     return None, passed
 
 
-def read_back(path: pathlib.Path, *, best: bool = False) -> tuple[list[str], list[str]]:
+def read_back(path: storage.Location, *, best: bool = False) -> tuple[list[str], list[str]]:
     """Read every byte of a checkpoint (or, with ``best``, a best-model file) as a resume would.
 
     Returns:
@@ -366,7 +377,7 @@ def _recorded(record: dict) -> str:
     return f"{len(files)} file sizes" + (f" and {digests} SHA-256 digests" if digests else "") + " match the marker"
 
 
-def _read_every_tensor(path: pathlib.Path, meta: dict, keep: set) -> tuple[dict, int]:
+def _read_every_tensor(path: storage.Location, meta: dict, keep: set) -> tuple[dict, int]:
     """Read every tensor of a ``trainer/`` DCP directory, in batches of bounded size; keep only those in ``keep``.
 
     Returns:
@@ -390,7 +401,7 @@ def _rebuilt(trainer, local) -> None:
         from_parts(trainer, local)
 
 
-def _trainer_parts(path: pathlib.Path, world_size: int) -> tuple[dict, list[str], str]:
+def _trainer_parts(path: storage.Location, world_size: int) -> tuple[dict, list[str], str]:
     """Read every tensor of ``trainer/`` and unpack each part: ``(parts by prefix, problems, what was read)``.
 
     Only the skeletons and the numpy values they hold are kept in memory; other tensors
@@ -420,7 +431,7 @@ def _trainer_parts(path: pathlib.Path, world_size: int) -> tuple[dict, list[str]
     return parts, problems, summary
 
 
-def _standard(path: pathlib.Path) -> tuple[list[str], list[str]]:
+def _standard(path: storage.Location) -> tuple[list[str], list[str]]:
     validate(path, digests=True)  # the marker, then every file it lists: size and SHA-256 (raises on the first)
     record = marker(path)
     notes = []
@@ -438,7 +449,7 @@ def _standard(path: pathlib.Path) -> tuple[list[str], list[str]]:
     return problems, [*notes, _recorded(record)]
 
 
-def _legacy_file(path: pathlib.Path) -> tuple[list[str], list[str]]:
+def _legacy_file(path: storage.Location) -> tuple[list[str], list[str]]:
     info = one_file.read_info(path)
     content = one_file._load(path, mmap=False)  # every byte read
     trainer = one_file._unpacked(content["trainer"])
@@ -448,7 +459,7 @@ def _legacy_file(path: pathlib.Path) -> tuple[list[str], list[str]]:
     return [], [f"one file written atomically; {entries_read} weight entries and {info.world_size} rank(s) read back"]
 
 
-def _best(path: pathlib.Path) -> tuple[list[str], list[str]]:
+def _best(path: storage.Location) -> tuple[list[str], list[str]]:
     check_best(path)  # the SHA-256 its .json records, if any (raises)
     weights = one_file._load(path, mmap=False)
     notes = [f"{len(weights)} weight entries read"]

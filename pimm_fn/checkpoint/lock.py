@@ -109,7 +109,7 @@ class Holder:
         return f"pid {self.pid} on host {self.host}, since {since}"
 
 
-def read_holder(path: pathlib.Path) -> Holder:
+def read_holder(path: storage.Location) -> Holder:
     """The holder a lock file names, read as the untrusted input it is (:mod:`pimm_fn.checkpoint.files`).
 
     Raises:
@@ -130,7 +130,7 @@ def read_holder(path: pathlib.Path) -> Holder:
     return Holder(fields["host"], fields["pid"], float(fields["since"]), fields["token"])
 
 
-def stale_reason(path: pathlib.Path, held: Holder | None, me: Holder) -> str | None:
+def stale_reason(path: storage.Location, held: Holder | None, me: Holder) -> str | None:
     """Why the lock may be taken over ("" quietly: this very process), or ``None`` while its holder may run."""
     if held is None:
         try:
@@ -182,7 +182,7 @@ class Lock:
     ``mine`` is true on the rank that took it (rank 0): the only one that releases it.
     """
 
-    path: pathlib.Path | None
+    path: storage.Location | None
     holder: Holder | None = None
     refusal: SaveDirLockError | None = None
     mine: bool = False
@@ -207,7 +207,7 @@ class Lock:
 
     def release(self) -> None:
         """Remove the lock file if this run still holds it (idempotent; a no-op on the other ranks)."""
-        if not self.mine or self.holder is None:
+        if not self.mine or self.holder is None or self.path is None:
             return
         try:
             if read_holder(self.path) == self.holder:
@@ -239,7 +239,7 @@ def take(save_dir, *, say) -> Lock:
     return Lock(path, holder=shared, mine=dist.is_main())
 
 
-def _attempt(path: pathlib.Path, say) -> Holder | SaveDirLockError:
+def _attempt(path: storage.Location, say) -> Holder | SaveDirLockError:
     me = Holder(socket.gethostname(), os.getpid(), time.time(), uuid.uuid4().hex)
     for _ in range(5):  # each round loses only to another taker that won
         try:
@@ -275,7 +275,7 @@ def _attempt(path: pathlib.Path, say) -> Holder | SaveDirLockError:
     return _busy(path, None)
 
 
-def _create(path: pathlib.Path, holder: Holder) -> None:
+def _create(path: storage.Location, holder: Holder) -> None:
     """Write ``path`` holding ``holder``, atomically refused (``FileExistsError``) when it exists."""
     if storage.is_store(path):
         _create_stored(path, json.dumps(attrs.asdict(holder)).encode())
@@ -287,7 +287,7 @@ def _create(path: pathlib.Path, holder: Holder) -> None:
         os.close(fd)
 
 
-def _create_stored(path, text: bytes) -> None:
+def _create_stored(path: storage.StorePath, text: bytes) -> None:
     """:func:`_create` on a store: its exclusive create where it has one, else written when absent and read back."""
     try:
         with path.open("xb") as f:
@@ -302,7 +302,7 @@ def _create_stored(path, text: bytes) -> None:
         raise FileExistsError(str(path))
 
 
-def _set_aside(path: pathlib.Path, held: Holder | None) -> bool:
+def _set_aside(path: storage.Location, held: Holder | None) -> bool:
     """Remove the stale lock ``held`` names, unless another taker replaced it meanwhile (then ``False``)."""
     if storage.is_store(path):  # no rename on a store: read again and remove (the best effort above)
         try:
@@ -333,7 +333,7 @@ def _set_aside(path: pathlib.Path, held: Holder | None) -> bool:
     return True
 
 
-def _busy(path: pathlib.Path, held: Holder | None) -> SaveDirLockError:
+def _busy(path: storage.Location, held: Holder | None) -> SaveDirLockError:
     who = f"another run ({held})" if held is not None else "another run (its lock file is being written)"
     gone = f"if that run is no longer running (on another host it cannot be checked from here), delete {path}"
     return SaveDirLockError(
@@ -344,7 +344,7 @@ def _busy(path: pathlib.Path, held: Holder | None) -> SaveDirLockError:
     )
 
 
-def _unreadable(path: pathlib.Path, exc: OSError) -> SaveDirLockError:
+def _unreadable(path: storage.Location, exc: OSError) -> SaveDirLockError:
     """The refusal for a lock file that cannot be read: never taken over, since its holder cannot be told."""
     if isinstance(exc, files.NotRegularFileError):
         why = f"{exc.strerror}, which no pimm_fn run leaves there"
@@ -356,7 +356,7 @@ def _unreadable(path: pathlib.Path, exc: OSError) -> SaveDirLockError:
     )
 
 
-def _read_only(path: pathlib.Path, exc: OSError) -> SaveDirLockError:
+def _read_only(path: storage.Location, exc: OSError) -> SaveDirLockError:
     return SaveDirLockError(
         f"save_dir {str(path.parent)!r} cannot be written ({exc.strerror or exc}: {path}), and this run would train "
         f"and write checkpoints and logs there. Train on writable storage (copy the run there and pass the copy as "

@@ -59,6 +59,7 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 
 from pimm_fn import dist
 from pimm_fn.checkpoint import files, storage, validation
@@ -145,12 +146,12 @@ def store_snapshot(model_dir: StorePath, published: StorePath, step: int) -> Sto
 UNPUBLISHED = "nothing was published: the previous checkpoint is intact and stays the latest"
 
 
-def removed(staging: pathlib.Path) -> str:
+def removed(staging: storage.Location) -> str:
     """What a failed save's error says it left: its staging directory removed, the previous checkpoint the latest."""
     return f"its staging directory {staging.name} is removed and {UNPUBLISHED}"
 
 
-def fresh_staging(model_dir: pathlib.Path, step: int) -> pathlib.Path:
+def fresh_staging(model_dir: storage.Location, step: int) -> storage.Location:
     """Remove every stale ``.staging-*`` entry, then create an empty staging dir.
 
     Stale entries are what an earlier save left when it crashed; they are
@@ -169,7 +170,7 @@ def fresh_staging(model_dir: pathlib.Path, step: int) -> pathlib.Path:
     return staging
 
 
-def discard(staging: pathlib.Path, weights_file: "files.BackgroundWrite | None" = None) -> None:
+def discard(staging: storage.Location, weights_file: files.BackgroundWrite | None = None) -> None:
     """After a failed save (main rank): wait for the weights write, then delete the staging directory.
 
     Nothing reads it, and a save that ran out of space must give the space back.
@@ -187,7 +188,7 @@ def clean_staging(model_dir: pathlib.Path) -> None:
 
 
 @contextlib.contextmanager
-def _removed_on_error(staging: pathlib.Path):
+def _removed_on_error(staging: storage.Location) -> Iterator[None]:
     """Remove ``staging`` when what runs inside fails: an unpublished save leaves nothing behind."""
     try:
         yield
@@ -196,7 +197,7 @@ def _removed_on_error(staging: pathlib.Path):
         raise
 
 
-def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path, step: int) -> pathlib.Path:
+def publish_dir(model_dir: storage.Location, staging: storage.Location, step: int) -> storage.Location:
     """Make a complete staging directory the new ``last/``.
 
     Args:
@@ -213,6 +214,7 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path, step: int) -> pa
             ``last/`` (or its retired copy, which discovery reads) is as it was.
     """
     if storage.is_store(model_dir):
+        assert storage.is_store(staging)  # inside model_dir
         return publish(model_dir, staging, step)
     last = model_dir / files.LAST
     what = f"the checkpoint of step {step}"
@@ -231,15 +233,15 @@ def publish_dir(model_dir: pathlib.Path, staging: pathlib.Path, step: int) -> pa
 
 
 def publish_staged(
-    model_dir: pathlib.Path,
-    staging: pathlib.Path,
+    model_dir: storage.Location,
+    staging: storage.Location,
     step: int,
     world_size: int,
     metrics: dict | None = None,
     *,
-    weights_file: "files.BackgroundWrite | None" = None,
+    weights_file: files.BackgroundWrite | None = None,
     digests: bool = False,
-) -> pathlib.Path:
+) -> storage.Location:
     """Mark a staging directory whose files are all durable complete, and publish it (main rank).
 
     Waits for ``weights_file`` first, then makes the trainer directory's
@@ -258,7 +260,8 @@ def publish_staged(
             weights_file.result()
         files.fsync_dir(staging / files.TRAINER)
         hashed = weights_file.sha256 if weights_file is not None else None  # while it was written: no second read
-        recorded = manifest(staging, digests=digests, known={weights_file.path.name: hashed} if hashed else None)
+        known = {weights_file.path.name: hashed} if weights_file is not None and hashed else None
+        recorded = manifest(staging, digests=digests, known=known)
         files.write_marker(staging, step, world_size, staged=True, metrics=metrics, files=recorded)
     except BaseException as exc:
         nbytes = _staged_bytes(staging, weights_file)
@@ -270,7 +273,7 @@ def publish_staged(
     return publish_dir(model_dir, staging, step)
 
 
-def _staged_bytes(staging: pathlib.Path, weights_file: "files.BackgroundWrite | None") -> int:
+def _staged_bytes(staging: storage.Location, weights_file: files.BackgroundWrite | None) -> int:
     """The bytes of a checkpoint that did not fit: its files so far, the weights file in full."""
     if storage.is_store(staging):
         return sum(staging.files().values())
@@ -297,7 +300,7 @@ def publish_file(model_dir: pathlib.Path, content: dict) -> pathlib.Path:
         return one_file.write(last, content)
 
 
-def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pathlib.Path:
+def snapshot(model_dir: storage.Location, published: storage.Location, step: int) -> storage.Location:
     """Copy a published checkpoint to ``iter_<step>`` (hard links when possible).
 
     The copy is built under a staging name and renamed, so a crash never
@@ -306,7 +309,9 @@ def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pat
     when it does not validate, set aside.
     """
     if storage.is_store(model_dir):
+        assert storage.is_store(published)  # inside model_dir
         return store_snapshot(model_dir, published, step)
+    assert not storage.is_store(published)  # inside model_dir, a local path
     name = f"iter_{step}" if published.is_dir() else f"iter_{step}.pth"
     staging = model_dir / f"{files.STAGING}{name}"
     size = lambda: sum(p.stat().st_size for p in [published, *published.rglob("*")] if p.is_file())
@@ -335,7 +340,7 @@ def snapshot(model_dir: pathlib.Path, published: pathlib.Path, step: int) -> pat
 RECEIPT_GRACE_S = 2.0
 
 
-def write_receipt(staging: pathlib.Path) -> None:
+def write_receipt(staging: storage.Location) -> None:
     """Leave ``receipts/rank<r>`` in ``staging``: proof for rank 0 that this rank wrote here, and from which host.
 
     A failed write is not raised here (the other ranks are about to enter
@@ -350,7 +355,7 @@ def write_receipt(staging: pathlib.Path) -> None:
         pass
 
 
-def missing_receipts(staging: pathlib.Path, world_size: int, grace_s: float = RECEIPT_GRACE_S) -> list[int]:
+def missing_receipts(staging: storage.Location, world_size: int, grace_s: float = RECEIPT_GRACE_S) -> list[int]:
     """The ranks whose receipt this process does not see in ``staging``, after waiting up to ``grace_s``."""
     receipts = staging / files.RECEIPTS
     try:
@@ -365,7 +370,7 @@ def missing_receipts(staging: pathlib.Path, world_size: int, grace_s: float = RE
     return missing
 
 
-def check_receipts(staging: pathlib.Path, group=None) -> None:
+def check_receipts(staging: storage.Location, group=None) -> None:
     """Raise :class:`CheckpointStorageError` on every rank unless rank 0 sees every rank's receipt.
 
     Collective (one broadcast; a second one, from the first missing rank,
@@ -381,13 +386,17 @@ def check_receipts(staging: pathlib.Path, group=None) -> None:
     verdict = (
         (missing_receipts(staging, world), socket.gethostname(), str(staging.absolute())) if dist.is_main() else None
     )
-    missing, main_host, where = dist.broadcast_object(verdict, group=group)
+    verdict = dist.broadcast_object(verdict, group=group)
+    assert verdict is not None  # rank 0's, which it always sends
+    missing, main_host, where = verdict
     if not missing:
         return
     # The first missing rank says where it is, and whether it sees its own receipt.
     mine = staging / files.RECEIPTS / f"rank{dist.rank()}"
     report = (socket.gethostname(), mine.is_file()) if dist.rank() == missing[0] else None
-    host, wrote = dist.broadcast_object(report, src=missing[0], group=group)
+    report = dist.broadcast_object(report, src=missing[0], group=group)
+    assert report is not None  # the first missing rank's, which it always sends
+    host, wrote = report
     raise CheckpointStorageError(receipt_error(where, missing, host, main_host, wrote))
 
 

@@ -19,7 +19,7 @@ snapshot's ``COMPLETE`` is deleted first, which hides it as the rename does.
 from __future__ import annotations
 
 import os
-import pathlib
+from typing import Any, cast
 
 from pimm_fn.checkpoint import files, storage, validation
 from pimm_fn.checkpoint.errors import storage_errors
@@ -30,7 +30,7 @@ from pimm_fn.core import retention
 REMOVING = f"{files.STAGING}removed-"
 
 
-def marker_of(path: pathlib.Path) -> dict:
+def marker_of(path: storage.Location) -> dict[str, Any]:
     """The completion marker of a checkpoint directory or legacy file, validated.
 
     Raises:
@@ -39,23 +39,24 @@ def marker_of(path: pathlib.Path) -> dict:
     return _directory_marker(path) if path.is_dir() else _file_marker(path)
 
 
-def _directory_marker(path: pathlib.Path) -> dict:
+def _directory_marker(path: storage.Location) -> dict[str, Any]:
     payload = validation.read_marker(path)[1]  # read once, then its files checked
     validation.check_files(path, payload, False)
     return payload
 
 
-def _file_marker(path: pathlib.Path) -> dict:
+def _file_marker(path: storage.Location) -> dict[str, Any]:
     content = one_file._load(path, mmap=True)  # the marker only: tensors stay on disk
     marker = content.get("marker") if isinstance(content, dict) else None
     info_from_marker(path, marker, "legacy")
-    return marker
+    return cast("dict[str, Any]", marker)  # info_from_marker refused anything but a JSON object
 
 
-def on_disk(model_dir: pathlib.Path) -> list[tuple[retention.Snapshot, pathlib.Path]]:
+def on_disk(model_dir: storage.Location) -> list[tuple[retention.Snapshot, storage.Location]]:
     """Each complete snapshot under ``model_dir`` with its path, oldest first (one per step)."""
-    found = {}
-    for entry in sorted(model_dir.glob("iter_*"), key=lambda p: p.name):
+    found: dict[int, tuple[retention.Snapshot, storage.Location]] = {}
+    entries: list[storage.Location] = sorted(model_dir.glob("iter_*"), key=lambda p: p.name)
+    for entry in entries:
         directory = entry.is_dir()  # asked once: on a store each question is a request
         match = (files.ITER_DIR if directory else files.ITER_FILE).match(entry.name)
         if not match:
@@ -70,7 +71,7 @@ def on_disk(model_dir: pathlib.Path) -> list[tuple[retention.Snapshot, pathlib.P
     return [found[step] for step in sorted(found)]
 
 
-def retain(model_dir: pathlib.Path, policy, published_step: int) -> list[pathlib.Path]:
+def retain(model_dir: storage.Location, policy, published_step: int) -> list[storage.Location]:
     """Delete the snapshots ``policy`` does not keep; returns their paths, oldest first.
 
     Args:

@@ -30,7 +30,6 @@ TypeError: loop: 'digests' must be a bool (got 'yes'); pass True or False
 from __future__ import annotations
 
 import os
-import pathlib
 from collections.abc import Mapping
 from typing import ClassVar
 
@@ -205,15 +204,17 @@ def save_checkpoint(
             _publish.discard(staging, weights_file)  # the space comes back; the previous checkpoint stays the latest
             raise
 
-        def publish() -> pathlib.Path:
+        def publish() -> storage.Location:
             return _publish.publish_staged(
                 root, staging, step, world, recorded, weights_file=weights_file, digests=digests
             )
 
     else:
         locals_by_rank = dist.gather_object(local)
+        assert not storage.is_store(root)  # refused above: a legacy checkpoint is a local file
 
-        def publish() -> pathlib.Path:
+        def publish() -> storage.Location:
+            assert locals_by_rank is not None  # gathered on rank 0, where this runs
             content = one_file.payload(step, weights, trainer, locals_by_rank, recorded)
             return _publish.publish_file(root, content)
 
@@ -254,6 +255,7 @@ def load_checkpoint(info: CheckpointInfo, *, weights: bool = True) -> LoadedChec
             f"load_checkpoint: 'info' must be a CheckpointInfo (got {type(info).__name__}); "
             "use find_checkpoint(path) or latest_checkpoint(model_dir) to get one"
         )
+    found: dict | None
     if info.format == "legacy":
         found, trainer, local = one_file.read(info.path, dist.rank())
         return LoadedCheckpoint(info, found, trainer, local)

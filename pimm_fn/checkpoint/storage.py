@@ -41,12 +41,18 @@ import os
 import pathlib
 import re
 import types
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import attrs
 
 from pimm_fn.checkpoint.errors import CheckpointStorageError
 
-__all__ = ["StorePath", "check_url", "is_store", "is_url", "location"]
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+    from typing_extensions import TypeAlias, TypeGuard, TypeIs
+
+__all__ = ["Location", "StorePath", "check_url", "is_store", "is_url", "location"]
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+)://")
 _LOCAL = ("file", "local")
@@ -54,17 +60,17 @@ _LOCAL = ("file", "local")
 _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 
 
-def is_url(value) -> bool:
+def is_url(value: object) -> TypeGuard[str]:
     """Whether ``value`` is a string naming a scheme (``s3://...``); ``pathlib`` paths never are."""
     return isinstance(value, str) and _URL.match(value) is not None
 
 
-def is_store(path) -> bool:
+def is_store(path: object) -> TypeIs[StorePath]:
     """Whether ``path`` lives on an fsspec store (a :class:`StorePath`), not the local file system."""
     return isinstance(path, StorePath)
 
 
-def location(value: str | os.PathLike) -> pathlib.Path | "StorePath":
+def location(value: str | os.PathLike[str] | StorePath) -> Location:
     """``value`` as a local ``Path`` (a plain path, ``file://``) or a :class:`StorePath` (any other scheme).
 
     Raises:
@@ -74,22 +80,31 @@ def location(value: str | os.PathLike) -> pathlib.Path | "StorePath":
         return value
     if not is_url(value):
         return pathlib.Path(value)
-    scheme = _URL.match(value).group(1).lower()
+    scheme = _scheme(value).lower()
     if scheme in _LOCAL:
         return pathlib.Path(value[len(scheme) + 3 :] or "/")
     check_url(value)
     return StorePath.from_url(value)
 
 
+def _scheme(url: str) -> str:
+    """The scheme ``url`` names, as written (``s3`` of ``s3://bucket``); a ``ValueError`` when it names none."""
+    match = _URL.match(url)
+    if match is None:
+        raise ValueError(f"{url!r} is not a URL: it names no scheme (s3://, gs://, memory://, ...)")
+    return match.group(1)
+
+
 def check_url(url: str, *, what: str = "save_dir") -> None:
     """Refuse a URL that cannot work, before anything is written: an unknown scheme, or a missing package.
 
     Raises:
-        ValueError: naming the scheme and what to install (``pip install 'pimm_fn[s3]'``).
+        ValueError: naming the scheme and what to install (``pip install 'pimm_fn[s3]'``); ``url``
+            naming no scheme at all.
     """
     import fsspec  # noqa: PLC0415 - only a URL save_dir needs it
 
-    scheme = _URL.match(url).group(1).lower()
+    scheme = _scheme(url).lower()
     try:
         fsspec.get_filesystem_class(scheme)
     except ImportError as exc:
@@ -105,7 +120,7 @@ def check_url(url: str, *, what: str = "save_dir") -> None:
         ) from None
 
 
-def _filesystem(url: str):
+def _filesystem(url: str) -> tuple[AbstractFileSystem, str]:
     from fsspec.core import url_to_fs  # noqa: PLC0415
 
     return url_to_fs(url)
@@ -122,17 +137,18 @@ class StorePath:
     """
 
     url: str
-    fs: object = attrs.field(eq=False)
+    fs: AbstractFileSystem = attrs.field(eq=False)
     path: str = attrs.field(eq=False)
 
     @classmethod
     def from_url(cls, url: str) -> "StorePath":
         fs, path = _filesystem(url)
-        scheme = _URL.match(url).group(1)
+        scheme = _scheme(url)
         path = path.rstrip("/") or path
         return cls(f"{scheme}://{url[len(scheme) + 3 :].rstrip('/')}", fs, path)
 
-    def __reduce__(self):  # a process rebuilds its own filesystem from the URL (another rank, a worker)
+    def __reduce__(self) -> tuple[Callable[[str], StorePath], tuple[str]]:
+        # A process rebuilds its own filesystem from the URL (another rank, a worker).
         return (StorePath.from_url, (self.url,))
 
     def __str__(self) -> str:
@@ -141,7 +157,7 @@ class StorePath:
     def __repr__(self) -> str:
         return f"StorePath({self.url!r})"
 
-    def __fspath__(self):  # never a local path: the guard against a local folder named after a URL
+    def __fspath__(self) -> NoReturn:  # never a local path: the guard against a local folder named after a URL
         raise TypeError(f"{self.url} is on an fsspec store, not a local path")
 
     def __truediv__(self, name: str) -> "StorePath":
@@ -176,8 +192,8 @@ class StorePath:
     def absolute(self) -> "StorePath":
         return self
 
-    def relative_to(self, other: "StorePath") -> pathlib.PurePosixPath:
-        if not self.path.startswith(other.path + "/"):
+    def relative_to(self, other: Location) -> pathlib.PurePosixPath:
+        if not isinstance(other, StorePath) or not self.path.startswith(other.path + "/"):
             raise ValueError(f"{self} is not inside {other}")
         return pathlib.PurePosixPath(self.path[len(other.path) + 1 :])
 
@@ -189,7 +205,7 @@ class StorePath:
         """Forget listings cached earlier: another process (a rank, an earlier run) may have written since."""
         self.fs.invalidate_cache(self.path)
 
-    def _info(self) -> dict | None:
+    def _info(self) -> dict[str, Any] | None:
         self._fresh()
         try:
             return self.fs.info(self.path)
@@ -240,7 +256,7 @@ class StorePath:
         }
 
     # -- reading and writing ---------------------------------------------------------------------
-    def open(self, mode: str = "rb"):
+    def open(self, mode: str = "rb") -> Any:  # fsspec's file object: fsspec ships no types
         if "r" in mode:
             self._fresh()
         return self.fs.open(self.path, mode)
@@ -310,3 +326,7 @@ class StorePath:
         except FileNotFoundError:
             pass
         self._fresh()
+
+
+Location: TypeAlias = pathlib.Path | StorePath
+"""Where a checkpoint's files are: a local path, or a :class:`StorePath` (what :func:`location` returns)."""

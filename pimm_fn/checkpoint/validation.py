@@ -61,9 +61,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pathlib
 import stat
 import warnings
+from typing import Any, cast
 
 from pimm_fn.checkpoint import files, storage
 from pimm_fn.checkpoint.errors import CheckpointError, CheckpointStorageError, SetAsideWarning, cause
@@ -85,7 +85,7 @@ __all__ = [
 _METADATA = f"{files.TRAINER}/.metadata"
 
 
-def confined(path: pathlib.Path, rel: object, *, listed_in: str = files.MARKER) -> pathlib.Path:
+def confined(path: storage.Location, rel: str, *, listed_in: str = files.MARKER) -> storage.Location:
     """``path / rel`` for a name a checkpoint lists about itself, once sure it is a regular file inside ``path``.
 
     ``rel`` must be a relative POSIX path of plain parts (no ``..``, ``.``,
@@ -124,10 +124,14 @@ def confined(path: pathlib.Path, rel: object, *, listed_in: str = files.MARKER) 
     return here
 
 
-def _plain_parts(path: pathlib.Path, rel: object, listed_in: str) -> list[str]:
+def _plain_parts(path: storage.Location, rel: object, listed_in: str) -> list[str]:
     """The parts of ``rel``, a name the checkpoint ``path`` lists, once sure it is a plain relative POSIX path."""
-    parts = rel.split("/") if isinstance(rel, str) else None
-    if not parts or rel.startswith("/") or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts):
+    parts = rel.split("/") if isinstance(rel, str) else []  # never empty for a str: "".split("/") is [""]
+    if (
+        not isinstance(rel, str)
+        or rel.startswith("/")
+        or any(p in ("", ".", "..") or "\\" in p or "\0" in p for p in parts)
+    ):
         raise CheckpointError(
             path,
             listed_in,
@@ -137,7 +141,7 @@ def _plain_parts(path: pathlib.Path, rel: object, listed_in: str) -> list[str]:
     return parts
 
 
-def validate(path: str | os.PathLike, *, digests: bool = False) -> CheckpointInfo:
+def validate(path: str | os.PathLike[str] | storage.StorePath, *, digests: bool = False) -> CheckpointInfo:
     """The info of a usable checkpoint (a standard directory or a legacy file), checked as the module says.
 
     With ``digests`` each file whose marker entry records a SHA-256 is read
@@ -160,7 +164,7 @@ def validate(path: str | os.PathLike, *, digests: bool = False) -> CheckpointInf
     return info
 
 
-def read_marker(path: pathlib.Path) -> tuple[CheckpointInfo, dict]:
+def read_marker(path: storage.Location) -> tuple[CheckpointInfo, dict[str, Any]]:
     """The info and payload of ``path``'s ``COMPLETE`` marker, read as untrusted input (:mod:`pimm_fn.checkpoint.files`)."""
     try:
         payload = files.read_json(path / files.MARKER)
@@ -175,12 +179,13 @@ def read_marker(path: pathlib.Path) -> tuple[CheckpointInfo, dict]:
         problem = f"is not valid JSON ({exc}): it was cut short, overwritten or crafted"
         raise CheckpointError(path, files.MARKER, problem) from None
     try:
-        return info_from_marker(path, payload, "standard"), payload
+        info = info_from_marker(path, payload, "standard")
     except ValueError as exc:
         raise CheckpointError(path, files.MARKER, f"is not a valid marker ({exc})") from None
+    return info, cast("dict[str, Any]", payload)  # info_from_marker refused anything but a JSON object
 
 
-def check_files(path: pathlib.Path, payload: dict, digests: bool) -> None:
+def check_files(path: storage.Location, payload: dict[str, Any], digests: bool) -> None:
     """Every file the marker ``payload`` lists is in ``path`` at its recorded size (and SHA-256, with ``digests``)."""
     recorded = payload.get("files")
     if recorded is None:
@@ -199,12 +204,14 @@ def check_files(path: pathlib.Path, payload: dict, digests: bool) -> None:
         _check_file(path, rel, record, digests, listing)
 
 
-def _is_record(record) -> bool:
+def _is_record(record: object) -> bool:
     size = record.get("size") if isinstance(record, dict) else None
     return isinstance(size, int) and not isinstance(size, bool) and size >= 0
 
 
-def _check_file(path: pathlib.Path, rel: str, record: dict, digests: bool, listing: dict | None = None) -> None:
+def _check_file(
+    path: storage.Location, rel: str, record: dict[str, Any], digests: bool, listing: dict[str, int] | None = None
+) -> None:
     size = _size(path, rel) if listing is None else _listed_size(path, rel, listing)
     if size != record["size"]:
         how = "cut short" if size < record["size"] else "grown since the save"
@@ -213,7 +220,7 @@ def _check_file(path: pathlib.Path, rel: str, record: dict, digests: bool, listi
         _check_digest(path, rel, record)
 
 
-def check_digests(path: pathlib.Path, under: str) -> None:
+def check_digests(path: storage.Location, under: str) -> None:
     """The files of checkpoint ``path`` at or under ``under`` match the SHA-256 its marker records for them.
 
     For a read of part of a checkpoint (its weights) that ``validate`` checked
@@ -229,21 +236,21 @@ def check_digests(path: pathlib.Path, under: str) -> None:
             _check_digest(path, rel, record)
 
 
-def _check_digest(path: pathlib.Path, rel: str, record: dict) -> None:
+def _check_digest(path: storage.Location, rel: str, record: dict[str, Any]) -> None:
     if "sha256" in record and _digest(path, rel) != record["sha256"]:
         raise CheckpointError(
             path, rel, "does not match the SHA-256 its marker records: its bytes changed since the save"
         )
 
 
-def _size(path: pathlib.Path, rel: str, listed_in: str = files.MARKER) -> int:
+def _size(path: storage.Location, rel: str, listed_in: str = files.MARKER) -> int:
     try:
         return confined(path, rel, listed_in=listed_in).stat().st_size
     except OSError as exc:
         raise CheckpointError(path, rel, f"cannot be read ({cause(exc)})") from None
 
 
-def _listed_size(path: pathlib.Path, rel: str, listing: dict) -> int:
+def _listed_size(path: storage.Location, rel: str, listing: dict[str, int]) -> int:
     """The size of ``rel`` in the one listing of a checkpoint on a store (``StorePath.files``), as ``_size`` gives it."""
     _plain_parts(path, rel, files.MARKER)  # no links, FIFOs or devices on a store: the name's syntax is what matters
     if rel not in listing:
@@ -251,27 +258,27 @@ def _listed_size(path: pathlib.Path, rel: str, listing: dict) -> int:
     return listing[rel]
 
 
-def _digest(path: pathlib.Path, rel: str) -> str:
+def _digest(path: storage.Location, rel: str) -> str:
     try:
         return digest(confined(path, rel))
     except OSError as exc:
         raise CheckpointError(path, rel, f"cannot be read ({cause(exc)})") from None
 
 
-def _check_unlisted(path: pathlib.Path) -> None:
+def _check_unlisted(path: storage.Location) -> None:
     """A marker without ``files`` (written before sizes were recorded): what can be checked without them."""
     weights = files.WEIGHTS_SKIPPED if (path / files.WEIGHTS_SKIPPED).is_file() else files.WEIGHTS
     for needed in (weights, _METADATA):
         if _size(path, needed) == 0:
             raise CheckpointError(path, needed, "is empty (0 bytes)")
-    for rel, needed in _data_extents(path).items():
+    for rel, extent in _data_extents(path).items():
         size = _size(path, rel, _METADATA)
-        if size < needed:
-            problem = f"is {size:,} bytes, but {_METADATA} places data up to byte {needed:,} (cut short)"
+        if size < extent:
+            problem = f"is {size:,} bytes, but {_METADATA} places data up to byte {extent:,} (cut short)"
             raise CheckpointError(path, rel, problem)
 
 
-def _data_extents(path: pathlib.Path) -> dict[str, int]:
+def _data_extents(path: storage.Location) -> dict[str, int]:
     """``{data file: bytes it must hold at least}``, from the DCP metadata of ``path``'s ``trainer/``."""
     extents: dict[str, int] = {}
     for info in (dcp_reading.metadata(path).storage_data or {}).values():
@@ -283,7 +290,7 @@ def _data_extents(path: pathlib.Path) -> dict[str, int]:
 SET_ASIDE = "damaged-"
 
 
-def readable_or_set_aside(path: pathlib.Path, *, otherwise: str) -> CheckpointInfo | None:
+def readable_or_set_aside(path: storage.Location, *, otherwise: str) -> CheckpointInfo | None:
     """The info of the checkpoint at ``path`` when it validates; else it is set aside (said) and ``None``.
 
     Args:
@@ -302,7 +309,7 @@ def readable_or_set_aside(path: pathlib.Path, *, otherwise: str) -> CheckpointIn
     except OSError as refused:
         raise CheckpointStorageError(
             f"{damaged.summary()}. A save writes {path.name} now, so that checkpoint was to be kept as "
-            f"{_free_name(path).name}, which the storage refused ({cause(refused)}): it is left as it was, and "
+            f"{_free_name(path)}, which the storage refused ({cause(refused)}): it is left as it was, and "
             f"{otherwise}. Move {path} out of the way yourself (or make {path.parent} writable), then continue with "
             f"resume='auto', which skips damaged checkpoints"
         ) from refused
@@ -315,30 +322,33 @@ def readable_or_set_aside(path: pathlib.Path, *, otherwise: str) -> CheckpointIn
     return None
 
 
-def set_aside(path: pathlib.Path) -> pathlib.Path:
+def set_aside(path: storage.Location) -> storage.Location:
     """Move the checkpoint at ``path`` to the first free ``damaged-<name>[-<n>]`` beside it; returns where.
 
     Raises:
         OSError: the storage refused; ``path`` is as it was (a store's partial copy, invisible without its marker, removed).
     """
-    target = _free_name(path)
+    name = _free_name(path)
     if storage.is_store(path):
+        copied = path.parent / name
         try:
-            files.copy_on_store(path, target)
+            files.copy_on_store(path, copied)
         except BaseException:
             with contextlib.suppress(OSError):  # the refusal that stopped the copy may refuse this too
-                files.remove(target)
+                files.remove(copied)
             raise
         files.remove(path)
-    else:
-        os.rename(path, target)
+        return copied
+    target = path.parent / name
+    os.rename(path, target)
     return target
 
 
-def _free_name(path: pathlib.Path) -> pathlib.Path:
+def _free_name(path: storage.Location) -> str:
+    """The first ``damaged-<name>[-<n>]`` free beside ``path``."""
     suffix = path.suffix if path.suffix == ".pth" else ""
     stem = path.name[: len(path.name) - len(suffix)]
     target, n = path.parent / f"{SET_ASIDE}{stem}{suffix}", 2
     while target.exists():
         target, n = path.parent / f"{SET_ASIDE}{stem}-{n}{suffix}", n + 1
-    return target
+    return target.name

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 import attrs
 import torch
@@ -89,7 +90,7 @@ def load_weights_file(path: str | os.PathLike) -> dict:
             if isinstance(content.get(key), Mapping):
                 return content[key]
         if content and all(isinstance(v, torch.Tensor) for v in content.values()):
-            return content
+            return cast("dict[str, Any]", content)  # torch.load(weights_only=True) makes no Mapping but a dict
     keys = list(content)[:8] if isinstance(content, Mapping) else type(content).__name__
     raise ValueError(
         f"load_weights_file: {str(p)!r} holds no state_dict (got {keys}); expected a dict of tensors or a dict "
@@ -169,7 +170,7 @@ class KeyRule:
         ['backbone2.w', 'encoder.w']
     """
 
-    old: str = attrs.field(validator=[attrs.validators.instance_of(str), attrs.validators.min_len(1)])
+    old: str = attrs.field(validator=(attrs.validators.instance_of(str), attrs.validators.min_len(1)))
     new: str = attrs.field(validator=attrs.validators.instance_of(str))
     whole: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     required: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))

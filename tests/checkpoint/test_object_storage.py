@@ -248,6 +248,21 @@ def test_an_unknown_scheme_is_refused_before_anything_is_written(tmp_path, monke
     assert list(tmp_path.iterdir()) == []
 
 
+def test_check_url_refuses_a_path_that_names_no_scheme():
+    """check_url's refusal is a ValueError for a plain path too (an AttributeError escaped it before)."""
+    with pytest.raises(ValueError, match="'runs/x' is not a URL: it names no scheme"):
+        storage.check_url("runs/x")
+
+
+def test_a_marker_written_unstaged_on_a_store_is_written_in_place():
+    """write_marker(staged=False) on a store writes COMPLETE in place (no rename there); it raised a TypeError."""
+    from pimm_fn.checkpoint import files
+
+    directory = storage.location(f"memory://pimm-{uuid.uuid4().hex[:12]}/model/last")
+    files.write_marker(directory, 7, 1)
+    assert json.loads((directory / files.MARKER).read_text())["step"] == 7
+
+
 def test_s3_without_s3fs_is_refused_naming_the_extra(tmp_path, monkeypatch):
     """s3fs made unimportable (``sys.modules["s3fs"] = None``, fsspec's registration of it forgotten): refused."""
     import fsspec  # noqa: F401 - its registry module, whose name the package's ``registry`` attribute shadows

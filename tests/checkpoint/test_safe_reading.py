@@ -84,6 +84,25 @@ def test_a_pickled_entry_where_pimm_fn_packs_a_tensor_is_refused_everywhere(genu
     assert not marker.exists()
 
 
+def test_a_pickled_entry_where_a_skeleton_places_a_numpy_value_is_refused_by_inspection(genuine, tmp_path):
+    """A trainer skeleton's numpy value, whose entry is swapped for a pickled object: contents_of (``show``, ``ls``)
+    raises a ValueError naming the entry (an AttributeError escaped it before), and the payload never runs."""
+    import numpy as np
+
+    from pimm_fn.checkpoint.formats.pack import pack
+    from pimm_fn.checkpoint.inspection import contents_of, numpy_keys
+
+    marker = tmp_path / "ran"
+    extra = {"extra": {"ema": {"mean": np.zeros(3)}}}
+    (key,) = numpy_keys(pack({**parts(genuine)[0], **extra})[0])  # the number its writer gives the array
+    crafted = republish(
+        genuine, tmp_path / "crafted" / "model", trainer=extra, entries={f"trainer/t/{key}": Payload(marker)}
+    )
+    with pytest.raises(ValueError, match=rf"has no 'trainer/t/{key}' tensor: not written by pimm_fn"):
+        contents_of(crafted)
+    assert not marker.exists()
+
+
 def test_the_layer_refuses_a_pickled_entry_even_asked_for_directly(genuine, tmp_path):
     """load() with a tensor where the checkpoint lists a pickled object raises CheckpointError naming the entry;
     the reader refuses DCP's own planner, so a dcp.load that forgets ours cannot unpickle either."""

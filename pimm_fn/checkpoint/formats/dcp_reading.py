@@ -68,6 +68,7 @@ import dataclasses
 import enum
 import io
 import math
+import os
 import pathlib
 import pickle
 import warnings
@@ -308,7 +309,7 @@ _NOT_OURS = "pimm_fn never unpickles objects from a checkpoint, so nothing of it
 _ALTERED = "(the checkpoint was not written by pimm_fn, or was altered)"
 
 
-def metadata(directory: pathlib.Path, within: str = files.TRAINER) -> Metadata:
+def metadata(directory: str | os.PathLike[str] | storage.StorePath, within: str = files.TRAINER) -> Metadata:
     """The DCP metadata of ``directory/within``, read safely.
 
     Raises:
@@ -339,7 +340,7 @@ def metadata(directory: pathlib.Path, within: str = files.TRAINER) -> Metadata:
 
 def load(
     template: dict,
-    directory: pathlib.Path,
+    directory: str | os.PathLike[str] | storage.StorePath,
     *,
     within: str = files.TRAINER,
     meta: Metadata | None = None,
@@ -381,7 +382,12 @@ def load(
         raise
 
 
-def empty(entry: TensorStorageMetadata, directory: pathlib.Path, key: str, within: str = files.TRAINER) -> torch.Tensor:
+def empty(
+    entry: TensorStorageMetadata,
+    directory: str | os.PathLike[str] | storage.StorePath,
+    key: str,
+    within: str = files.TRAINER,
+) -> torch.Tensor:
     """An uninitialized tensor of the shape and dtype ``entry`` (of ``directory/within``'s metadata) lists for ``key``.
 
     Raises:
@@ -401,7 +407,7 @@ def empty(entry: TensorStorageMetadata, directory: pathlib.Path, key: str, withi
 class _Where:
     """The checkpoint a read is from, and its DCP directory relative to it (``""``: itself)."""
 
-    directory: pathlib.Path
+    directory: storage.Location
     within: str
 
     def error(self, file: str, problem: str) -> CheckpointError:
@@ -412,7 +418,7 @@ def _name(within: str, file: str) -> str:
     return f"{within}/{file}" if within else file
 
 
-def _check_files(directory: pathlib.Path, name: str, meta: Metadata) -> None:
+def _check_files(directory: storage.Location, name: str, meta: Metadata) -> None:
     """Every data file the metadata names is a plain name inside its directory (no path, no ``..``)."""
     for info in meta.storage_data.values():  # a dict of _StorageInfo: metadata_checks
         file = info.relative_path
@@ -459,16 +465,22 @@ def _refusal(exc: CheckpointException) -> CheckpointError | None:
     return None
 
 
-class _Guarded:
-    """A DCP reader over metadata read by :func:`metadata`, which reads data for :class:`_Planner` only."""
+class _Guarded(dcp.FileSystemReader):
+    """A DCP reader over metadata read by :func:`metadata`, which reads data for :class:`_Planner` only.
 
-    def __init__(self, path, meta: Metadata):
+    Both readers it guards are ``FileSystemReader``-s (DCP's ``FsspecReader`` is one).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], meta: Metadata):
         super().__init__(path)
         self._pimm_metadata = meta
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        self._pimm_metadata.storage_meta.load_id = self.load_id
-        return self._pimm_metadata
+        meta = self._pimm_metadata
+        if meta.storage_meta is None:  # metadata() gave it one; a Metadata read elsewhere may have none, as in DCP
+            meta.storage_meta = StorageMeta()
+        meta.storage_meta.load_id = self.load_id
+        return meta
 
     def read_data(self, plan, planner):
         if not isinstance(planner, _Planner):  # DCP's default planner unpickles pickled entries

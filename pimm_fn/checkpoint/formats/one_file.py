@@ -27,8 +27,8 @@ import math
 import os
 import pathlib
 import zipfile
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, BinaryIO
 
 import torch
 
@@ -69,7 +69,7 @@ def write(path: pathlib.Path, content: dict) -> pathlib.Path:
         return files.atomic_write(path, lambda f: torch.save(content, f))
 
 
-def read_info(path: pathlib.Path) -> CheckpointInfo:
+def read_info(path: storage.Location) -> CheckpointInfo:
     """Read the marker of a legacy file without reading its tensors.
 
     Raises:
@@ -85,7 +85,7 @@ def read_info(path: pathlib.Path) -> CheckpointInfo:
         raise CheckpointError(path, path.name, f"has an invalid marker ({exc})") from None
 
 
-def read(path: pathlib.Path, rank: int) -> tuple[dict, dict, dict | None]:
+def read(path: storage.Location, rank: int) -> tuple[dict, dict, dict | None]:
     """Load ``(weights, trainer, local)``; ``local`` is ``None`` past the saved ranks.
 
     Raises:
@@ -134,7 +134,7 @@ def weights_problem(weights: Any) -> str | None:
     return None
 
 
-def checked_weights(weights: Any, checkpoint: pathlib.Path, file: str) -> dict:
+def checked_weights(weights: Any, checkpoint: storage.Location, file: str) -> dict:
     """``weights`` read from ``file`` of ``checkpoint``, once :func:`weights_problem` finds nothing wrong.
 
     Raises:
@@ -151,7 +151,7 @@ def _a(value: Any) -> str:
     return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
 
 
-def _load(path: pathlib.Path, *, mmap: bool, checkpoint: pathlib.Path | None = None) -> Any:
+def _load(path: storage.Location, *, mmap: bool, checkpoint: storage.Location | None = None) -> Any:
     """``torch.load(path, weights_only=True)``; a failure is a ``ValueError`` saying why, without torch's unsafe advice.
 
     With ``checkpoint`` (the checkpoint ``path`` belongs to) it is a
@@ -177,7 +177,7 @@ def _load(path: pathlib.Path, *, mmap: bool, checkpoint: pathlib.Path | None = N
         raise CheckpointError(checkpoint, _relative(path, checkpoint), problem) from None
 
 
-def _load_stored(path, checkpoint) -> Any:
+def _load_stored(path: storage.StorePath, checkpoint: storage.Location | None) -> Any:
     """:func:`_load` of an object on an fsspec store: its bytes, then ``torch.load(weights_only=True)``."""
     try:
         data = path.read_bytes()
@@ -194,7 +194,7 @@ def _load_stored(path, checkpoint) -> Any:
         raise CheckpointError(checkpoint, _relative(path, checkpoint), problem) from None
 
 
-def _relative(path: pathlib.Path, checkpoint: pathlib.Path) -> str:
+def _relative(path: storage.Location, checkpoint: storage.Location) -> str:
     return path.name if path == checkpoint else path.relative_to(checkpoint).as_posix()
 
 
@@ -208,7 +208,7 @@ def _unpacked(entry: dict) -> Any:
 
 
 def write_best(
-    model_dir: str | os.PathLike,
+    model_dir: str | os.PathLike[str] | storage.StorePath,
     weights: dict,
     *,
     metric: str,
@@ -216,7 +216,7 @@ def write_best(
     step: int,
     per_metric: bool = False,
     digests: bool = False,
-) -> pathlib.Path:
+) -> storage.Location:
     """Atomically write ``model_best.pth`` and ``model_best.json`` (main rank only).
 
     With ``per_metric`` the files are ``model_best_<metric>.pth`` and
@@ -256,22 +256,25 @@ def write_best(
     root = storage.location(model_dir)
     stem = files.best_stem(metric if per_metric else None)
     record = {"metric": metric, "value": float(value), "step": step}
-    write_weights = lambda f: torch.save(weights, f)
-    if digests:  # the weights file is written first: its digest is in the record before the .json is written
-        write_weights = files.hashed(write_weights, lambda sha256: record.update(sha256=sha256))
+    save = lambda f: torch.save(weights, f)
+    # The weights file is written first: with digests, its digest is in the record before the .json is written.
+    write_weights = files.hashed(save, lambda sha256: record.update(sha256=sha256)) if digests else save
     meta = lambda: json.dumps(record, sort_keys=True).encode()
-    writes = {root / f"{stem}.pth": write_weights, root / f"{stem}.json": lambda f: f.write(meta())}
+    writes: dict[str, Callable[[BinaryIO], object]] = {
+        f"{stem}.pth": write_weights,
+        f"{stem}.json": lambda f: f.write(meta()),
+    }
     nbytes = lambda: tensor_bytes(weights) + len(meta())
     with storage_errors(root, nbytes, f"{stem}.pth and {stem}.json", f"the previous {stem} is intact"):
         if storage.is_store(root):  # one PUT per object, each atomic: the weights first, as the renames below
             root.mkdir(parents=True, exist_ok=True)  # a missing bucket said as such, never created
-            for path, write in writes.items():
-                files.durable_write(path, write)
+            for name, write in writes.items():
+                files.durable_write(root / name, write)
             return root / f"{stem}.pth"
         staged = _stage_all(root, writes)
         try:
-            for tmp, path in zip(staged, writes):
-                os.replace(tmp, path)
+            for tmp, name in zip(staged, writes):
+                os.replace(tmp, root / name)
         except BaseException:
             for tmp in staged:
                 tmp.unlink(missing_ok=True)
@@ -280,12 +283,12 @@ def write_best(
     return root / f"{stem}.pth"
 
 
-def _stage_all(root: pathlib.Path, writes: dict) -> list[pathlib.Path]:
-    """Write each file durably under a ``.staging-*`` name (mode by the umask); on failure remove them all (the old files stay)."""
+def _stage_all(root: pathlib.Path, writes: dict[str, Callable[[BinaryIO], object]]) -> list[pathlib.Path]:
+    """Write each of ``root``'s files ``writes`` names durably under a ``.staging-*`` name (mode by the umask); on failure remove them all (the old files stay)."""
     staged: list[pathlib.Path] = []
     try:
-        for path, write in writes.items():
-            staged.append(files.staged_write(path, write))
+        for name, write in writes.items():
+            staged.append(files.staged_write(root / name, write))
     except BaseException:
         for tmp in staged:
             tmp.unlink(missing_ok=True)
@@ -293,7 +296,7 @@ def _stage_all(root: pathlib.Path, writes: dict) -> list[pathlib.Path]:
     return staged
 
 
-def best_record(weights_file: pathlib.Path) -> dict:
+def best_record(weights_file: storage.Location) -> dict:
     """What :func:`write_best` recorded beside ``weights_file`` (metric, value, step; its SHA-256 with digests), checked.
 
     The ``.json`` is untrusted: read as :mod:`pimm_fn.checkpoint.files` reads (a FIFO is
@@ -326,7 +329,7 @@ def record_problem(exc: BaseException) -> str:
     return f"is damaged ({cause(exc)})"
 
 
-def check_best(path: pathlib.Path) -> None:
+def check_best(path: storage.Location) -> None:
     """The best-model file ``path`` matches the SHA-256 its ``.json`` records, if it records one.
 
     The ``.json`` is untrusted: one that is missing, unreadable or not the

@@ -27,6 +27,7 @@ import json
 import os
 import pathlib
 import sys
+from typing import Any
 
 import torch
 
@@ -270,8 +271,10 @@ def _unique_keys(pairs) -> dict:
     out = dict(pairs)
     if len(out) != len(pairs):
         seen: set = set()
-        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise ValueError(f"the name {shown(twice)} appears twice")
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"the name {shown(key)} appears twice")
+            seen.add(key)
     return out
 
 
@@ -286,7 +289,9 @@ def _checked_header(header, length: int, refuse) -> tuple[dict, dict]:
     entries = {name: entry for name, entry in header.items() if name != "__metadata__"}
     spans = []
     for name, entry in entries.items():
-        fields = (entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")) if isinstance(entry, dict) else ()
+        fields: tuple[Any, ...] = (  # as the JSON has them: checked below
+            (entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")) if isinstance(entry, dict) else ()
+        )
         if len(fields) != 3 or not isinstance(fields[0], str) or not _ints(fields[1]) or not _ints(fields[2], 2):
             raise refuse(
                 f"describes tensor {shown(name)} as {shown(entry, 120)}; expected dtype, shape and "

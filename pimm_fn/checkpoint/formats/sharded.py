@@ -25,7 +25,7 @@ the full weights from the shards, in one process.
 
 from __future__ import annotations
 
-import pathlib
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
@@ -37,6 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import CheckpointError, cause
 from pimm_fn.checkpoint.formats import dcp_reading, standard
 
@@ -77,6 +78,9 @@ def state(model, optimizer) -> tuple[dict, dict]:
             "state": {},
             "param_groups": None,
         }
+    optimizer_state: (
+        Any  # torch types its entries alike, where "state" maps names to dicts and "param_groups" is a list
+    )
     model_state, optimizer_state = get_state_dict(model, optimizer)
     shards = {MODEL + name: value for name, value in model_state.items()}
     rest = {}
@@ -100,7 +104,7 @@ def load_full_weights(model, weights: dict, *, strict: bool = False) -> None:
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=strict))
 
 
-def load_into(directory: pathlib.Path, model, optimizer, optimizer_rest: dict) -> None:
+def load_into(directory: storage.Location, model, optimizer, optimizer_rest: dict) -> None:
     """Load a checkpoint's shards into ``model`` and ``optimizer`` as they are sharded now; collective.
 
     The optimizer's state is created first (a step with zero learning rate
@@ -118,12 +122,15 @@ def load_into(directory: pathlib.Path, model, optimizer, optimizer_rest: dict) -
     from torch.distributed.checkpoint.state_dict import _init_optim_state
 
     _init_optim_state(optimizer)
+    optimizer_state: (
+        Any  # torch types its entries alike, where "state" maps names to dicts and "param_groups" is a list
+    )
     model_state, optimizer_state = get_state_dict(model, optimizer)
     template = {MODEL + name: value for name, value in model_state.items()}
     for name, entries in optimizer_state["state"].items():
         template.update({_optim_key(name, key): v for key, v in entries.items() if isinstance(v, torch.Tensor)})
     _load(directory, template)
-    loaded = {
+    loaded: dict[str, Any] = {
         name: {
             **optimizer_rest["state"].get(name, {}),
             **{key: template[_optim_key(name, key)] for key, v in entries.items() if isinstance(v, torch.Tensor)},
@@ -138,14 +145,14 @@ def load_into(directory: pathlib.Path, model, optimizer, optimizer_rest: dict) -
     )
 
 
-def _load(directory: pathlib.Path, template: dict) -> None:
+def _load(directory: storage.Location, template: dict) -> None:
     """Read the checkpoint's part of every tensor of ``template`` into it, in place; collective."""
     meta = dcp_reading.metadata(directory)  # read once, for the check and the load
     _check_keys(directory, template, meta.state_dict_metadata)
     dcp_reading.load(template, directory, meta=meta, collective=True)
 
 
-def _check_keys(directory: pathlib.Path, template: dict, saved: dict) -> None:
+def _check_keys(directory: storage.Location, template: dict, saved: dict) -> None:
     missing = [key for key in template if key not in saved]
     if missing:
         found = sorted(k for k in saved if k.startswith("sharded/"))[:4]
@@ -155,16 +162,16 @@ def _check_keys(directory: pathlib.Path, template: dict, saved: dict) -> None:
         )
 
 
-def _metadata(directory: pathlib.Path) -> dict:
+def _metadata(directory: storage.Location) -> dict:
     return dcp_reading.metadata(directory).state_dict_metadata
 
 
-def has_shards(directory: pathlib.Path) -> bool:
+def has_shards(directory: storage.Location) -> bool:
     """Whether a standard checkpoint directory keeps its model as shards (written from a sharded model)."""
     return any(key.startswith(MODEL) for key in _metadata(directory))
 
 
-def check_claim(directory: pathlib.Path, claimed: bool) -> None:
+def check_claim(directory: storage.Location, claimed: bool) -> None:
     """What the trainer part says (``Replicated.sharded``) is what the DCP metadata holds, before anything loads.
 
     A checkpoint saying its model is sharded holds ``sharded/model/...`` tensors
@@ -200,7 +207,7 @@ def check_claim(directory: pathlib.Path, claimed: bool) -> None:
         )
 
 
-def read_full_weights(directory: pathlib.Path) -> dict:
+def read_full_weights(directory: storage.Location) -> dict:
     """The full model state dict assembled from a checkpoint's shards, in this process alone (CPU).
 
     Raises:
@@ -221,7 +228,7 @@ def read_full_weights(directory: pathlib.Path) -> dict:
     return {key[len(MODEL) :]: value for key, value in template.items()}
 
 
-def shards_error(directory: pathlib.Path, exc: BaseException) -> CheckpointError:
+def shards_error(directory: storage.Location, exc: BaseException) -> CheckpointError:
     """A failed read of a sharded model's shards (DCP's ``CheckpointException``), as the damaged file it comes from."""
     meta = standard.metadata(directory)
     shards = [key for key in meta.state_dict_metadata if key.startswith("sharded/")]

@@ -16,7 +16,6 @@ the DCP metadata, so no template state is needed, and reads through
 from __future__ import annotations
 
 import hashlib
-import pathlib
 import warnings
 from typing import Any
 
@@ -38,7 +37,7 @@ _METADATA = f"{L.TRAINER}/.metadata"
 _NO_GROUP_WARNING = dcp_reading.NO_GROUP_WARNING
 
 
-def write_trainer(directory: pathlib.Path, trainer: dict, local: dict) -> None:
+def write_trainer(directory: storage.Location, trainer: dict, local: dict) -> None:
     """Collectively write ``trainer`` (replicated) and this rank's ``local``.
 
     Raises:
@@ -48,7 +47,7 @@ def write_trainer(directory: pathlib.Path, trainer: dict, local: dict) -> None:
     write_state(directory, packed_state(trainer, local))
 
 
-def write_state(directory: pathlib.Path, state: dict[str, torch.Tensor], group=None) -> None:
+def write_state(directory: storage.Location, state: dict[str, torch.Tensor], group=None) -> None:
     """Collectively write a :func:`packed_state` into ``directory/trainer`` with DCP.
 
     DCP fsyncs each file it writes (``sync_files``), then writes its
@@ -71,11 +70,12 @@ def write_state(directory: pathlib.Path, state: dict[str, torch.Tensor], group=N
     publish.check_receipts(directory, group)
 
 
-class _NoSpaceReported:
+class _NoSpaceReported(dcp.FileSystemWriter):
     """DCP writers whose full-disk failures reach every rank as ENOSPC.
 
     DCP pickles each rank's failure to share it, which drops the chained
     ``OSError`` behind torch.save's ``unexpected pos``; the ``OSError`` itself is sent instead.
+    Both writers it serves are ``FileSystemWriter``-s (DCP's ``FsspecWriter`` is one).
     """
 
     def write_data(self, plan, planner):
@@ -99,7 +99,7 @@ class _StoreWriter(_NoSpaceReported, FsspecWriter):
     """DCP's fsspec writer (a save_dir on a store: ``pimm_fn.checkpoint.storage``), with the same errors."""
 
 
-def _writer(trainer_dir) -> dcp.FileSystemWriter:
+def _writer(trainer_dir: storage.Location) -> dcp.FileSystemWriter:
     """The DCP writer for ``trainer_dir``: the local one, or DCP's fsspec writer on a store."""
     if storage.is_store(trainer_dir):
         return _StoreWriter(trainer_dir.url, sync_files=True)
@@ -127,7 +127,7 @@ def flat_state(trainer: dict, local: dict) -> dict[str, torch.Tensor]:
     return {**_flatten("trainer", trainer), **_flatten(f"local/rank{dist.rank()}", local)}
 
 
-def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]:
+def read_trainer(directory: storage.Location, rank: int) -> tuple[dict, dict | None]:
     """Collectively read the replicated part and rank ``rank``'s local part.
 
     Returns:
@@ -163,18 +163,18 @@ def read_trainer(directory: pathlib.Path, rank: int) -> tuple[dict, dict | None]
     return trainer, _unpacked(directory, meta, prefixes["local"], state) if has_local else None
 
 
-def metadata(directory: pathlib.Path) -> Metadata:
+def metadata(directory: storage.Location) -> Metadata:
     """The DCP metadata of a checkpoint's ``trainer/``, read safely; a ``CheckpointError`` when it does not load."""
     return dcp_reading.metadata(directory)
 
 
-def damaged_file(directory: pathlib.Path, meta: Metadata, keys) -> str:
+def damaged_file(directory: storage.Location, meta: Metadata, keys) -> str:
     """The data file holding ``keys`` that is missing or shorter than the metadata says; else the first one."""
     files = _files_of(meta, keys)
     return next((name for name in files if _short(directory, meta, name)), files[0] if files else _METADATA)
 
 
-def failing_file(directory: pathlib.Path, meta: Metadata, state: dict[str, torch.Tensor]) -> str:
+def failing_file(directory: storage.Location, meta: Metadata, state: dict[str, torch.Tensor]) -> str:
     """After a failed read of ``state``: the data file that is short, else the first whose entries fail read alone."""
     files = _files_of(meta, state)
     if any(_short(directory, meta, name) for name in files):
@@ -198,13 +198,13 @@ def _files_of(meta: Metadata, keys) -> list[str]:
     return sorted({f"{L.TRAINER}/{home[k]}" for k in keys if k in home})
 
 
-def _short(directory: pathlib.Path, meta: Metadata, name: str) -> bool:
+def _short(directory: storage.Location, meta: Metadata, name: str) -> bool:
     needed = max(i.offset + i.length for i in meta.storage_data.values() if f"{L.TRAINER}/{i.relative_path}" == name)
     path = directory / name
     return not path.is_file() or path.stat().st_size < needed
 
 
-def _unpacked(directory: pathlib.Path, meta: Metadata, prefix: str, state: dict[str, torch.Tensor]) -> Any:
+def _unpacked(directory: storage.Location, meta: Metadata, prefix: str, state: dict[str, torch.Tensor]) -> Any:
     try:
         return _unflatten(prefix, state)
     except Exception as exc:  # noqa: BLE001 - overwritten bytes fail in JSON, in unicode, in a lookup
