@@ -37,8 +37,12 @@ import json
 import os
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from pimm_fn.core.preemption import EX_TEMPFAIL
+
+if TYPE_CHECKING:
+    from pimm_fn.checkpoint.storage import Location
 
 __all__ = ["OK", "DAMAGED", "USAGE", "NOT_FOUND", "FINISHED", "MID_RUN", "TO_CONTINUE", "Failure", "main"]
 
@@ -137,7 +141,7 @@ def _check_exists(path) -> None:
         raise Failure(NOT_FOUND, f"{str(path)!r} does not exist; pass a checkpoint, a save_dir or a model_dir")
 
 
-def location(value: str):
+def location(value: str) -> Location:
     """A command's ``PATH``: a local ``pathlib.Path``, or a store's ``StorePath`` for a URL (a clear failure when unusable)."""
     from pimm_fn.checkpoint import storage  # noqa: PLC0415 - imports torch
 

@@ -24,13 +24,13 @@ of which can be read, exit 1 (``verify`` says why).
 
 from __future__ import annotations
 
-import pathlib
+from typing import Any
 
 import attrs
 from torch.distributed.checkpoint.api import CheckpointException
 
 import pimm_fn.compat  # noqa: F401 - the plug-in pimm_fn ships: a pimm run's slots (its savers') decode
-from pimm_fn.checkpoint import best_record, find_checkpoint, inspection, record_problem
+from pimm_fn.checkpoint import best_record, find_checkpoint, inspection, record_problem, storage
 from pimm_fn.checkpoint.contents import from_parts
 from pimm_fn.checkpoint.errors import CheckpointError, cause
 from pimm_fn.checkpoint.inspection import (
@@ -85,7 +85,7 @@ class Entry:
         step: the step its name says, if any.
     """
 
-    path: pathlib.Path
+    path: storage.Location
     kind: str
     step: int | None = None
 
@@ -100,7 +100,7 @@ class Entry:
         return "legacy" if self.path.suffix == ".pth" else "standard"
 
 
-def model_dir_of(path: pathlib.Path, command: str) -> pathlib.Path:
+def model_dir_of(path: storage.Location, command: str) -> storage.Location:
     """The model_dir that ``path`` names: itself, or ``path/model`` for a save_dir.
 
     Raises:
@@ -123,24 +123,25 @@ def some_damaged(names: list[str], total: int) -> Failure:
     return Failure(DAMAGED, f"{len(names)} of {total} damaged or incomplete: {', '.join(names)}")
 
 
-def entry_of(path: pathlib.Path) -> Entry | None:
+def entry_of(path: storage.Location) -> Entry | None:
     """What ``path`` is by its name, or ``None`` for a name no checkpoint, best file or save in progress has."""
     found = inspection.kind_of(path)
     return Entry(path, *found) if found is not None else None
 
 
-def entries(model_dir: pathlib.Path) -> list[Entry]:
+def entries(model_dir: storage.Location) -> list[Entry]:
     """The entries of ``model_dir`` by kind (checkpoints first), newest first within a kind."""
     found = [e for e in map(entry_of, model_dir.iterdir()) if e is not None]
     return sorted(found, key=lambda e: (KINDS.index(e.kind), e.step is not None, -(e.step or 0), e.name))
 
 
-def size_text(n: int) -> str:
+def size_text(n: float) -> str:
     """Bytes for people: ``11.6 KB``."""
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
             return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
+    return f"{n:.1f} GB"
 
 
 def values_text(values) -> str:
@@ -150,7 +151,7 @@ def values_text(values) -> str:
     return " ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
 
-def _unreadable_record(path: pathlib.Path, exc: Exception) -> str:
+def _unreadable_record(path: storage.Location, exc: Exception) -> str:
     """Why the ``.json`` beside the best-model file ``path`` cannot be shown, naming it."""
     return f"{path.with_suffix('.json').name} {record_problem(exc)}"
 
@@ -161,7 +162,7 @@ def row(entry: Entry) -> dict:
     ``status`` is ``complete``, ``incomplete`` (no marker: never finished), ``damaged`` (a file
     missing or changed since the save), ``unfinished`` (a ``.staging-*`` leftover) or ``best``.
     """
-    out = {
+    out: dict[str, Any] = {
         "name": entry.name,
         "kind": entry.kind,
         "format": entry.format,
@@ -201,7 +202,9 @@ def row(entry: Entry) -> dict:
         metrics = {}
     out.update(status="complete", step=marker["step"], metrics=metrics)
     try:
-        state = contents_of(entry.path).replicated.state.state
+        saved = contents_of(entry.path).replicated.state
+        assert saved is not None  # read from a checkpoint: only a template has none
+        state = saved.state
         out.update(epoch=state.progress.epoch, best=dict(state.best))
         out["metrics"] = out["metrics"] or dict(state.metrics)
     except (Exception, CheckpointException):  # noqa: BLE001 - not a loop's trainer state: the marker's word stands
@@ -300,7 +303,7 @@ def _plain(state_dict) -> dict | None:
     return {k: repr(v) if isinstance(v, TensorInfo) else v for k, v in state_dict.items()}
 
 
-def _inspect_best(path: pathlib.Path) -> dict:
+def _inspect_best(path: storage.Location) -> dict:
     try:
         weights = weights_without_tensors(path)
     except (OSError, ValueError) as exc:
@@ -328,7 +331,7 @@ def _numel(weights: dict) -> int:
     return total
 
 
-def describe(path: pathlib.Path) -> dict:
+def describe(path: storage.Location) -> dict:
     """Everything ``inspect`` shows of the checkpoint at ``path``, as data."""
     try:
         info = find_checkpoint(path)
@@ -356,6 +359,7 @@ def describe(path: pathlib.Path) -> dict:
     if contents is None:  # written by save_checkpoint with a trainer dict of one's own, not by loop
         return {**found, "trainer": trainer}
     r, saved = contents.replicated, contents.replicated.state
+    assert saved is not None  # read from a checkpoint: only a template has none
     return {
         **found,
         "progress": attrs.asdict(saved.state.progress),
@@ -469,7 +473,9 @@ def standing(model_dir) -> dict:
         )
     try:
         saved_for = marker_of(info.path).get("saved_for")
-        state = contents_of(info.path).replicated.state.state
+        saved = contents_of(info.path).replicated.state
+        assert saved is not None  # read from a checkpoint: only a template has none
+        state = saved.state
     except (Exception, CheckpointException) as exc:  # noqa: BLE001 - not a loop's trainer state
         raise Failure(
             USAGE,

@@ -109,6 +109,7 @@ def shared_with(entry: Entry, file: str | None = None) -> tuple:
     for other in entries(entry.path.parent):
         if other.path == entry.path:
             continue
+        assert not storage.is_store(other.path)  # beside entry's, on the same local file system
         common = linked.keys() & _links(other.path).keys()
         if common:
             names.append(other.name)
@@ -118,7 +119,7 @@ def shared_with(entry: Entry, file: str | None = None) -> tuple:
     return (*names, f"{elsewhere} link(s) elsewhere") if elsewhere > 0 else tuple(names)
 
 
-def _targets(path: pathlib.Path) -> tuple[list[Entry], bool]:
+def _targets(path: storage.Location) -> tuple[list[Entry], bool]:
     """The entries to verify, and whether ``path`` named one itself."""
     if not path.exists():
         raise Failure(NOT_FOUND, f"{str(path)!r} does not exist; pass a checkpoint, a save_dir or a model_dir")
