@@ -227,11 +227,11 @@ def _with_metrics(hooks: list) -> list:
     found = []
     for i, hook in enumerate(hooks):
         if isinstance(hook, _PimmSaver) and hook.metric is None:
-            before = [h for h in hooks[:i] if isinstance(h, _PimmEvaluator) and h.evaluate and h.metric]
-            after = [h for h in hooks[i + 1 :] if isinstance(h, _PimmEvaluator) and h.evaluate and h.metric]
-            source = before[-1] if before else after[0] if after else None
-            if source is not None:
-                hook = attrs.evolve(hook, metric=source.metric[0], mode=source.metric[1])
+            before = [h.metric for h in hooks[:i] if isinstance(h, _PimmEvaluator) and h.evaluate and h.metric]
+            after = [h.metric for h in hooks[i + 1 :] if isinstance(h, _PimmEvaluator) and h.evaluate and h.metric]
+            metric = before[-1] if before else after[0] if after else None
+            if metric is not None:
+                hook = attrs.evolve(hook, metric=metric[0], mode=metric[1])
         found.append(hook)
     final = [h for h in found if isinstance(h, _FinalEvaluator) and h.evaluate and not h.test_last]
     if final and not any(isinstance(h, _PimmSaver) and h.metric for h in found):

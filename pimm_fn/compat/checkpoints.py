@@ -47,6 +47,7 @@ import pathlib
 import tempfile
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,7 +100,7 @@ def is_legacy(payload: Mapping) -> bool:
 def _counters(payload: Mapping, where) -> tuple[int, int, int | None, int, bool]:
     """``(epoch, iter_in_epoch, global_step or None, samples_seen, legacy)`` pimm resumes from."""
     trainer = payload.get("train_state") or payload.get("trainer")
-    if not is_legacy(payload):
+    if isinstance(trainer, Mapping):  # not is_legacy(payload)
         i = trainer.get("iter_in_epoch", trainer.get("iteration", trainer.get("iter", 0)))
         return (
             int(item(trainer.get("epoch", 0))),
@@ -175,6 +176,7 @@ def resume_progress(
     epochs = max(epochs if epochs is not None else start, start)
     if start == 0:
         return Progress(ipe, epochs, 0, 0, 0, samples), "BeforeTrain", note
+    assert step is not None  # None only from a legacy file's counters, and set above for one
     return Progress(ipe, epochs, start - 1, ipe, step, samples), "AfterEpoch", note
 
 
@@ -218,7 +220,7 @@ def _rng(entry, world: int, rank: int, where) -> dict:
     state = (entry or {}).get("state") if isinstance(entry, Mapping) and "state" in (entry or {}) else entry
     if not state:
         return capture_rng()  # pimm restores none here either (legacy files)
-    states = state.get("states") if isinstance(state, Mapping) and "states" in state else [state]
+    states = state["states"] if isinstance(state, Mapping) and "states" in state else [state]
     saved_world = state.get("world_size", len(states)) if isinstance(state, Mapping) else len(states)
     if saved_world != world or rank >= len(states):
         raise PimmCheckpointError(
@@ -283,7 +285,8 @@ def translate(
         say(legacy_line(path, payload, progress, position))
     if note is not None:
         warnings.warn(note, ResumeNotExactWarning, stacklevel=2)
-    trainer = payload.get("trainer") if isinstance(payload.get("trainer"), Mapping) else {}
+    trainer = payload.get("trainer")
+    trainer = trainer if isinstance(trainer, Mapping) else {}
     best = item(trainer["best_metric_value"] if "best_metric_value" in trainer else payload.get("best_metric_value"))
     finite = isinstance(best, (int, float)) and not isinstance(best, bool) and math.isfinite(best)
     state = State(
@@ -296,7 +299,7 @@ def translate(
     saved = SavedState(state, Keyed(()))
     scaler = payload.get("scaler")
     scaler = nested_state(scaler) if not isinstance(scaler, Mapping) or scaler.get("enabled", True) else None
-    cursor = {"epoch_start": None, "generator": None, "samplers": [], "rest": None, "data": None}
+    cursor: dict[str, Any] = {"epoch_start": None, "generator": None, "samplers": [], "rest": None, "data": None}
     rng = _rng(payload.get("rng"), dist.world_size(), dist.rank(), path)
     optimizer = _positional_optimizer(payload.get("optimizer"))
     if optimizer is None:

@@ -63,7 +63,7 @@ __all__ = [
 
 
 # Every keyword of pimm's registered evaluators, with pimm's defaults (``PIMM.md`` 2.3).
-EVALUATOR_DEFAULTS = {
+EVALUATOR_DEFAULTS: dict[str, dict[str, Any]] = {
     "SemSegEvaluator": dict(
         write_cls_iou=False, every_n_steps=0, ignore_index=-1, macro_ignore_class_ids=None, per_instance_metrics=False
     ),

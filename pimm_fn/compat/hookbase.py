@@ -124,10 +124,10 @@ def _refuse_delete(self, name):
 
 
 # Replaces attrs' generic FrozenInstanceError with a message that says what to do instead.
-TrainerView.__setattr__ = _refuse
+setattr(TrainerView, "__setattr__", _refuse)
 
 
-TrainerView.__delattr__ = _refuse_delete
+setattr(TrainerView, "__delattr__", _refuse_delete)
 
 
 _METHODS = {

@@ -253,11 +253,11 @@ def apply_options(cfg: Mapping, options=None, *, known=None) -> dict:
     """
     if known is None:
         known = BUILTINS  # the built-in registry's types
-    cfg = copy.deepcopy(dict(cfg))
-    hooks = cfg.get("hooks")
+    out = copy.deepcopy(dict(cfg))
+    hooks = out.get("hooks")
     if hooks is not None and not isinstance(hooks, list):
-        hooks = cfg["hooks"] = list(hooks)
-    override = cfg.pop("hooks_override", None)
+        hooks = out["hooks"] = list(hooks)
+    override = out.pop("hooks_override", None)
     if override:
         if not isinstance(override, Mapping):
             raise TypeError(
@@ -266,14 +266,14 @@ def apply_options(cfg: Mapping, options=None, *, known=None) -> dict:
         _by_type(hooks or [], override, known, "hooks_override")
     options = parse_options(options)
     if not options:
-        return cfg
+        return out
     _check_hook_keys(options, known)
     type_options, merge_options = split_options(options)
-    cfg = _merge(_nested_options(copy.deepcopy(merge_options)), cfg, "cfg")
-    cfg["_cli_options"] = tuple(options)
+    out = _merge(_nested_options(copy.deepcopy(merge_options)), out, "cfg")
+    out["_cli_options"] = tuple(options)
     grouped: dict = {}
     for key, value in type_options.items():
         _, hook_type, path = key.split(".", 2)
         grouped.setdefault(hook_type, {})[path] = value
-    _by_type(cfg.get("hooks") or [], grouped, known, "options")
-    return cfg
+    _by_type(out.get("hooks") or [], grouped, known, "options")
+    return out
