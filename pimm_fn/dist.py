@@ -107,7 +107,7 @@ def broadcast_object(obj: T, src: int = 0, group=None) -> T:
     """
     if not is_initialized():
         return obj
-    box = [obj if rank() == src else None]
+    box: list[Any] = [obj if rank() == src else None]  # src's obj on every rank once broadcast
     _td.broadcast_object_list(box, src=src, group=group)
     return box[0]
 
@@ -159,7 +159,8 @@ def run_on_main(fn: Callable[[], T], group=None, *, shared: tuple[type[BaseExcep
         except BaseException as exc:  # noqa: BLE001 - re-raised below, on every rank
             error = exc
     told = error if isinstance(error, shared) else None if error is None else f"{type(error).__name__}: {error}"
-    ok, payload = broadcast_object((error is None, result if error is None else told), group=group)
+    outcome: tuple[bool, Any] = (error is None, result if error is None else told)  # fn's result, or what failed
+    ok, payload = broadcast_object(outcome, group=group)
     if error is not None:
         raise error
     if ok:
