@@ -47,6 +47,7 @@ See ``pimm_fn.runtime.data.feed`` (a fetch that raises loses no batch).
 
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -136,15 +137,15 @@ class Feed:
         self._sampler_generators = sampler_generators(data, self.generator)
         self._drains = self.stateful and hasattr(data, "__len__") and len(data) // group == self.iters_per_epoch
         self._iterator = None
-        self._epoch_start = None
-        self._opening = None  # the epoch whose opening failed, to retry from the same RNG
+        self._epoch_start: dict | None = None  # the RNG the epoch opened from (``_rng``)
+        self._opening: int | None = None  # the epoch whose opening failed, to retry from the same RNG
         # ``(offset, first)`` while the epoch continues at a permutation position: the rest from global
         # position ``offset`` on, begun at the epoch's step ``first`` (see ``continue_at``).
-        self._rest = None
+        self._rest: tuple[int, int] | None = None
         self._epoch_done = False
         # How the current iterator was opened, ("rng", states) or ("loader", state), and how many
         # batches it gave since: the cursor a failed fetch goes back to.
-        self._source = None
+        self._source: tuple[str, Any] | None = None
         self._drawn = 0
         # Only a loader fetching in this process can draw from its RNG (augmentations): the RNG a failed fetch
         # puts back is taken before each fetch, unless the data, or the iterator it handed out (a list's), draws
@@ -174,7 +175,8 @@ class Feed:
         sampler = epoch_sampler(self.data)
         if sampler is not None:
             sampler.set_epoch(epoch)
-        if self._opening == epoch:  # a retry after opening it failed: from the same RNG as the first try
+        # A retry after opening it failed: from the same RNG as the first try, which took it.
+        if self._opening == epoch and self._epoch_start is not None:
             self._set_rng(self._epoch_start)
         else:
             self._epoch_start = self._rng()

@@ -105,7 +105,7 @@ def epoch_sampler(data):
 
 def sampler_generators(data, own) -> tuple:
     """Generators the loader's samplers keep across epochs (torchdata's RandomSampler), besides ``own``."""
-    found = []
+    found: list[torch.Generator] = []
     for holder in (
         getattr(data, "sampler", None),
         getattr(data, "batch_sampler", None),
@@ -196,7 +196,8 @@ def epoch_order(sampler: DistributedSampler, epoch: int) -> list[int]:
     """The whole permutation ``sampler`` deals out in ``epoch``: its own code, on one rank, unpadded."""
     whole = copy.copy(sampler)
     whole.num_replicas, whole.rank, whole.drop_last = 1, 0, False
-    whole.num_samples = whole.total_size = len(sampler.dataset)
+    # torch types the dataset a Dataset, which need not be Sized; a DistributedSampler takes its len() too.
+    whole.num_samples = whole.total_size = len(sampler.dataset)  # type: ignore[arg-type]
     whole.set_epoch(epoch)
     return list(whole)
 
@@ -231,7 +232,7 @@ def give_back(data) -> None:
     """Put ``data``'s own sampler back in its batch sampler, if a ``Remainder`` was lent."""
     batches = getattr(data, "batch_sampler", None)
     lent = getattr(batches, "sampler", None)
-    if isinstance(lent, Remainder):
+    if batches is not None and isinstance(lent, Remainder):  # a Remainder was lent: there is a batch sampler
         batches.sampler = lent.sampler
 
 
@@ -255,9 +256,11 @@ def main_cursor(held):
 def world_offset(p, ctx, info, cursor) -> tuple[int | None, str]:
     """Where in its permutation the interrupted epoch continues on this world size, or ``None`` and why not."""
     offset, why = _consumed(p, cursor, info.world_size, ctx.feed.group)
-    why = why or _positioning(ctx, cursor)
-    if why:
+    if offset is None:
         return None, why
+    unpositioned = _positioning(ctx, cursor)
+    if unpositioned is not None:
+        return None, unpositioned
     if offset >= len(ctx.feed.data.sampler.dataset):
         return None, f"its {offset} consumed samples reach past the dataset"
     return offset, ""

@@ -88,7 +88,7 @@ def _digest(*parts) -> int:
 class _Comparison:
     """One event's all-reduce in flight, and what this rank wanted."""
 
-    work: object
+    work: td.Work
     buffer: torch.Tensor
     digest: int
     event: object

@@ -137,9 +137,9 @@ def schedule_of(state) -> tuple:
     )
 
 
-def _ranks(ranks: list) -> str:
+def _ranks(ranks: list[int]) -> str:
     """``rank 3`` or ``ranks 0-2, 5``: consecutive ranks as ranges."""
-    runs = []
+    runs: list[list[int]] = []
     for r in ranks:
         if runs and runs[-1][1] == r - 1:
             runs[-1][1] = r
@@ -232,7 +232,7 @@ def best_metrics(hooks) -> tuple:
     >>> best_metrics([best_on("acc"), best_on("miou"), best_on("acc")])
     ('acc', 'miou')
     """
-    found = []
+    found: list[str] = []
     for declared in map(protocol.declared, protocol.leaves(hooks)):
         if declared.may_emit(WriteBest):
             found.extend(m for m in declared.reads_metrics if m not in found)

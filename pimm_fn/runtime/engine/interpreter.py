@@ -33,6 +33,7 @@ import torch
 
 from pimm_fn.checkpoint.background import BackgroundSaver
 from pimm_fn.core.effects import Scope
+from pimm_fn.core.trace import TraceEntry
 from pimm_fn.runtime.engine.implied import Implied
 from pimm_fn.runtime.errors import Advice, MissingHandlerError
 
@@ -55,7 +56,7 @@ class Interpreter:
         self.handlers = dict(handlers)
         self.guard = guard
         # The newest ``keep_trace`` executed effects (``None``: all of them, for whoever asks).
-        self.trace = collections.deque(maxlen=keep_trace)
+        self.trace: collections.deque[TraceEntry] = collections.deque(maxlen=keep_trace)
         self._skipped = None  # an event whose effects diverged across ranks: they do not run
 
     def handler_for(self, effect):

@@ -21,6 +21,7 @@ value (``saving={...}``) is refused the same way.
 import warnings
 import weakref
 from collections.abc import Mapping
+from typing import cast
 
 from pimm_fn import dist
 from pimm_fn.checkpoint import discovery, files, storage
@@ -408,7 +409,8 @@ def loop(
     interpreter = Interpreter(
         ctx, run_handlers(handlers), AgreementGuard(implied) if guarded else None, keep_trace=watching.keep_trace
     )
-    epochs = max_epochs if max_steps is None else -(-max_steps // feed.iters_per_epoch)
+    # Without max_steps, max_epochs is given: check_budget saw to that.
+    epochs = cast(int, max_epochs) if max_steps is None else -(-max_steps // feed.iters_per_epoch)
     for message in configuration_messages(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
         warnings.warn(message, ConfigurationWarning, stacklevel=2)
     check_bucket(save_dir, create=saving.create_bucket, say=ctx.say)  # a mistyped bucket: refused, never created

@@ -57,7 +57,7 @@ def device_outputs(outputs) -> dict:
         return {}
     if not (outputs.__class__ is dict or isinstance(outputs, Mapping)):
         outputs = {"loss": outputs}
-    kept = {}
+    kept: dict[str, float | torch.Tensor] = {}
     for name, value in outputs.items():
         if value.__class__ is float:
             kept[name] = value
@@ -122,7 +122,7 @@ def _floats(tensors: list) -> list:
     """The values of 0-dimensional ``tensors`` as floats, each exactly as its ``item()``: one transfer per dtype and device."""
     if len(tensors) == 1:
         return [float(tensors[0].item())]
-    groups = {}
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((t.device, t.dtype), []).append(i)
     values = [0.0] * len(tensors)

@@ -44,6 +44,7 @@ code of its own) leaves the others to the process group's own timeout.
 
 import datetime
 import re
+from typing import Any
 
 import attrs
 import torch.distributed as td
@@ -57,7 +58,7 @@ _PREFIX = "pimm_fn/failed"
 _CONTINUE, _ABORT = "continue", "abort"
 
 
-_round = [None, 0]  # [the process group, failures handled in it]: every rank counts alike until a shutdown
+_round: list[Any] = [None, 0]  # [the process group, failures handled in it]: every rank counts alike until a shutdown
 _kept = []  # the stores of groups shut down: their reports stay readable for the other ranks
 
 

@@ -196,7 +196,7 @@ def interactive() -> bool:
     return ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None
 
 
-def _advice(error: KeyboardInterrupt) -> str:
+def _advice(error: KeyboardInterrupt) -> str | None:
     return getattr(error, "pimm_fn_advice", None)
 
 
@@ -263,7 +263,7 @@ def advise(
         if saves_on_interrupt or model_dir is None
         else "; to save on Ctrl-C first, pass preemption=pimm_fn.Preemption(save_on_interrupt=True)"
     )
-    error.pimm_fn_advice = f"[pimm_fn] stopped by Ctrl-C {stopped}; {where}. {how}{first}"
+    setattr(error, "pimm_fn_advice", f"[pimm_fn] stopped by Ctrl-C {stopped}; {where}. {how}{first}")
     if not getattr(sys.excepthook, "pimm_fn_advising", False):
         sys.excepthook = _advising(sys.excepthook)
 
@@ -375,7 +375,7 @@ class Stopping:
         self.checks = 0  # reductions started (several ranks), for tests and benchmarks
         self._start = time.monotonic()
         self._last = 0.0  # rank 0's clock at the last check (seconds since loop())
-        self._next = None  # the step of the next comparison (several ranks)
+        self._next: int | None = None  # the step of the next comparison (several ranks)
         self._cadence = self.every or 1
         self._issued = 0
         self._group = None  # made at the first comparison, where every rank is (a loop never trained makes none)

@@ -68,6 +68,8 @@ class Loop:
     """
 
     def __init__(self, ctx: Context, state, step_fn, interpreter, *, resume=None, resumed: bool = False):
+        if ctx.implied is None:
+            raise ValueError("Loop: its Context holds no hooks (ctx.implied is None): build the run with loop()")
         self.ctx = ctx
         self._step_fn = step_fn
         self._interpreter = interpreter

@@ -113,11 +113,16 @@ def locate(hooks, old) -> tuple:
     )
 
 
+def _inner(hook) -> tuple:
+    """The children of ``hook``, a composite: an index path steps into composites only."""
+    return protocol.children(hook) or ()
+
+
 def with_hook(hooks: tuple, path: tuple, new) -> tuple:
     """``hooks`` with ``new`` at index path ``path``, each chain on the way rebuilt around its new children."""
     i, rest = path[0], path[1:]
     # A composite rebuilt around its new children, as pimm_fn.core.hook.bind rebuilds it.
-    hook = new if not rest else protocol.with_children(hooks[i], with_hook(protocol.children(hooks[i]), rest, new))
+    hook = new if not rest else protocol.with_children(hooks[i], with_hook(_inner(hooks[i]), rest, new))
     return hooks[:i] + (hook,) + hooks[i + 1 :]
 
 
@@ -127,7 +132,7 @@ def slot_at(slots: tuple, hooks: tuple, path: tuple):
     if not rest:
         return slots[i]
     inner = slots[i] if slots[i] is not None else protocol.init_slot(hooks[i])
-    return slot_at(tuple(inner), protocol.children(hooks[i]), rest)
+    return slot_at(tuple(inner), _inner(hooks[i]), rest)
 
 
 def with_slot(slots: tuple, hooks: tuple, path: tuple, slot) -> tuple:
@@ -135,14 +140,14 @@ def with_slot(slots: tuple, hooks: tuple, path: tuple, slot) -> tuple:
     i, rest = path[0], path[1:]
     if rest:
         inner = slots[i] if slots[i] is not None else protocol.init_slot(hooks[i])
-        slot = with_slot(tuple(inner), protocol.children(hooks[i]), rest, slot)
+        slot = with_slot(tuple(inner), _inner(hooks[i]), rest, slot)
     return slots[:i] + (slot,) + slots[i + 1 :]
 
 
 def siblings(hooks: tuple, path: tuple) -> tuple:
     """The hooks beside the one at index path ``path``: its chain's children, or the top list."""
     for i in path[:-1]:
-        hooks = protocol.children(hooks[i])
+        hooks = _inner(hooks[i])
     return hooks
 
 

@@ -40,6 +40,7 @@ retry from the same batch is not exact, and ``warn_if_not_exact`` says so
 import warnings
 import weakref
 from collections.abc import Mapping
+from typing import Any, Literal
 
 import attrs
 
@@ -246,7 +247,7 @@ class Unit:
             raise error
         keys.open = True
 
-    def __exit__(self, kind, error, traceback) -> bool:
+    def __exit__(self, kind, error, traceback) -> Literal[False]:
         keys = self._keys
         keys.open = False
         if error is None:
@@ -300,7 +301,7 @@ class StepWatch:
     per optimizer: loops rebuilt around it (``Loop.replace``) share it.
     """
 
-    _watches = weakref.WeakKeyDictionary()
+    _watches: "weakref.WeakKeyDictionary[Any, StepWatch]" = weakref.WeakKeyDictionary()
 
     def __init__(self, optimizer):
         self.entered = 0
@@ -311,7 +312,7 @@ class StepWatch:
         self._post = optimizer.register_step_post_hook(self._stepped)
 
     @classmethod
-    def of(cls, optimizer) -> "StepWatch | None":
+    def of(cls, optimizer) -> "StepWatch | _Watches | None":
         """The watch of ``optimizer``, made on first use; ``None`` for an optimizer without step hooks.
 
         For a mapping of named optimizers (``loop(optimizer={name: opt})``), one watch over all of them.
@@ -353,7 +354,7 @@ class StepWatch:
             return AFTER_OPTIMIZER
         return OPTIMIZING if entered > self.done else TRAINING
 
-    def stopped(self, step: int, error: BaseException) -> str:
+    def stopped(self: "StepWatch | _Watches", step: int, error: BaseException) -> str:
         """The phase the train step of ``step``, armed last, raised in; warned when its retry is not exact."""
         phase = self.phase(self.armed)
         warn_if_not_exact(step, phase)

@@ -12,7 +12,9 @@ builds nothing (the step's ``AfterStep`` moves the position past it), and
 the step's outputs are read before its one ``AfterStep`` is built.
 """
 
+from collections.abc import Mapping
 from functools import partial
+from typing import Any
 
 import attrs
 
@@ -21,6 +23,7 @@ from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.outputs import StepOutputs
 from pimm_fn.core.processing import start
 from pimm_fn.core.schedule import advance, next_event
+from pimm_fn.core.state import State
 from pimm_fn.runtime.engine.outputs import QuietSteps, read_in_place
 from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
 from pimm_fn.runtime.engine.transaction import LOADING, Transaction, effect_phase, fold_phase, step_of
@@ -57,7 +60,8 @@ class Walker:
         self._opening = tx.unit(LOADING)  # an epoch opened, or its loader drained
         self._folding = tx.unit(lambda step, error: fold_phase(error, tx.event))
         self._reading = tx.unit(self._stopped_reading)  # before an event (``tx.event``, or the step being read)
-        self._reading_step = None  # (step, outputs, batch size) of the AfterStep whose outputs are being read
+        # (step, outputs, batch size) of the AfterStep whose outputs are being read
+        self._reading_step: tuple[int, dict, int] | None = None
         self._reading_waiting = tx.unit("reading the step outputs")
         self._working = tx.unit(self._stopped_in_work)
         self._quiet = QuietSteps()  # steps trained and counted, not folded; outputs unread on their device
@@ -76,7 +80,8 @@ class Walker:
             default_step=self._step_fn is train_step,
             trained=self._trained,
         )
-        self._peeked = (None, None)  # (state, next_event(state)): the step's tail computes the next head
+        # (state, next_event(state)): the step's tail computes the next head
+        self._peeked: tuple[State | None, ev.Event | None] = (None, None)
 
     @property
     def state(self):
@@ -218,7 +223,7 @@ class Walker:
         the position, and the step's ``AfterStep`` moves that on past it: the
         step is trained at once, with no ``State`` built for it.
         """
-        event = self._next_event()
+        event: Any = self._next_event()  # narrowed by its exact class, below, where mypy does not follow
         cls = event.__class__  # next_event builds exact lifecycle classes
         if cls is ev.AfterStep or cls is ev.BeforeStep and not self.processed[ev.BeforeStep]:
             self._driver.train(event.step)  # handed back to _trained: a quiet step's AfterStep is only counted
@@ -239,17 +244,18 @@ class Walker:
         """Hand the trained ``step`` on: counted when it is quiet, else its one ``AfterStep`` folded."""
         if step <= self._quiet.until:  # no hook is called for it: the state takes it when next read
             return self._quiet.count(step, size, scalars)
+        outputs: Mapping[str, float] | None = scalars
         if scalars:
             if self.processed[ev.AfterStep] and self.hooks.reads(step):
                 self._reading_step = (step, scalars, size)  # its AfterStep, built only if the read fails
-                scalars = self._read(step, scalars)  # read before the event is built: it is built once, with floats
+                outputs = self._read(step, scalars)  # read before the event is built: it is built once, with floats
                 self._reading_step = None
             else:  # no hook reads them up front: they wait, unread, and the hooks see them on demand
                 self._quiet.unread.add(step, scalars)
-                scalars = (
+                outputs = (
                     StepOutputs(step, scalars, partial(read_in_place, scalars)) if self.processed[ev.AfterStep] else {}
                 )
-        self._hand(ev.AfterStep(step, scalars, size))
+        self._hand(ev.AfterStep(step, outputs, size))
 
     def dispatch(self, event) -> None:
         """Hand ``event`` to the hooks and execute their effects; outputs waiting on the device are read first."""
@@ -298,9 +304,9 @@ class Walker:
 
     def _stopped_reading(self, step: int, error: BaseException) -> str:
         """Reading before an event raised: that event (a step's ``AfterStep``, built now) is handed on again."""
-        tx = self.tx
-        if tx.event is None:
-            tx.event = ev.AfterStep(*self._reading_step)  # its outputs still on their device: read on the retry
+        tx, reading = self.tx, self._reading_step
+        if tx.event is None and reading is not None:  # the read in _trained, which set _reading_step
+            tx.event = ev.AfterStep(*reading)  # its outputs still on their device: read on the retry
             self._reading_step = None
         return f"reading the step outputs before {type(tx.event).__name__}"
 

@@ -49,8 +49,8 @@ Used by ``pimm_fn.runtime.evaluation.loader_evaluator``.
 """
 
 import itertools
-from collections.abc import Iterator, Mapping
-from typing import ClassVar
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -141,7 +141,8 @@ def shard_of(loader, rank: int, world: int):
     return DataLoader(
         loader.dataset,
         batch_size=loader.batch_size,
-        sampler=list(range(rank, len(loader.dataset), world)),
+        # torch types the dataset a Dataset, which need not be Sized; a map-style one split by index has a len().
+        sampler=list(range(rank, len(loader.dataset), world)),  # type: ignore[arg-type]
         num_workers=workers,
         collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory,
@@ -252,11 +253,11 @@ class LoaderEvaluator:
 
     factory_name: ClassVar[str] = "loader_evaluator"
     loader: object = attrs.field(validator=check_loader)
-    metric: object = attrs.field(validator=check_metric)
+    metric: Any = attrs.field(validator=check_metric)  # a per-batch-sums function, or torchmetrics metrics
     name: str = attrs.field(default="val", validator=v.non_empty_str)
-    forward: object = attrs.field(default=None, validator=v.optional(v.is_callable))
-    target: object = attrs.field(default=None, validator=v.optional(v.is_callable))
-    finish: object = attrs.field(default=None, validator=v.optional(v.is_callable))
+    forward: Callable[[Any, Any], Any] | None = attrs.field(default=None, validator=v.optional(v.is_callable))
+    target: Callable[[Any], Any] | None = attrs.field(default=None, validator=v.optional(v.is_callable))
+    finish: Callable[[dict], dict] | None = attrs.field(default=None, validator=v.optional(v.is_callable))
     shard: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     max_batches: int | None = attrs.field(default=None, validator=v.optional(v.int_at_least(1)))
 
@@ -313,7 +314,7 @@ class LoaderEvaluator:
             self._outputs(model, last)
 
     def _sums(self, model) -> dict:
-        sums = {}
+        sums: dict[str, Any] = {}  # one-element tensors, or numbers
         for outputs, batch in self._evaluated(model):
             _add(sums, self.metric(outputs, batch), self.name)
         totals = reduce_sums(sums)
@@ -334,7 +335,7 @@ class LoaderEvaluator:
         for outputs, batch in self._evaluated(model):
             for metric in metrics.values():
                 metric.update(outputs, target(batch))
-        values = {}
+        values: dict[str, Any] = {}
         for key, metric in metrics.items():
             result = metric.compute()  # syncs the metric's state over the ranks
             values.update(result if isinstance(result, Mapping) else {key: result})

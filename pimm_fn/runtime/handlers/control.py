@@ -7,12 +7,15 @@ scheduler; when a hook declares that it emits it, the default train step
 leaves the scheduler alone (the loop hands it ``scheduler=None``).
 """
 
+from collections.abc import Callable
+from typing import Any
+
 from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import hook_list
-from pimm_fn.core.effects import SaveCheckpoint, StepScheduler, Stop
+from pimm_fn.core.effects import Effect, SaveCheckpoint, StepScheduler, Stop
 from pimm_fn.runtime.engine.preemption import CTRL_C
 
 __all__ = ["stop", "step_scheduler", "CONTROL_HANDLERS", "hooks_step_scheduler", "check_scheduler_hooks"]
@@ -55,7 +58,7 @@ def step_scheduler(effect: StepScheduler, state, ctx) -> tuple:
     return ()
 
 
-CONTROL_HANDLERS = {Stop: stop, StepScheduler: step_scheduler}
+CONTROL_HANDLERS: dict[type[Effect], Callable[..., Any]] = {Stop: stop, StepScheduler: step_scheduler}
 
 
 def hooks_step_scheduler(hooks) -> bool:

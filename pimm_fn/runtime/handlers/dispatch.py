@@ -7,8 +7,10 @@ imported when the effect runs.
 """
 
 import importlib
+from collections.abc import Callable
+from typing import Any
 
-from pimm_fn.core.effects import Call, Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
+from pimm_fn.core.effects import Call, Effect, Evaluate, LoadWeights, Log, SaveCheckpoint, WriteBest
 from pimm_fn.hooks.progress import ShowProgress
 from pimm_fn.runtime.handlers.checkpointing import save_checkpoint, write_best
 from pimm_fn.runtime.handlers.control import CONTROL_HANDLERS
@@ -36,7 +38,7 @@ __all__ = [
 _MISSING = object()
 
 
-def resolve(effect: Call):
+def resolve(effect: Call) -> Callable[..., Any]:
     """The callable ``effect.function`` names (``"module:qualname"``), its module imported if need be.
 
     Raises:
@@ -46,7 +48,7 @@ def resolve(effect: Call):
     module, _, qualname = effect.function.partition(":")
     fix = "name a function defined at the top level of a module; Call.of(fn, step) writes its name"
     try:
-        found = importlib.import_module(module)
+        found: object = importlib.import_module(module)
     except ModuleNotFoundError as error:
         raise LookupError(f"{effect!r}: module {module!r} cannot be imported ({error}): {fix}") from None
     for name in qualname.split("."):
@@ -70,7 +72,7 @@ def call(effect: Call, state, ctx) -> tuple:
     return ()
 
 
-DEFAULT_HANDLERS = {
+DEFAULT_HANDLERS: dict[type[Effect], Callable[..., Any]] = {
     SaveCheckpoint: save_checkpoint,
     WriteBest: write_best,
     Evaluate: evaluate,

@@ -8,10 +8,12 @@ is two fused ``torch._foreach_*`` calls and reads nothing back to the host.
 """
 
 import contextlib
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from pimm_fn.core.effects import UpdateEma
+from pimm_fn.core.effects import Effect, UpdateEma
 from pimm_fn.runtime.engine.interpreter import unwrap
 
 __all__ = ["EmaWeights", "update_ema", "EMA_HANDLERS"]
@@ -131,4 +133,4 @@ def update_ema(effect: UpdateEma, state, ctx) -> tuple:
     return ()
 
 
-EMA_HANDLERS = {UpdateEma: update_ema}
+EMA_HANDLERS: dict[type[Effect], Callable[..., Any]] = {UpdateEma: update_ema}

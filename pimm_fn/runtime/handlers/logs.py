@@ -18,6 +18,7 @@ instead of pairing values of other names or waiting on each other).
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 import attrs
 
@@ -199,7 +200,7 @@ def same_on_every_rank(step: int, kind: str, names: list) -> None:
     highest, lowest = extremes.tolist()  # one copy to the host, not one per element
     if highest == -lowest:
         return
-    records = [None] * td.get_world_size()
+    records: list[Any] = [None] * td.get_world_size()  # each rank's (step, kind, names), gathered
     td.all_gather_object(records, (step, kind, list(names)))
     said = "; ".join(f"rank {r}: step {s} {k!r} with {n}" for r, (s, k, n) in enumerate(records))
     raise CollectiveDivergenceError(

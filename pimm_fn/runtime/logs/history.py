@@ -32,6 +32,7 @@ reads back as the type it was logged as.
 
 import importlib
 from array import array
+from typing import Any
 
 from pimm_fn.core.effects import POSITION, row  # POSITION: where a record was taken, which plot() leaves out
 from pimm_fn.runtime.logs.loggers import read_records
@@ -67,10 +68,14 @@ class Column:
     __slots__ = ("kind", "values", "strings", "index", "missing", "leading")
 
     def __init__(self, rows_before: int = 0):
-        self.kind = None  # "int", "float", "str" (indices into ``strings``) or "object": what ``values`` holds
-        self.values = None  # made at the first value
-        self.strings, self.index = [], {}  # a "str" column: each string once, and its position
-        self.missing = None  # bytearray: 1 where a row lacks the value; made at the first such row
+        # "int", "float", "str" (indices into ``strings``) or "object": what ``values`` holds
+        self.kind: str | None = None
+        # Made at the first value: an array of ``kind`` ("d"; "b" widened up to "q" for "int" and "str"), a list for
+        # "object". ``kind`` says which, where mypy cannot: the appends of every logged step read no type.
+        self.values: Any = None
+        self.strings: list[str] = []  # a "str" column: each string once,
+        self.index: dict[str, int] = {}  # and its position
+        self.missing: bytearray | None = None  # 1 where a row lacks the value; made at the first such row
         self.leading = 0  # rows before the first value (all missing)
         for _ in range(rows_before):
             self.skip()
@@ -321,7 +326,7 @@ class History:
         right = ax.twinx() if len(drawn) > 1 else None
         colors = iter(f"C{i}" for i in range(len(series)))  # one cycle over both axes: no two lines alike
         for k, key, (xs, ys) in series:
-            on = ax if key == drawn[0] else right
+            on = ax if key == drawn[0] or right is None else right  # right: None only when drawn is one key
             on.plot(xs, ys, label=f"{key} ({k})", color=next(colors), marker="o" if len(xs) <= 30 else None)
         ax.set_xlabel("step")
         ax.set_ylabel(drawn[0])

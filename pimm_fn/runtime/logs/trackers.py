@@ -44,6 +44,7 @@ import os
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 from pimm_fn.runtime.logs.history import POSITION
 from pimm_fn.runtime.logs.loggers import Opening, resolve_path, set_aside
@@ -95,7 +96,7 @@ class TensorBoardLogger:
     def __init__(self, log_dir=None, *, flush_secs: int = 10):
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.flush_secs = flush_secs
-        self._writer = None
+        self._writer: Any = None  # torch's SummaryWriter, made by open(): tensorboard is imported only then
 
     def open(self, opening: Opening) -> None:
         writer_class = require("torch.utils.tensorboard", "tensorboard", "TensorBoardLogger").SummaryWriter
@@ -171,9 +172,9 @@ class MLFlowLogger:
         tags: dict | None = None,
     ):
         self.experiment, self.run_name, self.tracking_uri, self.tags = experiment, run_name, tracking_uri, tags
-        self._client = None
-        self._id = None
-        self._held = {}  # metric name -> the last step the MLflow run holds for it
+        self._client: Any = None  # an MlflowClient, made by open(): mlflow is imported only then
+        self._id: str | None = None
+        self._held: dict[str, int] = {}  # metric name -> the last step the MLflow run holds for it
 
     def open(self, opening: Opening) -> None:
         tracking = require("mlflow.tracking", "mlflow", "MLFlowLogger")
@@ -190,7 +191,7 @@ class MLFlowLogger:
         self._id = run_id
         remember(opening.save_dir, self.ID_FILE, run_id)
 
-    def _last_steps(self, run_id: str) -> dict:
+    def _last_steps(self, run_id: str) -> dict[str, int]:
         names = self._client.get_run(run_id).data.metrics
         return {k: max((m.step for m in self._client.get_metric_history(run_id, k)), default=-1) for k in names}
 
@@ -237,7 +238,7 @@ def _held_in(path: Path, held: dict) -> None:
     from wandb.proto import wandb_internal_pb2  # the logger's own package: present when it runs
 
     for payload in _records(path.read_bytes()):
-        record = wandb_internal_pb2.Record()
+        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # its generated stub declares no messages
         record.ParseFromString(payload)
         if record.WhichOneof("record_type") != "history":
             continue
@@ -282,12 +283,13 @@ class _Note:
     of the last record sent, its first line whole (``_held_steps``).
     """
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, run_id: str):
         path.parent.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._id = run_id
 
-    def write(self, run_id: str, held: dict) -> None:
-        data = (json.dumps({"id": run_id, "steps": held}, sort_keys=True) + "\n").encode()
+    def write(self, held: dict) -> None:
+        data = (json.dumps({"id": self._id, "steps": held}, sort_keys=True) + "\n").encode()
         os.pwrite(self._fd, data, 0)
         os.ftruncate(self._fd, len(data))
 
@@ -327,16 +329,16 @@ class WandbLogger:
 
     def __init__(self, project: str | None = None, *, name: str | None = None, mode: str | None = None, **init):
         self.project, self.name, self.mode, self.init = project, name, mode, init
-        self._run = None
-        self._id = None
-        self._held = {}  # scalar name -> the last step the W&B run holds for it
-        self._note = None  # save_dir/wandb-run-steps.json, while open
+        self._run: Any = None  # the wandb Run, made by open(): wandb is imported only then
+        self._id: str | None = None
+        self._held: dict[str, int] = {}  # scalar name -> the last step the W&B run holds for it
+        self._note: _Note | None = None  # save_dir/wandb-run-steps.json, while open
 
     def open(self, opening: Opening) -> None:
         wandb = require("wandb", "wandb", "WandbLogger")
         run_id = self._id or remembered(opening.save_dir, self.ID_FILE, opening.resumed)
         where = {"dir": str(opening.save_dir)} if opening.save_dir is not None else {}
-        if where:
+        if opening.save_dir is not None:
             Path(opening.save_dir).mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(
             project=self.project,
@@ -349,15 +351,15 @@ class WandbLogger:
         )
         if self._id is None and run_id is not None:  # a resumed process: what the run holds already
             self._held = self._holding(opening.save_dir, run_id)
-        self._id = self._run.id
-        remember(opening.save_dir, self.ID_FILE, self._id)
+        self._id = run_id = self._run.id
+        remember(opening.save_dir, self.ID_FILE, run_id)
         if opening.save_dir is not None:
-            self._note = _Note(Path(opening.save_dir) / self.STEPS_FILE)
-            self._note.write(self._id, self._held)  # a fresh run's empty note: no earlier run's steps held
+            self._note = _Note(Path(opening.save_dir) / self.STEPS_FILE, run_id)
+            self._note.write(self._held)  # a fresh run's empty note: no earlier run's steps held
         if opening.history is not None and not opening.continued:
             self._send_missing(opening.history)
 
-    def _holding(self, save_dir, run_id: str) -> dict:
+    def _holding(self, save_dir, run_id: str) -> dict[str, int]:
         """What the W&B run ``run_id`` holds: offline, what its files hold (a killed W&B loses what it had not
         written: ``pimm_fn.runtime.logs.trackers``); else, or unreadable, the note of what was handed over."""
         if self._run.offline and save_dir is not None:
@@ -377,7 +379,7 @@ class WandbLogger:
         if points:
             self._run.log(points, step=record.step)
             if self._note is not None:
-                self._note.write(self._id, self._held)  # what W&B holds now, kept through a kill
+                self._note.write(self._held)  # what W&B holds now, kept through a kill
 
     def close(self) -> None:
         if self._run is not None:

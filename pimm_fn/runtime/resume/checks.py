@@ -64,6 +64,8 @@ every torch scheduler keeps (:func:`unfit_scheduler_state`) is refused too:
 torch would load it, and the schedule restart, in silence.
 """
 
+from typing import Any
+
 import attrs
 import torch
 
@@ -202,7 +204,9 @@ def horizon_problem(scheduler, saved: dict | None, path) -> str | None:
     if scheduler is None or not isinstance(saved, dict):
         return None
     built, old = getattr(scheduler, "total_steps", None), saved.get("total_steps")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (built, old)) or built <= old:
+    if not (isinstance(built, int) and isinstance(old, int)) or isinstance(built, bool) or isinstance(old, bool):
+        return None
+    if built <= old:
         return None
     taken = saved.get("last_epoch", "?")
     name = type(scheduler).__name__
@@ -231,7 +235,8 @@ _OPTIMIZER_SWITCHES = frozenset(
 )
 
 
-_NEVER_STEPPED = {"state": {}, "param_groups": None}  # a sharded optimizer's state before its first step
+# A sharded optimizer's state before its first step.
+_NEVER_STEPPED: dict[str, Any] = {"state": {}, "param_groups": None}
 
 
 _SCHEDULER_CORE = ("last_epoch", "base_lrs")  # what every torch scheduler's state holds (ReduceLROnPlateau: last_epoch)
@@ -278,6 +283,7 @@ def qualified_name(obj) -> str:
 
 def recorded(ctx) -> dict:
     """What a checkpoint of ``ctx``'s run records: ``Replicated.classes``."""
+    found: dict[str, str | dict[str, str]]
     if ctx.optimizers is None:
         found = {"optimizer": qualified_name(ctx.optimizer)}
     else:

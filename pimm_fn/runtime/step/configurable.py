@@ -35,8 +35,8 @@ the step computes in another precision.
 """
 
 import contextlib
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -159,7 +159,7 @@ class TrainStep:
     """
 
     factory_name: ClassVar[str] = "TrainStep"
-    loss_fn: object = attrs.field(
+    loss_fn: Callable[..., Any] | None = attrs.field(
         default=None,
         validator=optional(
             is_callable.with_hint("pass loss_fn(output, target) -> loss, e.g. torch.nn.functional.cross_entropy")
@@ -287,7 +287,8 @@ class TrainStep:
         """Forward and backward each micro-batch; returns the outputs averaged over them."""
         device_type = self.device_type(model)
         k = len(parts)
-        sums, outputs = {}, {}
+        sums: dict[str, Any] = {}  # tensors on the device, or numbers
+        outputs: Mapping = {}
         for i, part in enumerate(parts):
             last = i == k - 1
             with _gradient_sync(model, last) if k > 1 else contextlib.nullcontext():

@@ -116,11 +116,11 @@ def use_local_cuda_device(model) -> int | None:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     parameters = model.parameters() if hasattr(model, "parameters") else iter(())
     model_device = next((p.device for p in parameters), None)
-    where = dict(device_count=count, grouped=dist.is_initialized(), model_device=model_device)
-    problem = misplaced_model(os.environ, **where)
+    grouped = dist.is_initialized()
+    problem = misplaced_model(os.environ, device_count=count, grouped=grouped, model_device=model_device)
     if problem is not None:
         warnings.warn(problem, ConfigurationWarning, stacklevel=3)
-    index = local_cuda_index(os.environ, **where)
+    index = local_cuda_index(os.environ, device_count=count, grouped=grouped, model_device=model_device)
     if index is not None:
         torch.cuda.set_device(index)
     return index

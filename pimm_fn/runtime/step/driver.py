@@ -48,9 +48,9 @@ def batch_size(batch) -> int:
             shape = first.shape
             return shape[0] if shape else 0
         return batch_size(first)
-    shape = getattr(batch, "shape", None)
-    if shape:
-        return int(shape[0])
+    dims = getattr(batch, "shape", None)
+    if dims:
+        return int(dims[0])
     if isinstance(batch, dict):
         return max((batch_size(v) for v in batch.values()), default=0)
     if isinstance(batch, (list, tuple)) and batch:

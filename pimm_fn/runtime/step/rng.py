@@ -18,12 +18,13 @@ _cuda_ready = torch.cuda.is_initialized
 def capture_rng() -> dict:
     """This process's Python, NumPy, torch (and CUDA) RNG states, checkpointable."""
     version, internal, gauss = random.getstate()
+    # numpy's stub types get_state() as its dict form; called without legacy=False it returns the legacy tuple.
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     states = {
         "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
         "numpy": {
             "kind": kind,
-            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "keys": torch.from_numpy(keys.astype(np.int64)),  # type: ignore[attr-defined]  # see get_state above
             "pos": int(pos),
             "has_gauss": int(has_gauss),
             "cached": float(cached),

@@ -108,7 +108,7 @@ def _check_evaluated(hooks, averages) -> None:
                 f"loop: hook {hook_key} evaluates weights={name!r}, but no ema(name={name!r}) keeps them: {known}"
             )
     seen_saver = None
-    evaluators = {}
+    evaluators: dict[str, str] = {}  # average name -> the first hook that evaluates it
     for leaf in protocol.leaves(hooks):
         d = protocol.declared(leaf)
         for name in hook_list.averages([leaf]):

@@ -340,7 +340,7 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
     later = nonfinite is not None and not nonfinite.before_backward  # the loss, read with the outputs
     if step_fn is train_step:
 
-        def run(model, optimizer, batch, scheduler, scaler):
+        def run_train_step(model, optimizer, batch, scheduler, scaler):
             outputs, loss, value = _optimize(model, optimizer, batch, scheduler, scaler, nonfinite)
             if not read:
                 return {"loss": loss.detach()} if later else {}
@@ -349,7 +349,7 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
                 return {"loss": loss.detach() if value is None else value, "lr": lr}
             return device_outputs({**outputs, "loss": loss if value is None else value, "lr": lr})
 
-        return run
+        return run_train_step
 
     skip = nonfinite if nonfinite is not None and nonfinite.before_backward else None  # a TrainStep's, then
 
