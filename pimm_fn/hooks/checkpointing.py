@@ -93,7 +93,7 @@ class _SaveEvery:
                     return self._save(slot, state, step, final=True)
             case ev.BeforeTrain():  # the clock starts again in every process: so does the time cadence
                 return attrs.evolve(slot, saved_at=0.0), state, ()
-            case ev.Elapsed(step=step, seconds=seconds):
+            case ev.Elapsed(step=step, seconds=seconds) if self.minutes is not None:  # subscribed only then
                 since = seconds - (slot.saved_at or 0.0)
                 if since >= self.minutes * 60 and slot.last_saved != step:
                     return self._save(slot, state, step, at=seconds)

@@ -1,5 +1,6 @@
 """A hook that reports the train step's scalar outputs and epoch averages."""
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import attrs
@@ -38,15 +39,15 @@ class LogState:
     counts: FrozenMap = _EMPTY
 
 
-def _accumulate(slot: LogState, outputs: FrozenMap) -> LogState:
+def _accumulate(slot: LogState, outputs: Mapping[str, float]) -> LogState:
     """``slot`` with one step's ``outputs`` added; a step without outputs counts for nothing."""
     if not outputs:
         return slot
     counts = slot.counts
     if counts is _EMPTY or not counts:  # every output so far came with every step
-        sums = slot.sums.plus(outputs)
-        if sums is not None:  # the common case, every step: the same outputs as each step before
-            return LogState(sums, slot.count + 1, counts)
+        summed = slot.sums.plus(outputs)
+        if summed is not None:  # the common case, every step: the same outputs as each step before
+            return LogState(summed, slot.count + 1, counts)
     # Outputs that come and go (or a slot saved when every output kept a count).
     count = slot.count + 1
     sums = dict(slot.sums)

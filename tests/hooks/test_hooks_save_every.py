@@ -86,7 +86,8 @@ def test_snapshots_flag_reaches_every_save():
 def test_ignores_other_events():
     """Events other than AfterStep, AfterEpoch and AfterTrain are ignored (and not declared)."""
     state = at(4, SaveEveryState())
-    for event in (ev.BeforeStep(5), ev.BeforeEpoch(0), ev.MetricsPublished({"a": 1})):
+    # Elapsed too, called directly: a step cadence alone has no clock to compare it with.
+    for event in (ev.BeforeStep(5), ev.BeforeEpoch(0), ev.MetricsPublished({"a": 1}), ev.Elapsed(4, 30.0)):
         assert save_every(4)(state, event) == (state, ())
     assert save_every(4).events == (ev.AfterStep, ev.AfterEpoch, ev.AfterTrain)
 
