@@ -26,6 +26,7 @@ What ``simulate`` returns: each rank's executed effects (``SimEntry``) and where
 """
 
 from collections.abc import Callable, Iterable, Mapping
+from typing import cast
 
 import attrs
 
@@ -291,7 +292,7 @@ def _run_preempted(hooks, state, executor, outputs, skip_quiet, stops, clock, in
 
     Returns the final state and the ``(step, reason)`` of each stop.
     """
-    stopped = []
+    stopped: list[tuple[int, str]] = []
     start = 0.0
     while True:
         decider = stops(first=not stopped)
@@ -394,7 +395,8 @@ def simulate(
     check_budget(max_epochs, max_steps, caller="simulate")
     is_bool.check(skip_quiet, "skip_quiet", owner="simulate")
     source = metric_source(metrics)
-    points = resume_points(resume_at, max_steps or iters_per_epoch * max_epochs)
+    # Without max_steps, max_epochs is given: check_budget saw to that.
+    points = resume_points(resume_at, max_steps or iters_per_epoch * cast(int, max_epochs))
     stops = stops_of(preempt, world_size, check_every, clock, max_time, margin, points)
     traces, states, indices, preempted = [], [], [], []
     for rank in range(world_size):
