@@ -181,7 +181,7 @@ def save_checkpoint(
     """
     _check_args(step, format, keep_snapshots, weights=weights, trainer=trainer, local=local, sharded=sharded)
     policy = retention.resolve(keep, keep_snapshots, caller="save_checkpoint")
-    recorded = retention.recordable(metrics) if metrics is not None else None
+    recorded: dict[str, object] | None = dict(retention.recordable(metrics)) if metrics is not None else None
     if saved_for is not None:  # why the runtime saved (a preemption): the marker's saved_for field
         recorded = {**(recorded or {}), SAVED_FOR: saved_for}
     root = storage.location(model_dir)

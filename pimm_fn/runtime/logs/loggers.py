@@ -95,10 +95,12 @@ def record_of(line: bytes) -> tuple | None:
     """``(step, kind, values)`` of one line (non-finite floats restored); ``None`` when it is damaged."""
     try:
         found = json.loads(line.decode("utf-8"))
-        step, kind, values = unrow(found) if found.__class__ is dict else (None, None, None)
+        if found.__class__ is not dict:  # JSON, but not an object
+            return None
+        step, kind, values = unrow(found)
     except (ValueError, KeyError, RecursionError):  # not UTF-8 (a ValueError), not JSON, a field missing
         return None
-    if step.__class__ is not int or kind.__class__ is not str:  # also: not an object
+    if step.__class__ is not int or kind.__class__ is not str:
         return None
     return step, kind, {k: _NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in values.items()}
 
