@@ -54,6 +54,27 @@ class FailsOnce(TinyNet):
         return super().forward(batch)
 
 
+@attrs.frozen
+class SumsBetween:
+    """An accumulating hook called every ``n`` steps: its slot sums the losses of the steps its cadence skips."""
+
+    n: int
+    events = (pf.events.AfterStep,)
+
+    @property
+    def every(self):
+        return self.n
+
+    def init(self):
+        return 0.0
+
+    def accumulate(self, slot, outputs):
+        return slot + outputs["loss"]
+
+    def __call__(self, state, event):
+        return state, ()
+
+
 def dataset(n=40, seed=0):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 4, generator=g)

@@ -13,31 +13,12 @@ import pytest
 import torch
 
 import pimm_fn as pf
+from benchmarks.host_reads import CountsSteps, noop
 from pimm_fn.core.effects import SaveCheckpoint
-from pimm_fn.core.events import AfterStep
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 IPE, EPOCHS = 6, 3
-
-
-def noop(state, event):
-    return state, ()
-
-
-class CountsSteps:
-    events = (AfterStep,)
-
-    def init(self):
-        return 0
-
-    def update(self, slot, state, event):
-        return slot + 1, state, ()
-
-    def __call__(self, state, event):
-        from pimm_fn.core.fold import called_plainly
-
-        return called_plainly(self, state, event)
 
 
 def _cuda_run(hooks, save_dir, **training):

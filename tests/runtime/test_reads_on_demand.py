@@ -13,7 +13,8 @@ import torch
 
 import pimm_fn as pf
 from _sync_count import counting_reads
-from _tiny_workload import NaNAt, TinyNet
+from _tiny_workload import NaNAt, SumsBetween, TinyNet
+from benchmarks.host_reads import CountsSteps, noop
 from pimm_fn.core.events import AfterStep
 from pimm_fn.core.outputs import StepOutputsClosed
 
@@ -44,10 +45,6 @@ def _reads(hooks, **kwargs) -> int:
     return len(calls)
 
 
-def noop(state, event):
-    return state, ()
-
-
 def other_noop(state, event):
     return state, ()
 
@@ -56,39 +53,6 @@ def reads_the_loss(state, event):
     if isinstance(event, AfterStep):
         assert math.isfinite(event.outputs["loss"])
     return state, ()
-
-
-class SlottedCounter:
-    """A hook in the slot-apart form: it counts the steps it saw, never looking at the outputs."""
-
-    events = (AfterStep,)
-
-    def init(self):
-        return 0
-
-    def update(self, slot, state, event):
-        return slot + 1, state, ()
-
-    def __call__(self, state, event):
-        from pimm_fn.core.fold import called_plainly
-
-        return called_plainly(self, state, event)
-
-
-class SumsTheLoss:
-    """An accumulating hook called every 20 steps: it sums the losses of the steps between."""
-
-    events = (AfterStep,)
-    every = 20
-
-    def init(self):
-        return 0.0
-
-    def accumulate(self, slot, outputs):
-        return slot + outputs["loss"]
-
-    def __call__(self, state, event):
-        return state, ()
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +65,8 @@ def baseline():
     [
         [noop],
         [noop, other_noop],
-        [SlottedCounter()],
-        [pf.chain(noop, SlottedCounter(), name="quiet_chain")],
+        [CountsSteps()],
+        [pf.chain(noop, CountsSteps(), name="quiet_chain")],
         [pf.evaluate_every(100_000, lambda model: {"acc": 0.0})],
     ],
     ids=["plain", "two_plain", "slotted", "chain", "far_evaluation"],
@@ -121,7 +85,7 @@ def test_log_every_k_reads_once_per_k_steps_on_top(k, baseline):
 
 
 def test_an_accumulating_hook_reads_in_batches_at_its_cadence(baseline):
-    assert baseline < _reads([SumsTheLoss()]) <= baseline + STEPS // 20
+    assert baseline < _reads([SumsBetween(20)]) <= baseline + STEPS // 20
 
 
 def test_the_outputs_read_on_demand_are_the_step_loss():
@@ -181,7 +145,7 @@ def _sums_run(tmp_path, resume=None):
         model,
         torch.optim.SGD(model.parameters(), lr=0.01),
         _data(),
-        hooks=[SumsTheLoss(), pf.save_every(13)],
+        hooks=[SumsBetween(20), pf.save_every(13)],
         max_epochs=3,
         save_dir=tmp_path,
         resume=resume,

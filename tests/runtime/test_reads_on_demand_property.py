@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pimm_fn as pf
-from _tiny_workload import TinyNet
+from _tiny_workload import SumsBetween, TinyNet
+from benchmarks.host_reads import noop
 from pimm_fn.core.events import AfterStep
 
 IPE, EPOCHS = 5, 3
@@ -37,31 +38,6 @@ class LossEvery:
         if isinstance(event, AfterStep):
             return attrs.evolve(state, slot=state.slot + event.outputs["loss"]), ()
         return state, ()
-
-
-@attrs.frozen
-class SumsBetween:
-    """An accumulating hook called every ``n`` steps: the sum of the losses of the steps between."""
-
-    n: int
-    events = (AfterStep,)
-
-    @property
-    def every(self):
-        return self.n
-
-    def init(self):
-        return 0.0
-
-    def accumulate(self, slot, outputs):
-        return slot + outputs["loss"]
-
-    def __call__(self, state, event):
-        return state, ()
-
-
-def noop(state, event):
-    return state, ()
 
 
 class ReadsUpFront:
