@@ -437,7 +437,7 @@ class AsyncSave:
         waited_s: seconds callers spent blocked in ``wait_staged``/``wait``.
     """
 
-    def __init__(self, step: int):
+    def __init__(self, step: int) -> None:
         self.step = step
         self.requested_at = time.perf_counter()
         self.staged_at: float | None = None
@@ -598,7 +598,7 @@ class BackgroundSaver:
         >>> saver.close()
     """
 
-    def __init__(self, pool: StagingPool | None = None):
+    def __init__(self, pool: StagingPool | None = None) -> None:
         self.pool = pool if pool is not None else POOL
         self.pending: AsyncSave | None = None
         self.prewarm: Prewarm | bool | None = None
@@ -630,7 +630,7 @@ class BackgroundSaver:
         snapshot: bool = False,
         keep_snapshots: int | None = None,
         sharded: dict | None = None,
-        keep=None,
+        keep: retention.Policy | None = None,
         metrics: dict | None = None,
         digests: bool = False,
     ) -> AsyncSave:
@@ -709,7 +709,7 @@ def save_checkpoint_async(
     snapshot: bool = False,
     keep_snapshots: int | None = None,
     sharded: dict | None = None,
-    keep=None,
+    keep: retention.Policy | None = None,
     metrics: dict | None = None,
     digests: bool = False,
     saver: BackgroundSaver | None = None,

@@ -51,6 +51,7 @@ model is sharded. Each refusal says the checkpoint was not written by
 pimm_fn, or was altered.
 """
 
+from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 import attrs
@@ -142,7 +143,7 @@ class SavedState:
     state: State
     slots: Any
 
-    def restored(self, hooks) -> tuple[State, tuple[str, ...]]:
+    def restored(self, hooks: Sequence[Any]) -> tuple[State, tuple[str, ...]]:
         """``(state, dropped)``: the state with the slots of ``hooks``, and the saved keys no hook claimed.
 
         Raises:
@@ -155,7 +156,7 @@ class SavedState:
         return attrs.evolve(self.state, slots=found), dropped
 
 
-def saved_state(state: State, hooks=None) -> SavedState:
+def saved_state(state: State, hooks: Sequence[Any] | None = None) -> SavedState:
     """``state`` as a checkpoint keeps it: its slots keyed by the identities of ``hooks``.
 
     ``hooks`` are the run's top-level hooks, one per slot. Without them

@@ -247,7 +247,9 @@ def find_checkpoint(path: str | os.PathLike) -> CheckpointInfo:
     raise FileNotFoundError(f"find_checkpoint: no complete checkpoint under {str(model_dir)!r}; expected {expected}")
 
 
-def rolling_checkpoint(model_dir: str | os.PathLike, step: int, format: str = "standard"):
+def rolling_checkpoint(
+    model_dir: str | os.PathLike, step: int, format: str = "standard"
+) -> pathlib.Path | storage.StorePath:
     """Where the rolling checkpoint of ``step`` lives under ``model_dir``: the name a line should show.
 
     ``last/`` (``last.pth`` in the legacy format) on a file system; on an

@@ -59,7 +59,8 @@ class CheckpointError(ValueError):
         checkpoint runs/x/model/last: model.pth is missing
     """
 
-    def __init__(self, path, file: str, problem: str, advice: str | None = None):
+    # ``path``: a local path or a store's (``storage.StorePath``, which imports this module), kept as its str().
+    def __init__(self, path: object, file: str, problem: str, advice: str | None = None) -> None:
         self.path, self.file, self.problem, self.advice = str(path), file, problem, advice
         super().__init__(f"{self.summary()}. {advice if advice is not None else _advice(self.path)}")
 
@@ -85,7 +86,7 @@ class DiskFullError(CheckpointStorageError, OSError):
         resume='auto'
     """
 
-    def __init__(self, directory, nbytes: int, what: str, consequence: str):
+    def __init__(self, directory: object, nbytes: int, what: str, consequence: str) -> None:
         self.directory, self.nbytes, self.what, self.consequence = str(directory), int(nbytes), what, consequence
         OSError.__init__(
             self,
@@ -254,7 +255,7 @@ class SaveDirLockError(RuntimeError):
         read_only: the lock file could not be created: ``save_dir`` cannot be written.
     """
 
-    def __init__(self, message: str, holder=None, read_only: bool = False):
+    def __init__(self, message: str, holder: object | None = None, read_only: bool = False) -> None:
         super().__init__(message)
         self.holder, self.read_only = holder, read_only
 

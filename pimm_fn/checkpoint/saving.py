@@ -124,7 +124,7 @@ def save_checkpoint(
     snapshot: bool = False,
     keep_snapshots: int | None = None,
     sharded: dict | None = None,
-    keep=None,
+    keep: retention.Policy | None = None,
     metrics: Mapping | None = None,
     digests: bool = False,
     saved_for: str | None = None,

@@ -55,7 +55,8 @@ of ``pimm_fn.compat.effects``: run them with ``loop(handlers=pimm_fn.compat.HAND
 
 import difflib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 
@@ -65,6 +66,7 @@ from pimm_fn.compat.options import override_hooks
 from pimm_fn.compat.saving import _PimmSaver
 from pimm_fn.compat.type_factories import BUILTINS, CONTEXT
 from pimm_fn.core.frozen import FrozenMap, freeze
+from pimm_fn.hooks.evaluation import Evaluator
 
 __all__ = [
     "HookRegistry",
@@ -114,7 +116,7 @@ class HookRegistry(Mapping):
     def __len__(self):
         return len(self._factories)
 
-    def add(self, factory, *, name: str | None = None, replace: bool = False) -> "HookRegistry":
+    def add(self, factory: Callable[..., Any], *, name: str | None = None, replace: bool = False) -> "HookRegistry":
         """A new registry with ``factory`` under ``name`` (default: its ``register_hook`` name).
 
         Raises:
@@ -137,7 +139,10 @@ class HookRegistry(Mapping):
 DEFAULT_REGISTRY = HookRegistry(BUILTINS)
 
 
-def register_hook(name: str):
+_Factory = TypeVar("_Factory", bound=Callable[..., Any])
+
+
+def register_hook(name: str) -> Callable[[_Factory], _Factory]:
     """Mark a factory with the pimm type name it builds; returns it unchanged.
 
     Registration is explicit: add the marked factory to a registry and pass
@@ -244,16 +249,16 @@ def _with_metrics(hooks: list) -> list:
 
 
 def build_hooks(
-    configs,
+    configs: Iterable[Any],
     *,
     registry: Mapping | None = None,
-    options=None,
+    options: Iterable[str] | Mapping[str, Any] | None = None,
     hooks_override: Mapping | None = None,
     weight: str | None = None,
-    evaluate=None,
+    evaluate: Evaluator | Mapping[str, Evaluator] | bool | None = None,
     tester: Callable | None = None,
     context: Mapping | None = None,
-    **unknown,
+    **unknown: Any,
 ) -> list:
     """pimm-style hook configs as a list of pimm_fn hooks, in the same order.
 

@@ -43,10 +43,11 @@ scheduler's step count; what cannot be told is a ``PimmCheckpointError``.
 from __future__ import annotations
 
 import math
+import os
 import pathlib
 import tempfile
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -247,14 +248,14 @@ def _rng(entry, world: int, rank: int, where) -> dict:
 
 
 def translate(
-    path,
-    out_dir,
+    path: str | os.PathLike,
+    out_dir: str | os.PathLike,
     *,
     iters_per_epoch: int | None = None,
     max_epochs: int | None = None,
     run_steps: int | None = None,
-    say=None,
-):
+    say: Callable[[str], None] | None = None,
+) -> checkpoint.CheckpointInfo:
     """Write the pimm checkpoint at ``path`` as a pimm_fn checkpoint in ``out_dir``; returns its ``CheckpointInfo``.
 
     Collective in a process group (every rank calls it; each translates its

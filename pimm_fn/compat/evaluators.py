@@ -50,7 +50,7 @@ from pimm_fn.core.effects import Evaluate, Log
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, is_callable, non_empty_str, optional
-from pimm_fn.hooks.evaluation import evaluator_name
+from pimm_fn.hooks.evaluation import Evaluator, evaluator_name
 from pimm_fn.hooks.metric_names import check_spelling
 
 __all__ = [
@@ -227,7 +227,9 @@ class _PimmEvaluator:
 
 
 @hook_factory
-def pimm_evaluator(type: str, fn, *, every_n_steps: int | None = None, evaluate: bool = True, **options):
+def pimm_evaluator(
+    type: str, fn: Evaluator | None, *, every_n_steps: int | None = None, evaluate: bool = True, **options: Any
+) -> _PimmEvaluator:
     """One of pimm's evaluators (``type``) running ``fn`` on its cadence.
 
     Args:
@@ -292,7 +294,7 @@ class _FinalEvaluator:
 
 
 @hook_factory
-def final_evaluator(tester, *, test_last: bool = False, evaluate: bool = True):
+def final_evaluator(tester: Evaluator | None, *, test_last: bool = False, evaluate: bool = True) -> _FinalEvaluator:
     """pimm's ``FinalEvaluator``: after training, test ``model_best`` (``test_last``: the last weights).
 
     The handler (``pimm_fn.compat.HANDLERS``) loads ``save_dir/model/model_best.pth``

@@ -34,14 +34,16 @@ config: setting or deleting anything raises with what to do instead
 """
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import attrs
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Effect
+from pimm_fn.core.events import Event
 from pimm_fn.core.frozen import FrozenMap, freeze
+from pimm_fn.core.state import State
 
 __all__ = [
     "TrainerView",
@@ -95,7 +97,7 @@ class TrainerView:
         )
 
     @classmethod
-    def of(cls, state, event) -> "TrainerView":
+    def of(cls, state: State, event: Event) -> "TrainerView":
         """The view of ``state`` while ``event`` is handled."""
         p = state.progress
         # pimm's iter is the index of the step in hand: before it runs, the steps done so far.
@@ -153,29 +155,29 @@ class HookBase:
 
     trainer = None
 
-    def as_hook(self):
+    def as_hook(self) -> "_Adapted":
         """The pimm_fn hook that runs this object's methods: ``adapt(self)`` (how ``pf.loop`` takes it directly)."""
         return adapt(self)
 
-    def modify_config(self, cfg):
+    def modify_config(self, cfg: dict[str, Any]) -> Mapping[str, Any] | None:
         return None
 
-    def before_train(self):
+    def before_train(self) -> Sequence[Effect] | None:
         return None
 
-    def before_epoch(self):
+    def before_epoch(self) -> Sequence[Effect] | None:
         return None
 
-    def before_step(self):
+    def before_step(self) -> Sequence[Effect] | None:
         return None
 
-    def after_step(self):
+    def after_step(self) -> Sequence[Effect] | None:
         return None
 
-    def after_epoch(self):
+    def after_epoch(self) -> Sequence[Effect] | None:
         return None
 
-    def after_train(self):
+    def after_train(self) -> Sequence[Effect] | None:
         return None
 
 
@@ -237,7 +239,7 @@ class _Adapted:
         return f"adapt({self.obj!r})"
 
 
-def adapt(hook_obj):
+def adapt(hook_obj: Any) -> _Adapted:
     """A pimm_fn hook that runs a pimm class-based hook's methods at their events.
 
     ``modify_config(cfg)`` runs at ``ModifyConfig`` (fresh runs only) with a
@@ -285,7 +287,7 @@ def is_pimm_hook(obj) -> bool:
     return any(callable(getattr(obj, name, None)) for name in _METHODS.values())
 
 
-def adapted(obj):
+def adapted(obj: Any) -> Any:
     """``adapt(obj)`` for a class-based pimm hook, else ``obj`` unchanged: how ``build_hooks`` takes one.
 
     >>> adapted(HookBase()).__class__.__name__, adapted(len) is len

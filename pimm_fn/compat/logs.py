@@ -19,7 +19,7 @@ per epoch instead of on every console line.
 pimm's ``WandbNamer`` as a pure hook: the run's name, made from config values before anything is logged.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import ClassVar
 
 import attrs
@@ -130,7 +130,7 @@ class _InformationWriter:
 
 
 @hook_factory
-def information_writer(log_frequency: int = 1, step_offset: int = 0):
+def information_writer(log_frequency: int = 1, step_offset: int = 0) -> _InformationWriter:
     """pimm's ``InformationWriter``: the train step's scalar outputs and the epoch's averages.
 
     Every ``log_frequency`` global steps, and at each epoch's last step, a
@@ -172,7 +172,7 @@ class _IterationTimer:
 
 
 @hook_factory
-def iteration_timer(warmup_iter: int = 1):
+def iteration_timer(warmup_iter: int = 1) -> _IterationTimer:
     """pimm's ``IterationTimer``: the time of each step, and at each epoch's end the average and the time left.
 
     The clock is read by the handler, never by the hook. Steps whose index in
@@ -249,7 +249,9 @@ class _WandbNamer:
 
 
 @hook_factory
-def wandb_namer(keys=(), sep: str = "-", format_numbers: bool = True, extra=None):
+def wandb_namer(
+    keys: Iterable[str] = (), sep: str = "-", format_numbers: bool = True, extra: str | Iterable[str] | None = None
+) -> _WandbNamer:
     """pimm's ``WandbNamer``: name the run from config values, into ``State.config["wandb_run_name"]``.
 
     At ``ModifyConfig`` (a fresh run, before anything is logged) it joins the

@@ -18,6 +18,7 @@ global steps, the same after a resume (pimm's counts its own calls,
 restarting at 0).
 """
 
+from collections.abc import Iterable
 from typing import ClassVar
 
 import attrs
@@ -66,7 +67,9 @@ class _AttentionMaskAnnealing:
 
 
 @hook_factory
-def attention_mask_annealing(log_frequency: int = 100, log_per_layer: bool = False, prefix: str = "anneal"):
+def attention_mask_annealing(
+    log_frequency: int = 100, log_per_layer: bool = False, prefix: str = "anneal"
+) -> _AttentionMaskAnnealing:
     """pimm's ``AttentionMaskAnnealingHook``: the model's annealing follows the global step.
 
     Before training (fresh or resumed) and after every step the handler calls
@@ -123,13 +126,13 @@ class _DtypeOverrider:
 
 @hook_factory
 def dtype_overrider(
-    patterns=None,
-    class_patterns=None,
+    patterns: Iterable[str] | None = None,
+    class_patterns: Iterable[str] | None = None,
     dtype: str = "float32",
-    methods_to_override=None,
+    methods_to_override: Iterable[str] | None = None,
     override_parameters: bool = False,
     verbose: bool = False,
-):
+) -> _DtypeOverrider:
     """pimm's ``DtypeOverrider``: run matched modules in ``dtype`` (LayerNorm in float32 under bf16, say).
 
     A module matches when ``re.search`` finds one of ``patterns`` in its
@@ -178,7 +181,7 @@ class _GarbageHandler:
 
 
 @hook_factory
-def garbage_handler(interval: int = 150, disable_auto: bool = True, empty_cache: bool = False):
+def garbage_handler(interval: int = 150, disable_auto: bool = True, empty_cache: bool = False) -> _GarbageHandler:
     """pimm's ``GarbageHandler``: collect garbage every ``interval`` steps of each epoch, and after training.
 
     ``disable_auto`` turns Python's automatic collection off before training;
@@ -242,7 +245,7 @@ class _PimmModelHook:
 
 
 @hook_factory
-def pimm_model_hook():
+def pimm_model_hook() -> _PimmModelHook:
     """pimm's ``ModelHook``: the model takes part in the loop through its own hook methods.
 
     ``loop`` binds it to the model (unwrapped from DDP). A model with
@@ -293,7 +296,7 @@ class _GradientNormLogger:
 @hook_factory
 def gradient_norm_logger(
     norm_type: float = 2.0, log_per_layer: bool = False, log_frequency: int = 1, prefix: str = "grad_norm"
-):
+) -> _GradientNormLogger:
     """pimm's ``GradientNormLogger``: the gradients' norm every ``log_frequency`` global steps.
 
     Emits:
@@ -331,7 +334,7 @@ class _ParameterCounter:
 @hook_factory
 def parameter_counter(
     show_details: bool = True, show_gradients: bool = True, sort_by_params: bool = True, min_params: int = 0
-):
+) -> _ParameterCounter:
     """pimm's ``ParameterCounter``: log the model's parameter counts before training.
 
     Emits:

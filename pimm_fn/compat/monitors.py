@@ -103,7 +103,7 @@ def resource_utilization_logger(
     log_cpu: bool = True,
     log_system_memory: bool = True,
     per_process: bool = True,
-):
+) -> _ResourceUtilizationLogger:
     """pimm's ``ResourceUtilizationLogger``: CPU, memory and CUDA memory every ``log_frequency`` global steps.
 
     Emits:
@@ -178,7 +178,7 @@ def runtime_profiler(
     sort_by: str = "cuda_time_total",
     row_limit: int = 30,
     memory: bool = True,
-):
+) -> _RuntimeProfiler:
     """pimm's ``RuntimeProfiler``: ``torch.profiler`` over the run's first ``warm_up + 1`` steps.
 
     Whole steps are profiled (forward, backward and the optimizer step;
@@ -236,7 +236,7 @@ def push_to_hub(
     private: bool = True,
     revision: str | None = None,
     name: str | None = None,
-):
+) -> _PushToHub:
     """pimm's ``PushToHub`` (``on_train_end``): upload the final weights to the Hugging Face Hub after training.
 
     Emits:

@@ -38,7 +38,8 @@ them to a config: ``pimm_fn.compat.options``.
 
 import copy
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
 
 from pimm_fn.compat.type_factories import BUILTINS
 
@@ -94,7 +95,7 @@ def parse_value(text: str):
     return tuple(values) if is_tuple else values
 
 
-def parse_options(options) -> dict:
+def parse_options(options: Iterable[str] | Mapping[str, Any] | None) -> dict:
     """``{key: value}`` from ``["KEY=VALUE", ...]`` (pimm's ``--options``); a mapping is taken as parsed.
 
     Raises:
@@ -206,7 +207,13 @@ def _by_type(hooks: list, overrides: Mapping, known, where: str) -> None:
                     _set_nested(entry, path, copy.deepcopy(value))
 
 
-def override_hooks(hooks: Iterable, options=None, *, hooks_override: Mapping | None = None, known=None) -> list:
+def override_hooks(
+    hooks: Iterable,
+    options: Iterable[str] | Mapping[str, Any] | None = None,
+    *,
+    hooks_override: Mapping | None = None,
+    known: Collection[str] | None = None,
+) -> list:
     """The hook configs with pimm's overrides applied, in pimm's order; the input is not changed.
 
     Args:
@@ -232,7 +239,9 @@ def override_hooks(hooks: Iterable, options=None, *, hooks_override: Mapping | N
     return cfg["hooks"]
 
 
-def apply_options(cfg: Mapping, options=None, *, known=None) -> dict:
+def apply_options(
+    cfg: Mapping, options: Iterable[str] | Mapping[str, Any] | None = None, *, known: Collection[str] | None = None
+) -> dict:
     """A copy of the pimm config ``cfg`` with its ``hooks_override`` and the ``options`` applied, pimm's way.
 
     Args:

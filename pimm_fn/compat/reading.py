@@ -180,7 +180,7 @@ class PimmCheckpoint:
         return f"PimmCheckpoint({str(self.path)!r}, {len(self.weights)} weights, payload {sorted(self.payload)[:6]})"
 
 
-def read_pimm_checkpoint(path) -> PimmCheckpoint:
+def read_pimm_checkpoint(path: str | os.PathLike) -> PimmCheckpoint:
     """Read a pimm checkpoint: a complete split ``last/``, a complete DCP directory, or a one-file payload.
 
     Raises:
@@ -210,7 +210,7 @@ def read_pimm_checkpoint(path) -> PimmCheckpoint:
     return PimmCheckpoint(path, unwrapped(state_dict_of(content, path)), payload)
 
 
-def latest_pimm_checkpoint(model_dir) -> pathlib.Path | None:
+def latest_pimm_checkpoint(model_dir: str | os.PathLike) -> pathlib.Path | None:
     """pimm's ``latest_complete_checkpoint`` (``PIMM.md`` 3.9): the newest of ``last``, ``last.prev``, ``model_last.pth``.
 
     A directory counts when it is a complete split or DCP checkpoint, a file

@@ -32,7 +32,8 @@ pimm's checkpoint backends and the format a pimm config asks for, in pimm_fn's t
 """
 
 import math
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import attrs
 
@@ -72,7 +73,7 @@ def format_of(value) -> str:
     return BACKENDS[fmt]
 
 
-def checkpoint_format(cfg) -> str:
+def checkpoint_format(cfg: Mapping[str, Any]) -> str:
     """The ``loop(saving=Saving(checkpoint_format=))`` of a pimm config, pimm's way (``PIMM.md`` 3.1).
 
     ``cfg["checkpoint_format"]`` when set, else the ``backend`` of its
@@ -222,7 +223,7 @@ def checkpoint_saver(
     evaluate: bool = True,
     metric: str | None = None,
     mode: str = "max",
-):
+) -> _PimmSaver:
     """pimm's ``CheckpointSaver``: save every ``save_freq`` global steps and at evaluation steps, and at the end.
 
     Args:
@@ -258,7 +259,7 @@ def checkpoint_saver_iteration(
     *,
     metric: str | None = None,
     mode: str = "max",
-):
+) -> _PimmSaver:
     """pimm's ``CheckpointSaverIteration``: save every ``save_freq`` global steps, and at the end.
 
     Args:

@@ -85,7 +85,7 @@ def checkpoint_loader(
     replacement: str | None = None,
     replacements: dict | None = None,
     strict: bool = False,
-):
+) -> _CheckpointLoader:
     """pimm's ``CheckpointLoader``: warm-start a fresh run from ``weight`` with pimm's key rules.
 
     ``weight`` is pimm's ``cfg.weight``: a pimm ``weights.pth``, a pimm
@@ -132,7 +132,7 @@ def checkpoint_loader(
     return _CheckpointLoader(weight, ((keywords, keywords if replacement is None else replacement),), strict)
 
 
-def load_pimm_weights(path) -> dict:
+def load_pimm_weights(path: str | os.PathLike) -> dict:
     """The model weights at ``path`` as pimm's ``CheckpointLoader`` finds them (``PIMM.md`` 3.6, warm start).
 
     A directory: ``model.safetensors``/``model.bin`` (an export), a pimm_fn

@@ -24,9 +24,10 @@ every decayed group) carry out what ``pimm_fn.compat.weight_decay`` asks.
 """
 
 import math
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import attrs
+import torch
 
 from pimm_fn.compat.effects import ExcludeWeightDecay, SetWeightDecay
 from pimm_fn.core import events as ev
@@ -86,7 +87,7 @@ def weight_decay_exclusion(
     exclude_gamma_from_wd: bool = True,
     exclude_token_from_wd: bool = True,
     exclude_ndim_1_from_wd: bool = True,
-):
+) -> _WeightDecayExclusion:
     """pimm's ``WeightDecayExclusion``: biases, norms, ``gamma``, tokens and 1-D parameters without weight decay.
 
     The split is ``pimm_fn.compat.split_weight_decay(model, optimizer,
@@ -137,7 +138,9 @@ class _WeightDecayScheduler:
 
 
 @hook_factory
-def weight_decay_scheduler(base_value: float = 0.04, final_value: float = 0.2, warmup_ratio: float = 1.0):
+def weight_decay_scheduler(
+    base_value: float = 0.04, final_value: float = 0.2, warmup_ratio: float = 1.0
+) -> _WeightDecayScheduler:
     """pimm's ``WeightDecayScheduler``: weight decay on a cosine from ``base_value`` to ``final_value``.
 
     Before global step ``s`` the decay is pimm's cosine at index ``s - 1``
@@ -166,7 +169,19 @@ def excluded_from_weight_decay(name: str, param, *, bias=True, norm=True, gamma=
     )
 
 
-def split_weight_decay(model, optimizer, *, bias=True, norm=True, gamma=True, token=True, ndim_1=True):
+_Optimizer = TypeVar("_Optimizer", bound=torch.optim.Optimizer)
+
+
+def split_weight_decay(
+    model: torch.nn.Module,
+    optimizer: _Optimizer,
+    *,
+    bias: bool = True,
+    norm: bool = True,
+    gamma: bool = True,
+    token: bool = True,
+    ndim_1: bool = True,
+) -> _Optimizer:
     """Split each param group into a decayed (``apply_wd=True``) and an undecayed (``weight_decay=0``) group.
 
     pimm's ``WeightDecayExclusion`` split, done where the optimizer is built:

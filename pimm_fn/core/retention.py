@@ -28,6 +28,7 @@ from pimm_fn.core.validate import finite, int_at_least, is_callable, non_empty_s
 
 __all__ = [
     "Snapshot",
+    "Policy",
     "Decision",
     "keep_last",
     "keep_every",
@@ -60,8 +61,9 @@ class Snapshot:
     metrics: FrozenMap = attrs.field(default=FrozenMap(), converter=_recorded)
 
 
-# A policy: one below, or a callable of one's own taking the snapshots (oldest first) and returning the steps to keep.
-_AnyPolicy = Callable[[Sequence[Snapshot]], Iterable[int]]
+Policy = Callable[[Sequence[Snapshot]], Iterable[int]]
+"""A retention policy: one below, or a callable of one's own taking the complete snapshots (oldest first) and
+returning the steps to keep."""
 
 
 class _Policy:
@@ -70,7 +72,7 @@ class _Policy:
     def __call__(self, snapshots: Sequence[Snapshot]) -> frozenset[int]:
         raise NotImplementedError
 
-    def __or__(self, other: _AnyPolicy) -> "_AnyOf":
+    def __or__(self, other: Policy) -> "_AnyOf":
         return any_of(self, other)
 
 
@@ -122,7 +124,7 @@ class _KeepBest(_Policy):
 _A_POLICY = is_callable.with_hint("pass a retention policy: keep_last(3), keep_best(2, 'mIoU') or any_of(...)")
 
 
-def _policies(instance: object, attribute: "attrs.Attribute[Any]", value: tuple[_AnyPolicy, ...]) -> None:
+def _policies(instance: object, attribute: "attrs.Attribute[Any]", value: tuple[Policy, ...]) -> None:
     if not value:
         raise ValueError("any_of: give at least one policy, e.g. any_of(keep_last(3), keep_best(1, 'mIoU'))")
     for policy in value:
@@ -132,7 +134,7 @@ def _policies(instance: object, attribute: "attrs.Attribute[Any]", value: tuple[
 @attrs.frozen(repr=False)
 class _AnyOf(_Policy):
     factory_name: ClassVar[str] = "any_of"
-    policies: tuple[_AnyPolicy, ...] = attrs.field(validator=_policies)
+    policies: tuple[Policy, ...] = attrs.field(validator=_policies)
 
     def __call__(self, snapshots: Sequence[Snapshot]) -> frozenset[int]:
         return frozenset().union(*(_kept(p, snapshots) for p in self.policies))
@@ -176,19 +178,19 @@ def keep_best(k: int, metric: str, *, mode: str = "max") -> _KeepBest:
     return _KeepBest(k, metric, mode)
 
 
-def any_of(*policies: _AnyPolicy) -> _AnyOf:
+def any_of(*policies: Policy) -> _AnyOf:
     """Keep what any of ``policies`` keeps; ``a | b`` is ``any_of(a, b)``.
 
     >>> any_of(keep_last(1), keep_every(10)) == (keep_last(1) | keep_every(10))
     True
     """
-    flat: list[_AnyPolicy] = []
+    flat: list[Policy] = []
     for policy in policies:  # any_of is associative: nest-free, so equal compositions compare equal
         flat.extend(policy.policies if isinstance(policy, _AnyOf) else (policy,))
     return _AnyOf(tuple(flat))
 
 
-def _kept(policy: _AnyPolicy, snapshots: Sequence[Snapshot]) -> frozenset[int]:
+def _kept(policy: Policy, snapshots: Sequence[Snapshot]) -> frozenset[int]:
     """What ``policy`` keeps, checked: a policy of one's own must return steps."""
     kept = policy(snapshots)
     try:
@@ -207,7 +209,7 @@ class Decision:
     remove: tuple[Snapshot, ...]
 
 
-def decide(policy: _AnyPolicy, snapshots: Iterable[Snapshot], *, protect: Iterable[int] = ()) -> Decision:
+def decide(policy: Policy, snapshots: Iterable[Snapshot], *, protect: Iterable[int] = ()) -> Decision:
     """Apply ``policy`` to ``snapshots``; the steps in ``protect`` are kept whatever it says.
 
     Args:
@@ -231,7 +233,7 @@ def decide(policy: _AnyPolicy, snapshots: Iterable[Snapshot], *, protect: Iterab
     return Decision(tuple(s for s in ordered if s.step in kept), tuple(s for s in ordered if s.step not in kept))
 
 
-def resolve(keep: _AnyPolicy | None, keep_snapshots: int | None, *, caller: str) -> _AnyPolicy | None:
+def resolve(keep: Policy | None, keep_snapshots: int | None, *, caller: str) -> Policy | None:
     """The one policy a ``keep=`` and a legacy ``keep_snapshots=`` stand for, or ``None`` (keep all).
 
     >>> resolve(None, 3, caller="loop")

@@ -23,7 +23,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import attrs
 
@@ -44,9 +44,16 @@ __all__ = [
     "is_bool",
     "is_callable",
     "non_empty_str",
+    "PathLike",
 ]
 
 _T = TypeVar("_T")
+
+
+class PathLike(Protocol):
+    """What ``os.PathLike`` describes (a ``pathlib.Path``), for the annotations of modules that import no ``os``."""
+
+    def __fspath__(self) -> str: ...
 
 
 def finite(value: object) -> bool:

@@ -112,7 +112,7 @@ class _SaveEvery:
 @hook_factory
 def save_every(
     n: int | None = None, *, minutes: float | None = None, snapshots: bool = False, async_save: bool = False
-):
+) -> _SaveEvery:
     """Save a checkpoint every ``n`` global steps, and once after training.
 
     The cadence is ``global_step % n == 0``, so it continues from resumed
@@ -228,7 +228,7 @@ class _BestOn:
 
 
 @hook_factory
-def best_on(metric: str, *, mode: str | None = None):
+def best_on(metric: str, *, mode: str | None = None) -> _BestOn:
     """Track the best value of ``metric`` and write ``model_best`` when it improves.
 
     A loss-like metric (a word of its name is ``loss``, ``error``, ``err``,

@@ -96,7 +96,7 @@ class _EarlyStop:
 
 
 @hook_factory
-def early_stop(metric: str, *, patience: int, mode: str | None = None, min_delta: float = 0.0):
+def early_stop(metric: str, *, patience: int, mode: str | None = None, min_delta: float = 0.0) -> _EarlyStop:
     """Stop training when ``metric`` has not improved for ``patience`` evaluations.
 
     Reacts to each publication of ``metric``: a value improves when it beats
@@ -198,7 +198,7 @@ class _StepScheduler:
 
 
 @hook_factory
-def step_scheduler(interval: str | None = None, *, on: str | None = None):
+def step_scheduler(interval: str | None = None, *, on: str | None = None) -> _StepScheduler:
     """Step the learning-rate scheduler per step, per epoch, or on a published metric.
 
     ``step_scheduler("step")`` steps it after every training step,

@@ -49,7 +49,7 @@ class _Ema:
 
 
 @hook_factory
-def ema(decay: float, *, every: int = 1, name: str = "ema"):
+def ema(decay: float, *, every: int = 1, name: str = "ema") -> _Ema:
     """Keep an exponential moving average of the model's weights, updated after optimizer steps.
 
     Every ``every`` global steps, after the step's optimizer step, each

@@ -1,5 +1,6 @@
 """A hook that requests evaluations on a step or epoch cadence."""
 
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import attrs
@@ -10,7 +11,10 @@ from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.hook_list import hook_factory
 from pimm_fn.core.validate import int_at_least, is_bool, is_callable, non_empty_str, refused_call
 
-__all__ = ["evaluate_every", "evaluator_name"]
+__all__ = ["evaluate_every", "evaluator_name", "Evaluator"]
+
+Evaluator = Callable[[Any], Mapping[str, float] | float | None]
+"""``fn(model)``: the metrics by name, one number (published under the evaluator's name), or ``None``."""
 
 
 def evaluator_name(fn) -> str:
@@ -88,7 +92,14 @@ class _EvaluateEvery:
 
 
 @hook_factory
-def evaluate_every(n: int, fn, *, name: str | None = None, broadcast: bool = True, weights: str | None = None):
+def evaluate_every(
+    n: int,
+    fn: Evaluator,
+    *,
+    name: str | None = None,
+    broadcast: bool = True,
+    weights: str | None = None,
+) -> _EvaluateEvery:
     """Evaluate the model every ``n`` global steps (``n=0``: at each epoch's end).
 
     The interpreter calls ``fn(model)`` on every rank (evaluation is

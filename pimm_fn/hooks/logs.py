@@ -125,7 +125,7 @@ class _LogEvery:
 
 
 @hook_factory
-def log_every(n: int):
+def log_every(n: int) -> _LogEvery:
     """Log the train step's outputs every ``n`` steps, epoch averages, and evaluations.
 
     Records go, from the main rank, to the console, ``save_dir/log.jsonl``,

@@ -39,7 +39,7 @@ class _BoundModelHook:
 
 
 @hook_factory
-def model_hook():
+def model_hook() -> _ModelHook:
     """Let a model that implements the hook protocol take part in the loop.
 
     ``loop`` binds this hook to its model (unwrapped from DDP): at every event

@@ -26,7 +26,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Effect, Scope
 from pimm_fn.core.fold import called_plainly
 from pimm_fn.core.hook_list import hook_factory
-from pimm_fn.core.validate import instance_of, int_at_least, optional
+from pimm_fn.core.validate import PathLike, instance_of, int_at_least, optional
 
 __all__ = ["profile", "StartProfiler", "StepProfiler", "StopProfiler"]
 
@@ -128,10 +128,10 @@ def profile(
     repeat: int = 1,
     skip_first: int = 0,
     *,
-    dir=None,
+    dir: str | PathLike | None = None,
     memory: bool = False,
     shapes: bool = False,
-):
+) -> _Profile:
     """Profile a window of training steps with ``torch.profiler``, a TensorBoard trace per recorded cycle.
 
     The schedule is ``torch.profiler.schedule``'s: after ``skip_first``

@@ -11,7 +11,7 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import LoadWeights
 from pimm_fn.core.hook_list import hook_factory
-from pimm_fn.core.validate import is_bool, non_empty_str
+from pimm_fn.core.validate import PathLike, is_bool, non_empty_str
 
 __all__ = ["load_weights"]
 
@@ -54,7 +54,7 @@ class _LoadWeights:
 
 
 @hook_factory
-def load_weights(path, *, replacements: dict | None = None, strict: bool = False):
+def load_weights(path: str | PathLike, *, replacements: dict | None = None, strict: bool = False) -> _LoadWeights:
     """Warm-start the model from a weights file before a fresh run trains.
 
     ``path`` is anything ``pimm_fn.checkpoint.load_weights_file`` reads: a

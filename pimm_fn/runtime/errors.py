@@ -32,13 +32,18 @@ each time, with its step, as a ``NonFiniteMetricWarning``: training goes on.
 
 import difflib
 import math
+import pathlib
 import warnings
+from typing import TYPE_CHECKING
 
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import hook_list
 from pimm_fn.core.effects import Evaluate, SaveCheckpoint
 from pimm_fn.core.events import AfterStep
 from pimm_fn.core.validate import finite
+
+if TYPE_CHECKING:  # named for an annotation only: importing the checkpoint package would import torch
+    from pimm_fn.checkpoint.storage import StorePath
 
 __all__ = [
     "CollectiveDivergenceError",
@@ -114,7 +119,7 @@ class Preempted(SystemExit):
     the checkpoint that holds the step (``None`` without a ``save_dir``).
     """
 
-    def __init__(self, code: int, step: int, reason: str, path):
+    def __init__(self, code: int, step: int, reason: str, path: "pathlib.Path | StorePath | None") -> None:
         super().__init__(code)
         self.step, self.reason, self.path = step, reason, path
 

@@ -24,10 +24,12 @@ run logs placeholders), so ``moments`` shows a ``Log`` as its step and kind.
 """
 
 from collections.abc import Iterable
+from typing import Any
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Log
 from pimm_fn.core.events import MetricsPublished
+from pimm_fn.core.fold import Chain
 from pimm_fn.core.plan import plan
 from pimm_fn.testing.simulation import SimulationResult, past_the_end, resume_points, simulate
 
@@ -159,7 +161,9 @@ def _differing_fields(a, b) -> list:
     ]
 
 
-def assert_resume_continuity(hooks, *, resume_at, **simulate_kwargs) -> None:
+def assert_resume_continuity(
+    hooks: Iterable[Any] | Chain, *, resume_at: int | Iterable[int], **simulate_kwargs: Any
+) -> None:
     """Assert that resuming at each checkpoint step continues exactly as the uninterrupted run.
 
     For each step ``k`` in ``resume_at`` (one step or an iterable of steps,

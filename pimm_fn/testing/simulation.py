@@ -26,7 +26,7 @@ What ``simulate`` returns: each rank's executed effects (``SimEntry``) and where
 """
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import cast
+from typing import Any, cast
 
 import attrs
 
@@ -35,7 +35,7 @@ from pimm_fn.core.budget import check_budget
 from pimm_fn.core.effects import Effect, SaveCheckpoint, Scope
 from pimm_fn.core.events import Event
 from pimm_fn.core.fold import Chain, TraceEntry, chain
-from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
+from pimm_fn.core.plan import MetricSource, RecordingExecutor, initial_state, run_schedule
 from pimm_fn.core.preemption import Boundaries
 from pimm_fn.core.processing import process
 from pimm_fn.core.state import State
@@ -309,18 +309,18 @@ def _run_preempted(hooks, state, executor, outputs, skip_quiet, stops, clock, in
 
 
 def simulate(
-    hooks,
+    hooks: Iterable[Any] | Chain,
     *,
     world_size: int,
     iters_per_epoch: int,
     max_epochs: int | None = None,
     max_steps: int | None = None,
-    metrics=None,
-    local=None,
-    resume_at=None,
+    metrics: Mapping[int, Mapping[str, float]] | MetricSource | None = None,
+    local: Callable[[int, int], Mapping[str, Any] | None] | None = None,
+    resume_at: int | Iterable[int] | None = None,
     skip_quiet: bool = True,
-    preempt=None,
-    clock=None,
+    preempt: Mapping[int, int] | None = None,
+    clock: Callable[[int], float] | None = None,
     max_time: float | None = None,
     margin: float = 0.0,
     check_every: int | None = 1,

@@ -18,10 +18,14 @@ with what to pass instead. An option given as something other than its
 value (``saving={...}``) is refused the same way.
 """
 
+import datetime
+import os
 import warnings
 import weakref
-from collections.abc import Mapping
-from typing import cast
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
+
+import torch
 
 from pimm_fn import dist
 from pimm_fn.checkpoint import discovery, files, storage
@@ -136,27 +140,27 @@ _KINDS = {
 
 
 def loop(
-    model,
-    optimizer=None,
-    train_data=None,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | Mapping[str, torch.optim.Optimizer] | None = None,
+    train_data: Iterable[Any] | None = None,
     *,
-    hooks=(),
+    hooks: Sequence[Any] = (),
     max_epochs: int | None = None,
     max_steps: int | None = None,
-    max_time=None,
-    save_dir=None,
-    step_fn=None,
-    scheduler=None,
-    resume=None,
-    loggers=(),
-    handlers=None,
+    max_time: float | datetime.timedelta | None = None,
+    save_dir: str | os.PathLike | None = None,
+    step_fn: Callable[..., Mapping[str, Any]] | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    resume: str | os.PathLike | None = None,
+    loggers: Iterable[Any] = (),
+    handlers: Mapping[type, Callable[..., Any]] | None = None,
     saving: Saving = Saving(),
     resuming: Resuming = Resuming(),
     watching: Watching = Watching(),
     parallel: Parallel = Parallel(),
     training: Training = Training(),
     preemption: Preemption = Preemption(),
-    **moved,
+    **moved: Any,
 ) -> Loop:
     """A training loop over ``train_data`` driven by ``hooks``.
 

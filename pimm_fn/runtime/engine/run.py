@@ -10,18 +10,24 @@ transaction) is its ``Walker`` (``pimm_fn.runtime.engine.walker``).
 """
 
 import contextlib
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from pimm_fn import notebook
 from pimm_fn.core import summary
+from pimm_fn.core.state import State
 from pimm_fn.core.trace import Trace
+from pimm_fn.hooks.evaluation import Evaluator
 from pimm_fn.runtime.engine import swap
-from pimm_fn.runtime.engine.interpreter import Context
+from pimm_fn.runtime.engine.interpreter import Context, Interpreter
 from pimm_fn.runtime.engine.preemption import advise, newest_checkpoint
 from pimm_fn.runtime.engine.transaction import Interruption
 from pimm_fn.runtime.engine.walker import Walker
 from pimm_fn.runtime.errors import Preempted
 from pimm_fn.runtime.evaluation import after_training
 from pimm_fn.runtime.handlers.logs import clock
+from pimm_fn.runtime.logs.history import History
 
 __all__ = ["Loop"]
 
@@ -67,7 +73,16 @@ class Loop:
             ``step()`` completes that step; ``None`` otherwise.
     """
 
-    def __init__(self, ctx: Context, state, step_fn, interpreter, *, resume=None, resumed: bool = False):
+    def __init__(
+        self,
+        ctx: Context,
+        state: State,
+        step_fn: Callable[..., Mapping[str, Any]],
+        interpreter: Interpreter,
+        *,
+        resume: str | os.PathLike | None = None,
+        resumed: bool = False,
+    ) -> None:
         if ctx.implied is None:
             raise ValueError("Loop: its Context holds no hooks (ctx.implied is None): build the run with loop()")
         self.ctx = ctx
@@ -131,7 +146,7 @@ class Loop:
         return self._walker.processed
 
     @property
-    def state(self):
+    def state(self) -> State:
         """The current ``State``; the quiet steps trained since the last event a hook saw are in it."""
         return self._walker.state
 
@@ -140,7 +155,7 @@ class Loop:
         self._walker.state = state
 
     @property
-    def history(self):
+    def history(self) -> History:
         """What the run logged, as columns (``pimm_fn.runtime.logs.history.History``): ``run.history.to_pandas()``."""
         return self.ctx.logs.history
 
@@ -162,7 +177,7 @@ class Loop:
         """Hand ``event`` to the hooks now: ``loop()`` says so a resumed run begins (``BeforeTrain(resumed=True)``)."""
         self._walker.dispatch(event)
 
-    def step(self):
+    def step(self) -> State:
         """Train one step, with the events around it (epoch end, training end); returns the state, as ``run()`` does.
 
         After a stop was requested (``State.stop``) the epoch closes and
@@ -177,7 +192,7 @@ class Loop:
             self._walker.step()
         return self.state
 
-    def run(self, steps: int | None = None):
+    def run(self, steps: int | None = None) -> State:
         """Train ``steps`` more steps, or to the end; returns the state.
 
         After an interruption the first of them completes the interrupted step.
@@ -211,7 +226,7 @@ class Loop:
     def _repr_html_(self) -> str:
         return notebook.render_html("Loop", self._rows(), self.state.progress)
 
-    def replace(self, old, new, *, fresh: bool = False) -> "Loop":
+    def replace(self, old: Any, new: Any, *, fresh: bool = False) -> "Loop":
         """Swap hook ``old`` (a hook, its identity or its path in chains) for ``new`` in this live run.
 
         Fix a hook between steps, or after one raised, and ``run()`` on; see
@@ -222,15 +237,28 @@ class Loop:
         swap.replace(self, old, new, fresh=fresh)
         return self
 
-    def test(self, evaluator, *, weights: str = "final", metric: str | None = None) -> dict:
+    def test(
+        self,
+        evaluator: Evaluator,
+        *,
+        weights: str = "final",
+        metric: str | None = None,
+    ) -> dict:
         """``evaluator``'s metrics on the ``"final"`` or ``"best"`` weights (``pimm_fn.runtime.evaluation.after_training``)."""
         return after_training.test(self, evaluator, weights=weights, metric=metric)
 
-    def predict(self, loader, *, forward=None, weights: str = "final", metric: str | None = None) -> list:
+    def predict(
+        self,
+        loader: Iterable[Any],
+        *,
+        forward: Callable[[Any, Any], Any] | None = None,
+        weights: str = "final",
+        metric: str | None = None,
+    ) -> list:
         """The model's outputs for each batch of ``loader``, on the CPU (``pimm_fn.runtime.evaluation.after_training``)."""
         return after_training.predict(self, loader, forward=forward, weights=weights, metric=metric)
 
-    def replace_evaluator(self, name: str, fn) -> "Loop":
+    def replace_evaluator(self, name: str, fn: Evaluator) -> "Loop":
         """Swap the function of the ``evaluate_every`` hook whose evaluator is ``name``; see ``replace``."""
         swap.replace_evaluator(self, name, fn)
         return self

@@ -49,7 +49,7 @@ Used by ``pimm_fn.runtime.evaluation.loader_evaluator``.
 """
 
 import itertools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import attrs
@@ -280,7 +280,7 @@ class LoaderEvaluator:
             return None
         return attrs.evolve(self, max_batches=batches)
 
-    def batches(self):
+    def batches(self) -> Iterator[Any]:
         """This rank's batches: its shard with several ranks, at most ``max_batches``."""
         world = dist.world_size()
         loader = shard_of(self.loader, dist.rank(), world) if self.shard and world > 1 else self.loader
@@ -353,13 +353,13 @@ def _plain(metric) -> bool:
 
 
 def loader_evaluator(
-    loader,
-    metric,
+    loader: Iterable[Any],
+    metric: Callable[[Any, Any], Mapping[str, Any]] | Mapping[str, Any],
     *,
     name: str = "val",
-    forward=None,
-    target=None,
-    finish=None,
+    forward: Callable[[Any, Any], Any] | None = None,
+    target: Callable[[Any], Any] | None = None,
+    finish: Callable[[dict[str, float]], Mapping[str, float]] | None = None,
     shard: bool = True,
     max_batches: int | None = None,
 ) -> LoaderEvaluator:

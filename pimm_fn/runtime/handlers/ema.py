@@ -8,7 +8,7 @@ is two fused ``torch._foreach_*`` calls and reads nothing back to the host.
 """
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -34,7 +34,7 @@ class EmaWeights:
     True
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.params: dict = {}  # parameter name -> its average
         self.buffers: dict = {}  # buffer name -> its copy at the last update
         self.updates = 0
@@ -78,7 +78,7 @@ class EmaWeights:
         return lists
 
     @torch.no_grad()
-    def update(self, module, decay: float) -> None:
+    def update(self, module: torch.nn.Module, decay: float) -> None:
         """Move the average toward ``module``'s weights: ``avg += (1 - decay) * (p - avg)``; copy the buffers."""
         averages, params, copies, buffers = self._bind(module)
         if averages:
@@ -87,7 +87,7 @@ class EmaWeights:
             torch._foreach_copy_(copies, buffers)
         self.updates += 1
 
-    def weights_of(self, module) -> dict:
+    def weights_of(self, module: torch.nn.Module) -> dict:
         """``module.state_dict()`` with the averages in place of the weights (the module's own before any update)."""
         weights = module.state_dict()
         if not self.params:
@@ -96,7 +96,7 @@ class EmaWeights:
         return {k: self.params.get(k, self.buffers.get(k, v)) for k, v in weights.items()}
 
     @contextlib.contextmanager
-    def swapped_into(self, module):
+    def swapped_into(self, module: torch.nn.Module) -> Iterator[torch.nn.Module]:
         """The average in ``module``'s parameters and buffers for the block; its own weights back after, on any exit."""
         if not self.params:  # no update yet: the average is the weights themselves
             yield module

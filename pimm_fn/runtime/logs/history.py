@@ -31,11 +31,16 @@ reads back as the type it was logged as.
 """
 
 import importlib
+import os
 from array import array
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pimm_fn.core.effects import POSITION, row  # POSITION: where a record was taken, which plot() leaves out
 from pimm_fn.runtime.logs.loggers import read_records
+
+if TYPE_CHECKING:  # matplotlib is the plot extra's
+    from matplotlib.axes import Axes
 
 __all__ = [
     "Column",
@@ -230,14 +235,14 @@ class History:
     History(3 records, steps 2-4: train x2 (loss), eval/val x1 (acc))
     """
 
-    def __init__(self, records=()):
+    def __init__(self, records: Iterable[tuple[int, str, Mapping[str, Any]]] = ()) -> None:
         self._tables = {}  # kind -> Table, in the order the kinds first came
         self._codes = {}  # kind -> its position in _tables
         self._order = Column()  # each record's kind, as its position in _tables: the records' order
         for step, kind, values in records:
             self.append(int(step), str(kind), values)
 
-    def append(self, step: int, kind: str, values) -> None:
+    def append(self, step: int, kind: str, values: Mapping[str, Any]) -> None:
         table = self._tables.get(kind)
         if table is None:
             self._codes[kind] = len(self._tables)
@@ -292,12 +297,12 @@ class History:
                 columns[name] = [_value(table, name, i) for _, table, i in rows]
         return columns
 
-    def to_pandas(self, kind: str = "train"):
+    def to_pandas(self, kind: str = "train") -> Any:  # a pandas.DataFrame: pandas ships no types
         """The records of ``kind`` as a ``pandas.DataFrame``, one row per record (needs the ``pandas`` extra)."""
         pandas = _require("pandas", "pandas", "to_pandas")
         return pandas.DataFrame(self.columns(kind))
 
-    def plot(self, *keys: str, kind: str | None = None, ax=None):
+    def plot(self, *keys: str, kind: str | None = None, ax: "Axes | None" = None) -> "Axes":
         """Plot ``keys`` against the step, one line per kind that logged each; returns the matplotlib ``Axes``.
 
         With no ``keys``: ``"loss"`` when logged (the step losses and the
@@ -365,7 +370,7 @@ class History:
         return f"History({len(self)} records, steps {min(steps)}-{max(steps)}: {', '.join(parts)})"
 
     @classmethod
-    def from_jsonl(cls, path, upto: int | None = None) -> "History":
+    def from_jsonl(cls, path: str | os.PathLike, upto: int | None = None) -> "History":
         """The history a ``log.jsonl`` holds, up to step ``upto`` (all when ``None``); empty when there is none."""
         return cls((r["step"], r["kind"], r["values"]) for r in read_jsonl(path) if upto is None or r["step"] <= upto)
 

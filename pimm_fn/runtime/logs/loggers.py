@@ -242,7 +242,7 @@ class JsonlLogger:
         path: the file; default ``save_dir/log.jsonl``.
     """
 
-    def __init__(self, path=None):
+    def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = local_path(self, path)
         self._file = None
 
@@ -348,7 +348,7 @@ class CSVLogger:
         path: the file; default ``save_dir/log.csv``.
     """
 
-    def __init__(self, path=None):
+    def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = local_path(self, path)
         self._file = None
         self._columns: list = []

@@ -46,6 +46,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from pimm_fn.core.effects import Log
 from pimm_fn.runtime.logs.history import POSITION
 from pimm_fn.runtime.logs.loggers import Opening, resolve_path, set_aside
 
@@ -93,7 +94,7 @@ class TensorBoardLogger:
         flush_secs: at most this long between a record and its event on disk.
     """
 
-    def __init__(self, log_dir=None, *, flush_secs: int = 10):
+    def __init__(self, log_dir: str | os.PathLike | None = None, *, flush_secs: int = 10) -> None:
         self.log_dir = Path(log_dir) if log_dir is not None else None
         self.flush_secs = flush_secs
         self._writer: Any = None  # torch's SummaryWriter, made by open(): tensorboard is imported only then
@@ -106,7 +107,7 @@ class TensorBoardLogger:
         purge = opening.step + 1 if opening.resumed and not opening.continued else None
         self._writer = writer_class(str(where), purge_step=purge, flush_secs=self.flush_secs)
 
-    def write(self, record) -> None:
+    def write(self, record: Log) -> None:
         for tag, value in scalars(record).items():
             self._writer.add_scalar(tag, value, record.step)
 
@@ -170,7 +171,7 @@ class MLFlowLogger:
         run_name: str | None = None,
         tracking_uri: str | None = None,
         tags: dict | None = None,
-    ):
+    ) -> None:
         self.experiment, self.run_name, self.tracking_uri, self.tags = experiment, run_name, tracking_uri, tags
         self._client: Any = None  # an MlflowClient, made by open(): mlflow is imported only then
         self._id: str | None = None
@@ -195,7 +196,7 @@ class MLFlowLogger:
         names = self._client.get_run(run_id).data.metrics
         return {k: max((m.step for m in self._client.get_metric_history(run_id, k)), default=-1) for k in names}
 
-    def write(self, record) -> None:
+    def write(self, record: Log) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -327,7 +328,9 @@ class WandbLogger:
     ID_FILE = "wandb-run-id"
     STEPS_FILE = "wandb-run-steps.json"
 
-    def __init__(self, project: str | None = None, *, name: str | None = None, mode: str | None = None, **init):
+    def __init__(
+        self, project: str | None = None, *, name: str | None = None, mode: str | None = None, **init: Any
+    ) -> None:
         self.project, self.name, self.mode, self.init = project, name, mode, init
         self._run: Any = None  # the wandb Run, made by open(): wandb is imported only then
         self._id: str | None = None
@@ -374,7 +377,7 @@ class WandbLogger:
             values = {k: v for k, v in row.items() if k not in ("step", "kind")}
             self.write(types.SimpleNamespace(step=row["step"], kind=row["kind"], values=values))
 
-    def write(self, record) -> None:
+    def write(self, record: Log) -> None:
         points = unsent(record, self._held)
         if points:
             self._run.log(points, step=record.step)

@@ -194,19 +194,19 @@ class TrainStep:
         ]
         return f"TrainStep({', '.join(options)})"
 
-    def device_type(self, model) -> str:
+    def device_type(self, model: torch.nn.Module) -> str:
         """The device type autocast and the scaler work on: ``device``'s, else the model's parameters'."""
         if self.device is not None:
             return torch.device(self.device).type
         return next((p.device.type for p in model.parameters()), "cpu")
 
-    def new_scaler(self, model):
+    def new_scaler(self, model: torch.nn.Module) -> torch.amp.GradScaler | None:
         """The ``GradScaler`` this step needs (``"fp16"`` with ``grad_scaler``), else ``None``."""
         if self.precision != "fp16" or not self.grad_scaler:
             return None
         return torch.amp.GradScaler(self.device_type(model))
 
-    def check_scaler(self, scaler) -> None:
+    def check_scaler(self, scaler: torch.amp.GradScaler | None) -> None:
         """Refuse an enabled scaler under ``"32"``/``"bf16"``: it would scale a loss no fp16 forward made."""
         if scaler is not None and self.precision != "fp16" and getattr(scaler, "is_enabled", lambda: True)():
             raise ValueError(

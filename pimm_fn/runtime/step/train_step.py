@@ -41,6 +41,7 @@ step"); it is formatted only when an error is raised, never per step.
 import contextlib
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -288,7 +289,14 @@ def _optimize(model, optimizer, batch, scheduler=None, scaler=None, nonfinite=No
     return outputs, loss, value
 
 
-def train_step(model, optimizer, batch, *, scheduler=None, scaler=None) -> Mapping:
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Any,
+    *,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    scaler: torch.amp.GradScaler | None = None,
+) -> Mapping:
     """One optimizer step on ``batch``: ``loss = model(batch)["loss"]``, backward, step.
 
     With a ``torch.amp.GradScaler`` the forward runs under autocast and the
