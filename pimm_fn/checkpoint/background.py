@@ -721,10 +721,22 @@ def save_checkpoint_async(
     place before ``wait_staged()`` returns, nor start another save before
     ``wait()`` returned.
 
+    Every argument but ``saver`` is :func:`save_checkpoint`'s, in the standard format only.
+
     Args:
-        model_dir, step, weights, trainer, local, snapshot, keep_snapshots, sharded, keep, metrics, digests:
-            as for :func:`save_checkpoint` (standard format only). Shards
+        model_dir: the checkpoint root (``save_dir/"model"``).
+        step: the global step, ``>= 0``.
+        weights: the model state_dict (replicated; rank 0's is written).
+        trainer: replicated nested state; must be identical on every rank.
+        local: this rank's nested state.
+        snapshot: also keep a copy as ``iter_<step>``.
+        keep_snapshots: keep only the newest N ``iter_*`` snapshots (``keep=keep_last(N)``).
+        sharded: this rank's shards of a sharded model and optimizer. Shards
             (DTensors) are copied into fresh memory, not the reused staging area.
+        keep: a retention policy applied to the complete ``iter_*`` snapshots
+            after the publish; ``None`` keeps them all.
+        metrics: the run's metrics at this save, recorded in the marker.
+        digests: also record each file's SHA-256 in the marker.
         saver: the :class:`BackgroundSaver` whose process group the save's
             collectives use (default: the process's own).
 
@@ -767,9 +779,13 @@ def prewarm_async_save(*, weights: dict, trainer: dict, local: dict, pause_s: fl
     runs beside it. A save that starts before the prewarm ends takes over
     what it readied (see :mod:`pimm_fn.checkpoint.background`).
 
+    ``weights``, ``trainer`` and ``local`` are the later save's as it will pass
+    them: their values may differ, their keys, shapes and dtypes should not.
+
     Args:
-        weights, trainer, local: as the later save will pass them (values
-            may differ; keys, shapes and dtypes should not).
+        weights: the later save's ``weights``.
+        trainer: the later save's ``trainer``.
+        local: the later save's ``local``.
         pause_s: seconds to sleep after each chunk written (tests).
 
     Returns:

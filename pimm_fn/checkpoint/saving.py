@@ -307,7 +307,7 @@ def _policy(instance, attribute, value) -> None:
 class Saving:
     """How to save, separate from when (the hooks).
 
-    Args:
+    Attributes:
         checkpoint_format: ``"standard"`` (weights + a ``torch.distributed.checkpoint``
             directory) or ``"legacy"`` (one file, written by the main rank).
         keep: which ``iter_<step>`` snapshots (``save_every(n, snapshots=True)``)

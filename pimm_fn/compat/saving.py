@@ -232,9 +232,11 @@ def checkpoint_saver(
         evaluator_every_n_steps: also save every this many steps (pimm's
             "evaluation steps"), while ``evaluate``.
         evaluate: pimm's ``cfg.evaluate``.
-        metric, mode: the metric whose improvement writes ``model_best``
-            (the one pimm's evaluator before the saver publishes as its
-            current metric; ``build_hooks`` fills them in), ``None``: none.
+        metric: the metric whose improvement writes ``model_best`` (the one
+            pimm's evaluator before the saver publishes as its current metric;
+            ``build_hooks`` fills it in), ``None``: none.
+        mode: ``"max"`` (a higher ``metric`` is better) or ``"min"``;
+            ``build_hooks`` fills it in with ``metric``.
 
     Emits:
         ``SaveCheckpoint`` (collective; deferred at an epoch's last step;
@@ -268,7 +270,8 @@ def checkpoint_saver_iteration(
         backend: pimm's checkpoint backend (``"dcp"``/``"standard"``, ``"torch"``/``"legacy"``),
             checked here; the format a run writes is ``loop(saving=Saving(checkpoint_format=))``, which
             ``pimm_fn.compat.checkpoint_format(cfg)`` resolves pimm's way.
-        metric, mode: as ``checkpoint_saver``.
+        metric: as ``checkpoint_saver``'s.
+        mode: as ``checkpoint_saver``'s.
 
     >>> checkpoint_saver_iteration(1000, backend="dcp")
     checkpoint_saver_iteration(save_freq=1000, backend='dcp')

@@ -188,13 +188,18 @@ def split_weight_decay(
     before its scheduler (which keeps one entry per group) and before
     ``pf.loop`` loads a checkpoint's optimizer state (which needs the same
     groups). A group already split (holding ``apply_wd``) is left as it is,
-    so calling it twice changes nothing. Returns ``optimizer``.
+    so calling it twice changes nothing. Returns ``optimizer``. The five
+    exclusions, ``bias`` to ``ndim_1``, are those of ``WeightDecayExclusion``
+    (``hook.flags`` of a built ``weight_decay_exclusion``).
 
     Args:
         model: the model (its names decide; unwrapped from DDP).
         optimizer: a torch optimizer over ``model``'s parameters.
-        bias, norm, gamma, token, ndim_1: the exclusions of ``WeightDecayExclusion``
-            (``hook.flags`` of a built ``weight_decay_exclusion``).
+        bias: exclude each ``.bias``.
+        norm: exclude each parameter whose name holds ``norm`` (any case).
+        gamma: exclude each parameter whose name holds ``gamma`` (any case).
+        token: exclude each parameter whose name holds ``token`` (any case).
+        ndim_1: exclude each 1-D parameter.
     """
     names = {id(p): n for n, p in unwrap(model).named_parameters()}
     rules = dict(bias=bias, norm=norm, gamma=gamma, token=token, ndim_1=ndim_1)

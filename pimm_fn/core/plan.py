@@ -222,7 +222,8 @@ def plan(
 
     Args:
         hooks: a list of hooks, as given to ``loop``.
-        iters_per_epoch, max_epochs: the schedule.
+        iters_per_epoch: the schedule's steps per epoch.
+        max_epochs: the schedule's epochs.
         max_steps: instead of ``max_epochs``, train this many global steps,
             as ``loop(max_steps=N)``: the epoch in progress at step ``N``
             ends there (its ``AfterEpoch`` runs, a save on step ``N`` is
@@ -246,10 +247,11 @@ def plan(
         clock: ``clock(step)``, the seconds since training began at the end
             of global step ``step``: the run's clock as a value, delivered as
             ``Elapsed`` to the hooks that listen (``save_every(minutes=...)``).
-        max_time, margin: seconds (with ``clock``): the plan ends at the last
+        max_time: seconds (with ``clock``): the plan ends at the last
             step boundary whose next step would pass ``max_time - margin``,
             where ``loop(max_time=...)`` saves and stops (that save is the
             runtime's, not a hook's effect, so it is not in the trace).
+        margin: seconds, the time left before ``max_time`` for that save.
 
     Returns:
         A ``Trace`` of ``TraceEntry`` (``.step``, ``.event``, ``.effect``,

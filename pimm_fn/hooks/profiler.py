@@ -141,12 +141,15 @@ def profile(
     module docstring.
 
     Args:
-        wait, warmup: steps of each cycle before it records (>= 0).
+        wait: idle steps of each cycle, before it records (>= 0).
+        warmup: steps of each cycle profiled but not kept, after ``wait`` and
+            before it records (>= 0).
         active: steps each cycle records (>= 1).
         repeat: cycles (>= 1).
         skip_first: global steps before the first cycle (>= 0).
         dir: where the traces go; ``None``: ``save_dir/profiler``.
-        memory, shapes: ``profile_memory`` and ``record_shapes`` of the profiler.
+        memory: the profiler's ``profile_memory``.
+        shapes: the profiler's ``record_shapes``.
 
     Emits:
         ``StartProfiler`` at ``BeforeTrain`` (``skip_first=0``) or after

@@ -334,7 +334,8 @@ def simulate(
     Args:
         hooks: the hook list, as given to ``loop`` (or one ``Chain``).
         world_size: number of ranks (>= 1).
-        iters_per_epoch, max_epochs: the schedule.
+        iters_per_epoch: the schedule's steps per epoch.
+        max_epochs: the schedule's epochs.
         max_steps: instead of ``max_epochs``, train this many global steps,
             as ``loop(max_steps=N)`` does (``pimm_fn.core.budget``).
         metrics: what an evaluation at ``step`` returns: ``{step: {name:
@@ -366,9 +367,10 @@ def simulate(
             end of ``step``: delivered as ``Elapsed`` to the hooks that listen
             (``save_every(minutes=...)``), and read by ``max_time``. A resumed
             process's clock starts again at its first step.
-        max_time, margin: with ``clock``: stop (save, resume) at the last
+        max_time: with ``clock``: stop (save, resume) at the last
             boundary whose next step would pass ``max_time - margin``, as
             ``loop(max_time=..., preemption=Preemption(margin=...))``.
+        margin: seconds, the time left before ``max_time`` (``Preemption(margin=...)``).
         check_every: ``Preemption(check_every=...)``: with several ranks,
             the steps between the ranks' comparisons, or ``None`` (the
             runtime's default; needs ``clock``): rank 0 picks them, about

@@ -165,8 +165,8 @@ def loop(
     """A training loop over ``train_data`` driven by ``hooks``.
 
     Args:
-        model, optimizer: what trains; the model may be wrapped in DDP. The
-            optimizer may be a dict of named ones for a custom ``step_fn``
+        model: what trains; it may be wrapped in DDP.
+        optimizer: what steps it; it may be a dict of named ones for a custom ``step_fn``
             (a GAN's ``{"g": opt_g, "d": opt_d}``), which receives the dict
             as its ``optimizer``. Each is checkpointed under its name; a
             resume needs the same names (``pimm_fn.runtime.step.stateful_objects``).

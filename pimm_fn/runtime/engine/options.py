@@ -54,7 +54,7 @@ def _on_nonfinite(instance, attribute, value) -> None:
 class Resuming:
     """How a resume treats what changed since the checkpoint.
 
-    Args:
+    Attributes:
         strict_resume: refuse a resume that cannot restore the data position.
             Steps per epoch that changed since the checkpoint (another batch
             size) continue the interrupted epoch by samples consumed where
@@ -81,7 +81,7 @@ class Resuming:
 class Watching:
     """What a person (or a test) sees of a run: console lines, the progress bar, logged outputs, the trace.
 
-    Args:
+    Attributes:
         console: print progress lines on the main rank.
         progress: a progress bar on the main rank (step/total, it/s, time left,
             the latest loss ``log_every`` read and metrics): ``None`` (default)
@@ -139,7 +139,7 @@ class Watching:
 class Parallel:
     """How the run spreads over the ranks of a process group.
 
-    Args:
+    Attributes:
         ddp: wrap ``model`` in ``DistributedDataParallel`` when a process group
             is initialized (a no-op without one, or when it is already wrapped);
             the wrapper is ``run.ctx.model``. A sharded model (FSDP2,
@@ -165,7 +165,7 @@ class Parallel:
 class Training:
     """What trains beside the model and optimizer, what a non-finite loss does, and how long an epoch is.
 
-    Args:
+    Attributes:
         on_nonfinite: ``"raise"`` (default; ``NonFiniteLossError`` naming the
             global step), ``"skip"`` (the default step leaves the batch out of
             the update; each occurrence warns; refused with a custom
@@ -256,7 +256,7 @@ class Preemption:
     one line and raises ``pimm_fn.Preempted``, a ``SystemExit`` with
     ``exit_code``: a script ends with that code and no traceback.
 
-    Args:
+    Attributes:
         signals: the signals that ask for a save and a stop (default
             ``SIGTERM``, what Kubernetes, torchrun's agent and Slurm send
             first; add ``"SIGUSR1"`` for Slurm's ``--signal=USR1@90``).

@@ -321,7 +321,9 @@ class WandbLogger:
     quiets wandb's console.
 
     Args:
-        project, name, mode: as ``wandb.init`` takes them.
+        project: ``wandb.init``'s ``project``.
+        name: ``wandb.init``'s ``name``.
+        mode: ``wandb.init``'s ``mode``.
         init: more ``wandb.init`` arguments (``config``, ``tags``, ``entity``...).
     """
 

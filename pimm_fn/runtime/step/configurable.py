@@ -118,7 +118,7 @@ class TrainStep:
     Called as any ``step_fn``: ``step(model, optimizer, batch, *,
     scheduler=None, scaler=None)``, one optimizer step per call.
 
-    Args:
+    Attributes:
         loss_fn: the supervised step: batches are ``(input, target)`` (a
             tuple or list of two, or a mapping, see ``keys``) and the step
             trains on ``loss_fn(model(input), target)``, a one-element tensor
