@@ -31,7 +31,7 @@ from pimm_fn.core.effects import Log
 from pimm_fn.core.events import MetricsPublished
 from pimm_fn.core.fold import Chain
 from pimm_fn.core.plan import plan
-from pimm_fn.testing.simulation import SimulationResult, past_the_end, resume_points, simulate
+from pimm_fn.testing.simulation import SimulationResult, past_the_end, resume_step, simulate
 
 __all__ = [
     "assert_collective_agreement",
@@ -199,11 +199,10 @@ def assert_resume_continuity(
     ended = baseline.states[0]  # where a stop ended the run: the same step on every rank (Stop is collective)
     max_steps = ended.progress.max_steps
     if isinstance(resume_at, Iterable) and not isinstance(resume_at, (str, bytes)):
-        points = tuple(resume_at)
+        given: tuple[object, ...] = tuple(resume_at)
     else:
-        points = (resume_at,)
-    for k in points:
-        resume_points(k, max_steps)  # validates
+        given = (resume_at,)
+    points = tuple(resume_step(k, max_steps, k) for k in given)  # each a single resume: one step, checked alone
     reached = tuple(k for k in points if ended.stop is None or k <= ended.progress.global_step)
     if points and not reached:
         raise ValueError(past_the_end(points[0], ended))

@@ -18,7 +18,7 @@ same as walking every event.
 ``simulate``'s arguments, checked and made into what each simulated rank is fed.
 
 Metrics (``metric_source``), step outputs (``outputs_of``), the steps to
-resume at (``resume_points``; one a stopped run never reaches: ``past_the_end``)
+resume at (``resume_step``, ``resume_points``; one a stopped run never reaches: ``past_the_end``)
 and each process's preemption boundaries (``stops_of``): every one refused
 with an error naming the argument.
 
@@ -45,6 +45,7 @@ __all__ = [
     "check_count",
     "metric_source",
     "outputs_of",
+    "resume_step",
     "resume_points",
     "past_the_end",
     "stops_of",
@@ -111,19 +112,24 @@ def outputs_of(local, rank) -> Callable | None:
     return outputs
 
 
-def resume_points(resume_at, max_steps: int) -> tuple:
+def resume_step(k: object, max_steps: int, resume_at: object) -> int:
+    """``k``, one step of ``resume_at``, when it is an int in ``[1, max_steps]``; else an error showing ``resume_at``."""
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= max_steps:
+        raise ValueError(
+            f"simulate: 'resume_at' must hold steps in [1, {max_steps}] (the run's steps; got {resume_at!r})"
+        )
+    return k
+
+
+def resume_points(resume_at, max_steps: int) -> tuple[int, ...]:
     """``resume_at`` (None, an int, or increasing ints) as a validated tuple."""
     if resume_at is None:
         return ()
     points = (resume_at,) if isinstance(resume_at, int) and not isinstance(resume_at, bool) else tuple(resume_at)
-    for k in points:
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= max_steps:
-            raise ValueError(
-                f"simulate: 'resume_at' must hold steps in [1, {max_steps}] (the run's steps; got {resume_at!r})"
-            )
-    if any(a >= b for a, b in zip(points, points[1:])):
+    steps = tuple(resume_step(k, max_steps, resume_at) for k in points)
+    if any(a >= b for a, b in zip(steps, steps[1:])):
         raise ValueError(f"simulate: 'resume_at' must be strictly increasing (got {resume_at!r})")
-    return points
+    return steps
 
 
 def past_the_end(k: int, ended) -> str:

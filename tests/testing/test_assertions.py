@@ -129,6 +129,13 @@ def test_resume_continuity_validates_its_steps():
         assert_resume_continuity([save_every(2)], resume_at=0, world_size=1, iters_per_epoch=2, max_epochs=2)
 
 
+@pytest.mark.parametrize("resume_at", [b"\x03", [[2, 3]], [b"\x03"]])
+def test_resume_continuity_refuses_a_step_that_is_no_int_even_when_it_holds_ints(resume_at):
+    """Each point is one step: bytes or a list among them is refused, not read as the ints it holds."""
+    with pytest.raises(ValueError, match=r"in \[1, 4\]"):
+        assert_resume_continuity([save_every(2)], resume_at=resume_at, world_size=1, iters_per_epoch=2, max_epochs=2)
+
+
 def test_the_tutorial_in_the_docs_shows_the_real_report():
     """docs/testing.md quotes the report the broken hook's shrunk counterexample really produces."""
     from pathlib import Path
