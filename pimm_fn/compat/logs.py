@@ -209,13 +209,17 @@ def _number(value: float) -> str:
     return str(int(n) if n == int(n) else n)
 
 
+def _strings(keys: Iterable[str]) -> tuple[str, ...]:
+    return tuple(keys)
+
+
 @attrs.frozen(repr=False)
 class _WandbNamer:
     factory_name: ClassVar[str] = "wandb_namer"
     events: ClassVar[tuple] = (ev.ModifyConfig,)
     emits: ClassVar[tuple] = ()
     rank_consistent: ClassVar[bool] = True
-    keys: tuple = attrs.field(default=(), converter=tuple)
+    keys: tuple[str, ...] = attrs.field(default=(), converter=_strings)
     sep: str = "-"
     format_numbers: bool = attrs.field(default=True, validator=is_bool)
     extra: tuple = attrs.field(

@@ -208,7 +208,8 @@ def split_weight_decay(
         if "apply_wd" in group:
             groups.append(group)
             continue
-        keep, drop = [], []
+        keep: list[tuple[torch.Tensor, str | None]] = []  # (parameter, its name in the group, if named)
+        drop: list[tuple[torch.Tensor, str | None]] = []
         labels = group.get("param_names") or [None] * len(group["params"])  # torch's named groups keep names in step
         for p, label in zip(group["params"], labels):
             name = names.get(id(p))

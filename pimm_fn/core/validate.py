@@ -23,7 +23,7 @@ import inspect
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -50,8 +50,12 @@ __all__ = [
 _T = TypeVar("_T")
 
 
+@runtime_checkable
 class PathLike(Protocol):
-    """What ``os.PathLike`` describes (a ``pathlib.Path``), for the annotations of modules that import no ``os``."""
+    """What ``os.PathLike`` describes (a ``pathlib.Path``), for the annotations of modules that import no ``os``.
+
+    ``isinstance(value, PathLike)``: whether ``value`` has an ``__fspath__`` to call.
+    """
 
     def __fspath__(self) -> str: ...
 

@@ -75,5 +75,5 @@ def load_weights(path: str | PathLike, *, replacements: dict | None = None, stri
     Traceback (most recent call last):
     TypeError: load_weights: 'replacements' must be a dict of {old_prefix: new_prefix} (got list: [('a', 'b')])
     """
-    fspath = getattr(path, "__fspath__", None)
-    return _LoadWeights(fspath() if fspath else path, _replacement_pairs(replacements), strict)
+    name = path.__fspath__() if isinstance(path, PathLike) else path
+    return _LoadWeights(name, _replacement_pairs(replacements), strict)

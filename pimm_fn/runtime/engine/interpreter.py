@@ -25,13 +25,13 @@ kept by) is not kept here field by field: it is one frozen ``Implied``
 
 import collections
 import warnings
-from pathlib import Path
 from typing import Any
 
 import attrs
 import torch
 
 from pimm_fn.checkpoint.background import BackgroundSaver
+from pimm_fn.checkpoint.storage import Location
 from pimm_fn.core.effects import Scope
 from pimm_fn.core.trace import TraceEntry
 from pimm_fn.runtime.engine.implied import Implied
@@ -132,15 +132,16 @@ class Context:
     ``model`` (inside DDP under ``Parallel(ddp=True)``: ``unwrap(ctx.model)``
     is yours, ``weights()`` its state_dict), ``optimizer`` (``named_optimizers()``
     for several), ``scheduler``, ``scaler``, ``rank``, ``world_size``,
-    ``save_dir`` (``None`` without one), ``say(message)`` (a console line from
-    rank 0, above the progress bar), ``evaluators`` and ``extra_state``.
+    ``save_dir`` (a ``Path``; a ``StorePath`` for a URL; ``None`` without
+    one), ``say(message)`` (a console line from rank 0, above the progress
+    bar), ``evaluators`` and ``extra_state``.
     Every other field is the runtime's own and may change.
     """
 
     model: Any
     optimizer: Any
     feed: Any
-    save_dir: Path | None
+    save_dir: Location | None  # a StorePath for a URL save_dir (pimm_fn.checkpoint.storage)
     scheduler: Any = None
     scaler: Any = None
     checkpoint_format: str = "standard"
@@ -194,7 +195,7 @@ class Context:
         self.saver.wait()
 
     @property
-    def model_dir(self) -> Path:
+    def model_dir(self) -> Location:
         if self.save_dir is None:
             raise ValueError(
                 "this run has no save_dir, but a hook asked to write a checkpoint: pass save_dir= to loop()"

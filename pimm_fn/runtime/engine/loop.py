@@ -360,13 +360,14 @@ def loop(
     feed = Feed(train_data, training.iters_per_epoch, group=getattr(step_fn, "accumulate", 1))  # k micro-batches a step
     # Rank 0 decides, so every hook list is alike; about 200 moves an epoch keep a long epoch's steps quiet.
     shown = (progress_hook(bar_cadence(feed.iters_per_epoch)),) if dist.broadcast_object(show_bar) else ()
-    hooks = chain(*protocol.bind(hooks, unwrap(model)), *shown)
+    hook_chain = chain(*protocol.bind(hooks, unwrap(model)), *shown)
     save_dir = storage.location(save_dir) if save_dir is not None else None  # a StorePath for a URL
     scaler = loop_scaler(
         step_fn, training.scaler, model
     )  # a TrainStep(precision="fp16")'s own, checkpointed as scaler=
     guarded = dist.is_initialized() and parallel.check_agreement is not False
-    implied = Implied.of(hooks, guarded=guarded)  # what the hooks imply, derived once (pimm_fn.runtime.engine.implied)
+    # what the hooks imply, derived once (pimm_fn.runtime.engine.implied)
+    implied = Implied.of(hook_chain, guarded=guarded)
     averaged = (
         watching.log_reduce == "mean" and dist.world_size() > 1
     )  # every rank joins the average of each training record
@@ -415,7 +416,7 @@ def loop(
     )
     # Without max_steps, max_epochs is given: check_budget saw to that.
     epochs = cast(int, max_epochs) if max_steps is None else -(-max_steps // feed.iters_per_epoch)
-    for message in configuration_messages(hooks.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
+    for message in configuration_messages(hook_chain.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
         warnings.warn(message, ConfigurationWarning, stacklevel=2)
     check_bucket(save_dir, create=saving.create_bucket, say=ctx.say)  # a mistyped bucket: refused, never created
     lock = save_dir_lock.take(save_dir, say=ctx.say)  # before anything is written there; rank 0's, told to all
@@ -430,14 +431,14 @@ def loop(
         )  # a plug-in's, with its handlers
         if info is None:  # resume=None, or 'auto' found nothing: a fresh run
             state = fresh_state(
-                ctx, hooks.hooks, resume=resume, max_epochs=max_epochs, max_steps=max_steps, config=training.config
+                ctx, hook_chain.hooks, resume=resume, max_epochs=max_epochs, max_steps=max_steps, config=training.config
             )
         else:  # restored here, so what restore() warns is attributed to loop()'s caller
             state = resumed_state(
                 restore(
                     info,
                     ctx,
-                    hooks.hooks,
+                    hook_chain.hooks,
                     strict=resuming.strict_resume,
                     hyperparameters=resuming.resume_hyperparameters,
                 ),

@@ -252,12 +252,14 @@ class LoaderEvaluator:
     """An evaluator over a DataLoader; build it with ``loader_evaluator``. Calling it evaluates ``model``."""
 
     factory_name: ClassVar[str] = "loader_evaluator"
-    loader: object = attrs.field(validator=check_loader)
+    loader: Iterable[Any] = attrs.field(validator=check_loader)
     metric: Any = attrs.field(validator=check_metric)  # a per-batch-sums function, or torchmetrics metrics
     name: str = attrs.field(default="val", validator=v.non_empty_str)
     forward: Callable[[Any, Any], Any] | None = attrs.field(default=None, validator=v.optional(v.is_callable))
     target: Callable[[Any], Any] | None = attrs.field(default=None, validator=v.optional(v.is_callable))
-    finish: Callable[[dict], dict] | None = attrs.field(default=None, validator=v.optional(v.is_callable))
+    finish: Callable[[dict[str, float]], Mapping[str, float]] | None = attrs.field(
+        default=None, validator=v.optional(v.is_callable)
+    )
     shard: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     max_batches: int | None = attrs.field(default=None, validator=v.optional(v.int_at_least(1)))
 
@@ -313,7 +315,7 @@ class LoaderEvaluator:
         for _ in range(missing_forwards(model, done, self.name)):
             self._outputs(model, last)
 
-    def _sums(self, model) -> dict:
+    def _sums(self, model) -> Mapping[str, float]:
         sums: dict[str, Any] = {}  # one-element tensors, or numbers
         for outputs, batch in self._evaluated(model):
             _add(sums, self.metric(outputs, batch), self.name)

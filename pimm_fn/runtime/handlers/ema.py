@@ -38,7 +38,8 @@ class EmaWeights:
         self.params: dict = {}  # parameter name -> its average
         self.buffers: dict = {}  # buffer name -> its copy at the last update
         self.updates = 0
-        self._bound = None  # (module, average tensors, live tensors): the lists an update walks
+        # (module, _bind's lists for it): the averages and live tensors an update walks
+        self._bound: tuple[torch.nn.Module, tuple[list, list, list, list]] | None = None
 
     def state_dict(self) -> dict:
         return {"updates": self.updates, "params": dict(self.params), "buffers": dict(self.buffers)}

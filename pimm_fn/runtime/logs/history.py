@@ -236,8 +236,8 @@ class History:
     """
 
     def __init__(self, records: Iterable[tuple[int, str, Mapping[str, Any]]] = ()) -> None:
-        self._tables = {}  # kind -> Table, in the order the kinds first came
-        self._codes = {}  # kind -> its position in _tables
+        self._tables: dict[str, Table] = {}  # kind -> Table, in the order the kinds first came
+        self._codes: dict[str, int] = {}  # kind -> its position in _tables
         self._order = Column()  # each record's kind, as its position in _tables: the records' order
         for step, kind, values in records:
             self.append(int(step), str(kind), values)
@@ -339,7 +339,7 @@ class History:
         if right is not None:
             right.set_ylabel(", ".join(drawn[1:]))
             lines = [*lines, *right.get_lines()]
-        ax.legend(lines, [line.get_label() for line in lines])
+        ax.legend(lines, [str(line.get_label()) for line in lines])  # each the str label= gave it
         return ax
 
     def _default_keys(self, kinds) -> tuple:

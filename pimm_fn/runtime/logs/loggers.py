@@ -244,7 +244,7 @@ class JsonlLogger:
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = local_path(self, path)
-        self._file = None
+        self._file: LogFile | None = None
 
     def open(self, opening: Opening) -> None:
         path = resolve_path(self, self.path, opening.save_dir, LOG_NAME, store=opening.store)
@@ -256,6 +256,7 @@ class JsonlLogger:
         self._file = LogFile(path)
 
     def write(self, record: Log) -> None:
+        assert self._file is not None  # open: a run writes between open() and close()
         self._file.write(line_of(record))
         self._file.flush()  # on disk at once: a killed run keeps every record it wrote
 
@@ -350,9 +351,9 @@ class CSVLogger:
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         self.path = local_path(self, path)
-        self._file = None
+        self._file: LogFile | None = None
         self._columns: list = []
-        self._where = None
+        self._where: Path | None = None
 
     def open(self, opening: Opening) -> None:
         path = self._where = resolve_path(self, self.path, opening.save_dir, "log.csv", store=opening.store)
@@ -376,22 +377,25 @@ class CSVLogger:
         new = [name for name in row if name not in self._columns]
         if new:
             self._widen(self._columns + new)
+        assert self._file is not None  # open: a run writes between open() and close()
         csv.DictWriter(self._file, self._columns).writerow(row)
         self._file.flush()
 
     def _widen(self, columns: list) -> None:
         """Rewrite the file under the header ``columns`` (a new name came)."""
+        where = self._where
+        assert self._file is not None and where is not None  # open: a run writes between open() and close()
         self._file.close()
-        with open(self._where, newline="") as file:
+        with open(where, newline="") as file:
             rows = list(csv.DictReader(file))
-        temp = self._where.with_name(self._where.name + ".tmp")
+        temp = where.with_name(where.name + ".tmp")
         with open(temp, "w", newline="") as file:
             writer = csv.DictWriter(file, columns)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(temp, self._where)
+        os.replace(temp, where)
         self._columns = columns
-        self._file = LogFile(self._where, newline="")
+        self._file = LogFile(where, newline="")
 
     def close(self) -> None:
         if self._file is not None:

@@ -42,9 +42,9 @@ import importlib
 import json
 import os
 import time
-import types
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 from pimm_fn.core.effects import Log
 from pimm_fn.runtime.logs.history import POSITION
@@ -53,6 +53,7 @@ from pimm_fn.runtime.logs.loggers import Opening, resolve_path, set_aside
 __all__ = [
     "TensorBoardLogger",
     "MLFlowLogger",
+    "Record",
     "scalars",
     "unsent",
     "require",
@@ -63,7 +64,26 @@ __all__ = [
 ]
 
 
-def scalars(record) -> dict:
+class Record(Protocol):
+    """What a tracker reads of a record: a ``Log``, or a record of ``run.history`` sent again."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def values(self) -> Mapping[Any, Any]: ...
+
+
+class _Row(NamedTuple):
+    """A record of ``run.history`` (``{"step", "kind", **values}``) as a ``Record``."""
+
+    step: int
+    kind: str
+    values: dict[str, Any]
+
+
+def scalars(record: Record) -> dict:
     """``{"<kind>/<name>": float}`` of the record's numbers, position fields left out."""
     return {
         f"{record.kind}/{k}": float(v)
@@ -134,7 +154,7 @@ def remember(save_dir, name: str, run_id: str) -> None:
         (Path(save_dir) / name).write_text(run_id + "\n")
 
 
-def unsent(record, held: dict) -> dict:
+def unsent(record: Record, held: dict) -> dict:
     """``scalars(record)`` the tracker does not hold yet, counting them in ``held`` (``{name: last step sent}``)."""
     points = {k: v for k, v in scalars(record).items() if record.step > held.get(k, -1)}
     held.update(dict.fromkeys(points, record.step))
@@ -377,9 +397,9 @@ class WandbLogger:
         """The resumed run's records (up to its step) that W&B lacks, sent again from ``run.history``, in order."""
         for row in history.records():
             values = {k: v for k, v in row.items() if k not in ("step", "kind")}
-            self.write(types.SimpleNamespace(step=row["step"], kind=row["kind"], values=values))
+            self.write(_Row(row["step"], row["kind"], values))
 
-    def write(self, record: Log) -> None:
+    def write(self, record: Record) -> None:
         points = unsent(record, self._held)
         if points:
             self._run.log(points, step=record.step)
