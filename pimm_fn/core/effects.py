@@ -182,9 +182,11 @@ class SaveCheckpoint(Effect):
     ``snapshot`` also keeps an ``iter_<step>`` copy; ``final`` marks the save
     after training; ``async_save`` lets the write overlap training (the
     interpreter still waits for the in-memory copy before parameters change).
-    A ``deferred`` save (one that fell on an epoch's last step) and the final
-    save run after every other effect of their event, so the epoch's
-    evaluation and logs come first. ``saved_for`` says why a save no hook
+    ``deferred`` marks a save that fell on an epoch's last step and waits for
+    its end. Every save runs after the other effects of its event
+    (``runs_last``), wherever its hook stands: the checkpoint of a step holds
+    all that step did (its evaluation and new best, a scheduler or EMA step,
+    a stop), so a run resumed from it goes on as the saving run did. ``saved_for`` says why a save no hook
     asked for was made (``"SIGTERM"``, ``"max_time"``: the runtime's
     preemption save, ``pimm_fn.runtime.engine.preemption``); its marker records it.
     """
@@ -201,7 +203,7 @@ class SaveCheckpoint(Effect):
 
     @property
     def runs_last(self) -> bool:
-        return self.deferred or self.final
+        return True
 
 
 @attrs.frozen(repr=False)

@@ -9,8 +9,8 @@ The order of effects, the one the loop, ``plan`` and ``simulate`` share
    emission order): first its records (``Log``, ``runs_first``), which hold
    only what the hooks knew when they saw the event, so the lines that
    report an event come before what it causes; then its other effects;
-   last the effects that close it (``runs_last``: a save deferred to an
-   epoch's end, the final save), so that checkpoint records all the event did.
+   last the effects that close it (``runs_last``: every checkpoint save),
+   so a checkpoint records all its event did, wherever its saver stands.
 3. The follow-up events an effect returns (``Evaluate`` ->
    ``MetricsPublished``, ``Stop`` -> ``StopRequested``) are processed in
    full, by the same rules, right after it and before the event's next

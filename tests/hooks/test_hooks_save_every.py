@@ -125,19 +125,19 @@ def test_mid_epoch_save_at_an_evaluation_step_records_the_evaluation():
     assert rec.seen[4][3] == {"acc": 0.75} and math.isnan(rec.seen[4][4]["acc"])
 
 
-def test_saver_before_evaluator_saves_first_at_a_mid_epoch_step():
-    """Hook order is the contract mid-epoch: a saver listed before the evaluator executes before the evaluation."""
+def test_saver_before_evaluator_still_saves_after_the_evaluation_at_a_mid_epoch_step():
+    """A save closes its event: a saver listed before the evaluator executes after the evaluation and its best."""
     hooks = [save_every(5), evaluate_every(5, evaluate), best_on("acc")]
     _, rec = run(hooks, iters=10, epochs=1, metrics={5: {"acc": 0.5}, 10: {"acc": 0.75}})
     assert [effect for _, _, effect, _, _ in rec.seen] == [
-        SaveCheckpoint(5),
         Evaluate("evaluate", 5),
         WriteBest("acc", 0.5, 5),
+        SaveCheckpoint(5),
         Evaluate("evaluate", 10),
         WriteBest("acc", 0.75, 10),
         SaveCheckpoint(10, deferred=True),
     ]
-    assert rec.seen[0][3] == {}
+    assert rec.seen[2][3] == {"acc": 0.5}
 
 
 def test_deferred_save_follows_the_epochs_evaluation_whatever_the_order():

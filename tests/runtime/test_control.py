@@ -158,6 +158,22 @@ def test_resume_from_the_stopping_steps_checkpoint_only_closes_the_run(tmp_path)
     assert same_weights(weights(resumed_model), weights(model))
 
 
+def test_a_saver_standing_before_the_stopper_records_the_stop(tmp_path):
+    """save_every first: its save at the stopping step runs after the Stop, so a resume finds the run stopped, not
+    a run to train on to max_epochs."""
+    hooks = lambda: [pf.save_every(6), *stop_stack(save_n=1000)]
+    model, run = make(tmp_path, hooks())
+    run()
+    assert run.state.stop is not None and run.state.progress.global_step == 12
+    at_12 = [type(e.effect).__name__ for e in run.trace if e.step == 12]
+    assert at_12[:3] == ["Evaluate", "Stop", "SaveCheckpoint"]  # then the final save, of the same step
+    resumed_model, resumed = make(tmp_path, hooks(), resume="auto")
+    assert resumed.state.stop == run.state.stop
+    resumed()
+    assert resumed.finished and resumed.state.progress.global_step == 12
+    assert same_weights(weights(resumed_model), weights(model))
+
+
 def test_stop_handler_answers_with_stop_requested():
     """The runtime's Stop handler says why and answers StopRequested, as plan's executor does."""
     said = []
@@ -246,12 +262,18 @@ def test_a_scheduler_stepping_hook_without_a_scheduler_is_refused():
         make(None, [pf.step_scheduler("epoch")])
 
 
-def test_stepping_the_scheduler_after_steps_behind_a_saver_is_refused(tmp_path):
-    """A per-step scheduler hook after a saver would leave its step out of the checkpoint: refused with the fix."""
-    with pytest.raises(ValueError, match=r"Put step_scheduler\('step'\) before save_every\(2\)"):
-        make(tmp_path, [pf.save_every(2), pf.step_scheduler("step")], scheduler=step_lr)
-    make(tmp_path / "a", [pf.step_scheduler("step"), pf.save_every(2)], scheduler=step_lr)
-    make(tmp_path / "b", [pf.save_every(2), pf.step_scheduler("epoch")], scheduler=step_lr)
+def test_a_per_step_scheduler_hook_behind_a_saver_resumes_bit_identically(tmp_path):
+    """The save at step 8 runs after that step's scheduler step, though its hook stands first: the resume does not lag."""
+    hooks = lambda: [pf.save_every(4), pf.step_scheduler("step")]
+    model, full = make(tmp_path / "full", hooks(), scheduler=step_lr, max_epochs=3)
+    full()
+    _, first = make(tmp_path / "cut", hooks(), scheduler=step_lr, max_epochs=3)
+    first.run(steps=9)
+    resumed_model, resumed = make(tmp_path / "cut", hooks(), scheduler=step_lr, max_epochs=3, resume="auto")
+    assert resumed.state.progress.global_step == 8 and resumed.ctx.scheduler.last_epoch == 8
+    resumed()
+    assert same_weights(weights(resumed_model), weights(model))
+    assert resumed.ctx.scheduler.state_dict() == full.ctx.scheduler.state_dict()
 
 
 def test_handler_refuses_a_scheduler_of_the_other_kind():

@@ -5,12 +5,32 @@ import re
 import pytest
 from hypothesis import given, settings
 
-from pimm_fn.core.effects import SaveCheckpoint
+from pimm_fn.core.effects import Log, SaveCheckpoint
+from pimm_fn.core.events import AfterStep, BeforeTrain
 from pimm_fn.hooks import best_on, early_stop, evaluate_every, log_every, save_every
 from pimm_fn.testing import assert_collective_agreement, assert_resume_continuity, simulate
 from pimm_fn.testing.strategies import metric_streams, miou, schedules
 
 from _kit_hooks import SaveOnImprovement
+
+
+class CountsOutsideItsSlot:
+    """Logs its calls since training began, counted in an attribute, not its slot: a resume counts from zero again."""
+
+    events = (BeforeTrain, AfterStep)
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, state, event):
+        if isinstance(event, BeforeTrain):
+            self.calls = 0
+            return state, ()
+        self.calls += 1
+        return state, (Log(event.step, "calls", {"calls": self.calls}),)
+
+    def __repr__(self):
+        return "CountsOutsideItsSlot()"
 
 
 def broken_stack():
@@ -100,8 +120,8 @@ def test_resume_continuity_holds_for_the_standard_stack_at_every_step():
 
 
 def test_resume_report_shows_where_the_runs_part():
-    """A saver before its evaluator checkpoints too early; the report shows both sides' first differing entry."""
-    stack = [save_every(2), evaluate_every(2, miou), best_on("mIoU")]
+    """A hook counting outside its slot resumes with another count; the report shows both sides' first differing entry."""
+    stack = [save_every(2), evaluate_every(2, miou), best_on("mIoU"), CountsOutsideItsSlot()]
     with pytest.raises(AssertionError) as info:
         assert_resume_continuity(
             stack,
@@ -113,11 +133,11 @@ def test_resume_report_shows_where_the_runs_part():
         )
     assert str(info.value) == (
         "rank 0, resumed from the checkpoint of step 2: the resumed run parts from the uninterrupted one "
-        "at entry 3 after the resume\n"
-        "  uninterrupted: step 6 during AfterStep: Evaluate(evaluator='miou', step=6, broadcast=True) "
-        "from hook #1 on AfterStep(step=6, outputs=FrozenMap({}), batch_size=0)\n"
-        "  resumed:       step 4 during AfterStep: WriteBest(metric='mIoU', value=0.5, step=4) "
-        "from hook #2 on MetricsPublished(values=FrozenMap({'mIoU': 0.5}), source='miou', step=4, consistent=True)"
+        "at entry 1 after the resume\n"
+        "  uninterrupted: step 3 during AfterStep: Log(step=3, kind='calls', values=FrozenMap({'calls': 3})) "
+        "from hook #3 on AfterStep(step=3, outputs=FrozenMap({}), batch_size=0)\n"
+        "  resumed:       step 3 during AfterStep: Log(step=3, kind='calls', values=FrozenMap({'calls': 1})) "
+        "from hook #3 on AfterStep(step=3, outputs=FrozenMap({}), batch_size=0)"
     )
 
 
@@ -168,9 +188,10 @@ def test_resume_continuity_checks_every_step_a_run_stopped_early_reaches_and_lea
 
 
 def test_resume_continuity_still_fails_at_a_step_before_an_early_stop():
-    """Leaving out the steps after the stop hides nothing before it: a saver before its evaluator still fails."""
+    """Leaving out the steps after the stop hides nothing before it: a hook counting outside its slot still fails."""
     hooks = [save_every(2), evaluate_every(2, miou), best_on("mIoU"), early_stop("mIoU", patience=1)]
-    with pytest.raises(AssertionError, match="resumed from the checkpoint of step 2"):
+    hooks.append(CountsOutsideItsSlot())
+    with pytest.raises(AssertionError, match="resumed from the checkpoint of step 1"):
         assert_resume_continuity(hooks, resume_at=range(1, 13), **STOPS_AT_4)
 
 

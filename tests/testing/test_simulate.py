@@ -132,13 +132,15 @@ def test_a_resume_point_after_an_early_stop_is_refused_naming_where_the_run_ende
     )
 
 
-def test_a_checkpoint_holds_the_state_its_save_was_written_with():
-    """A saver listed before the evaluator saves before the evaluation: the resume loses its best value."""
+def test_a_saver_listed_before_the_evaluator_saves_after_the_evaluation():
+    """Every save closes its event: the checkpoint holds the best value, and the resumed run keeps it."""
     stack = [save_every(2), evaluate_every(2, miou), best_on("mIoU")]
     result = simulate(
         stack, world_size=1, iters_per_epoch=6, max_epochs=1, resume_at=2, metrics={2: {"mIoU": 0.9}, 4: {"mIoU": 0.5}}
     )
-    assert result.effects(0, WriteBest) == (WriteBest("mIoU", 0.9, 2), WriteBest("mIoU", 0.5, 4))
+    assert result.effects(0, WriteBest) == (WriteBest("mIoU", 0.9, 2),)
+    at_2 = [type(e.effect).__name__ for e in result.traces[0] if e.step == 2]
+    assert at_2 == ["Evaluate", "WriteBest", "SaveCheckpoint"]
 
 
 def test_entries_convert_to_plan_entries_and_results_pickle():
