@@ -266,9 +266,10 @@ def build_hooks(
     then ``options``; ``pimm_fn.compat.options``). Each item is then a dict
     ``{"type": name, **keywords}`` looked up in ``registry``, an
     already-built pimm_fn hook (kept as is), or an object with pimm's hook
-    methods, a ``HookBase`` (adapted with ``adapt``). Order matters as in
-    pimm: put evaluators before savers. Each saver tracks, for
-    ``model_best``, the current metric of the evaluator listed before it.
+    methods, a ``HookBase`` (adapted with ``adapt``). Each saver tracks, for
+    ``model_best``, the current metric of the evaluator listed before it, as
+    in pimm; its save runs after the other effects of the event, so it holds
+    the evaluation's result.
 
     Args:
         configs: the pimm ``hooks`` list.

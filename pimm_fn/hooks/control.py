@@ -209,11 +209,9 @@ def step_scheduler(interval: str | None = None, *, on: str | None = None) -> _St
     default train step no longer steps the scheduler itself, and ``loop``
     refuses to run it without a ``scheduler``.
 
-    Order: a checkpoint records the scheduler as it was when the save ran.
-    Put ``step_scheduler("step")`` before the savers (``loop`` refuses the
-    reverse: a resume would miss that step's scheduler step); for ``on=``,
-    put the evaluator before the savers, as for ``best_on``. Epoch-end saves
-    run after every other effect of their event, so ``"epoch"`` needs no care.
+    Order needs no care: a save runs after every other effect of its event,
+    so a checkpoint holds the scheduler as that event stepped it, wherever
+    the hooks stand.
 
     Args:
         interval: ``"step"`` or ``"epoch"``.

@@ -61,9 +61,10 @@ def ema(decay: float, *, every: int = 1, name: str = "ema") -> _Ema:
     resumes exactly. ``evaluate_every(..., weights=name)`` evaluates it, and
     ``best_on`` then writes it as ``model_best``.
 
-    Put it before the savers and the evaluators that use it in the hook
-    list: a checkpoint or an evaluation at a step then holds that step's
-    update (``loop`` refuses the other order).
+    Put it before the evaluators that use it in the hook list: an
+    evaluation at a step then sees that step's update (``loop`` refuses the
+    other order). A checkpoint holds it wherever the savers stand: a save
+    runs after the other effects of its event.
 
     Args:
         decay: in ``[0, 1)``; the weight of the old average (``0.999`` is usual).

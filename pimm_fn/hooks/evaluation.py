@@ -119,8 +119,8 @@ def evaluate_every(
     it names itself, and its metrics are ``"val/<metric>"``. Two evaluators
     need two names (``name=``); two sharing one are refused, saying so.
 
-    Put evaluators before savers in the hook list, so a save at an
-    evaluation step runs after the evaluation and records its result.
+    A save at an evaluation step runs after the evaluation, wherever the
+    saver stands, and records its result.
 
     The loop runs ``fn`` with the model in eval mode under
     ``torch.inference_mode()`` and puts every module's training flag back

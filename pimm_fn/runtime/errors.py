@@ -31,15 +31,13 @@ each time, with its step, as a ``NonFiniteMetricWarning``: training goes on.
 """
 
 import difflib
-import math
 import pathlib
 import warnings
 from typing import TYPE_CHECKING
 
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import hook_list
-from pimm_fn.core.effects import Evaluate, SaveCheckpoint
-from pimm_fn.core.events import AfterStep
+from pimm_fn.core.effects import Evaluate
 from pimm_fn.core.validate import finite
 
 if TYPE_CHECKING:  # named for an annotation only: importing the checkpoint package would import torch
@@ -58,7 +56,6 @@ __all__ = [
     "NonFiniteMetricWarning",
     "Advice",
     "configuration_messages",
-    "saver_before_evaluator",
     "unpublished_metrics",
     "nothing_to_train",
     "near_miss",
@@ -138,9 +135,7 @@ class NonFiniteMetricWarning(UserWarning):
 
 def configuration_messages(hooks, *, iters_per_epoch: int, max_epochs: int) -> list[str]:
     """Everything about ``hooks`` worth a ``ConfigurationWarning`` before the run starts."""
-    return saver_before_evaluator(hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs) + unpublished_metrics(
-        hooks
-    )
+    return unpublished_metrics(hooks)
 
 
 def nothing_to_train(state, path) -> str | None:
@@ -179,33 +174,6 @@ def unpublished_metrics(hooks) -> list[str]:
         for d in found
         for metric in d.reads_metrics
     ]
-
-
-def saver_before_evaluator(hooks, *, iters_per_epoch: int, max_epochs: int) -> list[str]:
-    """Messages for each saver that precedes an evaluator firing on a common mid-epoch step.
-
-    A save executes after the effects of the hooks before it, so a saver
-    listed first writes its checkpoint before that step's evaluation runs
-    (epoch-end saves are deferred past the epoch's evaluations, so those
-    never collide).
-    """
-    found = [protocol.declared(h) for h in protocol.leaves(hooks)]
-    max_steps = iters_per_epoch * max_epochs
-    messages = []
-    for i, saver in enumerate(found):
-        if not saver.may_emit(SaveCheckpoint) or not saver.wants(AfterStep):
-            continue
-        for evaluator in found[i + 1 :]:
-            if not evaluator.may_emit(Evaluate) or not evaluator.wants(AfterStep):
-                continue
-            common = math.lcm(saver.every, evaluator.every)
-            if common <= max_steps and common % iters_per_epoch:
-                messages.append(
-                    f"{saver.key} comes before {evaluator.key} in the hook list and both act at "
-                    f"step {common}: that checkpoint is written before the evaluation and misses its result. "
-                    f"Put the evaluator first"
-                )
-    return messages
 
 
 def near_miss(metric: str, names) -> str | None:

@@ -145,9 +145,10 @@ def test_best_on_writes_the_weights_that_were_evaluated(tmp_path):
     assert not torch.equal(best["hidden.weight"], model.hidden.weight)
 
 
-def test_the_average_resumes_exactly(tmp_path):
-    """A resume from step 3 holds the average as it was at step 3, bit for bit."""
-    hooks = [pf.ema(0.7), pf.save_every(3)]
+@pytest.mark.parametrize("saver_first", [False, True])
+def test_the_average_resumes_exactly(tmp_path, saver_first):
+    """A resume from step 3 holds the average as it was at step 3, bit for bit, wherever the saver stands."""
+    hooks = [pf.save_every(3), pf.ema(0.7)] if saver_first else [pf.ema(0.7), pf.save_every(3)]
     _, run = _run(tmp_path, hooks)
     run.run(steps=3)
     saved = run.ctx.extra_state["ema"].state_dict()
@@ -168,17 +169,16 @@ def test_the_average_resumes_exactly(tmp_path):
     assert all(torch.equal(back["params"][k], saved["params"][k]) for k in saved["params"])
 
 
-def test_an_ema_after_a_saver_is_refused():
-    """ema after save_every: a checkpoint would miss its step's update, so loop refuses the order."""
+def test_an_ema_after_an_evaluator_of_its_average_is_refused():
+    """ema after the evaluate_every that reads it: that evaluation would miss its step's update, so loop refuses."""
     model = TinyNet()
-    with pytest.raises(ValueError, match=r"ema\(0.9\) comes after save_every\(2\)"):
+    with pytest.raises(ValueError, match=r"ema\(0.9\) comes after evaluate_every\(2, negative_mse"):
         pf.loop(
             model,
             torch.optim.SGD(model.parameters(), lr=0.1),
             loader(),
-            hooks=[pf.save_every(2), pf.ema(0.9)],
+            hooks=[pf.evaluate_every(2, negative_mse, weights="ema"), pf.ema(0.9)],
             max_epochs=1,
-            save_dir="unused",
         )
 
 

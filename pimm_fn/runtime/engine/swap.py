@@ -29,8 +29,6 @@ the second hook); an identity path joins the identities on the way with
 (1, 0)
 """
 
-import warnings
-
 from attrs import evolve
 
 from pimm_fn import dist
@@ -42,7 +40,7 @@ from pimm_fn.runtime.engine import arguments
 from pimm_fn.runtime.engine.arguments import check_save_dir
 from pimm_fn.runtime.engine.implied import Implied
 from pimm_fn.runtime.engine.interpreter import unwrap
-from pimm_fn.runtime.errors import Advice, ConfigurationWarning, saver_before_evaluator
+from pimm_fn.runtime.errors import Advice
 from pimm_fn.runtime.handlers.checkpointing import prewarm_staging
 from pimm_fn.runtime.handlers.control import check_scheduler_hooks
 from pimm_fn.runtime.handlers.ema import EmaWeights
@@ -316,7 +314,7 @@ def _extra_state(ctx, old: tuple, new: tuple) -> dict:
 
 def _commit(run, implied, state, extra: dict) -> None:
     """Run on with the hooks of ``implied``, as ``loop()`` builds a run: advice, state, the loop's reading of them."""
-    ctx, old = run.ctx, run.hooks.hooks
+    ctx = run.ctx
     ctx.extra_state = extra  # the averages the new hooks keep (``_extra_state``), before the next UpdateEma
     said = ctx.advice.said if ctx.advice is not None else set()
     ctx.advice = Advice(implied, world_size=ctx.world_size)
@@ -326,12 +324,6 @@ def _commit(run, implied, state, extra: dict) -> None:
     if ctx.stopping is not None:
         ctx.stopping.listen(implied.ticks)  # a save_every(minutes=...) swapped in hears the clock from now on
     prewarm_staging(ctx)  # a no-op unless the new hook is the first to save in the background
-    p = state.progress
-    before = set(saver_before_evaluator(old, iters_per_epoch=p.iters_per_epoch, max_epochs=p.max_epochs))
-    hooks = implied.hooks.hooks
-    for message in saver_before_evaluator(hooks, iters_per_epoch=p.iters_per_epoch, max_epochs=p.max_epochs):
-        if message not in before:
-            warnings.warn(message, ConfigurationWarning, stacklevel=4)
 
 
 def replace_evaluator(run, name: str, fn) -> None:

@@ -15,7 +15,7 @@ from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 from pimm_fn.core import events as ev
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import hook_list
-from pimm_fn.core.effects import Effect, SaveCheckpoint, StepScheduler, Stop
+from pimm_fn.core.effects import Effect, StepScheduler, Stop
 from pimm_fn.runtime.engine.preemption import CTRL_C
 
 __all__ = ["stop", "step_scheduler", "CONTROL_HANDLERS", "hooks_step_scheduler", "check_scheduler_hooks"]
@@ -67,12 +67,11 @@ def hooks_step_scheduler(hooks) -> bool:
 
 
 def check_scheduler_hooks(hooks, scheduler) -> None:
-    """Refuse, at construction, hooks that step a scheduler the run does not have, or step it too late.
+    """Refuse, at construction, hooks that step a scheduler the run does not have.
 
-    A checkpoint of step ``k`` must hold the scheduler as stepped at ``k``:
-    a hook stepping it on ``AfterStep`` after a hook that may save on
-    ``AfterStep`` would leave that step's scheduler step out of the save,
-    and a resume from it would run one scheduler step behind.
+    Where they stand beside the savers does not matter: a save runs after
+    the other effects of its event (``SaveCheckpoint.runs_last``), so the
+    checkpoint of step ``k`` holds the scheduler as stepped at ``k``.
 
     Raises:
         ValueError: naming the hooks and the fix.
@@ -86,15 +85,3 @@ def check_scheduler_hooks(hooks, scheduler) -> None:
             f"loop: hook(s) {', '.join(d.key for d in steppers)} step the learning-rate scheduler, but "
             f"scheduler is None: pass scheduler=... to loop() (or drop those hooks)"
         )
-    saver = None
-    for d in declared:
-        if d.emits is None or not d.wants(ev.AfterStep):
-            continue
-        if saver is None and d.may_emit(SaveCheckpoint):
-            saver = d
-        elif saver is not None and d in steppers:
-            raise ValueError(
-                f"loop: {d.key} steps the scheduler after steps, but comes after {saver.key}, which may save "
-                f"then: the checkpoint would miss that step's scheduler step and a resume would lag one step. "
-                f"Put {d.key} before {saver.key} in the hook list"
-            )

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import hook_list
-from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.runtime.handlers.ema import EmaWeights
 from pimm_fn.runtime.step.configurable import built_in
 
@@ -100,25 +99,26 @@ def extra_state(given, hooks, *, sharded: bool) -> dict:
 
 
 def _check_evaluated(hooks, averages) -> None:
-    """Each ``weights=`` names an average; the ``ema`` comes before the savers and the evaluators that use it."""
+    """Each ``weights=`` names an average; the ``ema`` comes before the evaluators that use it.
+
+    Not before the savers: a save runs after the other effects of its event
+    (``SaveCheckpoint.runs_last``), so it holds that step's average wherever the ``ema`` stands.
+    """
     for hook_key, name in hook_list.evaluated_averages(hooks):
         if name not in averages:
             known = f"the run keeps {sorted(averages)}" if averages else "add pimm_fn.ema(0.999) to the hooks"
             raise ValueError(
                 f"loop: hook {hook_key} evaluates weights={name!r}, but no ema(name={name!r}) keeps them: {known}"
             )
-    seen_saver = None
     evaluators: dict[str, str] = {}  # average name -> the first hook that evaluates it
     for leaf in protocol.leaves(hooks):
         d = protocol.declared(leaf)
         for name in hook_list.averages([leaf]):
-            late = seen_saver or evaluators.get(name)
+            late = evaluators.get(name)
             if late is not None:
                 raise ValueError(
-                    f"loop: {d.key} comes after {late} in hooks: a checkpoint or an evaluation at a step must "
+                    f"loop: {d.key} comes after {late} in hooks: an evaluation at a step must "
                     f"see that step's average, so put the ema before it"
                 )
-        if seen_saver is None and d.may_emit(SaveCheckpoint):
-            seen_saver = d.key
         for hook_key, name in hook_list.evaluated_averages([leaf]):
             evaluators.setdefault(name, hook_key)
