@@ -109,8 +109,8 @@ def train(args, rank: int = 0, world_size: int = 1):
             model,
             optimizer,
             train_loader,
-            # The evaluator comes before the saver, so an epoch-end save records
-            # that epoch's mIoU; best_on writes model_best when mIoU improves.
+            # An epoch-end save runs after that epoch's evaluation, so it records
+            # the epoch's mIoU; best_on writes model_best when mIoU improves.
             hooks=[
                 pf.evaluate_every(0, evaluator, name="val"),
                 pf.save_every(iters_per_epoch, snapshots=False),

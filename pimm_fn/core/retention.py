@@ -167,7 +167,7 @@ def keep_best(k: int, metric: str, *, mode: str = "max") -> _KeepBest:
     """Keep the ``k`` snapshots with the best ``metric`` (``mode`` ``"max"`` or ``"min"``).
 
     A snapshot's metric is the value the run last published before that save
-    (put the evaluator before the saver to save fresh values). Snapshots
+    (an evaluation at the save's step included: the save runs after it). Snapshots
     without a finite value of ``metric`` are never among the best; combine
     with ``keep_last`` to keep those too. Ties keep the older snapshot.
 

@@ -119,8 +119,8 @@ def save_every(
     progress. A save falling on the last step of an epoch is deferred to
     ``AfterEpoch``, after the epoch's evaluation, so the checkpoint records
     it. The final save is skipped when the last save already holds the final
-    step. Put evaluators *before* savers in the hook list: a save executes
-    after the effects of earlier hooks for the same event.
+    step. Wherever it stands in the hook list, a save executes after the
+    other effects of its event (an evaluation, a new best, a stop).
 
     With ``minutes`` (instead of ``n``, or beside it) it also saves at the
     first step boundary at least that long after the last save (or the start

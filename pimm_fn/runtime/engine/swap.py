@@ -298,7 +298,7 @@ def _extra_state(ctx, old: tuple, new: tuple) -> dict:
     average no hook keeps any more is dropped, so the next checkpoint holds
     only what a run built with the new hooks holds. ``loop()``'s checks
     apply: no ``ema`` of a sharded model, no name taken by ``extra_state``,
-    each ``weights=`` evaluated is kept, the ``ema`` before its savers.
+    each ``weights=`` evaluated is kept, the ``ema`` before its evaluators.
     """
     before = hook_list.averages(old)
     given = {name: obj for name, obj in ctx.extra_state.items() if name not in before}
