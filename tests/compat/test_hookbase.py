@@ -116,8 +116,8 @@ def test_plan_sees_adapted_effects_beside_native_hooks():
         (4, SaveCheckpoint(4), 0),
         (6, SaveCheckpoint(6), 1),
         (8, SaveCheckpoint(8), 0),
-        (12, SaveCheckpoint(12), 1),  # an adapted hook's plain save comes before
-        (12, SaveCheckpoint(12, deferred=True), 0),  # save_every's deferred epoch-end one
+        (12, SaveCheckpoint(12, deferred=True), 0),  # every save closes its event: two of them run
+        (12, SaveCheckpoint(12), 1),  # in hook order, the adapted hook's after save_every's
     ]
 
 
