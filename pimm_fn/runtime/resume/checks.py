@@ -93,6 +93,7 @@ __all__ = [
     "fresh_line",
     "check_sharding",
     "check_weights",
+    "weight_differences",
     "rng_error",
     "check_optimizers",
     "changed_classes",
@@ -477,26 +478,51 @@ def check_weights(model, weights, info) -> None:
     the one that wrote the checkpoint (another layer, another width) leaves
     the run as it was built, and is said as the setup it is.
     """
-    own = model.state_dict()
-    missing = [k for k in own if k not in weights]
-    unexpected = [k for k in weights if k not in own]
-    shapes = [
-        f"{k}: {list(weights[k].shape)} saved, {list(v.shape)} here"
-        for k, v in own.items()
-        if k in weights and hasattr(v, "shape") and hasattr(weights[k], "shape") and v.shape != weights[k].shape
-    ]
-    if not (missing or unexpected or shapes):
+    parts = weight_differences(model.state_dict(), weights)
+    if not parts:
         return
-    parts = [
-        f"{what} {', '.join(map(str, keys[:5]))}{' ...' if len(keys) > 5 else ''}"
-        for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes))
-        if keys
-    ]
     raise ResumeError(
         f"cannot resume from {info.path}: its weights do not fit this run's {type(model).__name__} "
         f"({'; '.join(parts)}). Build the model the checkpoint was written with, or start fresh from its weights "
         f"(load_weights({str(info.path)!r}, replacements=...) maps renamed keys)"
     )
+
+
+def weight_differences(own: dict, weights: dict, *, dtypes: bool = False, theirs: str = "saved") -> list[str]:
+    """How ``weights`` (saved, or sent by a peer) differ from ``own`` (a model's ``state_dict()``), a part per kind.
+
+    Names missing or unexpected, other shapes and, with ``dtypes``, other
+    dtypes (a load casts them: a resume takes them, a heal that must be bit
+    for bit does not); at most five of each named, ``weights``' side called
+    ``theirs``. ``[]`` when they fit.
+
+    >>> import torch
+    >>> weight_differences({"w": torch.zeros(2)}, {"w": torch.zeros(3), "b": torch.zeros(1)})
+    ['unexpected b', 'other shapes w: [3] saved, [2] here']
+    """
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    both = [k for k, v in own.items() if k in weights and hasattr(v, "shape") and hasattr(weights[k], "shape")]
+    shapes = [
+        f"{k}: {list(weights[k].shape)} {theirs}, {list(own[k].shape)} here"
+        for k in both
+        if own[k].shape != weights[k].shape
+    ]
+    types = [
+        f"{k}: {weights[k].dtype} {theirs}, {own[k].dtype} here"
+        for k in both
+        if dtypes and own[k].dtype != weights[k].dtype
+    ]
+    return [
+        f"{what} {', '.join(map(str, keys[:5]))}{' ...' if len(keys) > 5 else ''}"
+        for what, keys in (
+            ("missing", missing),
+            ("unexpected", unexpected),
+            ("other shapes", shapes),
+            ("other dtypes", types),
+        )
+        if keys
+    ]
 
 
 def rng_error(local, info) -> CheckpointError | None:
