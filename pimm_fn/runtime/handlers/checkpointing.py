@@ -52,15 +52,19 @@ def trainer_state(ctx, state) -> tuple[dict, dict]:
     return to_parts(trainer_contents(ctx, state))
 
 
-def trainer_contents(ctx, state, *, background: bool = False) -> TrainerContents:
+def trainer_contents(ctx, state, *, background: bool = False, agree: bool = True) -> TrainerContents:
     """The ``TrainerContents`` of a checkpoint of ``state``; a sharded model's shards in its ``sharded``.
 
     ``background``: for a save that copies the tensors later (``async_save``).
+    ``agree``: the replicated part holds the main rank's ``State``, broadcast
+    (collective); ``False``: this rank's own, and no collective (a state sent
+    to one peer, ``pimm_fn.runtime.replicas.heal``).
     """
     own = saved_state(state, ctx.hooks)
     local = PerRank(own, capture_rng(), ctx.feed.state_dict())
     shards, optimizer = sharded.state(unwrap(ctx.model), ctx.optimizer) if ctx.sharded else (None, None)
-    return TrainerContents(replicated(ctx, dist.broadcast_object(own), optimizer, background=background), local, shards)
+    agreed = dist.broadcast_object(own) if agree else own
+    return TrainerContents(replicated(ctx, agreed, optimizer, background=background), local, shards)
 
 
 def replicated(ctx, agreed, optimizer=None, *, background=False) -> Replicated:
