@@ -55,15 +55,19 @@ class Ranks:
         )
 
 
-def run_ranks(function: str, world: int, out, *, timeout: float = 60, grace: float = 10, **kwargs) -> Ranks:
+def run_ranks(
+    function: str, world: int, out, *, timeout: float = 60, grace: float = 10, script=HERE / "_workers.py", **kwargs
+) -> Ranks:
     """Run ``_workers.<function>(rank, world, out, **kwargs)`` on ``world`` ranks.
 
     Args:
-        function: a function name in ``_workers``.
+        function: a function name in ``_workers`` (in ``script``).
         world: number of ranks.
         out: a directory the workers write results to.
         timeout: hard limit for the whole launch, in seconds.
         grace: seconds the surviving ranks get after one rank exits non-zero.
+        script: the worker script run on every rank, with the same arguments (``_workers.py``'s; another joins
+            its own groups).
         kwargs: JSON-serializable arguments for the worker function.
     """
     out = pathlib.Path(out)
@@ -84,7 +88,7 @@ def run_ranks(function: str, world: int, out, *, timeout: float = 60, grace: flo
         with open(path, "w") as log:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, str(HERE / "_workers.py"), function, str(rank), str(world), str(out), args],
+                    [sys.executable, str(script), function, str(rank), str(world), str(out), args],
                     cwd=REPO,
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                     stdout=log,
