@@ -1,4 +1,4 @@
-"""The impure edge: the engine that walks a run, its step, data feed, resume, logs and evaluation, and the handlers of the effects."""
+"""The impure edge: the engine that walks a run, its step, data feed, resume, logs and evaluation, the handlers of the effects, and replicas healed from a peer."""
 
 from pimm_fn.runtime.engine.interpreter import Interpreter
 from pimm_fn.runtime.engine.loop import Loop, loop
