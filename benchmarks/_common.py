@@ -13,9 +13,12 @@ import pathlib
 import platform
 import socket
 import statistics
+import subprocess
 import sys
+import time
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+REPO = RESULTS.parents[1]
 
 
 def percentile(values, q: float) -> float:
@@ -105,3 +108,54 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_ranks(module: str, args: list[str], base: pathlib.Path, *, world: int, timeout: float) -> None:
+    """``python -m <module> <args> --rank <r>`` on ``world`` fresh processes, one thread each, torchrun's environment.
+
+    Each rank's output goes to ``base/rank<r>.log``. A rank that fails, or a
+    launch past ``timeout`` seconds, raises with the ranks' logs; every rank
+    still running is killed.
+    """
+    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world)}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=path)
+    logs = [base / f"rank{r}.log" for r in range(world)]
+    procs = []
+    try:
+        for rank, log in enumerate(logs):
+            with open(log, "w") as f:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", module, *args, "--rank", str(rank)],
+                        cwd=REPO,
+                        stdout=f,
+                        stderr=subprocess.STDOUT,
+                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                    )
+                )
+        _wait(module, procs, timeout, logs)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def _wait(module: str, procs, timeout: float, logs) -> None:
+    """Wait for every rank; a rank that fails or a launch past ``timeout`` raises with the ranks' logs."""
+    deadline = time.monotonic() + timeout
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        if any(p.returncode not in (None, 0) for p in procs):
+            time.sleep(2)  # let the other rank report too
+            break
+        time.sleep(0.05)
+    codes = [p.poll() for p in procs]
+    if codes != [0] * len(procs):
+        tails = "\n".join(
+            f"--- rank {r} (exit {c}) ---\n{log.read_text()[-3000:]}" for r, (c, log) in enumerate(zip(codes, logs))
+        )
+        raise RuntimeError(
+            f"{module}: a rank failed, or the ranks did not finish within {timeout:.0f}s "
+            f"(exit codes {codes}; None: still running, killed)\n{tails}"
+        )

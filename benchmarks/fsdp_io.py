@@ -36,14 +36,13 @@ import json
 import os
 import pathlib
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import types
 import warnings
 
-from benchmarks._common import fmt_spread, free_port, print_table, spread, write_result
+from benchmarks._common import fmt_spread, print_table, run_ranks, spread, write_result
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 WORLD = 2
@@ -257,70 +256,12 @@ def worker(rank: int, mb: float, width: int, rounds: int, base: pathlib.Path, ou
 def launch(mb: float, width: int, rounds: int, timeout: float) -> dict:
     """Run the ranks as fresh processes (one thread each), killed past ``timeout`` seconds; rank 0's figures."""
     base = pathlib.Path(tempfile.mkdtemp(prefix="pimm-fsdp-bench-"))
-    out = base / "result.json"
-    path = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "WORLD_SIZE": str(WORLD),
-        "OMP_NUM_THREADS": "1",
-        "PYTHONPATH": path,
-    }
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.fsdp_io",
-        "--mb",
-        str(mb),
-        "--width",
-        str(width),
-        "--rounds",
-        str(rounds),
-        "--base",
-        str(base),
-    ]
-    logs = [base / f"rank{r}.log" for r in range(WORLD)]
-    procs = []
+    args = ["--mb", str(mb), "--width", str(width), "--rounds", str(rounds), "--base", str(base)]
     try:
-        for rank, log in enumerate(logs):
-            with open(log, "w") as f:
-                procs.append(
-                    subprocess.Popen(
-                        cmd + ["--rank", str(rank)],
-                        cwd=REPO,
-                        stdout=f,
-                        stderr=subprocess.STDOUT,
-                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                    )
-                )
-        _wait(procs, timeout, logs)
-        return json.loads(out.read_text())
+        run_ranks("benchmarks.fsdp_io", args, base, world=WORLD, timeout=timeout)
+        return json.loads((base / "result.json").read_text())
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _wait(procs, timeout: float, logs) -> None:
-    """Wait for every rank; a rank that fails or a launch past ``timeout`` raises with the ranks' logs."""
-    deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        if any(p.returncode not in (None, 0) for p in procs):
-            time.sleep(2)  # let the other rank report too
-            break
-        time.sleep(0.05)
-    codes = [p.poll() for p in procs]
-    if codes != [0] * len(procs):
-        tails = "\n".join(
-            f"--- rank {r} (exit {c}) ---\n{log.read_text()[-3000:]}" for r, (c, log) in enumerate(zip(codes, logs))
-        )
-        raise RuntimeError(
-            f"fsdp_io: a rank failed, or the ranks did not finish within {timeout:.0f}s "
-            f"(exit codes {codes}; None: still running, killed)\n{tails}"
-        )
 
 
 # -- the report -----------------------------------------------------------------------------------
