@@ -5,7 +5,7 @@
 checkpoint benchmarks and the digests one (``benchmarks.simulation``, ``benchmarks.guard``,
 ``benchmarks.fsdp_io``, which starts its own ranks, ``benchmarks.digests``, ``benchmarks.object_storage``,
 which starts its own S3 server, ``benchmarks.preemption``, ``benchmarks.exit_codes``, which launches
-torchrun) run as processes of their
+torchrun, ``benchmarks.heal``, which starts its own ranks) run as processes of their
 own when present; their figures are read back from ``results/<name>.json``.
 """
 
@@ -23,7 +23,7 @@ from benchmarks import _common
 
 HERE = pathlib.Path(__file__).resolve().parent
 OURS = ("loop_overhead", "checkpoint_io", "async_save")
-OTHERS = ("simulation", "guard", "fsdp_io", "digests", "object_storage", "preemption", "exit_codes", "layout")
+OTHERS = ("simulation", "guard", "fsdp_io", "digests", "object_storage", "preemption", "exit_codes", "layout", "heal")
 
 
 def _run_other(name: str, quick: bool) -> str | None:
