@@ -4,7 +4,8 @@ Rank 0 trains 7 steps of a run with Adam, a scheduler, an EMA, a saver, an
 evaluator and a best, and sends its state; rank 1, built from another seed,
 receives it into a fresh run. Both then train 9 steps more. Then rank 0
 sends three states rank 1 must refuse: a skeleton cut in half, an unknown
-format version, and a model twice as wide.
+format version, and a model twice as wide. In this process: a run
+interrupted mid-step neither sends nor receives.
 """
 
 import pathlib
@@ -14,12 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from pimm_fn.runtime.replicas.heal import Healed
+import pimm_fn as pf
+from pimm_fn.runtime.replicas.heal import Healed, HealError, receive_state, send_state
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "distributed"))
 
 from _launch import results, run_ranks  # noqa: E402
+from _tiny_workload import FailsOnce, loader  # noqa: E402
 
 pytestmark = pytest.mark.distributed
 
@@ -108,3 +111,31 @@ def test_a_model_of_other_shapes_is_refused_naming_them(ranks):
 
 def test_a_refused_heal_changes_nothing(ranks):
     assert _differences(ranks[1]["before"], ranks[1]["unchanged"]) == []
+
+
+class Unused:
+    """A process group no message may go through."""
+
+    def send(self, tensors, dst, tag):
+        raise AssertionError("a message was sent")
+
+    recv = send
+
+
+@pytest.mark.parametrize("heal", [send_state, receive_state])
+def test_a_run_interrupted_mid_step_neither_sends_nor_receives(heal):
+    """Its state is half a step's: refused before any message, with the fix."""
+    model = FailsOnce(at=3)
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        loader(),
+        max_epochs=1,
+        watching=pf.Watching(console=False, progress=False),
+    )
+    with pytest.raises(RuntimeError, match="a failing forward"):
+        run.run()
+    with pytest.raises(
+        HealError, match=r"while step 3 is interrupted \(the train step\): complete it with run.step\(\) first"
+    ):
+        heal(run, 1, Unused())
