@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from pimm_fn import plan
 from pimm_fn.core.effects import SaveCheckpoint, WriteBest
-from pimm_fn.hooks import best_on, evaluate_every, log_every, save_every
+from pimm_fn.hooks import best_on, early_stop, evaluate_every, log_every, save_every
 from pimm_fn.testing import assert_collective_agreement, assert_resume_continuity, simulate
 from pimm_fn.testing.strategies import (
     STANDARD_ORDERS,
@@ -57,6 +57,33 @@ def test_resume_continues_exactly_at_every_step(stack, schedule, metrics, local)
     assert_resume_continuity(
         stack, resume_at=range(1, schedule.max_steps + 1), metrics=metrics, local=local, **schedule.kwargs()
     )
+
+
+@settings(max_examples=80)
+@given(
+    order=st.permutations(("evaluate", "save", "best", "stop", "log")),
+    every=st.integers(1, 4),
+    save_n=st.integers(1, 4),
+    patience=st.integers(1, 3),
+    schedule=schedules(max_world_size=2, max_resumes=0),
+    metrics=metric_streams(),
+)
+def test_a_stack_stopping_early_resumes_exactly_at_every_step_whatever_its_order(
+    order, every, save_n, patience, schedule, metrics
+):
+    """An early stop, its evaluator, a saver, best_on and log_every in any order: every checkpoint resumes exactly.
+
+    Where the saver stands first, its save at the stopping step still records the stop.
+    """
+    parts = {
+        "evaluate": evaluate_every(every, miou),
+        "save": save_every(save_n),
+        "best": best_on("mIoU"),
+        "stop": early_stop("mIoU", patience=patience),
+        "log": log_every(every),
+    }
+    stack = [parts[name] for name in order]
+    assert_resume_continuity(stack, resume_at=range(1, schedule.max_steps + 1), metrics=metrics, **schedule.kwargs())
 
 
 @SMALL
