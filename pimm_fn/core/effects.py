@@ -174,6 +174,11 @@ class Effect:
         """True for an effect that closes its event: it waits until the event's other effects ran."""
         return False
 
+    @property
+    def runs_after_saves(self) -> bool:
+        """True for an effect that must find its event's checkpoint written: it runs after everything else."""
+        return False
+
 
 @attrs.frozen(repr=False)
 class SaveCheckpoint(Effect):
@@ -385,6 +390,11 @@ def _function_name(call: "Call", attribute: "attrs.Attribute[Any]", name: object
         )
 
 
+def _a_bool(call: "Call", attribute: "attrs.Attribute[Any]", value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"Call: '{attribute.name}' must be a bool (got {value!r:.80})")
+
+
 def _a_scope(call: "Call", attribute: "attrs.Attribute[Any]", scope: object) -> None:
     if not isinstance(scope, Scope):
         raise TypeError(f"Call: 'scope' must be Scope.MAIN, Scope.LOCAL or Scope.COLLECTIVE (got {scope!r})")
@@ -406,6 +416,9 @@ class Call(Effect):
     line, a tracker's image), ``Scope.LOCAL`` (every rank, each its own), or
     ``Scope.COLLECTIVE`` (every rank, in the same order, compared by the
     agreement guard: a function that communicates across ranks).
+    ``after_saves``: call it after every other effect of its event, the
+    checkpoint saves included, so it finds that step's checkpoint written
+    (a save runs after the event's other effects, wherever its hook stands).
 
     >>> Call("mylib.viz:show", 4, ("hello",))
     Call('mylib.viz:show', 4, args=('hello',))
@@ -420,6 +433,11 @@ class Call(Effect):
     args: tuple[object, ...] = attrs.field(default=(), converter=_plain_args)
     kwargs: FrozenMap = attrs.field(factory=FrozenMap, converter=_plain_kwargs)
     scope: Scope = attrs.field(default=Scope.MAIN, validator=_a_scope)
+    after_saves: bool = attrs.field(default=False, validator=_a_bool)
+
+    @property
+    def runs_after_saves(self) -> bool:
+        return self.after_saves
 
     @classmethod
     def of(
@@ -430,6 +448,7 @@ class Call(Effect):
         args: Iterable[object] = (),
         kwargs: Mapping[str, object] | None = None,
         scope: Scope = Scope.MAIN,
+        after_saves: bool = False,
     ) -> "Call":
         """A ``Call`` of ``fn``, named by its module and qualified name; see the class.
 
@@ -453,9 +472,10 @@ class Call(Effect):
                 f"inside another, a bound method or a callable object): define a function at the top level of a "
                 f"module and pass what varies in args= or kwargs="
             )
-        return cls(f"{module}:{qualname}", step, args, kwargs or {}, scope)
+        return cls(f"{module}:{qualname}", step, args, kwargs or {}, scope, after_saves)
 
     def __repr__(self) -> str:
         extra = (f", args={self.args!r}" if self.args else "") + (f", kwargs={self.kwargs!r}" if self.kwargs else "")
         extra += f", scope={self.scope!r}" if self.scope is not Scope.MAIN else ""
+        extra += ", after_saves=True" if self.after_saves else ""
         return f"Call({self.function!r}, {self.step!r}{extra})"

@@ -5,12 +5,14 @@ The order of effects, the one the loop, ``plan`` and ``simulate`` share
 
 1. Every hook sees the event first (``pimm_fn.core.fold``, in list order);
    only then do the effects they emitted run.
-2. An event's effects run in three groups, each in (hook position,
+2. An event's effects run in four groups, each in (hook position,
    emission order): first its records (``Log``, ``runs_first``), which hold
    only what the hooks knew when they saw the event, so the lines that
    report an event come before what it causes; then its other effects;
-   last the effects that close it (``runs_last``: every checkpoint save),
-   so a checkpoint records all its event did, wherever its saver stands.
+   then the effects that close it (``runs_last``: every checkpoint save),
+   so a checkpoint records all its event did, wherever its saver stands;
+   last those that must find its checkpoint written (``runs_after_saves``:
+   a ``Call(..., after_saves=True)``).
 3. The follow-up events an effect returns (``Evaluate`` ->
    ``MetricsPublished``, ``Stop`` -> ``StopRequested``) are processed in
    full, by the same rules, right after it and before the event's next
@@ -47,7 +49,7 @@ __all__ = ["Executor", "Frame", "Pending", "in_order", "start", "finish", "proce
 
 def _group(pair: tuple[int, Effect]) -> int:
     effect = pair[1]
-    return 0 if effect.runs_first else 2 if effect.runs_last else 1
+    return 0 if effect.runs_first else 3 if effect.runs_after_saves else 2 if effect.runs_last else 1
 
 
 def in_order(emitted: list[tuple[int, Effect]]) -> list[tuple[int, Effect]]:

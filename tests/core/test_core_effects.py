@@ -101,3 +101,23 @@ def test_plan_shows_a_call_with_its_scope_and_simulate_runs_a_main_one_on_rank_0
     result = simulate([asks], world_size=2, iters_per_epoch=2, max_epochs=1)
     assert [e.effect.scope for e in result.traces[1]] == [Scope.COLLECTIVE, Scope.LOCAL] * 2
     assert [e.effect for e in result.collective(0)] == [e.effect for e in result.collective(1)]
+
+
+def test_a_call_after_saves_says_so_and_runs_in_the_last_group():
+    """after_saves=True shows in the repr and puts the Call after the saves of its event; a non-bool is refused."""
+    from pimm_fn.core.effects import SaveCheckpoint
+    from pimm_fn.core.processing import in_order
+
+    late = Call("m:f", 2, after_saves=True)
+    assert (
+        repr(late) == "Call('m:f', 2, after_saves=True)"
+        and late.runs_after_saves
+        and not Call("m:f", 2).runs_after_saves
+    )
+    assert in_order([(0, late), (1, SaveCheckpoint(2)), (2, Call("m:g", 2))]) == [
+        (2, Call("m:g", 2)),
+        (1, SaveCheckpoint(2)),
+        (0, late),
+    ]
+    with pytest.raises(TypeError, match="'after_saves' must be a bool"):
+        Call("m:f", 2, after_saves=1)

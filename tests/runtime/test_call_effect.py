@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
+from pimm_fn.checkpoint.discovery import latest_checkpoint
 from pimm_fn.core.effects import Call, Scope
 from pimm_fn.runtime.engine.interpreter import unwrap
 from pimm_fn.testing.assertions import matches_plan
@@ -32,6 +33,7 @@ class CallEvery:
     args: tuple = ()
     kwargs: tuple = ()
     scope: Scope = Scope.MAIN
+    after_saves: bool = False
     events: ClassVar[tuple] = (pf.events.AfterStep,)
     emits: ClassVar[tuple] = (Call,)
     rank_consistent: ClassVar[bool] = True
@@ -41,7 +43,14 @@ class CallEvery:
         return self.n
 
     def __call__(self, state, event):
-        return state, (Call(self.function, event.step, self.args, dict(self.kwargs), self.scope),)
+        return state, (Call(self.function, event.step, self.args, dict(self.kwargs), self.scope, self.after_saves),)
+
+
+def note_the_last_checkpoint(state, ctx):
+    """Write the step of the newest checkpoint on disk when the call runs."""
+    found = latest_checkpoint(ctx.model_dir)
+    with open(ctx.save_dir / "found.txt", "a") as file:
+        file.write(f"{state.progress.global_step}: {found.step if found is not None else None}\n")
 
 
 def _run(tmp_path, hooks, **watching):
@@ -71,6 +80,21 @@ def test_a_hook_asks_for_a_function_by_name_plan_shows_it_and_the_run_calls_it(t
     assert (tmp_path / "calls.txt").read_text() == "2 0 TinyNet hihi\n4 0 TinyNet hihi\n"
     said = [line for line in capsys.readouterr().out.splitlines() if "step 4" in line]
     assert said[0].startswith("[pimm_fn] step 4 train:") and said[1] == "[pimm_fn] noted hi at step 4"  # a record first
+    assert matches_plan(run.trace, hooks, iters_per_epoch=ITERS, max_epochs=1)
+
+
+@pytest.mark.parametrize("after_saves, found", [(True, "2: 2\n4: 4\n"), (False, "2: None\n4: 2\n")])
+def test_a_call_after_saves_finds_its_steps_checkpoint_written_though_its_hook_stands_first(
+    tmp_path, after_saves, found
+):
+    """Call(after_saves=True) runs after the step's save, wherever its hook stands; a plain Call runs before it."""
+    name = Call.of(note_the_last_checkpoint, 0).function
+    hooks = [CallEvery(2, name, after_saves=after_saves), pf.save_every(2)]
+    run = _run(tmp_path, hooks, console=False)
+    run()
+    assert (tmp_path / "found.txt").read_text() == found
+    at_2 = [type(e.effect).__name__ for e in run.trace if e.step == 2]
+    assert at_2 == (["SaveCheckpoint", "Call"] if after_saves else ["Call", "SaveCheckpoint"])
     assert matches_plan(run.trace, hooks, iters_per_epoch=ITERS, max_epochs=1)
 
 
