@@ -191,9 +191,10 @@ class SaveCheckpoint(Effect):
     its end. Every save runs after the other effects of its event
     (``runs_last``), wherever its hook stands: the checkpoint of a step holds
     all that step did (its evaluation and new best, a scheduler or EMA step,
-    a stop), so a run resumed from it goes on as the saving run did. ``saved_for`` says why a save no hook
-    asked for was made (``"SIGTERM"``, ``"max_time"``: the runtime's
-    preemption save, ``pimm_fn.runtime.engine.preemption``); its marker records it.
+    a stop), so a run resumed from it goes on as the saving run did.
+    ``saved_for`` says why a save no hook asked for was made (``"SIGTERM"``,
+    ``"max_time"``: the runtime's preemption save,
+    ``pimm_fn.runtime.engine.preemption``); its marker records it.
     """
 
     scope: ClassVar[Scope] = Scope.COLLECTIVE

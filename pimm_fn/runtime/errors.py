@@ -133,7 +133,7 @@ class NonFiniteMetricWarning(UserWarning):
     """An evaluation published NaN or +/-inf for a metric a hook reads; it never improves, training goes on."""
 
 
-def configuration_messages(hooks, *, iters_per_epoch: int, max_epochs: int) -> list[str]:
+def configuration_messages(hooks) -> list[str]:
     """Everything about ``hooks`` worth a ``ConfigurationWarning`` before the run starts."""
     return unpublished_metrics(hooks)
 

@@ -23,7 +23,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 import torch
 
@@ -414,9 +414,7 @@ def loop(
     interpreter = Interpreter(
         ctx, run_handlers(handlers), AgreementGuard(implied) if guarded else None, keep_trace=watching.keep_trace
     )
-    # Without max_steps, max_epochs is given: check_budget saw to that.
-    epochs = cast(int, max_epochs) if max_steps is None else -(-max_steps // feed.iters_per_epoch)
-    for message in configuration_messages(hook_chain.hooks, iters_per_epoch=feed.iters_per_epoch, max_epochs=epochs):
+    for message in configuration_messages(hook_chain.hooks):
         warnings.warn(message, ConfigurationWarning, stacklevel=2)
     check_bucket(save_dir, create=saving.create_bucket, say=ctx.say)  # a mistyped bucket: refused, never created
     lock = save_dir_lock.take(save_dir, say=ctx.say)  # before anything is written there; rank 0's, told to all
