@@ -55,6 +55,7 @@ import json
 import os
 import pathlib
 import socket
+import threading
 import time
 import uuid
 
@@ -71,6 +72,7 @@ __all__ = [
     "LOCK_NAME",
     "Lock",
     "take",
+    "release_when_collected",
 ]
 
 
@@ -78,6 +80,10 @@ _UNREADABLE_GRACE_S = 10.0  # an unreadable lock younger than this is being writ
 
 
 _LIMIT = 2**16  # bytes: a holder record is about 120
+
+# Seconds a run collected unfinished waits for its lock's release on a store: a store's client retries an
+# endpoint that is gone for half a minute, and a finalizer runs wherever the garbage collector happens to.
+_COLLECTED_RELEASE_S = 5.0
 
 
 _MAX_PID = 2**31 - 1  # pid_t's range: a larger number names no process (and os.kill would overflow)
@@ -217,6 +223,22 @@ class Lock:
         except Exception:  # noqa: BLE001 - a store's client raises its own (an endpoint gone): the lock stays, as after a crash
             if not storage.is_store(self.path):
                 raise
+
+
+def release_when_collected(lock: Lock) -> None:
+    """``lock.release()`` for a run collected, or left at exit, without finishing: bounded on a store.
+
+    On a local disk the release is immediate. On a store it runs in a
+    thread, waited for ``_COLLECTED_RELEASE_S`` seconds at most: an
+    endpoint that went away never stalls the collection that dropped the
+    run (or the interpreter's exit). Past the bound the lock file stays, as
+    after a crash, and the release may still finish in the background.
+    """
+    if lock.path is None or not storage.is_store(lock.path):
+        return lock.release()
+    releasing = threading.Thread(target=lock.release, name="pimm_fn-lock-release", daemon=True)
+    releasing.start()
+    releasing.join(_COLLECTED_RELEASE_S)
 
 
 def take(save_dir, *, say) -> Lock:

@@ -16,8 +16,11 @@ import os
 import pathlib
 import subprocess
 import sys
+import threading
+import time
 import uuid
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -63,6 +66,30 @@ def _small_save(model_dir, step, **kwargs):
         local={"seed": step},
         **kwargs,
     )
+
+
+def test_a_run_collected_while_its_store_hangs_does_not_stall_the_collection(tmp_path, monkeypatch):
+    """Dropped unfinished while its store does not answer (a read hangs, as on an endpoint gone away): the
+    collection that drops it waits a few seconds for the lock's release, not as long as the store hangs."""
+    monkeypatch.chdir(tmp_path)
+    _, run = tw.build(f"memory://pimm-{uuid.uuid4().hex[:12]}/run")
+    run.run(steps=1)
+    answering = threading.Event()
+    read = storage.StorePath.read_bytes
+
+    def hanging(self):
+        answering.wait(120)  # the store answers only when the test lets it
+        return read(self)
+
+    monkeypatch.setattr(storage.StorePath, "read_bytes", hanging)
+    collected = weakref.ref(run)
+    del run
+    start = time.monotonic()
+    gc.collect()
+    took = time.monotonic() - start
+    answering.set()
+    assert collected() is None
+    assert took < 30, f"the collection waited {took:.1f} s for the lock's release (the bound is 5 s)"
 
 
 def test_loop_saves_and_resumes_bit_identical_with_best_model(url, tmp_path, monkeypatch):

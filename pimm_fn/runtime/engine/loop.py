@@ -457,5 +457,5 @@ def loop(
             sanity_check(ctx, watching.sanity_check)
         if info is not None and not run.finished:  # a finished run resumed with its own budget runs no hook at all
             run._dispatch(ev.BeforeTrain(resumed=True))
-    weakref.finalize(run, ctx.lock.release)  # and at the end of training (Loop), or at exit
+    weakref.finalize(run, save_dir_lock.release_when_collected, ctx.lock)  # and at training's end (Loop), or at exit
     return run
