@@ -18,6 +18,8 @@ import _preemption_workload as pw
 import _tiny_workload as tw
 import pimm_fn as pf
 from pimm_fn.core.effects import SaveCheckpoint
+from pimm_fn.runtime.engine.preemption import Requests
+from pimm_fn.runtime.errors import Preempted
 from pimm_fn.runtime.handlers.dispatch import DEFAULT_HANDLERS
 
 MAX_EPOCHS = 3  # 15 steps
@@ -146,6 +148,29 @@ def test_the_signal_handlers_are_only_the_loops_while_it_trains(tmp_path):
     model.register_forward_pre_hook(lambda module, args: seen.append(signal.getsignal(signal.SIGTERM)))
     run()
     assert seen and all(h == run.ctx.stopping.requests._handle for h in seen)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_preemption_stop_leaves_its_signal_recorded_with_no_moment_where_it_would_kill(monkeypatch):
+    """Leaving the run on Preempted, the SIGTERM handler is never put back to the old one, not even for an instant.
+
+    A SIGTERM between the old handler's return and ``hold`` killed a script that had already said it exits with
+    75 (exit -15, SIGTERM sent every 5 ms). Any other exit puts the old handler back.
+    """
+    before = signal.getsignal(signal.SIGTERM)
+    requests = Requests(("SIGTERM",))
+    set_on_exit = []
+    real = signal.signal
+    try:
+        with pytest.raises(Preempted), requests:
+            monkeypatch.setattr(signal, "signal", lambda sig, handler: set_on_exit.append(sig) or real(sig, handler))
+            raise Preempted(75, 2, "SIGTERM", None)
+        monkeypatch.undo()
+        assert set_on_exit == [] and signal.getsignal(signal.SIGTERM) == requests._handle
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    with pytest.raises(RuntimeError), requests:
+        raise RuntimeError("not a stop")
     assert signal.getsignal(signal.SIGTERM) is before
 
 

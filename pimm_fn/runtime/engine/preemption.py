@@ -81,6 +81,7 @@ from pimm_fn import checkpoint, dist
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint
 from pimm_fn.core.preemption import lags, next_cadence, time_is_up
+from pimm_fn.runtime.errors import Preempted
 
 __all__ = [
     "CtrlC",
@@ -299,11 +300,15 @@ class Requests:
         self._depth += 1
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self._depth -= 1
         if self._depth == 0:
+            # Left by a preemption stop in a script: the preempting signals stay recorded, not obeyed, with no
+            # moment between putting the old handlers back and ``hold`` where one would kill the process.
+            kept = self.signals if exc_type is not None and issubclass(exc_type, Preempted) and _holds() else ()
             for sig, previous in self._previous.items():
-                signal.signal(sig, previous)
+                if sig not in kept:
+                    signal.signal(sig, previous)
             self._previous.clear()
 
     def hold(self) -> None:
@@ -314,7 +319,7 @@ class Requests:
         its finalization, so from ``atexit`` on they are ignored: the
         process's teardown (torch's included) ends with the stop's exit code.
         """
-        if interactive() or threading.current_thread() is not threading.main_thread():
+        if not _holds():
             return
         held = self.signals + ((signal.SIGINT,) if self.interrupt else ())
         for sig in held:
@@ -342,6 +347,11 @@ class Requests:
 
 
 _HELD: set = set()  # the signals a preemption stop holds until this process exits (Requests.hold)
+
+
+def _holds() -> bool:
+    """Whether a preemption stop holds its signals here: in a script's main thread (a notebook's kernel lives on)."""
+    return not interactive() and threading.current_thread() is threading.main_thread()
 
 
 def _ignore_held() -> None:
