@@ -56,7 +56,7 @@ import time
 import attrs
 import torch
 
-from pimm_fn.checkpoint.contents import from_parts, saved_state, to_parts
+from pimm_fn.checkpoint.contents import TrainerContents, from_parts, saved_state, to_parts
 from pimm_fn.checkpoint.formats.pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
 from pimm_fn.core.slots import Keyed
 from pimm_fn.core.state import State
@@ -185,8 +185,8 @@ def receive_state(run: Loop, src: int, group: torch.distributed.ProcessGroup) ->
     received = torch.empty(size, dtype=torch.uint8)
     _recv(group, received, src)
     try:
-        step, skeleton, buffers, payload = _decoded(received, version, count, src)
-        _fitting(run, payload, src, step)
+        step, buffers, payload = _decoded(received, version, count, src)
+        held, state = _fitting(run, payload, src, step)
     except HealError as refused:
         _answer(group, src, str(refused))
         raise
@@ -195,7 +195,7 @@ def receive_state(run: Loop, src: int, group: torch.distributed.ProcessGroup) ->
         if buffer.numel():
             _recv(group, buffer, src)
     try:
-        state = _restored(run, unpack(skeleton, _numbered(buffers)), src, step)
+        state = _restored(run, payload["weights"], held, state, src, step)  # the buffers, filled in place
     except HealError as refused:
         _answer(group, src, str(refused))
         raise
@@ -207,11 +207,12 @@ def receive_state(run: Loop, src: int, group: torch.distributed.ProcessGroup) ->
 
 
 def _decoded(received: torch.Tensor, version: int, count: int, src: int):
-    """``(step, skeleton, buffers, payload)`` of the document: buffers of the declared dtypes and shapes, unfilled.
+    """``(step, buffers, payload)`` of the document: buffers of the declared dtypes and shapes, unfilled.
 
-    The payload is unpacked over the empty buffers: its structure (the
-    weights' shapes and dtypes, the states' JSON) is checked before any
-    tensor is sent.
+    The payload is unpacked over the empty buffers, which it holds as they
+    are: its structure (the weights' shapes and dtypes, the states' JSON) is
+    checked before any tensor is sent, and the tensors received into the
+    buffers are then in it.
     """
     if version != VERSION:
         raise HealError(
@@ -238,11 +239,15 @@ def _decoded(received: torch.Tensor, version: int, count: int, src: int):
             f"peer runs another pimm_fn, or the bytes were damaged on the way. Send again, or restart this replica "
             f"from the last checkpoint (resume='auto')"
         ) from None
-    return step, skeleton, buffers, payload
+    return step, buffers, payload
 
 
-def _fitting(run: Loop, payload: dict, src: int, step: int) -> None:
-    """Whether the peer's run is built as this one: else a ``HealError`` naming each difference."""
+def _fitting(run: Loop, payload: dict, src: int, step: int) -> tuple[TrainerContents, State]:
+    """The peer's parts and its ``State`` for this run's hooks, when its run is built as this one.
+
+    Raises:
+        HealError: naming each difference.
+    """
     ctx = run.ctx
     try:
         held = from_parts(payload["trainer"], payload["local"])
@@ -275,18 +280,20 @@ def _fitting(run: Loop, payload: dict, src: int, step: int) -> None:
             f"this replica as the peer's run is built: the same model, optimizers, scheduler, scaler, extra state, "
             f"hooks and data"
         )
+    return held, state
 
 
-def _restored(run: Loop, payload: dict, src: int, step: int) -> State:
+def _restored(run: Loop, weights: dict, held: TrainerContents, state: State, src: int, step: int) -> State:
     """Load what arrived into ``run``'s objects; the state to walk on from. Checked first: nothing loads on a refusal.
 
+    ``weights`` and ``held`` are the parts ``_fitting`` read, their tensors
+    received since; ``state`` is the peer's ``State`` for this run's hooks.
     The optimizers load first: ``Optimizer.load_state_dict`` changes nothing
     when it refuses a state.
     """
     ctx = run.ctx
+    peer, local = held.replicated, held.local
     try:
-        held = from_parts(payload["trainer"], payload["local"])  # the parts _fitting read, with the tensors now
-        peer, local = held.replicated, held.local
         problem = "no per-rank part" if local is None else rng_problem(local.rng)
         if local is None or problem is not None:
             raise ValueError(f"its RNG states do not restore ({problem})")
@@ -298,14 +305,13 @@ def _restored(run: Loop, payload: dict, src: int, step: int) -> State:
             f"cannot heal from rank {src} (step {step}): {type(exc).__name__}: {str(exc)[:160]}. Restart this "
             f"replica from the last checkpoint (resume='auto')"
         ) from None
-    unwrap(ctx.model).load_state_dict(payload["weights"])
+    unwrap(ctx.model).load_state_dict(weights)
     if ctx.scheduler is not None:
         ctx.scheduler.load_state_dict(peer.scheduler)
     if ctx.scaler is not None:
         ctx.scaler.load_state_dict(peer.scaler)
     for name, obj in ctx.extra_state.items():
         obj.load_state_dict((peer.extra or {})[name])
-    state, _ = local.state.restored(run.hooks.hooks)
     p = state.progress
     restore_rng(local.rng)  # then the cursor, which positions the data from it (as a resume does)
     ctx.feed.resume(local.cursor, p.epoch, p.iter_in_epoch)
