@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
 from pimm_fn.runtime.data.dealing import Dealer
+from pimm_fn.runtime.data.feed import Feed
 
 
 def _indexed(n: int) -> TensorDataset:
@@ -150,3 +151,32 @@ def test_the_state_round_trips_through_json_and_a_bad_one_is_refused():
         with pytest.raises(ValueError, match="cannot continue at"):
             other.load_state_dict(bad)
         assert other.state_dict() == saved
+
+
+def test_a_dealing_feed_draws_for_the_membership_and_keeps_the_cursor_in_its_state():
+    """``Feed.deal``: next_batch is the dealt batch of ``membership()``; the feed's state carries the dealer's and restores it."""
+    membership = [(0, 1)]
+    feed = Feed(_loader())
+    dealer = feed.deal(lambda: membership[0])
+    assert feed.dealer is dealer
+    feed.start_epoch(1)
+    first = _indices(feed.next_batch())
+    dealer.commit()
+    membership[0] = (1, 2)
+    second = _indices(feed.next_batch())
+    dealer.commit()
+    order = dealer._order
+    assert first == [order[0], order[1]] and second == [order[4], order[5]]
+    cursor = feed.state_dict()
+    assert cursor["dealt"] == {"epoch": 1, "cursor": 6}
+    healed = Feed(_loader())
+    healed.deal(lambda: (0, 1))
+    healed.resume(cursor, 1, 2)
+    assert healed.dealer.state_dict() == cursor["dealt"]
+    assert "dealt" not in Feed(_loader()).state_dict()  # a plain feed's cursor is as it was
+
+
+def test_a_grouped_feed_is_not_dealt():
+    """accumulate above 1 is refused by ``Feed.deal``, saying what to do instead."""
+    with pytest.raises(ValueError, match="accumulate=2"):
+        Feed(_loader(), group=2).deal(lambda: (0, 1))

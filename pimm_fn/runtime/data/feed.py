@@ -40,19 +40,26 @@ batches, and a fetch that raises puts the cursor back to the start of its
 group, so no step ever holds part of a group. An epoch is ``len(data) // k``
 steps by default: the last ``len(data) % k`` batches are left out.
 
+Dealt (``Feed.deal(membership)``, under fault tolerance), each step's batch
+is the one ``pimm_fn.runtime.data.dealing.Dealer`` draws for the
+``(participant, participants)`` that ``membership()`` returns at draw time;
+the loader's own iterator is not opened. The dealer's cursor is in the
+feed's ``state_dict()`` (``"dealt"``), so checkpoints and heals carry it.
+
 After a fetch raised: the iterator a feed puts in place so that the next fetch rebuilds it at the cursor.
 
 See ``pimm_fn.runtime.data.feed`` (a fetch that raises loses no batch).
 """
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 from pimm_fn.core.validate import int_at_least
 from pimm_fn.runtime.data import positioning
+from pimm_fn.runtime.data.dealing import Dealer
 from pimm_fn.runtime.data.positioning import changes, describe, epoch_sampler, sampler_generators, steps_per_epoch
 from pimm_fn.runtime.errors import ResumeNotExactWarning
 from pimm_fn.runtime.step.driver import MicroBatches
@@ -152,6 +159,37 @@ class Feed:
         # nothing (then it is taken at the failure, or before the data is reopened within a fetch).
         self._pure = type(data) in _DRAW_NOTHING
         self._rng_before_fetch = not getattr(data, "num_workers", 0) and not self._pure
+        # Dealt (``deal``): the dealer, and what says the step's participants at draw time.
+        self.dealer: Dealer | None = None
+        self._membership: Callable[[], tuple[int, int]] | None = None
+
+    def deal(self, membership: Callable[[], tuple[int, int]]) -> Dealer:
+        """Deal the data from now on: each batch is the one the ``Dealer`` draws for ``membership()``'s participants.
+
+        ``membership()`` returns ``(participant, participants)`` (this
+        replica's 0-based index among the step's participants, and their
+        count) when a batch is drawn. Call it between epochs (before the
+        first, or a resume): the epoch begun next is dealt from position 0.
+
+        Returns:
+            The dealer (also ``feed.dealer``): ``commit()`` it after a
+            committed step, ``discard()`` it after a discarded one.
+
+        Raises:
+            TypeError: the data cannot be dealt (see ``Dealer``), or ``membership`` is not callable.
+            ValueError: a grouped feed (``accumulate`` above 1), which is not dealt.
+        """
+        if not callable(membership):
+            raise TypeError(
+                f"Feed.deal: 'membership' must be a callable returning (participant, participants) (got {membership!r})"
+            )
+        if self.group != 1:
+            raise ValueError(
+                f"Feed.deal: a step of {self.group} micro-batches (accumulate={self.group}) is not dealt: train "
+                f"with accumulate=1 and a batch size {self.group} times larger"
+            )
+        self.dealer, self._membership = Dealer(self.data), membership
+        return self.dealer
 
     def _rng(self) -> dict:
         return {
@@ -170,11 +208,15 @@ class Feed:
                 generator.set_state(state)
 
     def start_epoch(self, epoch: int) -> None:
-        """Begin ``epoch``: tell the sampler, remember the RNG, open the iterator."""
+        """Begin ``epoch``: tell the sampler, remember the RNG, open the iterator (dealt: the dealer's epoch)."""
         self._end_rest()
         sampler = epoch_sampler(self.data)
         if sampler is not None:
             sampler.set_epoch(epoch)
+        if self.dealer is not None:
+            self._epoch_start, self._epoch_done = self._rng(), False
+            self.dealer.start_epoch(epoch)
+            return
         # A retry after opening it failed: from the same RNG as the first try, which took it.
         if self._opening == epoch and self._epoch_start is not None:
             self._set_rng(self._epoch_start)
@@ -221,7 +263,10 @@ class Feed:
         When the fetch raises, the cursor is put back first (see the module
         docstring): calling again returns the batch this call would have.
         Grouped, it is the next ``group`` batches as one ``MicroBatches``.
+        Dealt, it is the batch the dealer draws for ``membership()``.
         """
+        if self.dealer is not None:
+            return self._dealt()
         if self.group == 1:  # a list's iterator draws nothing: its RNG is taken only if the fetch fails
             pure = self._iterator.__class__ in _PURE_ITERATORS
             return self._fetch(torch_rng() if self._rng_before_fetch and not pure else None, None)
@@ -251,6 +296,17 @@ class Feed:
             raise
         self._drawn += 1
         return batch
+
+    def _dealt(self):
+        """The dealer's batch for ``membership()``; when the fetch raises, the torch RNG is put back as it was."""
+        rng = torch_rng() if self._rng_before_fetch else None
+        participant, participants = self._membership()
+        try:
+            return self.dealer.draw(participant, participants)
+        except BaseException:
+            if rng is not None:
+                set_torch_rng(rng)
+            raise
 
     def end_epoch(self) -> None:
         """Close the epoch; a stateful loader is drained so its state says so."""
@@ -301,13 +357,19 @@ class Feed:
         }
         if self.stateful:
             cursor.update(loader=self.data.state_dict(), epoch_done=self._epoch_done)
+        if self.dealer is not None:
+            cursor["dealt"] = self.dealer.state_dict()
         return cursor
 
     def resume(self, cursor: dict, epoch: int, iter_in_epoch: int) -> None:
         """Continue ``epoch`` after ``iter_in_epoch`` consumed batches.
 
         Call with the process RNG already restored to the checkpoint's.
+        Dealt, the dealer continues at the cursor's ``"dealt"`` position.
         """
+        if self.dealer is not None:
+            self._resume_dealt(self.dealer, cursor, epoch, iter_in_epoch)
+            return
         if cursor.get("generator") is not None or cursor.get("samplers"):
             self._set_rng({**cursor, "torch": torch.get_rng_state()})
         boundary = iter_in_epoch == 0 or iter_in_epoch >= self.iters_per_epoch
@@ -350,6 +412,20 @@ class Feed:
             )
             self._source, self._drawn = ("rng", self._rng()), 0
             self._iterator = iter(self.data)
+
+    def _resume_dealt(self, dealer: Dealer, cursor: dict, epoch: int, iter_in_epoch: int) -> None:
+        """Continue dealing at the cursor's dealt position; a plain checkpoint's mid-epoch one is not carried over."""
+        self._epoch_start, self._epoch_done = cursor.get("epoch_start") or self._rng(), False
+        if "dealt" in cursor:
+            dealer.load_state_dict(cursor["dealt"])
+        elif 0 < iter_in_epoch < self.iters_per_epoch:
+            warnings.warn(
+                f"the checkpoint was written by a run that did not deal its data: the samples of epoch {epoch} its "
+                f"{iter_in_epoch} steps consumed are not known as positions, so the epoch is dealt from its start",
+                ResumeNotExactWarning,
+                stacklevel=3,
+            )
+            dealer.start_epoch(epoch)
 
     def _without_stale_loader(self, cursor: dict, epoch: int, iter_in_epoch: int, boundary: bool) -> dict:
         """``cursor`` without the loader's state when the loader changed since (named in one warning line).
