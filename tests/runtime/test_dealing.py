@@ -1,14 +1,19 @@
-"""The training data dealt over a changing membership: each sample of an epoch once."""
+"""The training data dealt over a changing membership: each sample of an epoch once, and a plain resume goes on after it."""
 
 import collections
 import json
+import types
+import warnings
 
 import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, TensorDataset
 
+import pimm_fn as pf
+from pimm_fn.runtime.data import positioning
 from pimm_fn.runtime.data.dealing import Dealer
 from pimm_fn.runtime.data.feed import Feed
+from pimm_fn.runtime.errors import ResumeNotExactWarning
 
 
 def _indexed(n: int) -> TensorDataset:
@@ -180,3 +185,94 @@ def test_a_grouped_feed_is_not_dealt():
     """accumulate above 1 is refused by ``Feed.deal``, saying what to do instead."""
     with pytest.raises(ValueError, match="accumulate=2"):
         Feed(_loader(), group=2).deal(lambda: (0, 1))
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def forward(self, batch):
+        x, y = batch
+        return {"loss": ((self.layer(x) - y) ** 2).mean()}
+
+
+def _run(save_dir, seen, *, resume=None, dealt=None, shuffled=True, max_epochs=1):
+    """A single-process run over 24 samples in batches of 2 (12 steps an epoch), recording the samples each step trains.
+
+    ``dealt``: the ``(participant, participants)`` of each step in turn; the step commits its draw.
+    """
+    torch.manual_seed(0)
+    model = _Model()
+    holder = {}
+
+    def step_fn(model, optimizer, batch, *, scheduler=None, scaler=None):
+        optimizer.zero_grad()
+        loss = model(batch)["loss"]
+        loss.backward()
+        optimizer.step()
+        seen.append(_indices(batch))
+        if "feed" in holder:
+            holder["feed"].dealer.commit()  # as the fault-tolerant loop does after a committed step
+        return {"loss": loss}
+
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        _loader(24, 2, shuffled=shuffled),
+        hooks=[pf.save_every(1)],
+        step_fn=step_fn,
+        max_epochs=max_epochs,
+        save_dir=save_dir,
+        resume=resume,
+        watching=pf.Watching(console=False),
+    )
+    if dealt is not None:
+        feed = holder["feed"] = run.ctx.feed
+        feed.deal(lambda: dealt[min(len(seen), len(dealt) - 1)])
+    return run
+
+
+@pytest.mark.parametrize("shuffled", [True, False])
+def test_a_dealing_runs_checkpoint_resumes_plainly_with_exactly_the_rest_of_the_epoch(tmp_path, shuffled):
+    """Dealt over 1, 3, 3, then 2 participants (18 samples consumed, this replica training 8), resumed plainly: the other 6, once."""
+    dealt_seen: list = []
+    dealing = _run(tmp_path, dealt_seen, dealt=[(0, 1), (2, 3), (1, 3), (0, 2)], shuffled=shuffled)
+    dealing.run(steps=4)
+    cursor = dealing.ctx.feed.state_dict()["dealt"]
+    assert cursor == {"epoch": 0, "cursor": 2 + 6 + 6 + 4}  # every participant's batches, not only this one's
+    order = dealing.ctx.feed.dealer._order
+    assert [i for b in dealt_seen for i in b] == [order[p] for p in (0, 1, 6, 7, 10, 11, 14, 15)]
+    plain_seen: list = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plain = _run(tmp_path, plain_seen, resume="auto", shuffled=shuffled)
+    said = [str(w.message) for w in caught if issubclass(w.category, ResumeNotExactWarning)]
+    assert len(said) == 1 and "dealt its data" in said[0] and "18 samples consumed" in said[0], said
+    assert plain.state.progress.iter_in_epoch == 12 - 3  # the 6 samples left are 3 batches of 2
+    plain.run()
+    rest = [i for b in plain_seen for i in b]
+    assert rest == [order[p] for p in range(18, 24)]
+    p = plain.state.progress
+    assert p.epoch == 0 and p.at_epoch_end and p.global_step == 4 + 3
+
+
+def test_a_dealing_runs_checkpoint_continues_on_another_world_size_after_the_cursor(tmp_path):
+    """Resumed on 2 ranks (a DistributedSampler each), the epoch's rest after the dealt cursor is shared: each sample once."""
+    dealing = _run(tmp_path, [], dealt=[(0, 1), (2, 3), (1, 3), (0, 2)])
+    dealing.run(steps=4)
+    cursor, order = dealing.ctx.feed.state_dict(), dealing.ctx.feed.dealer._order
+    info = types.SimpleNamespace(step=4, world_size=1)
+    rests = []
+    for rank in range(2):
+        data = _indexed(24)
+        loader = DataLoader(data, batch_size=2, sampler=DistributedSampler(data, num_replicas=2, rank=rank, seed=5))
+        ctx = types.SimpleNamespace(feed=Feed(loader), world_size=2, say=print)
+        offset, why = positioning.world_offset(dealing.state.progress, ctx, info, cursor)
+        assert (offset, why) == (18, "")
+        with pytest.warns(ResumeNotExactWarning, match="18 samples consumed on all ranks"):
+            state = positioning.new_world(dealing.state, ctx, info, offset, why, cursor)
+        assert state.progress.iter_in_epoch == 6 - 2  # 6 samples left, shared: 2 batches of 2, the last padded
+        rests.append([i for batch in ctx.feed.data for i in _indices(batch)])
+    shared = [i for rest in rests for i in rest]
+    assert set(shared) == {order[p] for p in range(18, 24)} and len(shared) == 6

@@ -336,7 +336,8 @@ class Feed:
             The step of the epoch it continues at: its steps per epoch less the batches of the rest.
         """
         sampler = epoch_sampler(self.data)
-        sampler.set_epoch(epoch)
+        if sampler is not None:  # a SequentialSampler (a dealt epoch's rest) has no epochs to tell
+            sampler.set_epoch(epoch)
         positioning.lend(self.data, epoch, offset)
         first = max(self.iters_per_epoch - len(self.data) // self.group, 0)
         self._rest = (offset, first)

@@ -58,6 +58,14 @@ multiple of ``W'`` by repeating the rest's first samples (at most ``W' - 1``
 of them are then seen twice in that epoch), or cut to a multiple of ``W'``
 under ``drop_last=True``.
 
+A checkpoint written by a feed that dealt its data over replicas
+(``pimm_fn.runtime.data.dealing``) records the dealer's cursor, the
+positions of the epoch's order its committed steps consumed: a plain run
+resumed from it (any world size) continues the epoch after them by the same
+rule (``dealt_rest`` on the same world size, ``new_world`` on another), the
+cursor taking the place of ``i * b * W``. A ``SequentialSampler``'s epoch
+continues so too (its order is the dataset's, read whole by every rank).
+
 >>> order = list(range(10))
 >>> share(order, 4, num_replicas=2, rank=1, drop_last=False)
 [5, 7, 9]
@@ -68,7 +76,7 @@ import warnings
 
 import attrs
 import torch
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, SequentialSampler
 
 from pimm_fn import dist
 from pimm_fn.core.state import State
@@ -82,6 +90,7 @@ __all__ = [
     "changes",
     "Remainder",
     "why_not",
+    "dealt",
     "epoch_order",
     "share",
     "lend",
@@ -92,6 +101,7 @@ __all__ = [
     "world_offset",
     "new_world",
     "new_epoch_length",
+    "dealt_rest",
 ]
 
 
@@ -181,10 +191,15 @@ class Remainder:
         return f"Remainder({len(self.indices)} samples, lent in place of {type(self.sampler).__name__})"
 
 
-def why_not(data) -> str | None:
-    """Why ``data``'s epoch cannot be continued at a permutation position, or ``None`` when it can."""
+def why_not(data, *, sequential: bool = False) -> str | None:
+    """Why ``data``'s epoch cannot be continued at a permutation position, or ``None`` when it can.
+
+    ``sequential``: a ``SequentialSampler`` can be too (a dealt epoch's position, the same on every rank).
+    """
     sampler = getattr(data, "sampler", None)
-    if type(sampler) is not DistributedSampler:  # a subclass may deal its samples otherwise
+    if sequential and type(sampler) is SequentialSampler:
+        pass
+    elif type(sampler) is not DistributedSampler:  # a subclass may deal its samples otherwise
         return f"its sampler is a {type(sampler).__name__}, not a torch DistributedSampler"
     batches = getattr(data, "batch_sampler", None)
     if getattr(batches, "sampler", None) is not sampler or not isinstance(getattr(data, "batch_size", None), int):
@@ -216,16 +231,25 @@ def share(order, offset: int, *, num_replicas: int, rank: int, drop_last: bool) 
 def lend(data, epoch: int, offset: int) -> Remainder:
     """Lend ``data``'s batch sampler this rank's share of ``epoch`` from global position ``offset``."""
     sampler = data.sampler
-    indices = share(
-        epoch_order(sampler, epoch),
-        offset,
-        num_replicas=sampler.num_replicas,
-        rank=sampler.rank,
-        drop_last=sampler.drop_last,
-    )
+    if type(sampler) is DistributedSampler:
+        order, replicas, rank, drop_last = (
+            epoch_order(sampler, epoch),
+            sampler.num_replicas,
+            sampler.rank,
+            sampler.drop_last,
+        )
+    else:  # a SequentialSampler (a dealt epoch's rest): every rank reads the whole rest, as the sampler reads it all
+        order, replicas, rank, drop_last = list(range(len(sampler))), 1, 0, False
+    indices = share(order, offset, num_replicas=replicas, rank=rank, drop_last=drop_last)
     remainder = Remainder(indices, sampler)
     data.batch_sampler.sampler = remainder
     return remainder
+
+
+def dealt(cursor) -> dict | None:
+    """The dealer's position (``{"epoch", "cursor"}``) a dealing feed recorded in its ``cursor``, or ``None``."""
+    found = (cursor or {}).get("dealt")
+    return found if isinstance(found, dict) else None
 
 
 def give_back(data) -> None:
@@ -261,7 +285,8 @@ def world_offset(p, ctx, info, cursor) -> tuple[int | None, str]:
     unpositioned = _positioning(ctx, cursor)
     if unpositioned is not None:
         return None, unpositioned
-    if offset >= len(ctx.feed.data.sampler.dataset):
+    samples = len(ctx.feed.data.dataset)  # a dealt cursor at the end: the epoch's rest is empty
+    if offset > samples or offset == samples and not dealt(cursor):
         return None, f"its {offset} consumed samples reach past the dataset"
     return offset, ""
 
@@ -283,6 +308,28 @@ def new_world(state, ctx, info, offset, why, cursor) -> State:
         return _restart(state, ctx.feed, message)
     saved = (cursor or {}).get("data") or {}
     return _continue_at(state, ctx.feed, offset, world_message(info, ctx), changes_since=saved)
+
+
+def dealt_rest(state, ctx, info, cursor) -> State:
+    """``state`` resumed by a plain feed on the same world size from a dealing feed's checkpoint; the data positioned.
+
+    The interrupted epoch continues after the dealer's cursor (this
+    module's docstring), or restarts from its first batch where the data
+    cannot be positioned (a warning says why either way); at an epoch
+    boundary only the length changes.
+    """
+    p, feed = state.progress, ctx.feed
+    head = (
+        f"the checkpoint of step {p.global_step} ({info.path}) was written by a run that dealt its data over "
+        f"replicas; this run does not"
+    )
+    if not mid_epoch(state) or p.iter_in_epoch == 0:
+        feed.resume(cursor, p.epoch, p.iter_in_epoch)
+        return _at_boundary(state, feed.iters_per_epoch)
+    offset, why = world_offset(p, ctx, info, cursor)
+    if offset is None:
+        return _restart(state, feed, f"{head}; {why}, so epoch {p.epoch} restarts from its first batch")
+    return _continue_at(state, feed, offset, head)
 
 
 def new_epoch_length(state, ctx, info, cursor) -> State:
@@ -368,6 +415,11 @@ def _consumed(p, cursor, world: int, group: int) -> tuple[int | None, str]:
 
     A step takes ``group`` batches (``TrainStep(accumulate=group)``, unchanged since the checkpoint).
     """
+    position = dealt(cursor)
+    if position is not None:  # a dealing feed's: the positions its committed steps consumed
+        if position.get("epoch") != p.epoch or type(position.get("cursor")) is not int or position["cursor"] < 0:
+            return None, f"its dealt position {position} is not one of epoch {p.epoch}"
+        return position["cursor"], ""
     data = (cursor or {}).get("data")
     if not data or not isinstance(data.get("batch_size"), int):
         return None, "the checkpoint does not record its loader's batch size"
@@ -380,7 +432,7 @@ def _positioning(ctx, cursor) -> str | None:
     feed = ctx.feed
     if feed.one_shot:
         return "the training data is a one-shot iterator"
-    why = why_not(feed.data)
+    why = why_not(feed.data, sequential=dealt(cursor) is not None)
     if why is not None:
         return f"the training data cannot be positioned ({why})"
     if feed.iters_per_epoch != len(feed.data) // feed.group:

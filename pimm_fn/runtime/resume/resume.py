@@ -312,6 +312,9 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
     p = state.progress
     if not same_world:
         state = positioning.new_world(state, ctx, info, offset, why, cursor)
+    elif ctx.feed.dealer is None and positioning.dealt(held.local.cursor) is not None:  # written dealing, read plainly
+        restore_rng(held.local.rng)
+        state = positioning.dealt_rest(state, ctx, info, held.local.cursor)
     elif ctx.feed.iters_per_epoch == p.iters_per_epoch:
         restore_rng(held.local.rng)
         ctx.feed.resume(held.local.cursor, p.epoch, p.iter_in_epoch)
