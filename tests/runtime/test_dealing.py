@@ -181,6 +181,49 @@ def test_a_dealing_feed_draws_for_the_membership_and_keeps_the_cursor_in_its_sta
     assert "dealt" not in Feed(_loader()).state_dict()  # a plain feed's cursor is as it was
 
 
+class _FailsOnce(torch.utils.data.Dataset):
+    """Draws a random number per sample (an augmentation), and raises once, on its third sample."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __len__(self):
+        return 10
+
+    def __getitem__(self, i):
+        self.calls += 1
+        noise = torch.rand(())
+        if self.calls == 3:
+            raise OSError("a read that failed")
+        return torch.tensor(float(i)) + 0 * noise
+
+
+def test_a_dealt_fetch_that_raises_is_drawn_again_from_the_same_rng():
+    """A fetch that raises moves no cursor and puts the torch RNG back: the next call returns the batch it would have."""
+    feed = Feed(DataLoader(_FailsOnce(), batch_size=4))
+    feed.deal(lambda: (1, 2))
+    feed.start_epoch(0)
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    with pytest.raises(OSError, match="a read that failed"):
+        feed.next_batch()
+    assert torch.equal(torch.get_rng_state(), before)
+    assert feed.next_batch().tolist() == [4.0, 5.0, 6.0, 7.0]
+    assert feed.dealer.cursor == 0
+
+
+def test_a_plain_checkpoint_resumed_mid_epoch_by_a_dealing_feed_is_dealt_from_the_epochs_start_saying_so():
+    """A plain cursor holds no dealt position: the epoch is dealt from position 0, with a warning saying so."""
+    plain = Feed(_loader())
+    plain.start_epoch(1)
+    plain.next_batch()
+    feed = Feed(_loader())
+    feed.deal(lambda: (0, 1))
+    with pytest.warns(ResumeNotExactWarning, match="dealt from its start"):
+        feed.resume(plain.state_dict(), 1, 1)
+    assert feed.dealer.state_dict() == {"epoch": 1, "cursor": 0}
+
+
 def test_a_grouped_feed_is_not_dealt():
     """accumulate above 1 is refused by ``Feed.deal``, saying what to do instead."""
     with pytest.raises(ValueError, match="accumulate=2"):
