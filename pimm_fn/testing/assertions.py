@@ -26,12 +26,14 @@ run logs placeholders), so ``moments`` shows a ``Log`` as its step and kind.
 from collections.abc import Iterable
 from typing import Any
 
+from pimm_fn.core import dealing
 from pimm_fn.core import events as ev
-from pimm_fn.core.effects import Log
+from pimm_fn.core.effects import Log, SaveCheckpoint, WriteBest
 from pimm_fn.core.events import MetricsPublished
 from pimm_fn.core.fold import Chain
 from pimm_fn.core.plan import plan
-from pimm_fn.testing.simulation import SimulationResult, past_the_end, resume_step, simulate
+from pimm_fn.testing.replicas import DealtStep, ReplicasResult, Save
+from pimm_fn.testing.simulation import SimEntry, SimulationResult, past_the_end, resume_step, simulate
 
 __all__ = [
     "assert_collective_agreement",
@@ -39,6 +41,12 @@ __all__ = [
     "published_metrics",
     "moments",
     "matches_plan",
+    "assert_replicas_agree",
+    "assert_heals_exact",
+    "assert_saves_once",
+    "assert_steps_rise",
+    "assert_epochs_dealt_once",
+    "assert_fault_tolerant",
 ]
 
 
@@ -286,3 +294,198 @@ def matches_plan(trace, hooks, **schedule) -> bool:
     plan of that schedule, not of the whole run.
     """
     return moments(trace) == moments(plan(hooks, metrics=published_metrics(trace), **schedule))
+
+
+def _checked(result: object, name: str) -> ReplicasResult:
+    if not isinstance(result, ReplicasResult):
+        raise TypeError(f"{name} takes what simulate_replicas() returned (got {result!r:.80})")
+    return result
+
+
+def _folded(result: ReplicasResult) -> list[dict[int, list[SimEntry]]]:
+    """Per replica, its entries folded while live, by moment (a fresh process's own start left out)."""
+    per_replica: list[dict[int, list[SimEntry]]] = []
+    for run in result.runs:
+        groups: dict[int, list[SimEntry]] = {}
+        for entry, tick in zip(run.trace, run.ticks):
+            if tick is not None:
+                groups.setdefault(tick, []).append(entry)
+        per_replica.append(groups)
+    return per_replica
+
+
+def _entry_key(entry: SimEntry) -> tuple:
+    return (entry.step, entry.during, entry.hook, entry.effect, _event_label(entry.event))
+
+
+def assert_replicas_agree(result: ReplicasResult) -> None:
+    """Assert every live replica folded the same trace over the steps it was live, and ended in the same state.
+
+    Moment by moment (each event the live replicas folded), the entries of
+    every replica live then are compared (effect, hook, step, event; the
+    rank-local parts of events, step outputs, left out); then the final
+    states of the replicas live at the end.
+
+    Raises:
+        AssertionError: at the first moment where two live replicas differ,
+            naming the step, the event and what each folded.
+
+    >>> from pimm_fn.hooks import save_every
+    >>> from pimm_fn.testing.replicas import Membership, simulate_replicas
+    >>> m = Membership(3, lost={1: 2}, rejoined={1: 4})
+    >>> assert_replicas_agree(simulate_replicas([save_every(2)], membership=m, length=9, batch_size=1, max_epochs=2))
+    """
+    result = _checked(result, "assert_replicas_agree")
+    folded = _folded(result)
+    for tick, moment in enumerate(result.moments):
+        wanted = {r: [_entry_key(e) for e in folded[r].get(tick, [])] for r in moment.live}
+        first = wanted[moment.live[0]]
+        parted = [r for r, keys in wanted.items() if not _same_items(keys, first)]
+        if parted:
+            lines = "\n".join(
+                f"  replica {r}: {'; '.join(_entry_text(e) for e in folded[r].get(tick, [])) or 'nothing'}"
+                for r in moment.live
+            )
+            raise AssertionError(
+                f"live replicas fold different traces at global step {moment.step}, during {moment.event} "
+                f"(replicas {moment.live} live):\n{lines}"
+            )
+        strays = [r for r in range(len(result.runs)) if r not in moment.live and tick in folded[r]]
+        if strays:
+            raise AssertionError(f"replica(s) {strays} folded entries at step {moment.step} while not live")
+    if result.moments:
+        last = result.moments[-1].live
+        reference = result.runs[last[0]].state
+        for r in last[1:]:
+            fields = _differing_fields(reference, result.runs[r].state)
+            if fields:
+                raise AssertionError(
+                    f"replicas {last[0]} and {r}, both live at the end, end in states that differ in {', '.join(fields)}"
+                )
+
+
+def assert_heals_exact(result: ReplicasResult) -> None:
+    """Assert each rejoined replica's state at its heal equals its source's (but its rank and world size).
+
+    Raises:
+        AssertionError: naming the replica, its source, the step and the
+            fields that differ; or a heal from a replica not live then.
+    """
+    result = _checked(result, "assert_heals_exact")
+    for run in result.runs:
+        for heal in run.heals:
+            fields = _differing_fields(heal.sent, heal.received) + [
+                name for name in ("stop",) if not _same(getattr(heal.sent, name), getattr(heal.received, name))
+            ]
+            if fields or not heal.received.progress.global_step == heal.sent.progress.global_step == heal.step:
+                raise AssertionError(
+                    f"replica {heal.replica} healed from replica {heal.source} at step {heal.step} holds another "
+                    f"state: {', '.join(fields) or 'its global step'} differ(s)"
+                )
+            if heal.source == heal.replica:
+                raise AssertionError(f"replica {heal.replica} healed from itself at step {heal.step}")
+
+
+def assert_saves_once(result: ReplicasResult) -> None:
+    """Assert each collective save (``SaveCheckpoint``, ``WriteBest``) was executed once, by participating rank 0.
+
+    At every moment, the saves the live replicas folded were executed by
+    exactly one replica, the lowest-numbered live one; no checkpoint of a
+    step was written twice.
+
+    Raises:
+        AssertionError: naming the step, the event, the save and the
+            replicas that executed it (none, or several).
+    """
+    result = _checked(result, "assert_saves_once")
+    folded = _folded(result)
+    executed: dict[int, list[Save]] = {}
+    for save in result.saves:
+        executed.setdefault(save.tick, []).append(save)
+    for tick, moment in enumerate(result.moments):
+        owner = moment.live[0]
+        wanted = [e.effect for e in folded[owner].get(tick, []) if isinstance(e.effect, (SaveCheckpoint, WriteBest))]
+        done = executed.pop(tick, [])
+        if [s.effect for s in done] != wanted or any(s.replica != owner for s in done):
+            raise AssertionError(
+                f"at global step {moment.step}, during {moment.event}, replicas {moment.live} folded the saves "
+                f"{wanted}, executed as {[(s.effect, s.replica) for s in done]}: each must be executed once, "
+                f"by replica {owner} (participating rank 0)"
+            )
+    if executed:
+        raise AssertionError(f"saves executed at no moment the replicas folded: {executed}")
+    written = [s.effect for s in result.saves if isinstance(s.effect, SaveCheckpoint)]
+    twice = [e for i, e in enumerate(written) if e in written[:i]]
+    if twice:
+        raise AssertionError(f"checkpoint(s) written twice: {twice}")
+
+
+def assert_steps_rise(result: ReplicasResult) -> None:
+    """Assert the committed steps are 1, 2, 3, ... and each replica's rise strictly over the steps it took part in.
+
+    A discarded step (its vote failed) is the next one, committed after it.
+
+    Raises:
+        AssertionError: naming the replica and the steps out of order.
+    """
+    result = _checked(result, "assert_steps_rise")
+    steps = [s.step for s in result.steps]
+    if steps != list(range(1, len(steps) + 1)):
+        raise AssertionError(f"the committed steps do not rise one by one: {steps}")
+    for dropped in result.discarded:
+        if dropped.step not in steps and dropped.step <= max(steps, default=0):
+            raise AssertionError(f"step {dropped.step}, discarded, was never committed after")
+    for r, run in enumerate(result.runs):
+        mine = [m.step for m in result.moments if m.event == "AfterStep" and r in m.live]
+        if any(a >= b for a, b in zip(mine, mine[1:])):
+            raise AssertionError(f"replica {r} commits steps out of order: {mine}")
+        if run.state.progress.global_step != (mine[-1] if mine else 0):
+            raise AssertionError(
+                f"replica {r} ends at step {run.state.progress.global_step}, its last committed step is {mine[-1:]}"
+            )
+
+
+def assert_epochs_dealt_once(result: ReplicasResult) -> None:
+    """Assert each epoch's positions were consumed once, through the cursor, whatever the membership.
+
+    Per epoch, the committed steps start at cursor 0, each takes the
+    positions from the cursor on (``pimm_fn.core.dealing``) and moves it past
+    them; at the epoch's end the cursor is at its length (with ``drop_last``:
+    less than a full step short of it), unless a hook stopped the run in it.
+
+    Raises:
+        AssertionError: naming the epoch and step where a position was
+            skipped, repeated or left.
+    """
+    result = _checked(result, "assert_epochs_dealt_once")
+    length, batch = result.length, result.batch_size
+    epochs: dict[int, list[DealtStep]] = {}
+    for dealt in result.steps:
+        epochs.setdefault(dealt.epoch, []).append(dealt)
+    stopped = any(run.state.stop is not None for run in result.runs)
+    last_epoch = max(epochs, default=-1)
+    for epoch, steps in epochs.items():
+        cursor = 0
+        for dealt in steps:
+            n = len(dealt.participants)
+            taken = dealing.step_positions(cursor, length=length, batch_size=batch, participants=n)
+            if dealt.cursor != cursor or set().union(*map(set, dealt.positions)) != set(range(cursor, cursor + taken)):
+                raise AssertionError(
+                    f"epoch {epoch}, step {dealt.step}: dealt {dealt.positions} from cursor {dealt.cursor}; "
+                    f"the positions {cursor}..{cursor + taken - 1} were due"
+                )
+            cursor += taken
+        n = len(steps[-1].participants)
+        short = length - cursor
+        done = short == 0 or (result.drop_last and short < batch * n)
+        if not done and not (stopped and epoch == last_epoch):
+            raise AssertionError(f"epoch {epoch} ended with positions {cursor}..{length - 1} never dealt")
+
+
+def assert_fault_tolerant(result: ReplicasResult) -> None:
+    """All of the above: agreement of the live replicas, exact heals, saves once, steps rising, epochs dealt once."""
+    assert_replicas_agree(result)
+    assert_heals_exact(result)
+    assert_saves_once(result)
+    assert_steps_rise(result)
+    assert_epochs_dealt_once(result)
