@@ -38,6 +38,7 @@ import attrs
 from hypothesis import strategies as st
 
 from pimm_fn.hooks import best_on, evaluate_every, log_every, save_every
+from pimm_fn.testing.replicas import Membership
 
 __all__ = [
     "Schedule",
@@ -52,6 +53,7 @@ __all__ = [
     "StepClock",
     "step_clocks",
     "preemption_requests",
+    "memberships",
 ]
 
 
@@ -288,3 +290,28 @@ def preemption_requests(draw, *, world_size: int, max_steps: int) -> dict:
     """
     ranks = draw(st.lists(st.integers(0, world_size - 1), unique=True, max_size=world_size))
     return {rank: draw(st.integers(1, max_steps)) for rank in sorted(ranks)}
+
+
+@st.composite
+def memberships(draw, *, max_replicas: int = 4, max_step: int = 12, replicas: int | None = None) -> Membership:
+    """Strategy for ``Membership``: replicas lost at any step, some rejoining at a later one.
+
+    ``replicas`` fixes the count (else 1 to ``max_replicas``); losses and
+    rejoins fall on steps in ``[1, max_step]`` (one a run never reaches never
+    happens), at least one replica alive at every step; the commit vote of a
+    loss's step fails or not. Shrinks toward no loss, then replica 0 lost at
+    step 1 for good.
+
+    >>> from hypothesis import find
+    >>> find(memberships(), lambda m: m.rejoined)
+    Membership(replicas=2, lost=((0, 1),), rejoined=((0, 2),), failed_votes=True)
+    """
+    count = replicas if replicas is not None else draw(st.integers(1, max_replicas))
+    # One replica at most is never lost: some replica is alive at every step.
+    lost = draw(st.lists(st.integers(0, count - 1), unique=True, max_size=count - 1))
+    losses = {r: draw(st.integers(1, max_step)) for r in sorted(lost)}
+    back = {}
+    for r, step in losses.items():
+        if step < max_step and draw(st.booleans()):
+            back[r] = draw(st.integers(step + 1, max_step))
+    return Membership(count, losses, back, failed_votes=draw(st.sampled_from((True, False))))
