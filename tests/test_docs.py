@@ -80,6 +80,11 @@ def test_the_documented_property_test_of_your_own_hook_passes_as_written(my_hook
     namespace["test_my_hook"]()
 
 
+def test_the_documented_property_test_under_failures_passes_as_written():
+    """docs/testing.md's test_my_stack_under_failures passes: the standard stacks under any membership."""
+    _blocks(DOCS / "testing.md")["test_my_stack_under_failures"]()
+
+
 def test_the_documented_effect_of_your_own_runs_through_its_handler_in_a_real_run(tmp_path, capsys):
     """SamplesEvery emits SaveSamples on its cadence; plan shows it and a real run's handler says its line on rank 0."""
     import torch
