@@ -41,104 +41,18 @@ from pimm_fn.core import dealing
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import SaveCheckpoint, WriteBest
 from pimm_fn.core.fold import Chain, TraceEntry, chain
+from pimm_fn.core.membership import Membership, check_epoch, resized
 from pimm_fn.core.plan import MetricSource, RecordingExecutor, initial_state
 from pimm_fn.core.processing import process
 from pimm_fn.core.schedule import next_event
 from pimm_fn.core.state import State
-from pimm_fn.core.validate import int_at_least, is_bool
+from pimm_fn.core.validate import int_at_least
 from pimm_fn.testing.simulation import SimEntry, hook_list, metric_source
 
 __all__ = ["Membership", "Heal", "Save", "DealtStep", "Moment", "ReplicaRun", "ReplicasResult", "simulate_replicas"]
 
 _SAVES = (SaveCheckpoint, WriteBest)  # what participating rank 0 alone writes
 _COUNT = int_at_least(1)
-
-
-def _pairs(value: object) -> tuple[tuple[int, int], ...]:
-    """``{replica: step}`` or ``((replica, step), ...)`` as a tuple of pairs sorted by replica."""
-    items = value.items() if isinstance(value, Mapping) else value
-    if not isinstance(items, Iterable):
-        raise TypeError(f"Membership: expected a mapping {{replica: step}} (got {value!r:.80})")
-    pairs = []
-    for item in items:
-        if not (isinstance(item, tuple) and len(item) == 2):
-            raise TypeError(f"Membership: expected a mapping {{replica: step}} (got {value!r:.80})")
-        pairs.append(item)
-    return tuple(sorted(pairs, key=repr))
-
-
-def _replica_steps(membership: "Membership", name: str, pairs: tuple[tuple[int, int], ...]) -> None:
-    seen = set()
-    for replica, step in pairs:
-        ok = isinstance(replica, int) and not isinstance(replica, bool) and 0 <= replica < membership.replicas
-        if not (ok and isinstance(step, int) and not isinstance(step, bool) and step >= 1):
-            raise ValueError(
-                f"Membership: '{name}' must map replicas in [0, {membership.replicas}) to steps >= 1 "
-                f"(got {replica!r}: {step!r})"
-            )
-        if replica in seen:
-            raise ValueError(f"Membership: '{name}' names replica {replica} twice")
-        seen.add(replica)
-
-
-@attrs.frozen
-class Membership:
-    """Which replicas are alive at each step: ``replicas`` groups, some lost at a step, some rejoining later.
-
-    Attributes:
-        replicas: the replica groups the job runs (>= 1).
-        lost: ``{replica: step}``: the replica dies during ``step`` and
-            takes part in no step from it on (until it rejoins).
-        rejoined: ``{replica: step}``: a lost replica comes back before
-            ``step`` (after its loss): it heals from a live peer at the
-            boundary and takes part in ``step`` and the steps after.
-        failed_votes: a replica lost during a step fails that step's commit
-            vote (the default): the step is discarded and drawn again
-            without it. ``False``: it is lost between steps, and the quorum
-            before ``step`` leaves it out.
-
-    A loss or rejoin after the run's last step never happens.
-
-    Raises:
-        ValueError, TypeError: a replica or step out of range, a rejoin that
-            is not after its loss or has no loss, or a step at which no
-            replica is alive; the error names the argument.
-
-    >>> m = Membership(3, lost={2: 5, 1: 3}, rejoined={1: 6})
-    >>> m, m.live(4), m.live(6)
-    (Membership(replicas=3, lost=((1, 3), (2, 5)), rejoined=((1, 6),), failed_votes=True), (0, 2), (0, 1))
-    """
-
-    replicas: int
-    lost: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_pairs)
-    rejoined: tuple[tuple[int, int], ...] = attrs.field(default=(), converter=_pairs)
-    failed_votes: bool = True
-
-    def __attrs_post_init__(self) -> None:
-        _COUNT.check(self.replicas, "replicas", owner="Membership")
-        _replica_steps(self, "lost", self.lost)
-        _replica_steps(self, "rejoined", self.rejoined)
-        is_bool.check(self.failed_votes, "failed_votes", owner="Membership")
-        lost = dict(self.lost)
-        for replica, step in self.rejoined:
-            if replica not in lost:
-                raise ValueError(f"Membership: 'rejoined' names replica {replica}, which 'lost' does not lose")
-            if step <= lost[replica]:
-                raise ValueError(
-                    f"Membership: 'rejoined' brings replica {replica} back at step {step}: it must be after its "
-                    f"loss at step {lost[replica]}"
-                )
-        for _, step in self.lost:  # the alive set is smallest at a loss
-            if not self.live(step):
-                raise ValueError(
-                    f"Membership: no replica is alive at step {step} ('lost' {dict(self.lost)}, 'rejoined' "
-                    f"{dict(self.rejoined)}): a job needs one"
-                )
-
-    def live(self, step: int) -> tuple[int, ...]:
-        """The replicas alive at ``step`` (lowest first), which take part in it."""
-        lost, back = dict(self.lost), dict(self.rejoined)
-        return tuple(r for r in range(self.replicas) if not lost.get(r, step + 1) <= step < back.get(r, step + 1))
 
 
 @attrs.frozen
@@ -311,7 +225,13 @@ class _Job:
 
     def fresh(self, replica: int, executor: _Executor | None = None) -> _Replica:
         """A replica's process as it starts: a fresh state, every replica counted as a participant."""
-        iters = self.steps_left(0, self.membership.replicas)
+        iters = dealing.steps_left(
+            0,
+            length=self.length,
+            batch_size=self.batch_size,
+            participants=self.membership.replicas,
+            drop_last=self.drop_last,
+        )
         state = initial_state(self.hooks.hooks, iters_per_epoch=iters, max_epochs=self.max_epochs)
         return _Replica(state, executor or _Executor(self.source, replica=replica))
 
@@ -342,7 +262,6 @@ class _Job:
         for r in members:
             replica = self.replicas[r]
             replica.executor.tick, replica.executor.writes = tick, r == members[0]
-            p = replica.state.progress
             given = event
             if isinstance(event, ev.AfterStep):
                 outputs = self.local(event.step, r) if self.local is not None else None
@@ -353,8 +272,7 @@ class _Job:
                 )
             elif isinstance(event, ev.BeforeEpoch):  # a new order from its start, its length for the count
                 replica.cursor = 0
-                left = self.steps_left(0, len(members))
-                replica.state = attrs.evolve(replica.state, progress=attrs.evolve(p, iters_per_epoch=left))
+                replica.state = self.resized(replica, len(members), done=0)
             replica.state = process(self.hooks, replica.state, given, replica.executor)
         step = self.replicas[members[0]].state.progress.global_step
         self.moments.append(Moment(step, type(event).__name__, tuple(members)))
@@ -368,29 +286,31 @@ class _Job:
         )
         return DealtStep(step, lead.state.progress.epoch, cursor, tuple(members), positions)
 
-    def steps_left(self, cursor: int, participants: int) -> int:
-        return dealing.steps_left(
-            cursor, length=self.length, batch_size=self.batch_size, participants=participants, drop_last=self.drop_last
+    def resized(self, replica: _Replica, participants: int, done: int | None = None) -> State:
+        return resized(
+            replica.state,
+            replica.cursor,
+            participants,
+            length=self.length,
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            done=done,
         )
 
     def resize(self, members: list[int]) -> None:
         """The epoch's length on every one of ``members`` for their count: the steps done plus the steps left."""
         for r in members:
-            replica = self.replicas[r]
-            p = replica.state.progress
-            left = self.steps_left(replica.cursor, len(members))
-            if p.iter_in_epoch + left != p.iters_per_epoch:
-                progress = attrs.evolve(p, iters_per_epoch=p.iter_in_epoch + left)
-                replica.state = attrs.evolve(replica.state, progress=progress)
+            self.replicas[r].state = self.resized(self.replicas[r], len(members))
 
     def quorum(self, step: int) -> None:
         """The quorum before ``step``: rejoining replicas heal, lost ones leave (failing a vote), the epoch resized."""
         wanted = self.membership.live(step)
+        attempt = self.membership.attempt(step, self.live)
         for r in wanted:
             if r not in self.live:
                 self.heal(r, step - 1)
-        if self.membership.failed_votes and set(self.live) - set(wanted):
-            self.attempt(step, sorted(set(self.live) | set(wanted)))
+        if attempt is not None:
+            self.attempt(step, list(attempt))
         self.live = list(wanted)
         self.resize(self.live)
 
@@ -483,20 +403,9 @@ def simulate_replicas(
     Raises:
         ValueError, TypeError: an invalid argument, naming it.
     """
-    if not isinstance(membership, Membership):
-        raise TypeError(
-            f"simulate_replicas: 'membership' must be a Membership, e.g. Membership(3, lost={{1: 4}}) "
-            f"(got {membership!r:.80})"
-        )
+    check_epoch(membership, length, batch_size, drop_last, owner="simulate_replicas")
     chained = hooks if isinstance(hooks, Chain) else chain(*hook_list(hooks))
-    for name, value in (("length", length), ("batch_size", batch_size), ("max_epochs", max_epochs)):
-        _COUNT.check(value, name, owner="simulate_replicas")
-    is_bool.check(drop_last, "drop_last", owner="simulate_replicas")
-    if drop_last and length < batch_size * membership.replicas:
-        raise ValueError(
-            f"simulate_replicas: with drop_last, 'length' ({length}) must hold a full step of every replica: "
-            f"batch_size * replicas = {batch_size * membership.replicas}"
-        )
+    _COUNT.check(max_epochs, "max_epochs", owner="simulate_replicas")
     if local is not None and not callable(local):
         raise TypeError(f"simulate_replicas: 'local' must be a callable local(step, replica) (got {local!r:.80})")
     job = _Job(chained, membership, length, batch_size, drop_last, max_epochs, metric_source(metrics), local)
