@@ -13,9 +13,11 @@ import attrs
 from pimm_fn.core import events as ev
 from pimm_fn.core import summary
 from pimm_fn.core.budget import check_budget, epochs_reaching, fresh_progress
+from pimm_fn.core.dealing import steps_left
 from pimm_fn.core.effects import Effect, Evaluate, Stop
 from pimm_fn.core.fold import Chain, TraceEntry, chain, init_slots
 from pimm_fn.core.frozen import freeze
+from pimm_fn.core.membership import Membership, check_epoch, walk
 from pimm_fn.core.preemption import Boundaries
 from pimm_fn.core.processing import Executor, process
 from pimm_fn.core.schedule import last_quiet_step, next_event, skip_to, state_at_step
@@ -207,7 +209,7 @@ def _placeholders(outputs: tuple[str, ...]) -> OutputSource | None:
 def plan(
     hooks: Iterable[Any],
     *,
-    iters_per_epoch: int,
+    iters_per_epoch: int | None = None,
     max_epochs: int | None = None,
     max_steps: int | None = None,
     start_step: int = 0,
@@ -217,6 +219,10 @@ def plan(
     clock: Callable[[int], float] | None = None,
     max_time: float | None = None,
     margin: float = 0.0,
+    membership: Membership | None = None,
+    length: int | None = None,
+    batch_size: int | None = None,
+    drop_last: bool = False,
 ) -> Trace:
     """The effects ``hooks`` would execute, in order, as ``TraceEntry`` values.
 
@@ -252,6 +258,19 @@ def plan(
             where ``loop(max_time=...)`` saves and stops (that save is the
             runtime's, not a hook's effect, so it is not in the trace).
         margin: seconds, the time left before ``max_time`` for that save.
+        membership: plan a fault-tolerant job whose replicas are lost and
+            rejoin as this ``Membership`` (``pimm_fn.testing.Membership``) says, with
+            its epoch in samples (``length``, ``batch_size``, ``drop_last``)
+            instead of ``iters_per_epoch``: the epoch's steps follow the
+            count of replicas alive (``pimm_fn.core.dealing``), a step whose
+            vote fails is drawn again. The trace is the one every live
+            replica folds, its saves the ones participating rank 0 writes,
+            where training ends included. With ``max_epochs`` only (no
+            resume, budget of steps or clock).
+        length: the epoch's samples, with ``membership``.
+        batch_size: each replica's samples a step, with ``membership``.
+        drop_last: with ``membership``, leave out the epoch's tail of fewer
+            than a full step's samples.
 
     Returns:
         A ``Trace`` of ``TraceEntry`` (``.step``, ``.event``, ``.effect``,
@@ -264,10 +283,24 @@ def plan(
     [4, 8, 12, 16, 20, 24, 28, 30]
     >>> [(e.step, type(e.event).__name__) for e in plan([save_every(4)], iters_per_epoch=10, max_steps=24)][-2:]
     [(20, 'AfterEpoch'), (24, 'AfterEpoch')]
+    >>> lost = Membership(2, lost={1: 3})  # 12 samples, 2 a replica a step: two replicas, then one from step 3
+    >>> [e.step for e in plan([save_every(2)], membership=lost, length=12, batch_size=2, max_epochs=1)]
+    [2, 4]
     """
     check_budget(max_epochs, max_steps, caller="plan")
     chained = chain(*hooks)
     placeholders = _placeholders(outputs)
+    if membership is not None:
+        return _plan_replicas(
+            chained, membership, length, batch_size, drop_last, max_epochs, metrics, placeholders, locals()
+        )
+    if iters_per_epoch is None:
+        raise TypeError(
+            "plan: 'iters_per_epoch' is required (or, for a fault-tolerant job, 'membership' with the epoch in "
+            "samples: 'length' and 'batch_size')"
+        )
+    if length is not None or batch_size is not None or drop_last:
+        raise TypeError("plan: 'length', 'batch_size' and 'drop_last' go with 'membership'")
     state = initial_state(chained.hooks, iters_per_epoch=iters_per_epoch, max_epochs=max_epochs, max_steps=max_steps)
     executor = RecordingExecutor(_metric_source(metrics))
     if start is not None:
@@ -280,4 +313,40 @@ def plan(
     # One process under a time budget, no signal: the rules ``simulate`` and the runtime apply.
     boundary = None if max_time is None else Boundaries({}, world_size=1, clock=clock, max_time=max_time, margin=margin)
     run_schedule(chained, state, executor, placeholders, clock=clock, boundary=boundary)
+    return Trace(executor.trace, map(summary.hook_label, chained.hooks))
+
+
+_NOT_WITH_MEMBERSHIP = {
+    "iters_per_epoch": None,
+    "max_steps": None,
+    "start_step": 0,
+    "start": None,
+    "clock": None,
+    "max_time": None,
+}
+
+
+def _plan_replicas(
+    chained: Chain,
+    membership: object,
+    length: object,
+    batch_size: object,
+    drop_last: object,
+    max_epochs: int | None,
+    metrics: Mapping[int, Mapping[str, float]] | MetricSource | None,
+    placeholders: OutputSource | None,
+    given: Mapping[str, object],
+) -> Trace:
+    """``plan(membership=...)``: the trace every live replica folds, walked by ``pimm_fn.core.membership.walk``."""
+    membership, length, batch_size, drop_last = check_epoch(membership, length, batch_size, drop_last, owner="plan")
+    for name, default in _NOT_WITH_MEMBERSHIP.items():
+        if given[name] != default:
+            hint = " (the epoch's steps follow the replicas alive: give 'length' and 'batch_size')"
+            raise TypeError(f"plan: 'membership' takes no '{name}'{hint if name == 'iters_per_epoch' else ''}")
+    if max_epochs is None:
+        raise TypeError("plan: 'membership' needs 'max_epochs'")
+    iters = steps_left(0, length=length, batch_size=batch_size, participants=membership.replicas, drop_last=drop_last)
+    state = initial_state(chained.hooks, iters_per_epoch=iters, max_epochs=max_epochs)
+    executor = RecordingExecutor(_metric_source(metrics))
+    walk(chained, state, executor, placeholders, membership, length=length, batch_size=batch_size, drop_last=drop_last)
     return Trace(executor.trace, map(summary.hook_label, chained.hooks))

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pimm_fn.core import dealing
+from pimm_fn.core.plan import plan
 from pimm_fn.core.effects import Evaluate, SaveCheckpoint, WriteBest
 from pimm_fn.hooks import best_on, early_stop, evaluate_every, save_every
 from pimm_fn.testing.assertions import (
@@ -235,3 +236,34 @@ def test_simulate_replicas_refuses_naming_the_argument(kwargs, error, match):
 def test_the_assertions_take_only_a_replicas_result():
     with pytest.raises(TypeError, match="assert_replicas_agree takes what simulate_replicas"):
         assert_replicas_agree([])
+
+
+def _job_trace(result) -> list:
+    """The trace the job folded: at each moment, what its lowest-numbered live replica folded."""
+    run_ticks = [
+        {tick: [] for tick in range(len(result.moments))} for _ in result.runs
+    ]  # per replica, entries by moment
+    for r, run in enumerate(result.runs):
+        for entry, tick in zip(run.trace, run.ticks):
+            if tick is not None:
+                run_ticks[r][tick].append(entry.to_trace_entry())
+    return [e for tick, moment in enumerate(result.moments) for e in run_ticks[moment.live[0]][tick]]
+
+
+@settings(max_examples=60)
+@given(
+    membership=memberships(max_step=10),
+    epoch=epochs(),
+    max_epochs=st.integers(1, 2),
+    stack=hook_stacks(max_every=4),
+    metrics=metric_streams(ranks=("all",)),
+)
+def test_plan_under_a_membership_is_the_trace_every_live_replica_folds(membership, epoch, max_epochs, stack, metrics):
+    """plan(membership=...) predicts the job: its trace, its saves, where it ends."""
+    length, batch, drop_last = epoch
+    schedule = dict(length=length, batch_size=batch, drop_last=drop_last, max_epochs=max_epochs, metrics=metrics)
+    result = simulate_replicas(stack, membership=membership, **schedule)
+    planned = plan(stack, membership=membership, outputs=(), **schedule)
+    assert list(planned) == _job_trace(result)
+    saves = [e.effect for e in planned if isinstance(e.effect, (SaveCheckpoint, WriteBest))]
+    assert saves == [s.effect for s in result.saves]
