@@ -45,7 +45,10 @@ def _pairs(value: object) -> tuple[tuple[int, int], ...]:
         if not (isinstance(item, tuple) and len(item) == 2):
             raise TypeError(f"Membership: expected a mapping {{replica: step}} (got {value!r:.80})")
         pairs.append(item)
-    return tuple(sorted(pairs, key=repr))
+    try:
+        return tuple(sorted(pairs))
+    except TypeError:  # not replicas and steps: the validator says so
+        return tuple(pairs)
 
 
 def _replica_steps(membership: "Membership", name: str, pairs: tuple[tuple[int, int], ...]) -> None:

@@ -382,8 +382,12 @@ def assert_heals_exact(result: ReplicasResult) -> None:
                     f"replica {heal.replica} healed from replica {heal.source} at step {heal.step} holds another "
                     f"state: {', '.join(fields) or 'its global step'} differ(s)"
                 )
-            if heal.source == heal.replica:
-                raise AssertionError(f"replica {heal.replica} healed from itself at step {heal.step}")
+            before = result.moments[heal.tick - 1].live if heal.tick else ()
+            if heal.source not in before or heal.replica in before:
+                raise AssertionError(
+                    f"replica {heal.replica} healed at step {heal.step} from replica {heal.source}: the source must "
+                    f"be live before the heal and the healed one not (live then: {before})"
+                )
 
 
 def assert_saves_once(result: ReplicasResult) -> None:

@@ -65,6 +65,7 @@ class Heal:
         step: the committed step the state is of.
         index: the entries of ``replica``'s trace before the heal (its own
             start as a fresh process, and any earlier life).
+        tick: the first moment (``ReplicasResult.moments``) it folds, healed.
         sent: the source's ``State`` at the heal.
         received: the replica's ``State`` just after it (its own rank and
             world size, the rest the source's).
@@ -74,6 +75,7 @@ class Heal:
     source: int
     step: int
     index: int
+    tick: int
     sent: State
     received: State
 
@@ -330,7 +332,7 @@ class _Job:
         # Its whole State and data cursor; its own rank and world size (a process group of its own).
         received = attrs.evolve(source.state, rank=fresh.state.rank, world_size=fresh.state.world_size)
         index = len(fresh.executor.entries)
-        fresh.heals.append(Heal(replica, self.live[0], step, index, source.state, received))
+        fresh.heals.append(Heal(replica, self.live[0], step, index, len(self.moments), source.state, received))
         fresh.state, fresh.cursor = received, source.cursor
         self.replicas[replica] = fresh
 

@@ -267,3 +267,23 @@ def test_plan_under_a_membership_is_the_trace_every_live_replica_folds(membershi
     assert list(planned) == _job_trace(result)
     saves = [e.effect for e in planned if isinstance(e.effect, (SaveCheckpoint, WriteBest))]
     assert saves == [s.effect for s in result.saves]
+
+
+def test_a_heal_that_does_not_hand_over_the_state_or_comes_from_a_lost_replica_is_reported():
+    import attrs
+
+    from pimm_fn.testing.assertions import assert_heals_exact
+
+    result = simulate_replicas(
+        [save_every(2)], membership=Membership(2, lost={1: 2}, rejoined={1: 3}), length=8, batch_size=1, max_epochs=1
+    )
+    assert_heals_exact(result)
+    (heal,) = result.runs[1].heals
+    behind = attrs.evolve(heal, received=attrs.evolve(heal.received, slots=((),)))
+    with pytest.raises(AssertionError, match="replica 1 healed from replica 0 at step 2 holds another state: slots"):
+        assert_heals_exact(attrs.evolve(result, runs=(result.runs[0], attrs.evolve(result.runs[1], heals=(behind,)))))
+    lost_source = attrs.evolve(heal, source=1)
+    with pytest.raises(AssertionError, match="the source must be live before the heal"):
+        assert_heals_exact(
+            attrs.evolve(result, runs=(result.runs[0], attrs.evolve(result.runs[1], heals=(lost_source,))))
+        )
