@@ -4,6 +4,7 @@ The properties over generated hook stacks and memberships, exact traces of a
 hand-written membership, and the refusals.
 """
 
+import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,10 +12,11 @@ from hypothesis import strategies as st
 from pimm_fn.core import dealing
 from pimm_fn.core.plan import plan
 from pimm_fn.core.effects import Evaluate, SaveCheckpoint, WriteBest
-from pimm_fn.hooks import best_on, early_stop, evaluate_every, save_every
+from pimm_fn.hooks import best_on, early_stop, evaluate_every, log_every, save_every
 from pimm_fn.testing.assertions import (
     assert_epochs_dealt_once,
     assert_fault_tolerant,
+    assert_heals_exact,
     assert_replicas_agree,
     assert_saves_once,
 )
@@ -32,28 +34,26 @@ def epochs(draw):
     return draw(st.integers(batch * 4 if drop_last else 1, 24)), batch, drop_last
 
 
+@st.composite
+def jobs(draw):
+    """A membership, a standard stack, and the rest of simulate_replicas' keywords (the epoch, metrics)."""
+    length, batch, drop_last = draw(epochs())
+    schedule = {
+        "length": length,
+        "batch_size": batch,
+        "drop_last": drop_last,
+        "max_epochs": draw(st.integers(1, 2)),
+        "metrics": draw(metric_streams(ranks=("all",))),
+    }
+    return draw(memberships(max_step=10)), draw(hook_stacks(max_every=4)), schedule
+
+
 @settings(max_examples=60)
-@given(
-    membership=memberships(max_step=10),
-    epoch=epochs(),
-    max_epochs=st.integers(1, 2),
-    stack=hook_stacks(max_every=4),
-    metrics=metric_streams(ranks=("all",)),
-)
-def test_any_membership_keeps_the_replicas_agreed_the_saves_single_and_the_epochs_whole(
-    membership, epoch, max_epochs, stack, metrics
-):
+@given(job=jobs())
+def test_any_membership_keeps_the_replicas_agreed_the_saves_single_and_the_epochs_whole(job):
     """Lost and rejoining replicas at any steps: agreement, exact heals, saves once, steps rising, each position once."""
-    length, batch, drop_last = epoch
-    result = simulate_replicas(
-        stack,
-        membership=membership,
-        length=length,
-        batch_size=batch,
-        drop_last=drop_last,
-        max_epochs=max_epochs,
-        metrics=metrics,
-    )
+    membership, stack, schedule = job
+    result = simulate_replicas(stack, membership=membership, **schedule)
     assert_fault_tolerant(result)
     # The epoch's length followed the count of each step: one step per dealt batch, none beyond the order.
     for dealt in result.steps:
@@ -153,8 +153,6 @@ def test_a_rejoin_shortens_the_epoch_and_drop_last_leaves_its_tail():
 
 def test_per_replica_outputs_in_a_trace_are_reported_naming_the_moment():
     """A hook logging each replica's own loss makes the traces differ: the agreement check says where."""
-    from pimm_fn.hooks import log_every
-
     result = simulate_replicas(
         [log_every(1)],
         membership=Membership(2),
@@ -169,8 +167,6 @@ def test_per_replica_outputs_in_a_trace_are_reported_naming_the_moment():
 
 def test_a_save_executed_twice_or_by_the_wrong_replica_is_reported():
     """The saves check reads what the replicas executed: a second writer fails it."""
-    import attrs
-
     result = simulate_replicas([save_every(2)], membership=Membership(2), length=4, batch_size=1, max_epochs=1)
     assert_saves_once(result)
     doubled = attrs.evolve(result, saves=(*result.saves, attrs.evolve(result.saves[0], replica=1)))
@@ -179,8 +175,6 @@ def test_a_save_executed_twice_or_by_the_wrong_replica_is_reported():
 
 
 def test_a_position_dealt_twice_is_reported():
-    import attrs
-
     result = simulate_replicas([], membership=Membership(2), length=4, batch_size=1, max_epochs=1)
     bad = attrs.evolve(result.steps[1], positions=((0,), (1,)))
     with pytest.raises(AssertionError, match="epoch 0, step 2"):
@@ -240,28 +234,21 @@ def test_the_assertions_take_only_a_replicas_result():
 
 def _job_trace(result) -> list:
     """The trace the job folded: at each moment, what its lowest-numbered live replica folded."""
-    run_ticks = [
-        {tick: [] for tick in range(len(result.moments))} for _ in result.runs
-    ]  # per replica, entries by moment
-    for r, run in enumerate(result.runs):
-        for entry, tick in zip(run.trace, run.ticks):
-            if tick is not None:
-                run_ticks[r][tick].append(entry.to_trace_entry())
-    return [e for tick, moment in enumerate(result.moments) for e in run_ticks[moment.live[0]][tick]]
+    owners = {tick: moment.live[0] for tick, moment in enumerate(result.moments)}
+    owned = [
+        (tick, entry)
+        for run in result.runs
+        for entry, tick in zip(run.trace, run.ticks)
+        if tick is not None and owners[tick] == run.replica
+    ]
+    return [entry.to_trace_entry() for _, entry in sorted(owned, key=lambda pair: pair[0])]  # stable: in order
 
 
 @settings(max_examples=60)
-@given(
-    membership=memberships(max_step=10),
-    epoch=epochs(),
-    max_epochs=st.integers(1, 2),
-    stack=hook_stacks(max_every=4),
-    metrics=metric_streams(ranks=("all",)),
-)
-def test_plan_under_a_membership_is_the_trace_every_live_replica_folds(membership, epoch, max_epochs, stack, metrics):
+@given(job=jobs())
+def test_plan_under_a_membership_is_the_trace_every_live_replica_folds(job):
     """plan(membership=...) predicts the job: its trace, its saves, where it ends."""
-    length, batch, drop_last = epoch
-    schedule = dict(length=length, batch_size=batch, drop_last=drop_last, max_epochs=max_epochs, metrics=metrics)
+    membership, stack, schedule = job
     result = simulate_replicas(stack, membership=membership, **schedule)
     planned = plan(stack, membership=membership, outputs=(), **schedule)
     assert list(planned) == _job_trace(result)
@@ -270,10 +257,6 @@ def test_plan_under_a_membership_is_the_trace_every_live_replica_folds(membershi
 
 
 def test_a_heal_that_does_not_hand_over_the_state_or_comes_from_a_lost_replica_is_reported():
-    import attrs
-
-    from pimm_fn.testing.assertions import assert_heals_exact
-
     result = simulate_replicas(
         [save_every(2)], membership=Membership(2, lost={1: 2}, rejoined={1: 3}), length=8, batch_size=1, max_epochs=1
     )
