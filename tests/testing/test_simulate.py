@@ -205,6 +205,9 @@ def test_importing_and_simulating_leaves_torch_unimported():
         "    iters_per_epoch=4, max_epochs=2, resume_at=5, metrics=strategies.MetricStream(),\n"
         "    local=strategies.LocalInputs((1.0, 2.0)))\n"
         "kit.assert_collective_agreement(r)\n"
+        "m = kit.Membership(3, lost={1: 2}, rejoined={1: 4})\n"
+        "kit.assert_fault_tolerant(kit.simulate_replicas([save_every(2)], membership=m, length=9, batch_size=1,\n"
+        "    max_epochs=2))\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -219,6 +222,11 @@ def test_public_surface():
         "SimEntry",
         "assert_collective_agreement",
         "assert_resume_continuity",
+        "simulate_replicas",
+        "Membership",
+        "ReplicasResult",
+        "ReplicaRun",
+        "assert_fault_tolerant",
     ]
     assert all(hasattr(kit, name) for name in kit.__all__)
     from pimm_fn.testing import strategies
