@@ -17,6 +17,9 @@ cursor, and from then on folds the same events. Collective saves
 step: participating rank 0, the lowest-numbered live replica; every replica
 folds them, the others skip the writes.
 
+The quorum of a step is held where it is next: after the step before it,
+or, for an epoch's first step, after the epoch's ``BeforeEpoch`` (whose
+hooks see the epoch as long as the last quorum's count makes it).
 Every step is walked (no quiet stretches: the quorum is held at each
 boundary), in lockstep: each event is folded by every live replica, each
 from its own state, so any difference between their traces comes from the

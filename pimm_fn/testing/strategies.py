@@ -29,6 +29,9 @@ shrinks toward one second a step. ``preemption_requests`` draws
 ``simulate(preempt=...)`` and shrinks toward no signal, then rank 0 alone at
 step 1. Like ``pimm_fn.testing.strategies``, each draws a frozen value whose
 ``repr`` is code you can paste back.
+
+``memberships`` draws ``simulate_replicas(membership=...)`` and
+``plan(membership=...)``: replicas lost at any step, some rejoining later.
 """
 
 import itertools
