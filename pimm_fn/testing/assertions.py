@@ -443,9 +443,12 @@ def assert_steps_rise(result: ReplicasResult) -> None:
         mine = [m.step for m in result.moments if m.event == "AfterStep" and r in m.live]
         if any(a >= b for a, b in zip(mine, mine[1:])):
             raise AssertionError(f"replica {r} commits steps out of order: {mine}")
-        if run.state.progress.global_step != (mine[-1] if mine else 0):
+        # Where it ends: its last committed step, or the step of a later heal (the epoch may end at that boundary).
+        reached = max([*mine[-1:], *(heal.step for heal in run.heals)], default=0)
+        if run.state.progress.global_step != reached:
             raise AssertionError(
-                f"replica {r} ends at step {run.state.progress.global_step}, its last committed step is {mine[-1:]}"
+                f"replica {r} ends at step {run.state.progress.global_step}, but its last committed step is "
+                f"{mine[-1:]} and its heals are at steps {[heal.step for heal in run.heals]}"
             )
 
 
@@ -455,7 +458,8 @@ def assert_epochs_dealt_once(result: ReplicasResult) -> None:
     Per epoch, the committed steps start at cursor 0, each takes the
     positions from the cursor on (``pimm_fn.core.dealing``) and moves it past
     them; at the epoch's end the cursor is at its length (with ``drop_last``:
-    less than a full step short of it), unless a hook stopped the run in it.
+    less than a full step of the replicas live then short of it), unless a
+    hook stopped the run in it.
 
     Raises:
         AssertionError: naming the epoch and step where a position was
@@ -468,6 +472,7 @@ def assert_epochs_dealt_once(result: ReplicasResult) -> None:
         epochs.setdefault(dealt.epoch, []).append(dealt)
     stopped = any(run.state.stop is not None for run in result.runs)
     last_epoch = max(epochs, default=-1)
+    ends = [moment.live for moment in result.moments if moment.event == "AfterEpoch"]  # one per epoch, in order
     for epoch, steps in epochs.items():
         cursor = 0
         for dealt in steps:
@@ -479,7 +484,8 @@ def assert_epochs_dealt_once(result: ReplicasResult) -> None:
                     f"the positions {cursor}..{cursor + taken - 1} were due"
                 )
             cursor += taken
-        n = len(steps[-1].participants)
+        # The count the epoch ended for: the replicas live at its AfterEpoch (a rejoin may end it at a boundary).
+        n = len(ends[epoch]) if epoch < len(ends) else len(steps[-1].participants)
         short = length - cursor
         done = short == 0 or (result.drop_last and short < batch * n)
         if not done and not (stopped and epoch == last_epoch):

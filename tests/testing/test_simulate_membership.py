@@ -151,6 +151,19 @@ def test_a_rejoin_shortens_the_epoch_and_drop_last_leaves_its_tail():
     assert_fault_tolerant(result)
 
 
+def test_a_replica_healed_at_the_boundary_where_its_rejoin_ends_the_epoch_ends_at_the_heal():
+    """Replica 0 dies in step 1 and is back for step 4: with two replicas the dropped tail leaves no step 4."""
+    membership = Membership(2, lost={0: 1}, rejoined={0: 4})
+    result = simulate_replicas(
+        [save_every(1)], membership=membership, length=4, batch_size=1, drop_last=True, max_epochs=1
+    )
+    assert [(s.step, s.participants) for s in result.steps] == [(1, (1,)), (2, (1,)), (3, (1,))]
+    assert [(h.step, h.source) for h in result.runs[0].heals] == [(3, 1)]
+    assert result.states[0] == result.states[1] and result.states[0].progress.global_step == 3
+    assert result.runs[0].absent == (1, 2, 3)
+    assert_fault_tolerant(result)
+
+
 def test_per_replica_outputs_in_a_trace_are_reported_naming_the_moment():
     """A hook logging each replica's own loss makes the traces differ: the agreement check says where."""
     result = simulate_replicas(
