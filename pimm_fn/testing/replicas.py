@@ -340,15 +340,18 @@ class _Job:
         self.replicas[replica] = fresh
 
     def attempt(self, step: int, members: list[int]) -> None:
-        """Step ``step`` drawn by ``members``, one of which dies in it: the vote fails, the step is discarded."""
-        self.resize(members)
-        lead = self.replicas[members[0]].state
-        if next_event(lead) != ev.BeforeStep(step):
-            return  # no step left to draw in this epoch for that many: the loss is seen at the quorum
+        """Step ``step`` drawn by ``members``, one of which dies in it: the vote fails, the step is discarded.
+
+        Every one of them is then back at the boundary, as the quorum found it:
+        no ``AfterStep``, the cursor unmoved, the epoch's length its own again.
+        """
         boundary = {r: (self.replicas[r].state, self.replicas[r].cursor) for r in members}
-        self.discarded.append(self.dealt(step, members))
-        self.fold(ev.BeforeStep(step), members)
-        for r, (state, cursor) in boundary.items():  # back at the boundary: no AfterStep, the cursor unmoved
+        self.resize(members)
+        # Unless the epoch has no step left for that many: then the loss is seen at the quorum alone.
+        if next_event(self.replicas[members[0]].state) == ev.BeforeStep(step):
+            self.discarded.append(self.dealt(step, members))
+            self.fold(ev.BeforeStep(step), members)
+        for r, (state, cursor) in boundary.items():
             self.replicas[r].state, self.replicas[r].cursor = state, cursor
 
     def result(self) -> ReplicasResult:
