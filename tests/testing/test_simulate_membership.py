@@ -283,3 +283,20 @@ def test_a_heal_that_does_not_hand_over_the_state_or_comes_from_a_lost_replica_i
         assert_heals_exact(
             attrs.evolve(result, runs=(result.runs[0], attrs.evolve(result.runs[1], heals=(lost_source,))))
         )
+
+
+@settings(max_examples=30)
+@given(job=jobs())
+def test_a_discarded_step_leaves_nothing_the_standard_hooks_see(job):
+    """The same losses between steps or failing their steps' votes: the same committed steps, traces and states.
+
+    The standard hooks act on no BeforeStep, so a failed vote's attempt folds nothing they see.
+    """
+    membership, stack, schedule = job
+    failing = simulate_replicas(stack, membership=attrs.evolve(membership, failed_votes=True), **schedule)
+    between = simulate_replicas(stack, membership=attrs.evolve(membership, failed_votes=False), **schedule)
+    assert failing.steps == between.steps
+    assert [s.effect for s in failing.saves] == [s.effect for s in between.saves]
+    assert [run.trace for run in failing.runs] == [run.trace for run in between.runs]
+    assert failing.states == between.states
+    assert between.discarded == ()
