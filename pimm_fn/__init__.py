@@ -69,6 +69,7 @@ _RUNTIME = {
     "Resuming": "pimm_fn.runtime.engine.options",
     "Watching": "pimm_fn.runtime.engine.options",
     "Parallel": "pimm_fn.runtime.engine.options",
+    "FaultTolerance": "pimm_fn.runtime.engine.options",
     "Training": "pimm_fn.runtime.engine.options",
     "loader_evaluator": "pimm_fn.runtime.evaluation.loader_evaluator",
     "LoaderEvaluator": "pimm_fn.runtime.evaluation.loader_evaluator",

@@ -78,6 +78,7 @@ PUBLIC = {
     "Resuming",
     "Watching",
     "Parallel",
+    "FaultTolerance",
     "Training",
     "Preemption",
     "Preempted",

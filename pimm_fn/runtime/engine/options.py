@@ -33,7 +33,7 @@ from pimm_fn.runtime.engine.arguments import ARGUMENTS, check_on_nonfinite, chec
 from pimm_fn.runtime.engine.interpreter import KEEP_TRACE
 from pimm_fn.runtime.logs.loggers import check_loggers
 
-__all__ = ["Saving", "Resuming", "Watching", "Parallel", "Training", "Preemption", "seconds"]
+__all__ = ["Saving", "Resuming", "Watching", "FaultTolerance", "Parallel", "Training", "Preemption", "seconds"]
 
 _BOOL = v.is_bool.with_hint("pass True or False")
 
@@ -135,6 +135,61 @@ class Watching:
     )
 
 
+_SECONDS = v.number(above=0).with_hint("pass seconds")
+
+
+_ADDRESS = v.optional(
+    v.instance_of(str, expected="an address").with_hint(
+        "pass the lighthouse's address ('http://host:29510'), or None to read TORCHFT_LIGHTHOUSE"
+    )
+)
+
+
+@attrs.frozen
+class FaultTolerance:
+    """The run as replica groups that go on when one fails, a failed one rejoining from a live peer (torchft).
+
+    Each replica group is one process, or one ``torchrun`` group; every
+    group runs the same script with its own ``replica_group``. At each
+    step's start the groups alive form a quorum through torchft's
+    lighthouse (a group that rejoins takes a live peer's whole state there:
+    ``pimm_fn.runtime.replicas.heal``); the gradients are averaged over the
+    participants, and the optimizer steps only when every participant voted
+    to commit. A step whose vote fails is discarded: the hooks never see
+    it, and it is drawn again after the next quorum. Each checkpoint and
+    best-weights file is written by one group, the quorum's participating
+    rank 0. Needs ``pip install 'pimm_fn[ft]'`` (torchft).
+
+    Attributes:
+        min_replicas: the fewest replica groups a step commits with (>= 1).
+            With fewer, the run waits, saying so, up to ``quorum_timeout``.
+        lighthouse: the torchft lighthouse's address; ``None`` (default)
+            reads ``TORCHFT_LIGHTHOUSE``.
+        replica_group: this group's id, the same on each of its ranks;
+            ``None`` (default) reads ``REPLICA_GROUP_ID``.
+        quorum_timeout: seconds to wait for ``min_replicas`` groups before a
+            ``ReplicaError`` (default 60).
+        timeout: seconds after which a collective with a hung peer gives up
+            (its step discarded, the others go on without it; default 30).
+        connect_timeout: seconds to reach the lighthouse at the start before
+            a ``ReplicaError`` (default 10).
+    """
+
+    factory_name: ClassVar[str] = "FaultTolerance"
+
+    min_replicas: int = attrs.field(default=1, validator=v.int_at_least(1))
+    lighthouse: str | None = attrs.field(default=None, validator=_ADDRESS)
+    replica_group: str | None = attrs.field(
+        default=None,
+        validator=v.optional(
+            v.instance_of(str, expected="a str").with_hint("pass this group's id, or None to read REPLICA_GROUP_ID")
+        ),
+    )
+    quorum_timeout: float = attrs.field(default=60.0, validator=_SECONDS)
+    timeout: float = attrs.field(default=30.0, validator=_SECONDS)
+    connect_timeout: float = attrs.field(default=10.0, validator=_SECONDS)
+
+
 @attrs.frozen
 class Parallel:
     """How the run spreads over the ranks of a process group.
@@ -153,12 +208,23 @@ class Parallel:
             only the collective effects of hooks not declared
             ``rank_consistent`` (the built-ins are), with one small asynchronous
             all-reduce where such a hook is called (``benchmarks/guard.py``).
+        fault_tolerant: a ``FaultTolerance``: the run as replica groups that
+            go on when one fails (torchft); ``None`` (default): a failed rank
+            stops every rank (``PeerFailureError``).
     """
 
     factory_name: ClassVar[str] = "loop"
 
     ddp: bool = attrs.field(default=False, validator=_BOOL)
     check_agreement: bool | None = attrs.field(default=None, validator=ARGUMENTS["check_agreement"])
+    fault_tolerant: FaultTolerance | None = attrs.field(
+        default=None,
+        validator=v.optional(
+            v.instance_of(FaultTolerance, expected="a pimm_fn.FaultTolerance").with_hint(
+                "pass fault_tolerant=pimm_fn.FaultTolerance(min_replicas=...)"
+            )
+        ),
+    )
 
 
 @attrs.frozen
