@@ -241,8 +241,11 @@ def release_when_collected(lock: Lock) -> None:
     releasing.join(_COLLECTED_RELEASE_S)
 
 
-def take(save_dir, *, say) -> Lock:
+def take(save_dir, *, say, name: str = LOCK_NAME) -> Lock:
     """Take ``save_dir``'s lock on rank 0 and tell every rank how that went (collective; ``None``: no lock).
+
+    ``name``: the lock file's (the replica groups of a fault-tolerant run share
+    ``save_dir``, each under a lock of its own).
 
     Raises:
         SaveDirLockError: on every rank, when another run holds it: before
@@ -252,7 +255,7 @@ def take(save_dir, *, say) -> Lock:
     """
     if save_dir is None:
         return Lock(None)
-    path = storage.location(save_dir) / LOCK_NAME
+    path = storage.location(save_dir) / name
     shared = dist.run_on_main(lambda: _attempt(path, say))  # an OS error of rank 0's raised on every rank
     if isinstance(shared, SaveDirLockError):
         if not shared.read_only:

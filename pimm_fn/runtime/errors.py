@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # named for an annotation only: importing the checkpoint pack
 __all__ = [
     "CollectiveDivergenceError",
     "PeerFailureError",
+    "ReplicaError",
     "MissingHandlerError",
     "ResumeError",
     "NonFiniteLossError",
@@ -69,6 +70,10 @@ class CollectiveDivergenceError(RuntimeError):
 
 class PeerFailureError(CollectiveDivergenceError):
     """Another rank's step failed where this rank's did not: the group was shut down, and this rank stopped too."""
+
+
+class ReplicaError(RuntimeError):
+    """A fault-tolerant run cannot go on as replica groups: the lighthouse unreachable, too few groups in time, ..."""
 
 
 class MissingHandlerError(LookupError):

@@ -32,7 +32,7 @@ import torch
 
 from pimm_fn.checkpoint.background import BackgroundSaver
 from pimm_fn.checkpoint.storage import Location
-from pimm_fn.core.effects import Scope
+from pimm_fn.core.effects import SaveCheckpoint, Scope, WriteBest
 from pimm_fn.core.trace import TraceEntry
 from pimm_fn.runtime.engine.implied import Implied
 from pimm_fn.runtime.errors import Advice, MissingHandlerError
@@ -44,6 +44,8 @@ __all__ = [
     "unwrap",
 ]
 
+
+_WRITES = (SaveCheckpoint, WriteBest)  # under FaultTolerance, written by one replica group only
 
 KEEP_TRACE = 10_000  # executed effects a run keeps in its trace by default: the newest, so a long run stays flat
 
@@ -89,6 +91,9 @@ class Interpreter:
         effect = entry.effect
         if effect.scope is Scope.MAIN and self.ctx.rank != 0 and effect.__class__ not in self.ctx.everywhere:
             return ()
+        replicas = self.ctx.replicas
+        if replicas is not None and effect.__class__ in _WRITES and not replicas.writes:
+            return ()  # one replica group writes each file: the quorum's participating rank 0
         handler = self.handler_for(effect)
         followups = handler(effect, state, self.ctx)
         if getattr(effect, "traced", True):  # an effect that only shows the run (the bar's) is left out
@@ -170,6 +175,7 @@ class Context:
     bar: Any = None  # the run's ProgressBar on the main rank when one is shown (pimm_fn.runtime.handlers.progress)
     lock: Any = None  # the save_dir lock (pimm_fn.checkpoint.lock): released when training ends
     stopping: Any = None  # preemption and max_time (pimm_fn.runtime.engine.preemption.Stopping); None: never asked
+    replicas: Any = None  # this replica group under FaultTolerance (pimm_fn.runtime.replicas.switch); None: off
 
     @property
     def hooks(self) -> tuple | None:

@@ -56,6 +56,7 @@ from pimm_fn.runtime.handlers.control import check_scheduler_hooks
 from pimm_fn.runtime.handlers.dispatch import run_handlers
 from pimm_fn.runtime.handlers.logs import Logs
 from pimm_fn.runtime.logs.loggers import check_loggers, run_loggers
+from pimm_fn.runtime.replicas import switch as replicas
 from pimm_fn.runtime.resume.resume import fresh_state, locate, restore, resumed_state
 from pimm_fn.runtime.step import stateful_objects
 from pimm_fn.runtime.step.configurable import built_in, loop_scaler
@@ -352,6 +353,11 @@ def loop(
     )
     optimizer, optimizers = stateful_objects.check_optimizers(optimizer, step_fn, sharded=shards)
     arguments.check_trains_model(model, optimizers or {"optimizer": optimizer})  # not another model's parameters
+    tolerant = parallel.fault_tolerant
+    if tolerant is not None:  # torchft installed, the group and lighthouse known, what it cannot run refused
+        replicas.check(
+            tolerant, named_optimizers=optimizers is not None, on_nonfinite=training.on_nonfinite, sharded=shards
+        )
     extra_state = stateful_objects.extra_state(training.extra_state, hooks, sharded=shards)
     check_fresh_save_dir(resume, save_dir)  # the arguments are right; is save_dir free for a fresh run?
     use_local_cuda_device(model)  # LOCAL_RANK's GPU, before DDP, the guard or DCP allocate on the current one
@@ -404,6 +410,7 @@ def loop(
         reduce=watching.log_reduce,
     )
     ctx.bar = progress_bar.ProgressBar() if shown and ctx.rank == 0 else None
+    ctx.replicas = replicas.Replicas(tolerant, ctx.say) if tolerant is not None else None
     ctx.stopping = Stopping(
         preemption,
         max_time=max_time,
@@ -417,7 +424,9 @@ def loop(
     for message in configuration_messages(hook_chain.hooks):
         warnings.warn(message, ConfigurationWarning, stacklevel=2)
     check_bucket(save_dir, create=saving.create_bucket, say=ctx.say)  # a mistyped bucket: refused, never created
-    lock = save_dir_lock.take(save_dir, say=ctx.say)  # before anything is written there; rank 0's, told to all
+    # Before anything is written there; rank 0's, told to all. Replica groups share save_dir, each its own lock.
+    lock_name = replicas.lock_name(ctx.replicas.group) if ctx.replicas is not None else save_dir_lock.LOCK_NAME
+    lock = save_dir_lock.take(save_dir, say=ctx.say, name=lock_name)
     with lock.released_on_error():
         # skipped checkpoints said on the console, as any line; a pimm legacy file takes this run's steps per epoch
         info = locate(
@@ -453,6 +462,10 @@ def loop(
         prewarm_staging(ctx)  # when a hook saves in the background: its memory, after the first step
         run = Loop(ctx, state, step_fn or train_step, interpreter, resume=resume, resumed=info is not None)
         ctx.nonfinite.where = lambda: run.state.progress  # a NaN loss is reported at the step being trained
+        if ctx.replicas is not None:
+            ctx.replicas.connect(
+                run
+            )  # the lighthouse joined at this run's step; healed, if behind, at the first quorum
         if watching.sanity_check != 0 and not run.finished:  # evaluators once, their names checked; nothing published
             sanity_check(ctx, watching.sanity_check)
         if info is not None and not run.finished:  # a finished run resumed with its own budget runs no hook at all

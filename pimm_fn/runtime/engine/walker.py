@@ -28,6 +28,7 @@ from pimm_fn.runtime.engine.outputs import QuietSteps, read_in_place
 from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
 from pimm_fn.runtime.engine.transaction import LOADING, Transaction, effect_phase, fold_phase, step_of
 from pimm_fn.runtime.errors import Preempted
+from pimm_fn.runtime.replicas.commit import Discarded
 from pimm_fn.runtime.step.driver import Driver
 from pimm_fn.runtime.step.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.step.train_step import runner, train_step
@@ -71,7 +72,7 @@ class Walker:
     def use(self, implied) -> None:
         """Walk on with the hooks of ``implied`` (``pimm_fn.runtime.engine.implied``): at build, and after ``replace``."""
         self.hooks, self.processed = implied.hooks, dict(implied.processed)
-        self._quiet_steps = implied.quiet_steps
+        self._quiet_steps = implied.quiet_steps and self.ctx.replicas is None  # replicas meet at every step
         self._driver = Driver(
             self.ctx,
             self.tx,
@@ -133,7 +134,7 @@ class Walker:
         agreed on by every rank saves and stops (``pimm_fn.runtime.engine.preemption``).
         """
         tx, quiet = self.tx, self._quiet
-        self._continue() if tx.interrupted is not None else self._step()
+        self._continue() if tx.interrupted is not None else self._walk()
         if quiet.due(quiet.last if quiet.last is not None else self._state.progress.global_step):
             self._read()  # a long epoch no hook reads the outputs of: what waits stays bounded (WAIT_AT_MOST)
         if tx.keys.pending:  # every unit closed behind it: only a held Ctrl-C makes this a safe point to act at
@@ -192,6 +193,19 @@ class Walker:
         """Read the outputs waiting on their device (``pimm_fn.runtime.engine.outputs``), if any."""
         if self._quiet.unread:
             self._read()
+
+    def _walk(self) -> None:
+        """The next step; under ``FaultTolerance`` after the replica groups' quorum, and again while it is discarded."""
+        replicas = self.ctx.replicas
+        if replicas is None:
+            return self._step()
+        while True:
+            if replicas.at_boundary():  # healed: the peer's state and data position replaced this run's
+                self.tx.held = None
+            try:
+                return self._step()
+            except Discarded:  # its vote failed: nothing of it reached the hooks; drawn again after a new quorum
+                continue
 
     def _step(self) -> None:
         quiet = self._quiet
@@ -358,6 +372,8 @@ class Walker:
         self._interpreter.settle()
         self.ctx.wait_for_save()
         self._interpreter.close()
+        if self.ctx.replicas is not None:
+            self.ctx.replicas.close()
         if self.ctx.lock is not None:
             self.ctx.lock.release()
 
@@ -369,7 +385,7 @@ class Walker:
             while self._next_event().__class__ in _CLOSING:
                 self._advance()
         else:
-            self._step()
+            self._walk()
         self.tx.interrupted = None
 
     def _recover(self) -> bool:

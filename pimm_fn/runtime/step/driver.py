@@ -15,6 +15,7 @@ What a step gets from the feed (one batch, or a group of micro-batches) and how 
 import torch
 
 from pimm_fn.runtime.engine.transaction import LOADING, SCHEDULING, TRAINING, StepWatch, retried_inexactly
+from pimm_fn.runtime.replicas.commit import Discarded
 from pimm_fn.runtime.step.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.step.train_step import scalar_outputs
 
@@ -83,10 +84,12 @@ class Driver:
         "_loading",
         "_training",
         "_scheduling",
+        "_replicas",
     )
 
     def __init__(self, ctx, tx, run_step, *, scheduler_in_step: bool, default_step: bool, trained):
         self._ctx, self._tx, self._run_step, self._trained = ctx, tx, run_step, trained
+        self._replicas = ctx.replicas  # under FaultTolerance: a step whose commit vote failed is discarded
         scheduler = ctx.scheduler if scheduler_in_step else None
         self._after = default_step and scheduler is not None  # the driver steps it after the step
         self._handed = None if self._after else scheduler  # the scheduler the step function is handed
@@ -117,6 +120,10 @@ class Driver:
             watch.arm()  # it then tells where, around optimizer.step(), the train step raised
         with self._training:
             scalars = self._run_step(ctx.model, ctx.optimizer, batch, self._handed, ctx.scaler)
+        replicas = self._replicas
+        if replicas is not None and not replicas.took(step):
+            replicas.discard(step)  # the batch held: trained again, from the same RNG, unless a heal replaces it
+            raise Discarded(step)  # outside every unit: the walker draws the step again after a new quorum
         tx.held = None
         if self._after and (skipping is None or skipping.count == skips):  # a skipped batch leaves the scheduler
             return self.schedule(step, scalars, batch_size(batch))

@@ -1,0 +1,115 @@
+"""The torchft ``Manager`` of one replica group, built from ``FaultTolerance`` and the environment.
+
+A replica group is one process, or one ``torchrun`` group. Its id is
+``FaultTolerance(replica_group=)`` or ``REPLICA_GROUP_ID``, the lighthouse
+``FaultTolerance(lighthouse=)`` or ``TORCHFT_LIGHTHOUSE``, as torchft reads
+them. A single-process group gets a ``TCPStore`` of its own (on
+``127.0.0.1`` when the lighthouse is on this host, else on this host's
+name); a ``torchrun`` group uses its own store (``MASTER_ADDR``,
+``MASTER_PORT``), and its local rank and size. The manager's gloo group
+joins the groups of a quorum; its step starts at the run's global step, so
+a replica behind the others (restarted from an older checkpoint, or fresh)
+is healed from a live peer at the first quorum.
+
+torchft is imported here, and only when the option is used: ``require()``
+refuses the option, naming the extra, where it is not installed.
+"""
+
+import os
+import socket
+import urllib.parse
+from datetime import timedelta
+from typing import Any
+
+from pimm_fn import dist
+from pimm_fn.runtime.errors import ReplicaError
+
+__all__ = ["INSTALL", "require", "group_id", "lighthouse", "build"]
+
+INSTALL = "pip install 'pimm_fn[ft]'"
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def require() -> None:
+    """Refuse ``Parallel(fault_tolerant=...)`` where torchft is not installed, naming the extra."""
+    try:
+        import torchft  # noqa: F401 - only whether it imports
+    except ImportError:
+        raise ImportError(
+            f"loop: Parallel(fault_tolerant=...) runs the replica groups through torchft, which is not installed: "
+            f"{INSTALL}"
+        ) from None
+
+
+def group_id(option) -> str:
+    """This replica group's id: ``option.replica_group``, else ``REPLICA_GROUP_ID``."""
+    found = option.replica_group if option.replica_group is not None else os.environ.get("REPLICA_GROUP_ID")
+    if not found:
+        raise ValueError(
+            "loop: FaultTolerance needs this replica group's id: pass FaultTolerance(replica_group='0') or set "
+            "REPLICA_GROUP_ID, a different one for each group"
+        )
+    return found
+
+
+def lighthouse(option) -> str:
+    """The lighthouse's address: ``option.lighthouse``, else ``TORCHFT_LIGHTHOUSE``."""
+    found = option.lighthouse if option.lighthouse is not None else os.environ.get("TORCHFT_LIGHTHOUSE")
+    if not found:
+        raise ValueError(
+            "loop: FaultTolerance needs the torchft lighthouse's address: pass FaultTolerance(lighthouse="
+            "'http://host:29510') or set TORCHFT_LIGHTHOUSE (start one with torchft_lighthouse)"
+        )
+    return found
+
+
+def build(option, *, step: int, load, transport_of) -> tuple[Any, Any, Any]:
+    """``(manager, group, store)``: the group's torchft ``Manager`` at ``step``, its gloo group, the store kept alive.
+
+    ``load(source)`` heals this replica from the quorum's ``source`` rank
+    (called by the manager on this thread); ``transport_of(group)`` is the
+    checkpoint transport over the manager's group.
+
+    Raises:
+        ReplicaError: the lighthouse cannot be reached within ``connect_timeout``.
+    """
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+
+    address = lighthouse(option)
+    timeout = timedelta(seconds=option.timeout)
+    if dist.world_size() > 1:  # a torchrun group: its store, its ranks
+        store = None
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    else:
+        there = urllib.parse.urlsplit(address if "//" in address else f"//{address}").hostname
+        host = "127.0.0.1" if there in _LOOPBACK else socket.getfqdn()
+        store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+        port = store.port
+    group = ProcessGroupGloo(timeout=timeout)
+    try:
+        manager = Manager(
+            pg=group,
+            load_state_dict=load,
+            state_dict=lambda: None,  # the state goes by the transport, not through torchft's state dict
+            min_replica_size=option.min_replicas,
+            use_async_quorum=False,  # the quorum and any heal complete at the step's boundary
+            timeout=timeout,
+            quorum_timeout=timedelta(seconds=option.quorum_timeout),
+            connect_timeout=timedelta(seconds=option.connect_timeout),
+            rank=dist.rank(),
+            world_size=dist.world_size(),
+            store_addr=host,
+            store_port=port,
+            lighthouse_addr=address,
+            replica_id=group_id(option),
+            checkpoint_transport=transport_of(group),
+        )
+    except RuntimeError as exc:
+        raise ReplicaError(
+            f"cannot reach the torchft lighthouse at {address} within connect_timeout={option.connect_timeout:g} s "
+            f"({str(exc)[:200]}): start it (torchft_lighthouse), or pass its address as FaultTolerance(lighthouse=) "
+            f"or TORCHFT_LIGHTHOUSE"
+        ) from None
+    manager.load_state_dict({"step": step, "batches_committed": 0})
+    return manager, group, store

@@ -1,0 +1,200 @@
+"""The fault-tolerant switch: one replica group of a run that goes on when another fails (``FaultTolerance``).
+
+``loop()`` makes a ``Replicas`` for ``Parallel(fault_tolerant=...)`` and
+connects it once the run is built. The walker asks it at each step's
+boundary (``at_boundary``: every step walked, no quiet stretch): the quorum
+of the groups alive (torchft's ``Manager.start_quorum``), where a rejoining
+group takes a live peer's whole state (``pimm_fn.runtime.replicas.transport``)
+and a group asked for its state sends it. Fewer than ``min_replicas``
+groups: it waits, saying so, up to ``quorum_timeout``. The optimizer's step
+averages the gradients over the participants and votes
+(``pimm_fn.runtime.replicas.commit``); the driver asks ``took`` after the
+train step, and a failed vote discards the step (``discard``: the model's
+buffers as they were at the boundary, the batch drawn again).
+Exactly one group writes each checkpoint and best-weights file: the
+quorum's participating rank 0 (``writes``).
+"""
+
+import threading
+import time
+
+import torch
+
+from pimm_fn.runtime.errors import ReplicaError
+from pimm_fn.runtime.replicas import commit, manager
+
+__all__ = ["Replicas", "check", "lock_name"]
+
+_TELL_AFTER_S = 2.0  # a quorum not formed by then is said on the console
+_RETRY_S = 0.2  # between two quorums while fewer than min_replicas groups take part
+
+
+def check(option, *, named_optimizers: bool, on_nonfinite: str, sharded: bool) -> None:
+    """Refuse ``FaultTolerance`` where it cannot run, before anything is built (torchft missing: the extra named)."""
+    manager.require()
+    manager.group_id(option)
+    manager.lighthouse(option)
+    refused = (
+        "a dict of named optimizers (one commit vote a step)"
+        if named_optimizers
+        else "Training(on_nonfinite='skip') (a skipped batch would not vote)"
+        if on_nonfinite == "skip"
+        else "a sharded model (FSDP2; its heal is not built yet)"
+        if sharded
+        else None
+    )
+    if refused is not None:
+        raise ValueError(f"loop: Parallel(fault_tolerant=...) does not take {refused}")
+
+
+def lock_name(group: str) -> str:
+    """The ``save_dir`` lock of one replica group: the groups share ``save_dir``, each holds its own lock."""
+    return f"pimm_fn.replica-{group}.lock"
+
+
+class Replicas:
+    """This replica group's part in a fault-tolerant run.
+
+    Args:
+        option: the ``FaultTolerance``.
+        say: the run's console line (``Context.say``).
+
+    Attributes:
+        group: this group's id.
+        writes: this group writes the checkpoints and best weights (participating rank 0 of the last quorum).
+        participants: the groups in the last quorum.
+        healed: what the last heal brought here (``heal.Healed``), or ``None``.
+    """
+
+    def __init__(self, option, say):
+        manager.require()
+        self.option, self.say = option, say
+        self.group = manager.group_id(option)
+        self.address = manager.lighthouse(option)
+        self.manager = self.transport = self._group = self._store = self._hook = None
+        self.writes, self.participants, self.healed = True, 0, None
+        self._voted: bool | None = None
+        self._buffers: list[torch.Tensor] = []
+        self._model_buffers: list[torch.Tensor] = []
+
+    def connect(self, run) -> None:
+        """Join the lighthouse with ``run`` (a ``Loop``) at its global step; its optimizer votes from now on.
+
+        Raises:
+            ReplicaError: the lighthouse cannot be reached within ``connect_timeout``.
+        """
+        from pimm_fn.runtime.replicas.transport import Transport  # torchft's, imported with the option only
+
+        made: list[Transport] = []
+
+        def transport_of(group):
+            made.append(Transport(group))
+            return made[0]
+
+        self.manager, self._group, self._store = manager.build(
+            self.option,
+            step=run.state.progress.global_step,
+            load=lambda source: made[0].load(source),
+            transport_of=transport_of,
+        )
+        self.transport = made[0]
+        self.transport.run = run
+        ctx = run.ctx
+        self._hook = ctx.optimizer.register_step_pre_hook(self._vote)
+        self._model_buffers = list(ctx.model.buffers())
+
+    def at_boundary(self) -> bool:
+        """The quorum at a step's boundary, a heal in it; True when this replica was healed (its state replaced).
+
+        Raises:
+            ReplicaError: no quorum, or fewer than ``min_replicas`` groups, within ``quorum_timeout``.
+            HealError: this replica cannot take its peer's state (its run is built otherwise).
+        """
+        option, ft = self.option, self.manager
+        since = time.monotonic()
+        told = False
+        while True:
+            self._quorum()
+            healed, self.transport.healed = self.transport.healed, None
+            if healed is not None:
+                self.healed = healed
+            self._send()
+            self.participants = ft.num_participants()
+            if self.participants >= option.min_replicas:
+                break
+            if not told:
+                self.say(
+                    f"waiting for {option.min_replicas} replica groups (min_replicas), {self.participants} in the "
+                    f"quorum; up to {option.quorum_timeout:g} s (quorum_timeout)"
+                )
+                told = True
+            if time.monotonic() - since > option.quorum_timeout:
+                raise ReplicaError(
+                    f"only {self.participants} of min_replicas={option.min_replicas} replica groups joined within "
+                    f"quorum_timeout={option.quorum_timeout:g} s: start the others (REPLICA_GROUP_ID) or lower "
+                    f"min_replicas"
+                )
+            time.sleep(_RETRY_S)
+        self.writes = ft.participating_rank() == 0
+        self._buffers = [b.detach().clone() for b in self._model_buffers]
+        return healed is not None
+
+    def _quorum(self) -> None:
+        option = self.option
+        tell = threading.Timer(
+            _TELL_AFTER_S,
+            self.say,
+            (
+                f"waiting for the quorum of the replica groups at {self.address} (min_replicas={option.min_replicas}, "
+                f"up to {option.quorum_timeout:g} s)",
+            ),
+        )
+        tell.daemon = True
+        tell.start()
+        try:
+            self.manager.start_quorum()
+        except TimeoutError as exc:
+            raise ReplicaError(
+                f"no quorum of min_replicas={option.min_replicas} replica groups at {self.address} within "
+                f"quorum_timeout={option.quorum_timeout:g} s ({str(exc)[:120]}): start the other groups, or check "
+                f"the lighthouse's min_replicas"
+            ) from None
+        finally:
+            tell.cancel()
+
+    def _send(self) -> None:
+        """Send this run's state to the replicas the quorum asked for; a failure there is theirs: this run goes on."""
+        try:
+            self.transport.send_pending()
+        except Exception as exc:  # noqa: BLE001 - a receiver that refused or died: its step fails, not this one
+            self.say(f"could not heal a peer ({type(exc).__name__}: {str(exc)[:200]}); going on")
+            self.manager.report_error(exc)
+
+    def _vote(self, optimizer, args, kwargs) -> None:
+        """The optimizer's step pre-hook: gradients averaged over the participants, then the vote."""
+        self._voted = commit.vote(self.manager, optimizer)
+
+    def took(self, step: int) -> bool:
+        """Whether ``step``, trained, was committed by every participant (its optimizer step voted on)."""
+        voted, self._voted = self._voted, None
+        if voted is None:
+            raise ReplicaError(
+                f"step {step} did not call optimizer.step(): under FaultTolerance every step votes there (the "
+                f"gradients are averaged and the step committed by every replica group)"
+            )
+        return voted
+
+    def discard(self, step: int) -> None:
+        """A step whose vote failed: the model's buffers back to the boundary, said on the console."""
+        for buffer, kept in zip(self._model_buffers, self._buffers, strict=True):
+            buffer.copy_(kept)
+        self.say(f"step {step} was not committed by every replica group: discarded, drawn again after a new quorum")
+
+    def close(self) -> None:
+        """Leave the quorum: the manager shut down, the optimizer's vote removed."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.manager is not None:
+            self.manager.shutdown(wait=False)
+            self.manager = None
