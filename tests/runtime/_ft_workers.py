@@ -1,0 +1,176 @@
+"""One replica group of the fault-tolerance tests (``test_fault_tolerance.py``): a process of its own.
+
+    python _ft_workers.py '<json options>'
+
+It trains a tiny model under ``Parallel(fault_tolerant=...)`` against the
+test's lighthouse, with a saver, an evaluator and a best, and appends a JSON
+line to ``out`` at each step's start (after the quorum: a digest of the
+weights, the optimizer state, the ``State`` and the data cursor) and at each
+committed step, flushed, so a killed replica leaves what it did. Options:
+``die_at`` and ``die_in`` (``"step"``, ``"save"``, ``"eval"``) SIGKILL it
+there; ``hold_at`` and ``hold_until`` keep it at a step until a file exists
+(the restarted replica writes ``started`` once it joined the lighthouse);
+``ready`` and ``barrier``: it writes its file, then waits for all of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import pimm_fn as pf
+from pimm_fn.checkpoint import publish
+from pimm_fn.core import events as ev
+
+STEPS_PER_EPOCH = 8
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Linear(4, 1)
+
+    def forward(self, batch):
+        x, y = batch
+        return {"loss": F.mse_loss(self.body(x).squeeze(-1), y)}
+
+
+def dataset() -> TensorDataset:
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4 * STEPS_PER_EPOCH, 4, generator=g)
+    return TensorDataset(x, x.sum(1))
+
+
+def digest(value) -> str:
+    """A digest of tensors, dicts, lists and scalars, the same for equal values."""
+    h = hashlib.sha256()
+
+    def feed(v) -> None:
+        if isinstance(v, torch.Tensor):
+            h.update(f"T{v.dtype}{tuple(v.shape)}".encode())
+            h.update(v.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        elif isinstance(v, dict):
+            for k in sorted(v, key=repr):
+                h.update(repr(k).encode())
+                feed(v[k])
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                feed(x)
+        else:
+            h.update(repr(v).encode())
+
+    feed(value)
+    return h.hexdigest()[:16]
+
+
+def val_loss(model) -> dict:
+    x, y = dataset().tensors
+    with torch.no_grad():
+        return {"val_loss": float(F.mse_loss(model.body(x).squeeze(-1), y))}
+
+
+def wait_for(paths: list[str], bound_s: float = 30.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while not all(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def main(opts: dict) -> None:
+    out = open(opts["out"], "a", buffering=1)
+    torch.manual_seed(opts.get("seed", 0))
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    holder: dict = {}
+    die_at, die_in = opts.get("die_at"), opts.get("die_in", "step")
+
+    def line(**record) -> None:
+        out.write(json.dumps(record) + "\n")
+
+    def watch(state, event):
+        replicas = holder["run"].ctx.replicas
+        if event.__class__ is ev.BeforeStep:
+            feed = holder["run"].ctx.feed
+            parts = {
+                "weights": model.state_dict(),
+                "optimizer": optimizer.state_dict()["state"],
+                "progress": repr(state.progress),
+                "best": repr(state.best),
+                "cursor": feed.state_dict(),
+            }
+            line(
+                kind="begin",
+                step=event.step,
+                digest=digest(parts),
+                parts={k: digest(v) for k, v in parts.items()},
+                healed=replicas.healed is not None and replicas.healed.step == event.step - 1,
+                participants=replicas.participants,
+            )
+        else:
+            line(kind="commit", step=event.step, participants=replicas.participants, writes=replicas.writes)
+            if die_at == event.step and die_in == "step":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if opts.get("hold_at") == event.step:
+                wait_for([opts["hold_until"]])
+        return state, ()
+
+    watch.events = (ev.BeforeStep, ev.AfterStep)
+
+    def val(m):
+        if die_at == holder["run"].state.progress.global_step and die_in == "eval":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return val_loss(m)
+
+    staged = publish.publish_staged
+
+    def publishing(*args, **kwargs):  # a save killed between its files written and their publication
+        if die_in == "save" and die_at == holder["run"].state.progress.global_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return staged(*args, **kwargs)
+
+    publish.publish_staged = publishing
+    tolerance = pf.FaultTolerance(
+        min_replicas=opts.get("min_replicas", 1),
+        lighthouse=opts["lighthouse"],
+        replica_group=str(opts["replica"]),
+        quorum_timeout=opts.get("quorum_timeout", 20),
+        timeout=opts.get("timeout", 5),
+        connect_timeout=opts.get("connect_timeout", 5),
+    )
+    run = pf.loop(
+        model,
+        optimizer,
+        DataLoader(dataset(), batch_size=4, shuffle=True),
+        hooks=[pf.evaluate_every(3, val, name="val"), pf.save_every(4), pf.best_on("val_loss", mode="min"), watch],
+        max_steps=opts["max_steps"],
+        save_dir=opts["save_dir"],
+        resume="auto",
+        parallel=pf.Parallel(fault_tolerant=tolerance),
+        watching=pf.Watching(sanity_check=0, progress=False),
+    )
+    holder["run"] = run
+    for done in (opts.get("started"), opts.get("ready")):
+        if done:
+            open(done, "w").close()
+    wait_for(opts.get("barrier", []))  # the first groups start together
+    run.run()
+    line(kind="end", step=run.state.progress.global_step, weights=digest(model.state_dict()))
+
+
+if __name__ == "__main__":
+    try:
+        main(json.loads(sys.argv[1]))
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        os._exit(3)
+    os._exit(0)

@@ -1,0 +1,267 @@
+"""Fault-tolerant replicas (``Parallel(fault_tolerant=FaultTolerance(...))``): real processes, an in-process lighthouse.
+
+Two runs of replica processes (``_ft_workers.py``), each shared by the
+assertions about it: two groups, one SIGKILLed at a step and restarted;
+three groups, the checkpoint writer SIGKILLed during a save and restarted,
+another SIGKILLed during an evaluation and left dead. Then the faults a
+single process meets: an unreachable lighthouse, too few groups, no torchft.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import pimm_fn as pf
+from pimm_fn.runtime.errors import ReplicaError
+
+os.environ.setdefault("RUST_LOG", "error")  # torchft's lighthouse and managers log every quorum otherwise
+torchft = pytest.importorskip("torchft")
+from torchft._torchft import LighthouseServer  # noqa: E402 - after the skip
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import _ft_workers as workers  # noqa: E402
+
+BOUND_S = 60  # every process ends within this, or the test fails
+STEPS = 24
+
+
+class Replicas:
+    """The replica processes of one scenario, their records read back."""
+
+    def __init__(self, tmp: Path, lighthouse: str):
+        self.tmp, self.lighthouse = tmp, lighthouse
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, replica: int, **opts) -> subprocess.Popen:
+        options = dict(
+            replica=replica,
+            lighthouse=self.lighthouse,
+            save_dir=str(self.tmp / "save"),
+            out=str(self.tmp / name),
+            max_steps=STEPS,
+            **opts,
+        )
+        with open(self.tmp / f"{name}.log", "w") as log:  # the child holds its own copy
+            proc = subprocess.Popen(
+                [sys.executable, str(HERE / "_ft_workers.py"), json.dumps(options)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def wait(self, name: str, deadline: float) -> int:
+        try:
+            return self.procs[name].wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            for proc in self.procs.values():
+                proc.kill()
+            raise AssertionError(f"{name} did not end in time:\n{self.log(name)[-3000:]}") from None
+
+    def records(self, name: str) -> list[dict]:
+        path = self.tmp / name
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text()
+
+    def commits(self, name: str) -> list[int]:
+        return [r["step"] for r in self.records(name) if r["kind"] == "commit"]
+
+    def begins(self, name: str) -> dict[int, dict]:
+        return {r["step"]: r for r in self.records(name) if r["kind"] == "begin"}
+
+
+def _lighthouse():
+    return LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=300, heartbeat_timeout_ms=800)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """Groups 0 and 1; 1 SIGKILLed after step 6 and restarted (resume='auto'), 0 held at step 12 until it joined."""
+    tmp = tmp_path_factory.mktemp("two")
+    lighthouse = _lighthouse()
+    r = Replicas(tmp, lighthouse.address())
+    deadline = time.monotonic() + BOUND_S
+    ready = [str(tmp / "ready0"), str(tmp / "ready1")]
+    try:
+        r.start("a", 0, hold_at=12, hold_until=str(tmp / "started"), ready=ready[0], barrier=ready)
+        r.start("b", 1, die_at=6, ready=ready[1], barrier=ready)
+        r.wait("b", deadline)
+        r.start("c", 1, started=str(tmp / "started"))
+        r.wait("a", deadline)
+        r.wait("c", deadline)
+    finally:
+        lighthouse.shutdown()
+    return r
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    """Groups 0, 1, 2: 0 (the writer) SIGKILLed during the save of step 8 and restarted; 2 during the evaluation
+    of step 9, left dead; 1 held at step 14 until 0 joined again."""
+    tmp = tmp_path_factory.mktemp("three")
+    lighthouse = _lighthouse()
+    r = Replicas(tmp, lighthouse.address())
+    deadline = time.monotonic() + BOUND_S
+    ready = [str(tmp / f"ready{i}") for i in range(3)]
+    try:
+        r.start("r0", 0, die_at=8, die_in="save", ready=ready[0], barrier=ready)
+        r.start("r1", 1, hold_at=14, hold_until=str(tmp / "started"), ready=ready[1], barrier=ready)
+        r.start("r2", 2, die_at=9, die_in="eval", ready=ready[2], barrier=ready)
+        r.wait("r0", deadline)
+        r.start("r0b", 0, started=str(tmp / "started"))
+        r.wait("r2", deadline)
+        r.wait("r1", deadline)
+        r.wait("r0b", deadline)
+    finally:
+        lighthouse.shutdown()
+    return r
+
+
+# -- two groups, one killed at a step and restarted -------------------------------------------------------------
+def test_the_killed_replica_died_and_the_others_never_raised(two):
+    assert two.procs["b"].returncode == -9
+    for name in ("a", "c"):
+        assert two.procs[name].returncode == 0, two.log(name)[-3000:]
+        assert "Traceback" not in two.log(name)
+
+
+def test_committed_steps_rise_one_by_one_on_every_replica(two):
+    assert two.commits("a") == list(range(1, STEPS + 1))
+    assert two.commits("b") == list(range(1, 7))
+    committed = two.commits("c")
+    assert committed == list(range(committed[0], STEPS + 1)) and committed[0] > 12
+
+
+def test_the_survivor_went_on_alone_then_with_the_restarted_one(two):
+    seen = [r["participants"] for r in two.records("a") if r["kind"] == "commit"]
+    assert seen[:6] == [2] * 6 and 1 in seen[6:12] and seen[-1] == 2
+
+
+def test_the_healed_replica_equals_its_source_weights_optimizer_state_and_data_cursor(two):
+    healed = [r for r in two.records("c") if r["kind"] == "begin" and r["healed"]]
+    assert len(healed) == 1
+    step = healed[0]["step"]
+    source = two.begins("a")[step]
+    assert healed[0]["parts"] == source["parts"]  # weights, optimizer, progress, best, data cursor: each equal
+    assert "healed from rank 0, the state of step" in two.log("c")
+
+
+def test_every_replica_equals_the_others_after_every_committed_step_and_at_the_end(two):
+    a, c = two.begins("a"), two.begins("c")
+    assert all(a[step]["digest"] == c[step]["digest"] for step in c)
+    ends = [r["weights"] for name in ("a", "c") for r in two.records(name) if r["kind"] == "end"]
+    assert len(ends) == 2 and ends[0] == ends[1]
+
+
+def test_one_replica_group_writes_each_checkpoint(two):
+    writers = {}
+    for name in ("a", "b", "c"):
+        for r in two.records(name):
+            if r["kind"] == "commit" and r["writes"]:
+                writers.setdefault(r["step"], []).append(name)
+    assert all(len(names) == 1 for names in writers.values()), writers
+    assert "took over" not in two.log("a")  # group 0 kept its own save_dir lock while group 1 came and went
+
+
+# -- three groups: the writer killed during a save, another during an evaluation -------------------------------
+def test_three_replicas_lose_two_and_the_restarted_one_rejoins(three):
+    assert three.procs["r0"].returncode == -9 and three.procs["r2"].returncode == -9
+    for name in ("r1", "r0b"):
+        assert three.procs[name].returncode == 0, three.log(name)[-3000:]
+    assert three.commits("r1") == list(range(1, STEPS + 1))
+    # Each died in the effects of its last step, after the hooks had folded it: the save of 8, the evaluation of 9.
+    assert three.commits("r0")[-1] == 8 and three.commits("r2")[-1] == 9
+    seen = {r["participants"] for r in three.records("r1") if r["kind"] == "commit"}
+    assert {3, 1, 2} <= seen or {3, 2} <= seen
+
+
+def test_the_save_a_killed_writer_left_is_written_by_the_next(three):
+    writes = {r["step"]: r["writes"] for r in three.records("r1") if r["kind"] == "commit"}
+    assert not writes[4] and writes[12]  # group 0 wrote step 4; group 1, participating rank 0 once it died
+    assert "saved checkpoint of step 12" in three.log("r1")
+
+
+def test_three_replicas_end_equal(three):
+    r1, r0b = three.begins("r1"), three.begins("r0b")
+    assert r0b and all(r1[step]["digest"] == r0b[step]["digest"] for step in r0b)
+
+
+def test_a_checkpoint_written_degraded_resumes_in_a_plain_run(three):
+    save_dir = three.tmp / "save"
+    torch.manual_seed(123)
+    model = workers.Net()
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        torch.utils.data.DataLoader(workers.dataset(), batch_size=4, shuffle=True),
+        hooks=[
+            pf.evaluate_every(3, workers.val_loss, name="val"),
+            pf.save_every(4),
+            pf.best_on("val_loss", mode="min"),
+        ],
+        max_steps=STEPS + 4,
+        save_dir=save_dir,
+        resume="auto",
+        watching=pf.Watching(console=False, sanity_check=0),
+    )
+    assert run.state.progress.global_step == STEPS
+    ends = {r["weights"] for name in ("r1", "r0b") for r in three.records(name) if r["kind"] == "end"}
+    assert ends == {workers.digest(model.state_dict())}  # the writer's last checkpoint: the replicas' weights
+    run.run()
+    assert run.state.progress.global_step == STEPS + 4
+
+
+# -- faults of one process -------------------------------------------------------------------------------------
+def _loop(tmp_path, **tolerance):
+    model = workers.Net()
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        torch.utils.data.DataLoader(workers.dataset(), batch_size=4),
+        max_steps=4,
+        save_dir=tmp_path / "save",
+        parallel=pf.Parallel(fault_tolerant=pf.FaultTolerance(replica_group="0", **tolerance)),
+        watching=pf.Watching(sanity_check=0, progress=False),
+    )
+
+
+def test_an_unreachable_lighthouse_is_a_clear_error_within_connect_timeout(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(ReplicaError, match="cannot reach the torchft lighthouse at http://127.0.0.1:1"):
+        _loop(tmp_path, lighthouse="http://127.0.0.1:1", connect_timeout=1)
+    assert time.monotonic() - start < 10
+    assert not (tmp_path / "save" / "pimm_fn.replica-0.lock").exists()  # released with the refusal
+
+
+def test_fewer_than_min_replicas_wait_saying_so_then_a_clear_error(tmp_path, capsys):
+    lighthouse = _lighthouse()
+    try:
+        run = _loop(tmp_path, lighthouse=lighthouse.address(), min_replicas=2, quorum_timeout=1)
+        start = time.monotonic()
+        try:
+            with pytest.raises(ReplicaError, match="only 1 of min_replicas=2 replica groups"):
+                run.step()
+        finally:
+            run.ctx.replicas.close()
+        assert time.monotonic() - start < 10
+    finally:
+        lighthouse.shutdown()
+    assert "waiting for 2 replica groups (min_replicas), 1 in the quorum" in capsys.readouterr().out
+
+
+def test_the_option_is_refused_without_torchft_naming_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchft", None)  # its import fails, as where it is not installed
+    with pytest.raises(ImportError, match=r"pip install 'pimm_fn\[ft\]'"):
+        _loop(tmp_path, lighthouse="http://127.0.0.1:1")
+    assert not (tmp_path / "save").exists()  # refused before anything was written
