@@ -7,8 +7,8 @@ test's lighthouse, with a saver, an evaluator and a best, and appends a JSON
 line to ``out`` at each step's start (after the quorum: a digest of the
 weights, the optimizer state, the ``State`` and the data cursor) and at each
 committed step, flushed, so a killed replica leaves what it did. Options:
-``die_at`` and ``die_in`` (``"step"``, ``"save"``, ``"eval"``) SIGKILL it
-there; ``hold_at`` and ``hold_until`` keep it at a step until a file exists
+``die_at`` and ``die_in`` (``"step"``: after its hooks, ``"forward"``,
+``"save"``, ``"eval"``) SIGKILL it there; ``hold_at`` and ``hold_until`` keep it at a step until a file exists
 (the restarted replica writes ``started`` once it joined the lighthouse);
 ``ready`` and ``barrier``: it writes its file, then waits for all of them.
 """
@@ -138,6 +138,12 @@ def main(opts: dict) -> None:
         return staged(*args, **kwargs)
 
     publish.publish_staged = publishing
+
+    def forward(module, args) -> None:  # killed in the step's forward: its peers' all-reduce fails, their vote too
+        if die_in == "forward" and die_at == holder["run"].state.progress.global_step + 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    model.register_forward_pre_hook(forward)
     tolerance = pf.FaultTolerance(
         min_replicas=opts.get("min_replicas", 1),
         lighthouse=opts["lighthouse"],

@@ -401,9 +401,10 @@ def loop(
         extra_state=extra_state,
     )
     # logs stay local: no log.jsonl on a store (Logs and run_loggers leave a store save_dir out; a logger says so)
+    log_dir = replicas.log_dir(save_dir, tolerant) if tolerant is not None else save_dir  # a replica group's own
     ctx.logs = Logs(
-        run_loggers(save_dir, loggers),
-        save_dir=save_dir,
+        run_loggers(log_dir, loggers),
+        save_dir=log_dir,
         say=ctx.say,
         rank=ctx.rank,
         world_size=ctx.world_size,

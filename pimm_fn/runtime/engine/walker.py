@@ -168,7 +168,7 @@ class Walker:
         ctx.wait_for_save()
         path = None
         if ctx.save_dir is not None:
-            if self.last_saved() != step:
+            if self.last_saved() != step and (ctx.replicas is None or ctx.replicas.writes):  # one group writes
                 effect = preemption_save(step, reason)
                 console, ctx.console = ctx.console, False  # one line says it all, below
                 try:

@@ -20,10 +20,11 @@ import time
 
 import torch
 
+from pimm_fn.checkpoint import storage
 from pimm_fn.runtime.errors import ReplicaError
 from pimm_fn.runtime.replicas import commit, manager
 
-__all__ = ["Replicas", "check", "lock_name"]
+__all__ = ["Replicas", "check", "lock_name", "log_dir"]
 
 _TELL_AFTER_S = 2.0  # a quorum not formed by then is said on the console
 _RETRY_S = 0.2  # between two quorums while fewer than min_replicas groups take part
@@ -45,6 +46,13 @@ def check(option, *, named_optimizers: bool, on_nonfinite: str, sharded: bool) -
     )
     if refused is not None:
         raise ValueError(f"loop: Parallel(fault_tolerant=...) does not take {refused}")
+
+
+def log_dir(save_dir, option):
+    """Where one replica group logs (``log.jsonl``): ``save_dir/replica-<group>``; the groups share ``save_dir``."""
+    if save_dir is None or storage.is_store(save_dir):
+        return save_dir  # no log file on a store
+    return save_dir / f"replica-{manager.group_id(option)}"
 
 
 def lock_name(group: str) -> str:
@@ -115,6 +123,7 @@ class Replicas:
         told = False
         while True:
             self._quorum()
+            self._heal_failed()
             healed, self.transport.healed = self.transport.healed, None
             if healed is not None:
                 self.healed = healed
@@ -161,6 +170,17 @@ class Replicas:
             ) from None
         finally:
             tell.cancel()
+
+    def _heal_failed(self) -> None:
+        """A heal cut on the way changed nothing here: this step fails its vote, and the next quorum heals again."""
+        failed, self.transport.failed = self.transport.failed, None
+        if failed is None:
+            return
+        ft = self.manager
+        self.say(f"the heal from a peer failed ({type(failed).__name__}: {str(failed)[:200]}); healing again")
+        step = self.transport.run.state.progress.global_step
+        ft.load_state_dict({"step": step, "batches_committed": ft.batches_committed()})  # behind: healed next time
+        ft.report_error(failed)
 
     def _send(self) -> None:
         """Send this run's state to the replicas the quorum asked for; a failure there is theirs: this run goes on."""

@@ -25,6 +25,7 @@ class Transport(CheckpointTransport):
         self.run = None
         self.sends: list[int] = []  # the ranks the quorum asked this replica to heal
         self.healed: heal.Healed | None = None  # what the last heal brought here
+        self.failed: Exception | None = None  # the last heal's failure on the way (the peer died or hung)
 
     def metadata(self) -> str:
         return "pimm_fn-heal"
@@ -38,7 +39,12 @@ class Transport(CheckpointTransport):
 
     def load(self, source: int) -> None:
         """The manager's ``load_state_dict``: this replica heals from rank ``source`` of the quorum."""
-        self.healed = heal.receive_state(self.run, source, self.group)
+        try:
+            self.healed = heal.receive_state(self.run, source, self.group)
+        except heal.HealError:
+            raise  # this replica is built otherwise than its peer: said, and it stops
+        except Exception as exc:  # noqa: BLE001 - the peer died or hung while sending: nothing was loaded
+            self.failed = exc
 
     def send_pending(self) -> list[int]:
         """Send this run's state to each rank the quorum asked for; returns them."""
