@@ -57,6 +57,7 @@ _RUNTIME = {
     "MissingHandlerError": "pimm_fn.runtime.errors",
     "ConfigurationWarning": "pimm_fn.runtime.errors",
     "PeerFailureError": "pimm_fn.runtime.errors",
+    "ReplicaError": "pimm_fn.runtime.errors",
     "NonFiniteLossError": "pimm_fn.runtime.errors",
     "NonFiniteLossWarning": "pimm_fn.runtime.errors",
     "History": "pimm_fn.runtime.logs.history",

@@ -65,6 +65,7 @@ PUBLIC = {
     "MissingHandlerError",
     "ConfigurationWarning",
     "PeerFailureError",
+    "ReplicaError",
     "DuplicateHookError",
     "hook_factory",
     "History",

@@ -243,7 +243,8 @@ def loop(
             ``sanity_check``: each loader_evaluator on 2 batches before the
             first step, by default).
         parallel: how the run spreads over ranks (``pimm_fn.Parallel``:
-            ``ddp``, ``check_agreement``).
+            ``ddp``, ``check_agreement``, ``fault_tolerant``: replica groups
+            that go on when one fails, ``pimm_fn.FaultTolerance``).
         training: what trains beside the model and optimizer, and how long
             an epoch is (``pimm_fn.Training``: ``on_nonfinite``, ``scaler``,
             ``extra_state``, ``config``, ``iters_per_epoch``).
@@ -317,6 +318,11 @@ def loop(
             storage refused, naming the path and the fix.
         CheckpointError: (on every rank) ``resume=<path>`` is damaged, or
             ``resume="auto"`` found checkpoints and none intact (each named).
+        ImportError: ``Parallel(fault_tolerant=...)`` without torchft
+            installed (``pip install 'pimm_fn[ft]'``).
+        ReplicaError: under ``FaultTolerance``, the lighthouse unreachable
+            within ``connect_timeout``; while training, fewer than
+            ``min_replicas`` replica groups within ``quorum_timeout``.
     """
     # Every argument is checked here, before anything is built, loaded or written (pimm_fn.runtime.engine.arguments).
     if moved:
@@ -463,10 +469,8 @@ def loop(
         prewarm_staging(ctx)  # when a hook saves in the background: its memory, after the first step
         run = Loop(ctx, state, step_fn or train_step, interpreter, resume=resume, resumed=info is not None)
         ctx.nonfinite.where = lambda: run.state.progress  # a NaN loss is reported at the step being trained
-        if ctx.replicas is not None:
-            ctx.replicas.connect(
-                run
-            )  # the lighthouse joined at this run's step; healed, if behind, at the first quorum
+        if ctx.replicas is not None:  # the lighthouse joined at this run's step; healed, if behind, at the first quorum
+            ctx.replicas.connect(run)
         if watching.sanity_check != 0 and not run.finished:  # evaluators once, their names checked; nothing published
             sanity_check(ctx, watching.sanity_check)
         if info is not None and not run.finished:  # a finished run resumed with its own budget runs no hook at all

@@ -160,6 +160,18 @@ class FaultTolerance:
     best-weights file is written by one group, the quorum's participating
     rank 0. Needs ``pip install 'pimm_fn[ft]'`` (torchft).
 
+    The groups share ``save_dir``: start each with ``resume="auto"`` (a
+    group restarted resumes from the last checkpoint, then heals from a
+    live peer); each holds a lock of its own there and logs to
+    ``save_dir/replica-<group>/log.jsonl``. The contract: not bit-identical
+    to a run without failures, but every live group equals every other
+    after every committed step (its buffers, such as batch norm's running
+    statistics, excepted: they are not averaged), and a healed group equals
+    its source. Not taken: a dict of named optimizers, a sharded model,
+    ``Training(on_nonfinite="skip")``; every step must call
+    ``optimizer.step()``, where the gradients are averaged and voted on
+    (``pimm_fn.runtime.replicas``).
+
     Attributes:
         min_replicas: the fewest replica groups a step commits with (>= 1).
             With fewer, the run waits, saying so, up to ``quorum_timeout``.
@@ -168,11 +180,11 @@ class FaultTolerance:
         replica_group: this group's id, the same on each of its ranks;
             ``None`` (default) reads ``REPLICA_GROUP_ID``.
         quorum_timeout: seconds to wait for ``min_replicas`` groups before a
-            ``ReplicaError`` (default 60).
+            ``pimm_fn.ReplicaError`` (default 60).
         timeout: seconds after which a collective with a hung peer gives up
             (its step discarded, the others go on without it; default 30).
         connect_timeout: seconds to reach the lighthouse at the start before
-            a ``ReplicaError`` (default 10).
+            a ``pimm_fn.ReplicaError`` (default 10).
     """
 
     factory_name: ClassVar[str] = "FaultTolerance"

@@ -28,6 +28,7 @@ __all__ = ["Replicas", "check", "lock_name", "log_dir"]
 
 _TELL_AFTER_S = 2.0  # a quorum not formed by then is said on the console
 _RETRY_S = 0.2  # between two quorums while fewer than min_replicas groups take part
+_MAX_DISCARDS = 10  # steps discarded in a row before the run stops: the failure is not a peer lost
 
 
 def check(option, *, named_optimizers: bool, on_nonfinite: str, sharded: bool) -> None:
@@ -82,6 +83,7 @@ class Replicas:
         self.manager = self.transport = self._group = self._store = self._hook = None
         self.writes, self.participants, self.healed = True, 0, None
         self._voted: bool | None = None
+        self._discards = 0  # steps discarded in a row
         self._buffers: list[torch.Tensor] = []
         self._model_buffers: list[torch.Tensor] = []
 
@@ -197,6 +199,8 @@ class Replicas:
     def took(self, step: int) -> bool:
         """Whether ``step``, trained, was committed by every participant (its optimizer step voted on)."""
         voted, self._voted = self._voted, None
+        if voted:
+            self._discards = 0
         if voted is None:
             raise ReplicaError(
                 f"step {step} did not call optimizer.step(): under FaultTolerance every step votes there (the "
@@ -205,10 +209,24 @@ class Replicas:
         return voted
 
     def discard(self, step: int) -> None:
-        """A step whose vote failed: the model's buffers back to the boundary, said on the console."""
+        """A step whose vote failed: the model's buffers back to the boundary, said on the console.
+
+        Raises:
+            ReplicaError: the ``_MAX_DISCARDS``-th step discarded in a row, naming the manager's last error.
+        """
         for buffer, kept in zip(self._model_buffers, self._buffers, strict=True):
             buffer.copy_(kept)
-        self.say(f"step {step} was not committed by every replica group: discarded, drawn again after a new quorum")
+        self._discards += 1
+        error = self.manager.errored()
+        cause = f" ({str(error.original_exception)[:200]})" if error is not None else ""
+        if self._discards >= _MAX_DISCARDS:
+            raise ReplicaError(
+                f"step {step} was not committed {self._discards} times in a row{cause}: not a replica group lost, "
+                f"which costs one step; see torchft's lines above for the cause"
+            )
+        self.say(
+            f"step {step} was not committed by every replica group{cause}: discarded, drawn again after a new quorum"
+        )
 
     def close(self) -> None:
         """Leave the quorum: the manager shut down, the optimizer's vote removed."""
