@@ -26,7 +26,7 @@ import traceback
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import pimm_fn as pf
 from pimm_fn.checkpoint import publish
@@ -41,14 +41,20 @@ class Net(nn.Module):
         self.body = nn.Linear(4, 1)
 
     def forward(self, batch):
-        x, y = batch
+        x, y = batch[:2]  # then the samples' indices
         return {"loss": F.mse_loss(self.body(x).squeeze(-1), y)}
 
 
 def dataset() -> TensorDataset:
     g = torch.Generator().manual_seed(5)
     x = torch.randn(4 * STEPS_PER_EPOCH, 4, generator=g)
-    return TensorDataset(x, x.sum(1))
+    return TensorDataset(x, x.sum(1), torch.arange(len(x)))
+
+
+def loader() -> DataLoader:
+    """Batches of 4, shuffled each epoch by an order every replica computes alike (what the replicas deal)."""
+    data = dataset()
+    return DataLoader(data, batch_size=4, sampler=DistributedSampler(data, num_replicas=1, rank=0, seed=3))
 
 
 def digest(value) -> str:
@@ -74,7 +80,7 @@ def digest(value) -> str:
 
 
 def val_loss(model) -> dict:
-    x, y = dataset().tensors
+    x, y, _ = dataset().tensors
     with torch.no_grad():
         return {"val_loss": float(F.mse_loss(model.body(x).squeeze(-1), y))}
 
@@ -116,7 +122,14 @@ def main(opts: dict) -> None:
                 participants=replicas.participants,
             )
         else:
-            line(kind="commit", step=event.step, participants=replicas.participants, writes=replicas.writes)
+            line(
+                kind="commit",
+                step=event.step,
+                epoch=state.progress.epoch,
+                samples=holder["samples"],
+                participants=replicas.participants,
+                writes=replicas.writes,
+            )
             if die_at == event.step and die_in == "step":
                 os.kill(os.getpid(), signal.SIGKILL)
             if opts.get("hold_at") == event.step:
@@ -140,6 +153,7 @@ def main(opts: dict) -> None:
     publish.publish_staged = publishing
 
     def forward(module, args) -> None:  # killed in the step's forward: its peers' all-reduce fails, their vote too
+        holder["samples"] = args[0][2].tolist()  # the indices this replica trains in the step
         if die_in == "forward" and die_at == holder["run"].state.progress.global_step + 1:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -155,7 +169,7 @@ def main(opts: dict) -> None:
     run = pf.loop(
         model,
         optimizer,
-        DataLoader(dataset(), batch_size=4, shuffle=True),
+        loader(),
         hooks=[pf.evaluate_every(3, val, name="val"), pf.save_every(4), pf.best_on("val_loss", mode="min"), watch],
         max_steps=opts["max_steps"],
         save_dir=opts["save_dir"],

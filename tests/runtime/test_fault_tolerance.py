@@ -146,7 +146,21 @@ def test_committed_steps_rise_one_by_one_on_every_replica(two):
 def test_the_step_the_killed_one_left_was_discarded_and_drawn_again(two):
     assert re.search(r"step 7 was not committed by every replica group \(.*\): discarded, drawn again", two.log("a"))
     begins = [r["step"] for r in two.records("a") if r["kind"] == "begin"]
-    assert begins.count(7) == 1  # its hooks saw step 7 once: BeforeStep is not folded again when it is drawn again
+    assert begins.count(7) == 2  # BeforeStep folded for the attempt, and again from the boundary for the redraw
+    assert two.commits("a").count(7) == 1  # AfterStep for the committed one only
+
+
+def test_each_sample_of_an_epoch_is_trained_once_whoever_is_alive(two):
+    seen: dict[int, list[int]] = {}
+    for name in ("a", "b", "c"):
+        for r in two.records(name):
+            if r["kind"] == "commit":
+                seen.setdefault(r["epoch"], []).extend(r["samples"])
+    *whole, last = sorted(seen)
+    assert len(whole) >= 3
+    for epoch in whole:
+        assert sorted(seen[epoch]) == list(range(4 * workers.STEPS_PER_EPOCH)), epoch
+    assert len(set(seen[last])) == len(seen[last])  # the epoch the run stopped in: none twice
 
 
 def test_the_survivor_went_on_alone_then_with_the_restarted_one(two):
@@ -210,7 +224,7 @@ def test_a_checkpoint_written_degraded_resumes_in_a_plain_run(three):
     run = pf.loop(
         model,
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-        torch.utils.data.DataLoader(workers.dataset(), batch_size=4, shuffle=True),
+        workers.loader(),
         hooks=[
             pf.evaluate_every(3, workers.val_loss, name="val"),
             pf.save_every(4),
@@ -234,7 +248,7 @@ def _loop(tmp_path, **tolerance):
     return pf.loop(
         model,
         torch.optim.SGD(model.parameters(), lr=0.05),
-        torch.utils.data.DataLoader(workers.dataset(), batch_size=4),
+        workers.loader(),
         max_steps=4,
         save_dir=tmp_path / "save",
         parallel=pf.Parallel(fault_tolerant=pf.FaultTolerance(replica_group="0", **tolerance)),

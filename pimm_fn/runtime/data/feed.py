@@ -416,6 +416,7 @@ class Feed:
 
     def _resume_dealt(self, dealer: Dealer, cursor: dict, epoch: int, iter_in_epoch: int) -> None:
         """Continue dealing at the cursor's dealt position; a plain checkpoint's mid-epoch one is not carried over."""
+        self._end_rest()  # a rest of an epoch a plain resume began (the sampler lent) is not the dealer's
         self._epoch_start, self._epoch_done = cursor.get("epoch_start") or self._rng(), False
         if "dealt" in cursor:
             dealer.load_state_dict(cursor["dealt"])

@@ -417,7 +417,7 @@ def loop(
         reduce=watching.log_reduce,
     )
     ctx.bar = progress_bar.ProgressBar() if shown and ctx.rank == 0 else None
-    ctx.replicas = replicas.Replicas(tolerant, ctx.say) if tolerant is not None else None
+    ctx.replicas = replicas.Replicas(tolerant, ctx.say, feed) if tolerant is not None else None
     ctx.stopping = Stopping(
         preemption,
         max_time=max_time,

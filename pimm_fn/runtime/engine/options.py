@@ -167,7 +167,12 @@ class FaultTolerance:
     to a run without failures, but every live group equals every other
     after every committed step (its buffers, such as batch norm's running
     statistics, excepted: they are not averaged), and a healed group equals
-    its source. Not taken: a dict of named optimizers, a sharded model,
+    its source. The training data are dealt: each step's participants take
+    the next batches of the epoch's one order from a shared cursor, so each
+    sample of an epoch is trained once whoever is alive; they must be a
+    ``DataLoader`` over a map-style dataset with a ``SequentialSampler`` or
+    a ``DistributedSampler`` (``pimm_fn.runtime.data.dealing``). Not taken:
+    a dict of named optimizers, a sharded model,
     ``Training(on_nonfinite="skip")``; every step must call
     ``optimizer.step()``, where the gradients are averaged and voted on
     (``pimm_fn.runtime.replicas``).

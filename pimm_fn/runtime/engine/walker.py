@@ -66,13 +66,16 @@ class Walker:
         self._reading_waiting = tx.unit("reading the step outputs")
         self._working = tx.unit(self._stopped_in_work)
         self._quiet = QuietSteps()  # steps trained and counted, not folded; outputs unread on their device
+        # Under FaultTolerance: the state a discarded step comes back to, and the torch RNG there.
+        self._boundary: tuple[State, tuple] | None = None
         self._stopping = ctx.stopping  # preemption and max_time, asked at each step's end (None: a bare Context)
         self.use(ctx.implied)
 
     def use(self, implied) -> None:
         """Walk on with the hooks of ``implied`` (``pimm_fn.runtime.engine.implied``): at build, and after ``replace``."""
         self.hooks, self.processed = implied.hooks, dict(implied.processed)
-        self._quiet_steps = implied.quiet_steps and self.ctx.replicas is None  # replicas meet at every step
+        self._replicas = self.ctx.replicas  # under FaultTolerance: a quorum before every step
+        self._quiet_steps = implied.quiet_steps and self._replicas is None  # no quiet stretch between quorums
         self._driver = Driver(
             self.ctx,
             self.tx,
@@ -134,7 +137,7 @@ class Walker:
         agreed on by every rank saves and stops (``pimm_fn.runtime.engine.preemption``).
         """
         tx, quiet = self.tx, self._quiet
-        self._continue() if tx.interrupted is not None else self._walk()
+        self._continue() if tx.interrupted is not None else self._step()
         if quiet.due(quiet.last if quiet.last is not None else self._state.progress.global_step):
             self._read()  # a long epoch no hook reads the outputs of: what waits stays bounded (WAIT_AT_MOST)
         if tx.keys.pending:  # every unit closed behind it: only a held Ctrl-C makes this a safe point to act at
@@ -194,19 +197,6 @@ class Walker:
         if self._quiet.unread:
             self._read()
 
-    def _walk(self) -> None:
-        """The next step; under ``FaultTolerance`` after the replica groups' quorum, and again while it is discarded."""
-        replicas = self.ctx.replicas
-        if replicas is None:
-            return self._step()
-        while True:
-            if replicas.at_boundary():  # healed: the peer's state and data position replaced this run's
-                self.tx.held = None
-            try:
-                return self._step()
-            except Discarded:  # its vote failed: nothing of it reached the hooks; drawn again after a new quorum
-                continue
-
     def _step(self) -> None:
         quiet = self._quiet
         step = self._state.progress.global_step + 1 if quiet.last is None else quiet.last + 1
@@ -239,8 +229,15 @@ class Walker:
         """
         event: Any = self._next_event()  # narrowed by its exact class, below, where mypy does not follow
         cls = event.__class__  # next_event builds exact lifecycle classes
+        if self._replicas is not None and (cls is ev.BeforeStep or cls is ev.BeforeEpoch):
+            event = self._replicated(event)
+            cls = event.__class__
         if cls is ev.AfterStep or cls is ev.BeforeStep and not self.processed[ev.BeforeStep]:
-            self._driver.train(event.step)  # handed back to _trained: a quiet step's AfterStep is only counted
+            try:
+                self._driver.train(event.step)  # handed back to _trained: a quiet step's AfterStep is only counted
+            except Discarded:  # its vote failed: back to the boundary, dealt again after a new quorum
+                self._discarded()
+                return ev.BeforeStep
             return ev.AfterStep
         if cls is ev.BeforeEpoch or cls is ev.AfterEpoch:
             feed, self.tx.step = self.ctx.feed, None
@@ -253,6 +250,31 @@ class Walker:
         if cls is ev.AfterTrain:
             self._close()
         return cls
+
+    def _replicated(self, event):
+        """Under ``FaultTolerance``, before ``event`` (a ``BeforeEpoch`` or ``BeforeStep``): the event next after it.
+
+        Before an epoch, its length for the participants of the last quorum.
+        Before a step, the quorum of the replica groups (a heal there
+        replaces this run's state with a live peer's), then the epoch's length
+        for its participants (``pimm_fn.runtime.replicas.switch``); the
+        boundary a discarded step comes back to.
+        """
+        replicas = self._replicas
+        if event.__class__ is ev.BeforeStep:
+            replicas.at_boundary()
+        self.state = replicas.sized(self.state, self._next_event())
+        if event.__class__ is ev.BeforeStep:
+            self._boundary = (self._state, torch_rng())
+        return self._next_event()
+
+    def _discarded(self) -> None:
+        """A step whose vote failed: the state and torch RNG back at its boundary, no batch held (it is dealt again)."""
+        if self._boundary is not None:
+            state, rng = self._boundary
+            self.state = state
+            set_torch_rng(rng)
+        self.tx.held = None
 
     def _trained(self, step: int, scalars: dict, size: int) -> None:
         """Hand the trained ``step`` on: counted when it is quiet, else its one ``AfterStep`` folded."""
@@ -385,7 +407,7 @@ class Walker:
             while self._next_event().__class__ in _CLOSING:
                 self._advance()
         else:
-            self._walk()
+            self._step()
         self.tx.interrupted = None
 
     def _recover(self) -> bool:

@@ -269,7 +269,8 @@ def _fitting(run: Loop, payload: dict, src: int, step: int) -> tuple[TrainerCont
     if dropped or not isinstance(own, Keyed) or keys != own.keys():
         found.append(f"its hooks are {keys}, this run's {own.keys() if isinstance(own, Keyed) else None}")
     data = changes(held.local.cursor.get("data"), describe(ctx.feed.data))
-    if data or state.progress.iters_per_epoch != ctx.feed.iters_per_epoch:
+    dealt = ctx.feed.dealer is not None  # a dealt epoch is as long as its participants make it, not the data
+    if data or not dealt and state.progress.iters_per_epoch != ctx.feed.iters_per_epoch:
         found.append(
             f"its training data differ ({data or 'steps per epoch'}: "
             f"{state.progress.iters_per_epoch} there, {ctx.feed.iters_per_epoch} here)"

@@ -1,16 +1,21 @@
 """The fault-tolerant switch: one replica group of a run that goes on when another fails (``FaultTolerance``).
 
-``loop()`` makes a ``Replicas`` for ``Parallel(fault_tolerant=...)`` and
-connects it once the run is built. The walker asks it at each step's
-boundary (``at_boundary``: every step walked, no quiet stretch): the quorum
-of the groups alive (torchft's ``Manager.start_quorum``), where a rejoining
-group takes a live peer's whole state (``pimm_fn.runtime.replicas.transport``)
-and a group asked for its state sends it. Fewer than ``min_replicas``
-groups: it waits, saying so, up to ``quorum_timeout``. The optimizer's step
-averages the gradients over the participants and votes
+``loop()`` makes a ``Replicas`` for ``Parallel(fault_tolerant=...)`` (the
+feed then deals each step's batches: ``Feed.deal``) and connects it once
+the run is built. The walker asks it before each step's ``BeforeStep``
+(``at_boundary``: every step walked, no quiet stretch): the quorum of the
+groups alive (torchft's ``Manager.start_quorum``), where a rejoining group
+takes a live peer's whole state (``pimm_fn.runtime.replicas.transport``)
+and a group asked for its state sends it; then the epoch's length for the
+participants (``sized``; before a ``BeforeEpoch`` too), as
+``pimm_fn.core.membership`` and the simulator have it. Fewer than
+``min_replicas`` groups: it waits, saying so, up to ``quorum_timeout``. The
+optimizer's step averages the gradients over the participants and votes
 (``pimm_fn.runtime.replicas.commit``); the driver asks ``took`` after the
-train step, and a failed vote discards the step (``discard``: the model's
-buffers as they were at the boundary, the batch drawn again).
+train step (the dealer's cursor moves past the step), and a failed vote
+discards the step (``discard``: the model's buffers as they were at the
+boundary, the same positions dealt again; the walker's state back at the
+boundary, so the step's ``BeforeStep`` is folded again).
 Exactly one group writes each checkpoint and best-weights file: the
 quorum's participating rank 0 (``writes``).
 """
@@ -21,6 +26,9 @@ import time
 import torch
 
 from pimm_fn.checkpoint import storage
+from pimm_fn.core import events as ev
+from pimm_fn.core.membership import resized
+from pimm_fn.core.state import State
 from pimm_fn.runtime.errors import ReplicaError
 from pimm_fn.runtime.replicas import commit, manager
 
@@ -75,9 +83,10 @@ class Replicas:
         healed: what the last heal brought here (``heal.Healed``), or ``None``.
     """
 
-    def __init__(self, option, say):
+    def __init__(self, option, say, feed):
         manager.require()
         self.option, self.say = option, say
+        self.dealer = feed.deal(self.membership)  # each participant's batch dealt from one cursor
         self.group = manager.group_id(option)
         self.address = manager.lighthouse(option)
         self.manager = self.transport = self._group = self._store = self._hook = None
@@ -150,6 +159,35 @@ class Replicas:
         self._buffers = [b.detach().clone() for b in self._model_buffers]
         return healed is not None
 
+    def membership(self) -> tuple[int, int]:
+        """``(participant, participants)`` of the last quorum: which share of the step this group draws."""
+        rank = self.manager.participating_rank() if self.manager is not None else None
+        if rank is None:
+            raise ReplicaError("this replica group draws a batch outside a quorum (it takes part in none)")
+        return rank, self.participants
+
+    def sized(self, state: State, event) -> State:
+        """``state`` with its epoch as long as the participants of the last quorum make it, before ``event``.
+
+        Before an epoch (``BeforeEpoch``): its steps for them from position 0;
+        before a step: the steps done and those left from the dealer's cursor
+        (``pimm_fn.core.membership.resized``). Before the first quorum the
+        length stays.
+        """
+        cls = event.__class__
+        if not self.participants or (cls is not ev.BeforeStep and cls is not ev.BeforeEpoch):
+            return state
+        dealer, epoch = self.dealer, cls is ev.BeforeEpoch
+        return resized(
+            state,
+            0 if epoch else dealer.cursor,
+            self.participants,
+            length=dealer.length,
+            batch_size=dealer.batch_size,
+            drop_last=dealer.drop_last,
+            done=0 if epoch else None,
+        )
+
     def _quorum(self) -> None:
         option = self.option
         tell = threading.Timer(
@@ -201,6 +239,7 @@ class Replicas:
         voted, self._voted = self._voted, None
         if voted:
             self._discards = 0
+            self.dealer.commit()  # the cursor past the whole step's positions
         if voted is None:
             raise ReplicaError(
                 f"step {step} did not call optimizer.step(): under FaultTolerance every step votes there (the "
@@ -216,6 +255,7 @@ class Replicas:
         """
         for buffer, kept in zip(self._model_buffers, self._buffers, strict=True):
             buffer.copy_(kept)
+        self.dealer.discard()  # the same positions dealt again
         self._discards += 1
         error = self.manager.errored()
         cause = f" ({str(error.original_exception)[:200]})" if error is not None else ""

@@ -310,6 +310,12 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
         ctx.say(_dropped_message(dropped))
     state = attrs.evolve(saved, rank=ctx.rank, world_size=ctx.world_size)
     p = state.progress
+    if (
+        ctx.feed.dealer is not None and same_world
+    ):  # dealing: the dealer's cursor positions the epoch, the quorum sizes it
+        restore_rng(held.local.rng)
+        ctx.feed.resume(held.local.cursor, p.epoch, p.iter_in_epoch)
+        return state
     if not same_world:
         state = positioning.new_world(state, ctx, info, offset, why, cursor)
     elif ctx.feed.dealer is None and positioning.dealt(held.local.cursor) is not None:  # written dealing, read plainly

@@ -122,7 +122,7 @@ class Driver:
             scalars = self._run_step(ctx.model, ctx.optimizer, batch, self._handed, ctx.scaler)
         replicas = self._replicas
         if replicas is not None and not replicas.took(step):
-            replicas.discard(step)  # the batch held: trained again, from the same RNG, unless a heal replaces it
+            replicas.discard(step)  # its positions dealt again, after a new quorum
             raise Discarded(step)  # outside every unit: the walker draws the step again after a new quorum
         tx.held = None
         if self._after and (skipping is None or skipping.count == skips):  # a skipped batch leaves the scheduler
