@@ -8,7 +8,7 @@ line to ``out`` at each step's start (after the quorum: a digest of the
 weights, the optimizer state, the ``State`` and the data cursor) and at each
 committed step, flushed, so a killed replica leaves what it did. Options:
 ``die_at`` and ``die_in`` (``"step"``: after its hooks, ``"forward"``,
-``"save"``, ``"eval"``) SIGKILL it there; ``hold_at`` and ``hold_until`` keep it at a step until a file exists
+``"save"``, ``"eval"``) SIGKILL it there, ``"hang"`` SIGSTOPs it in the forward; ``hold_at`` and ``hold_until`` keep it at a step until a file exists
 (the restarted replica writes ``started`` once it joined the lighthouse);
 ``ready`` and ``barrier``: it writes its file, then waits for all of them.
 """
@@ -154,8 +154,8 @@ def main(opts: dict) -> None:
 
     def forward(module, args) -> None:  # killed in the step's forward: its peers' all-reduce fails, their vote too
         holder["samples"] = args[0][2].tolist()  # the indices this replica trains in the step
-        if die_in == "forward" and die_at == holder["run"].state.progress.global_step + 1:
-            os.kill(os.getpid(), signal.SIGKILL)
+        if die_in in ("forward", "hang") and die_at == holder["run"].state.progress.global_step + 1:
+            os.kill(os.getpid(), signal.SIGKILL if die_in == "forward" else signal.SIGSTOP)
 
     model.register_forward_pre_hook(forward)
     tolerance = pf.FaultTolerance(
