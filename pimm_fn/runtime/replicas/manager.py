@@ -63,18 +63,20 @@ def lighthouse(option) -> str:
     return found
 
 
-def build(option, *, step: int, load, transport_of) -> tuple[Any, Any, Any]:
-    """``(manager, group, store)``: the group's torchft ``Manager`` at ``step``, its gloo group, the store kept alive.
+def build(option, *, step: int) -> tuple[Any, Any, Any]:
+    """``(manager, transport, store)``: the group's torchft ``Manager`` at ``step``, its heal transport, its store.
 
-    ``load(source)`` heals this replica from the quorum's ``source`` rank
-    (called by the manager on this thread); ``transport_of(group)`` is the
-    checkpoint transport over the manager's group.
+    The transport (``pimm_fn.runtime.replicas.transport``) heals over the
+    manager's gloo group; ``store`` is the group's own ``TCPStore`` (``None``
+    for a ``torchrun`` group's), kept alive with the manager.
 
     Raises:
         ReplicaError: the lighthouse cannot be reached within ``connect_timeout``.
     """
     from torch.distributed import TCPStore
     from torchft import Manager, ProcessGroupGloo
+
+    from pimm_fn.runtime.replicas.transport import Transport
 
     address = lighthouse(option)
     timeout = timedelta(seconds=option.timeout)
@@ -87,10 +89,11 @@ def build(option, *, step: int, load, transport_of) -> tuple[Any, Any, Any]:
         store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
         port = store.port
     group = ProcessGroupGloo(timeout=timeout)
+    transport = Transport(group)
     try:
         manager = Manager(
             pg=group,
-            load_state_dict=load,
+            load_state_dict=transport.load,  # a heal, received on this thread
             state_dict=lambda: None,  # the state goes by the transport, not through torchft's state dict
             min_replica_size=option.min_replicas,
             use_async_quorum=False,  # the quorum and any heal complete at the step's boundary
@@ -103,7 +106,7 @@ def build(option, *, step: int, load, transport_of) -> tuple[Any, Any, Any]:
             store_port=port,
             lighthouse_addr=address,
             replica_id=group_id(option),
-            checkpoint_transport=transport_of(group),
+            checkpoint_transport=transport,
         )
     except RuntimeError as exc:
         raise ReplicaError(
@@ -112,4 +115,4 @@ def build(option, *, step: int, load, transport_of) -> tuple[Any, Any, Any]:
             f"or TORCHFT_LIGHTHOUSE"
         ) from None
     manager.load_state_dict({"step": step, "batches_committed": 0})
-    return manager, group, store
+    return manager, transport, store

@@ -75,6 +75,7 @@ class Replicas:
     Args:
         option: the ``FaultTolerance``.
         say: the run's console line (``Context.say``).
+        feed: the run's ``Feed``, dealt from now on (``Feed.deal``).
 
     Attributes:
         group: this group's id.
@@ -89,7 +90,7 @@ class Replicas:
         self.dealer = feed.deal(self.membership)  # each participant's batch dealt from one cursor
         self.group = manager.group_id(option)
         self.address = manager.lighthouse(option)
-        self.manager = self.transport = self._group = self._store = self._hook = None
+        self.manager = self.transport = self._store = self._hook = None
         self.writes, self.participants, self.healed = True, 0, None
         self._voted: bool | None = None
         self._discards = 0  # steps discarded in a row
@@ -102,21 +103,7 @@ class Replicas:
         Raises:
             ReplicaError: the lighthouse cannot be reached within ``connect_timeout``.
         """
-        from pimm_fn.runtime.replicas.transport import Transport  # torchft's, imported with the option only
-
-        made: list[Transport] = []
-
-        def transport_of(group):
-            made.append(Transport(group))
-            return made[0]
-
-        self.manager, self._group, self._store = manager.build(
-            self.option,
-            step=run.state.progress.global_step,
-            load=lambda source: made[0].load(source),
-            transport_of=transport_of,
-        )
-        self.transport = made[0]
+        self.manager, self.transport, self._store = manager.build(self.option, step=run.state.progress.global_step)
         self.transport.run = run
         ctx = run.ctx
         self._hook = ctx.optimizer.register_step_pre_hook(self._vote)
