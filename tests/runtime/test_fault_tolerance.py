@@ -315,3 +315,31 @@ def test_the_option_is_refused_without_torchft_naming_the_extra(tmp_path, monkey
     with pytest.raises(ImportError, match=r"pip install 'pimm_fn\[ft\]'"):
         _loop(tmp_path, lighthouse="http://127.0.0.1:1")
     assert not (tmp_path / "save").exists()  # refused before anything was written
+
+
+def test_the_group_and_the_lighthouse_come_from_the_option_or_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
+    with pytest.raises(
+        ValueError, match="lighthouse's address: pass FaultTolerance.lighthouse=.* or set TORCHFT_LIGHTHOUSE"
+    ):
+        _loop(tmp_path)
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "http://127.0.0.1:1")
+    with pytest.raises(pf.ReplicaError, match="at http://127.0.0.1:1 within connect_timeout=1 s"):
+        _loop(tmp_path, connect_timeout=1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "says"),
+    [
+        ({"min_replicas": 0}, ValueError, "'min_replicas' must be an int >= 1"),
+        ({"timeout": 0}, ValueError, "'timeout' must be a finite number > 0"),
+        ({"quorum_timeout": float("inf")}, ValueError, "'quorum_timeout' must be a finite number > 0"),
+        ({"lighthouse": 29510}, TypeError, "'lighthouse' must be None or an address"),
+        ({"replica_group": 0}, TypeError, "'replica_group' must be None or a str"),
+    ],
+)
+def test_a_malformed_option_is_refused_when_made(fields, error, says):
+    with pytest.raises(error, match=re.escape(says)):
+        pf.FaultTolerance(**fields)
+    with pytest.raises(TypeError, match="'fault_tolerant' must be None or a pimm_fn.FaultTolerance"):
+        pf.Parallel(fault_tolerant=fields)

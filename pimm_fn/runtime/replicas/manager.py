@@ -43,23 +43,28 @@ def require() -> None:
 
 def group_id(option) -> str:
     """This replica group's id: ``option.replica_group``, else ``REPLICA_GROUP_ID``."""
-    found = option.replica_group if option.replica_group is not None else os.environ.get("REPLICA_GROUP_ID")
-    if not found:
-        raise ValueError(
-            "loop: FaultTolerance needs this replica group's id: pass FaultTolerance(replica_group='0') or set "
-            "REPLICA_GROUP_ID, a different one for each group"
-        )
-    return found
+    return _given(
+        option.replica_group,
+        "REPLICA_GROUP_ID",
+        "this replica group's id: pass FaultTolerance(replica_group='0') or set REPLICA_GROUP_ID, a different one "
+        "for each group",
+    )
 
 
 def lighthouse(option) -> str:
     """The lighthouse's address: ``option.lighthouse``, else ``TORCHFT_LIGHTHOUSE``."""
-    found = option.lighthouse if option.lighthouse is not None else os.environ.get("TORCHFT_LIGHTHOUSE")
+    return _given(
+        option.lighthouse,
+        "TORCHFT_LIGHTHOUSE",
+        "the torchft lighthouse's address: pass FaultTolerance(lighthouse='http://host:29510') or set "
+        "TORCHFT_LIGHTHOUSE (start one with torchft_lighthouse)",
+    )
+
+
+def _given(value: str | None, variable: str, what: str) -> str:
+    found = value if value is not None else os.environ.get(variable)
     if not found:
-        raise ValueError(
-            "loop: FaultTolerance needs the torchft lighthouse's address: pass FaultTolerance(lighthouse="
-            "'http://host:29510') or set TORCHFT_LIGHTHOUSE (start one with torchft_lighthouse)"
-        )
+        raise ValueError(f"loop: FaultTolerance needs {what}")
     return found
 
 
