@@ -87,7 +87,7 @@ class Replicas:
 
 
 def _lighthouse():
-    return LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=300, heartbeat_timeout_ms=800)
+    return LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=800)
 
 
 @pytest.fixture(scope="module")
