@@ -10,6 +10,10 @@ left. Steps no hook is called for are trained and counted, not folded
 (``pimm_fn.runtime.engine.outputs``); on the others a ``BeforeStep`` no hook wants
 builds nothing (the step's ``AfterStep`` moves the position past it), and
 the step's outputs are read before its one ``AfterStep`` is built.
+Under ``FaultTolerance`` every step is walked: before its ``BeforeStep`` the
+replica groups' quorum (a heal there), the epoch sized for its
+participants; a step whose commit vote fails comes back to that boundary
+and is walked again (``pimm_fn.runtime.replicas.switch``).
 """
 
 from collections.abc import Mapping
