@@ -256,12 +256,12 @@ def test_a_checkpoint_written_degraded_resumes_in_a_plain_run(three):
 
 
 # -- faults of one process -------------------------------------------------------------------------------------
-def _loop(tmp_path, **tolerance):
+def _loop(tmp_path, data=None, **tolerance):
     model = workers.Net()
     return pf.loop(
         model,
         torch.optim.SGD(model.parameters(), lr=0.05),
-        workers.loader(),
+        workers.loader() if data is None else data,
         max_steps=4,
         save_dir=tmp_path / "save",
         parallel=pf.Parallel(fault_tolerant=pf.FaultTolerance(replica_group="0", **tolerance)),
@@ -308,6 +308,15 @@ def test_a_vote_that_always_fails_stops_the_run_after_ten_steps_discarded(tmp_pa
     assert run.state.progress.global_step == 0 and run.interrupted is None  # no hook saw the step
     assert capsys.readouterr().out.count("step 1 was not committed by every replica group") == 9
     assert list(run.ctx.model.parameters())[0].grad is None  # the failed vote took the gradients away
+
+
+def test_data_whose_order_other_replicas_cannot_compute_are_refused(tmp_path):
+    shuffled = torch.utils.data.DataLoader(workers.dataset(), batch_size=4, shuffle=True)  # a RandomSampler
+    with pytest.raises(
+        TypeError, match="cannot be dealt over replicas: its sampler is a RandomSampler.*DistributedSampler"
+    ):
+        _loop(tmp_path, shuffled, lighthouse="http://127.0.0.1:1")
+    assert not (tmp_path / "save").exists()  # refused before anything was written
 
 
 def test_the_option_is_refused_without_torchft_naming_the_extra(tmp_path, monkeypatch):
