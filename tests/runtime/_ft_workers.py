@@ -38,11 +38,12 @@ STEPS_PER_EPOCH = 8
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
+        self.norm = nn.BatchNorm1d(4)  # running statistics each replica moves with its own batches
         self.body = nn.Linear(4, 1)
 
     def forward(self, batch):
         x, y = batch[:2]  # then the samples' indices
-        return {"loss": F.mse_loss(self.body(x).squeeze(-1), y)}
+        return {"loss": F.mse_loss(self.body(self.norm(x)).squeeze(-1), y)}
 
 
 def dataset() -> TensorDataset:

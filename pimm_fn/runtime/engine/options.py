@@ -165,9 +165,9 @@ class FaultTolerance:
     live peer); each holds a lock of its own there and logs to
     ``save_dir/replica-<group>/log.jsonl``. The contract: not bit-identical
     to a run without failures, but every live group equals every other
-    after every committed step (its buffers, such as batch norm's running
-    statistics, excepted: they are not averaged), and a healed group equals
-    its source. The training data are dealt: each step's participants take
+    after every committed step (the model's floating buffers, such as batch
+    norm's running statistics, are averaged with the gradients), and a
+    healed group equals its source. The training data are dealt: each step's participants take
     the next batches of the epoch's one order from a shared cursor, so each
     sample of an epoch is trained once whoever is alive; they must be a
     ``DataLoader`` over a map-style dataset with a ``SequentialSampler`` or

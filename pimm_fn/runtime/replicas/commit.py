@@ -1,9 +1,9 @@
 """The step's commit: the gradients averaged over the live replica groups, the optimizer step only if all vote to.
 
 Under ``FaultTolerance`` the run's optimizer carries a step pre-hook
-(``vote``): before ``optimizer.step()`` changes anything, the gradients are
-all-reduced over the quorum's participants (one flat buffer per dtype,
-averaged by torchft's ``Manager.allreduce``), then the manager's
+(``vote``): before ``optimizer.step()`` changes anything, the gradients and
+the model's floating buffers are all-reduced over the quorum's participants
+(one flat buffer per dtype, averaged by torchft's ``Manager.allreduce``), then the manager's
 ``should_commit()`` votes. A failed vote (a peer died or hung in the
 all-reduce, too few groups) takes the gradients away, so the step changes
 no parameter and no optimizer state (torch's optimizers leave a parameter
@@ -26,17 +26,22 @@ class Discarded(Exception):
         self.step = step
 
 
-def vote(manager, optimizer) -> bool:
-    """Average ``optimizer``'s gradients over the participants and vote; on a failed vote the gradients are dropped."""
+def vote(manager, optimizer, buffers: list[torch.Tensor]) -> bool:
+    """Average ``optimizer``'s gradients and the model's floating ``buffers`` over the participants, then vote.
+
+    The buffers (batch norm's running statistics) were moved by this step's
+    forward on each replica's own batch: averaged, every replica holds the
+    same after the step. On a failed vote the gradients are dropped.
+    """
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for grad in grads:
-        by_dtype.setdefault(grad.dtype, []).append(grad)
+    for tensor in (*grads, *buffers):
+        by_dtype.setdefault(tensor.dtype, []).append(tensor)
     for same in by_dtype.values():
-        flat = torch.cat([g.reshape(-1) for g in same])
+        flat = torch.cat([t.reshape(-1) for t in same])
         manager.allreduce(flat).wait()  # an error is the manager's: the vote below fails
-        for grad, part in zip(same, torch.split(flat, [g.numel() for g in same]), strict=True):
-            grad.copy_(part.view_as(grad))
+        for tensor, part in zip(same, torch.split(flat, [t.numel() for t in same]), strict=True):
+            tensor.copy_(part.view_as(tensor))
     committed = manager.should_commit()
     if not committed:
         for group in optimizer.param_groups:

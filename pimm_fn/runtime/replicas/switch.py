@@ -96,6 +96,7 @@ class Replicas:
         self._discards = 0  # steps discarded in a row
         self._buffers: list[torch.Tensor] = []
         self._model_buffers: list[torch.Tensor] = []
+        self._averaged: list[torch.Tensor] = []
 
     def connect(self, run) -> None:
         """Join the lighthouse with ``run`` (a ``Loop``) at its global step; its optimizer votes from now on.
@@ -108,6 +109,7 @@ class Replicas:
         ctx = run.ctx
         self._hook = ctx.optimizer.register_step_pre_hook(self._vote)
         self._model_buffers = list(ctx.model.buffers())
+        self._averaged = [b for b in self._model_buffers if b.is_floating_point()]  # averaged with the gradients
 
     def at_boundary(self) -> bool:
         """The quorum at a step's boundary, a heal in it; True when this replica was healed (its state replaced).
@@ -219,7 +221,7 @@ class Replicas:
 
     def _vote(self, optimizer, args, kwargs) -> None:
         """The optimizer's step pre-hook: gradients averaged over the participants, then the vote."""
-        self._voted = commit.vote(self.manager, optimizer)
+        self._voted = commit.vote(self.manager, optimizer, self._averaged)
 
     def took(self, step: int) -> bool:
         """Whether ``step``, trained, was committed by every participant (its optimizer step voted on)."""
