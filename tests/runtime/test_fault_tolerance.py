@@ -364,3 +364,23 @@ def test_a_malformed_option_is_refused_when_made(fields, error, says):
         pf.FaultTolerance(**fields)
     with pytest.raises(TypeError, match="'fault_tolerant' must be None or a pimm_fn.FaultTolerance"):
         pf.Parallel(fault_tolerant=fields)
+
+
+def test_a_slow_quorum_is_said_once_and_a_quick_one_not_at_all():
+    from pimm_fn.runtime.replicas.switch import Watch
+
+    said: list[str] = []
+    watch = Watch(said.append, "waiting for the quorum", after=0.05)
+    try:
+        for _ in range(100):  # quick waits: nothing said
+            watch.begin()
+            watch.end()
+        watch.begin()
+        deadline = time.monotonic() + 5
+        while not said and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # still waiting: said once
+        watch.end()
+    finally:
+        watch.close()
+    assert said == ["waiting for the quorum"]

@@ -32,7 +32,7 @@ from pimm_fn.core.state import State
 from pimm_fn.runtime.errors import ReplicaError
 from pimm_fn.runtime.replicas import commit, manager
 
-__all__ = ["Replicas", "check", "lock_name", "log_dir"]
+__all__ = ["Replicas", "Watch", "check", "lock_name", "log_dir"]
 
 _TELL_AFTER_S = 2.0  # a quorum not formed by then is said on the console
 _RETRY_S = 0.2  # between two quorums while fewer than min_replicas groups take part
@@ -97,6 +97,7 @@ class Replicas:
         self._buffers: list[torch.Tensor] = []
         self._model_buffers: list[torch.Tensor] = []
         self._averaged: list[torch.Tensor] = []
+        self._watch: Watch | None = None  # says so when a quorum is slow to form
 
     def connect(self, run) -> None:
         """Join the lighthouse with ``run`` (a ``Loop``) at its global step; its optimizer votes from now on.
@@ -179,16 +180,13 @@ class Replicas:
 
     def _quorum(self) -> None:
         option = self.option
-        tell = threading.Timer(
-            _TELL_AFTER_S,
-            self.say,
-            (
+        if self._watch is None:
+            self._watch = Watch(
+                self.say,
                 f"waiting for the quorum of the replica groups at {self.address} (min_replicas={option.min_replicas}, "
                 f"up to {option.quorum_timeout:g} s)",
-            ),
-        )
-        tell.daemon = True
-        tell.start()
+            )
+        self._watch.begin()
         try:
             self.manager.start_quorum()
         except TimeoutError as exc:
@@ -198,7 +196,7 @@ class Replicas:
                 f"the lighthouse's min_replicas"
             ) from None
         finally:
-            tell.cancel()
+            self._watch.end()
 
     def _heal_failed(self) -> None:
         """A heal cut on the way changed nothing here: this step fails its vote, and the next quorum heals again."""
@@ -265,3 +263,52 @@ class Replicas:
         if self.manager is not None:
             self.manager.shutdown(wait=False)
             self.manager = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
+
+
+class Watch:
+    """Says ``message`` once a wait between ``begin()`` and ``end()`` lasts ``after`` seconds: one thread for all waits.
+
+    A ``threading.Timer`` a wait would start a thread each step (about 0.2 ms);
+    this one thread sleeps until a wait begins, and a wait costs a lock.
+    """
+
+    def __init__(self, say, message: str, after: float = _TELL_AFTER_S):
+        self._say, self._message, self._after = say, message, after
+        self._cond = threading.Condition()
+        self._since: float | None = None  # when the wait being watched began
+        self._closed = False
+        threading.Thread(target=self._run, name="pimm_fn-quorum-watch", daemon=True).start()
+
+    def begin(self) -> None:
+        with self._cond:
+            self._since = time.monotonic()
+            self._cond.notify()
+
+    def end(self) -> None:
+        with self._cond:
+            self._since = None
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._since is None and not self._closed:
+                    self._cond.wait()
+                since = self._since
+                if self._closed:
+                    return
+                if since is None:
+                    continue
+                left = since + self._after - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self._since = None  # said once a wait
+            self._say(self._message)
