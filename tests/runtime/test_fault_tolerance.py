@@ -384,3 +384,33 @@ def test_a_slow_quorum_is_said_once_and_a_quick_one_not_at_all():
     finally:
         watch.close()
     assert said == ["waiting for the quorum"]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"training": pf.Training(on_nonfinite="skip")}, "does not take Training(on_nonfinite='skip')"),
+        ({"training": pf.Training(scaler=torch.amp.GradScaler("cpu"))}, "does not take a GradScaler"),
+        ({"named": True}, "does not take a dict of named optimizers"),
+    ],
+)
+def test_what_the_switch_cannot_run_is_refused_before_anything_is_written(tmp_path, options, says):
+    model = workers.Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    named = options.pop("named", False)
+
+    def step(model, optimizer, batch, *, scheduler=None, scaler=None):  # a dict of optimizers takes a step_fn
+        return {}
+
+    with pytest.raises(ValueError, match=re.escape(says)):
+        pf.loop(
+            model,
+            {"a": optimizer} if named else optimizer,
+            workers.loader(),
+            max_steps=4,
+            save_dir=tmp_path / "save",
+            step_fn=step if named else None,
+            parallel=pf.Parallel(fault_tolerant=pf.FaultTolerance(replica_group="0", lighthouse="http://127.0.0.1:1")),
+            **options,
+        )
+    assert not (tmp_path / "save").exists()

@@ -359,11 +359,6 @@ def loop(
     )
     optimizer, optimizers = stateful_objects.check_optimizers(optimizer, step_fn, sharded=shards)
     arguments.check_trains_model(model, optimizers or {"optimizer": optimizer})  # not another model's parameters
-    tolerant = parallel.fault_tolerant
-    if tolerant is not None:  # torchft installed, the group and lighthouse known, what it cannot run refused
-        replicas.check(
-            tolerant, named_optimizers=optimizers is not None, on_nonfinite=training.on_nonfinite, sharded=shards
-        )
     extra_state = stateful_objects.extra_state(training.extra_state, hooks, sharded=shards)
     check_fresh_save_dir(resume, save_dir)  # the arguments are right; is save_dir free for a fresh run?
     use_local_cuda_device(model)  # LOCAL_RANK's GPU, before DDP, the guard or DCP allocate on the current one
@@ -377,6 +372,15 @@ def loop(
     scaler = loop_scaler(
         step_fn, training.scaler, model
     )  # a TrainStep(precision="fp16")'s own, checkpointed as scaler=
+    tolerant = parallel.fault_tolerant
+    if tolerant is not None:  # torchft installed, the group and lighthouse known, what it cannot run refused
+        replicas.check(
+            tolerant,
+            named_optimizers=optimizers is not None,
+            on_nonfinite=training.on_nonfinite,
+            sharded=shards,
+            scaler=scaler is not None,
+        )
     guarded = dist.is_initialized() and parallel.check_agreement is not False
     # what the hooks imply, derived once (pimm_fn.runtime.engine.implied)
     implied = Implied.of(hook_chain, guarded=guarded)

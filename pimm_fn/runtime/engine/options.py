@@ -172,7 +172,7 @@ class FaultTolerance:
     sample of an epoch is trained once whoever is alive; they must be a
     ``DataLoader`` over a map-style dataset with a ``SequentialSampler`` or
     a ``DistributedSampler`` (``pimm_fn.runtime.data.dealing``). Not taken:
-    a dict of named optimizers, a sharded model,
+    a dict of named optimizers, a sharded model, a ``GradScaler``,
     ``Training(on_nonfinite="skip")``; every step must call
     ``optimizer.step()``, where the gradients are averaged and voted on
     (``pimm_fn.runtime.replicas``).

@@ -39,7 +39,7 @@ _RETRY_S = 0.2  # between two quorums while fewer than min_replicas groups take 
 _MAX_DISCARDS = 10  # steps discarded in a row before the run stops: the failure is not a peer lost
 
 
-def check(option, *, named_optimizers: bool, on_nonfinite: str, sharded: bool) -> None:
+def check(option, *, named_optimizers: bool, on_nonfinite: str, sharded: bool, scaler: bool) -> None:
     """Refuse ``FaultTolerance`` where it cannot run, before anything is built (torchft missing: the extra named)."""
     manager.require()
     manager.group_id(option)
@@ -51,6 +51,8 @@ def check(option, *, named_optimizers: bool, on_nonfinite: str, sharded: bool) -
         if on_nonfinite == "skip"
         else "a sharded model (FSDP2; its heal is not built yet)"
         if sharded
+        else "a GradScaler (fp16): a step whose gradients overflow skips optimizer.step(), where the groups vote"
+        if scaler
         else None
     )
     if refused is not None:
