@@ -123,13 +123,13 @@ class Replicas:
         """
         option, ft = self.option, self.manager
         since = time.monotonic()
-        told = False
+        told = was_healed = False
         while True:
             self._quorum()
             self._heal_failed()
             healed, self.transport.healed = self.transport.healed, None
             if healed is not None:
-                self.healed = healed
+                self.healed, was_healed = healed, True
             self._send()
             self.participants = ft.num_participants()
             if self.participants >= option.min_replicas:
@@ -149,7 +149,7 @@ class Replicas:
             time.sleep(_RETRY_S)
         self.writes = ft.participating_rank() == 0
         self._buffers = [b.detach().clone() for b in self._model_buffers]
-        return healed is not None
+        return was_healed
 
     def membership(self) -> tuple[int, int]:
         """``(participant, participants)`` of the last quorum: which share of the step this group draws."""
