@@ -310,24 +310,20 @@ def restore(info, ctx, hooks, *, strict=False, hyperparameters="checkpoint") -> 
         ctx.say(_dropped_message(dropped))
     state = attrs.evolve(saved, rank=ctx.rank, world_size=ctx.world_size)
     p = state.progress
-    if (
-        ctx.feed.dealer is not None and same_world
-    ):  # dealing: the dealer's cursor positions the epoch, the quorum sizes it
-        restore_rng(held.local.rng)
-        ctx.feed.resume(held.local.cursor, p.epoch, p.iter_in_epoch)
-        return state
+    dealing = ctx.feed.dealer is not None  # the dealer's cursor positions the epoch, each quorum sizes it
     if not same_world:
         state = positioning.new_world(state, ctx, info, offset, why, cursor)
-    elif ctx.feed.dealer is None and positioning.dealt(held.local.cursor) is not None:  # written dealing, read plainly
+    elif not dealing and positioning.dealt(held.local.cursor) is not None:  # written dealing, read plainly
         restore_rng(held.local.rng)
         state = positioning.dealt_rest(state, ctx, info, held.local.cursor)
-    elif ctx.feed.iters_per_epoch == p.iters_per_epoch:
+    elif dealing or ctx.feed.iters_per_epoch == p.iters_per_epoch:
         restore_rng(held.local.rng)
         ctx.feed.resume(held.local.cursor, p.epoch, p.iter_in_epoch)
     else:
         restore_rng(held.local.rng)
         state = positioning.new_epoch_length(state, ctx, info, held.local.cursor)
-    if ctx.feed.iters_per_epoch != state.progress.iters_per_epoch:
+    resized_by_quorum = dealing and same_world  # its length left as saved: the first quorum sizes it
+    if not resized_by_quorum and ctx.feed.iters_per_epoch != state.progress.iters_per_epoch:
         state = attrs.evolve(state, progress=attrs.evolve(state.progress, iters_per_epoch=ctx.feed.iters_per_epoch))
     return state
 
