@@ -11,6 +11,10 @@ committed step, flushed, so a killed replica leaves what it did. Options:
 ``"save"``, ``"eval"``) SIGKILL it there, ``"hang"`` SIGSTOPs it in the forward; ``hold_at`` and ``hold_until`` keep it at a step until a file exists
 (the restarted replica writes ``started`` once it joined the lighthouse);
 ``ready`` and ``barrier``: it writes its file, then waits for all of them.
+``scaler`` (an initial scale) trains with a GradScaler, ``on_nonfinite`` is
+the policy, ``nan_at`` makes this replica's loss NaN at a step and
+``overflow_at`` its scaled gradients overflow; ``named`` trains two named
+optimizers with a custom step.
 """
 
 from __future__ import annotations
@@ -92,11 +96,29 @@ def wait_for(paths: list[str], bound_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
+def both(model, optimizers, batch, *, scheduler=None, scaler=None):
+    """A custom step of two named optimizers: one backward, then each optimizer steps."""
+    for optimizer in optimizers.values():
+        optimizer.zero_grad()
+    loss = model(batch)["loss"]
+    loss.backward()
+    for optimizer in optimizers.values():
+        optimizer.step()
+    return {"loss": loss.detach()}
+
+
 def main(opts: dict) -> None:
     out = open(opts["out"], "a", buffering=1)
     torch.manual_seed(opts.get("seed", 0))
     model = Net()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if opts.get("named"):
+        optimizers = {
+            "body": torch.optim.SGD(model.body.parameters(), lr=0.05, momentum=0.9),
+            "norm": torch.optim.Adam(model.norm.parameters(), lr=0.01),
+        }
+    else:
+        optimizers = {"optimizer": torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)}
+    scaler = torch.amp.GradScaler("cpu", init_scale=opts["scaler"]) if opts.get("scaler") else None
     holder: dict = {}
     die_at, die_in = opts.get("die_at"), opts.get("die_in", "step")
 
@@ -109,7 +131,9 @@ def main(opts: dict) -> None:
             feed = holder["run"].ctx.feed
             parts = {
                 "weights": model.state_dict(),
-                "optimizer": optimizer.state_dict()["state"],
+                "params": dict(model.named_parameters()),
+                "optimizer": {name: o.state_dict()["state"] for name, o in optimizers.items()},
+                "scaler": scaler.state_dict() if scaler is not None else None,
                 "progress": repr(state.progress),
                 "best": repr(state.best),
                 "cursor": feed.state_dict(),
@@ -121,6 +145,7 @@ def main(opts: dict) -> None:
                 parts={k: digest(v) for k, v in parts.items()},
                 healed=replicas.healed is not None and replicas.healed.step == event.step - 1,
                 participants=replicas.participants,
+                scale=scaler.get_scale() if scaler is not None else None,
             )
         else:
             line(
@@ -130,6 +155,7 @@ def main(opts: dict) -> None:
                 samples=holder["samples"],
                 participants=replicas.participants,
                 writes=replicas.writes,
+                skipped=holder["run"].ctx.nonfinite.count,
             )
             if die_at == event.step and die_in == "step":
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -159,6 +185,16 @@ def main(opts: dict) -> None:
             os.kill(os.getpid(), signal.SIGKILL if die_in == "forward" else signal.SIGSTOP)
 
     model.register_forward_pre_hook(forward)
+
+    def poison(module, args, output):  # this replica's loss NaN at a step, or its scaled gradients overflowing
+        step = holder["run"].state.progress.global_step + 1
+        if step == opts.get("nan_at"):
+            output["loss"] = output["loss"] * float("nan")
+        elif step == opts.get("overflow_at"):
+            output["loss"] = output["loss"] * 1e36  # finite; times the scale, past float32's range
+        return output
+
+    model.register_forward_hook(poison)
     tolerance = pf.FaultTolerance(
         min_replicas=opts.get("min_replicas", 1),
         lighthouse=opts["lighthouse"],
@@ -169,12 +205,14 @@ def main(opts: dict) -> None:
     )
     run = pf.loop(
         model,
-        optimizer,
+        optimizers if opts.get("named") else optimizers["optimizer"],
         loader(),
         hooks=[pf.evaluate_every(3, val, name="val"), pf.save_every(4), pf.best_on("val_loss", mode="min"), watch],
         max_steps=opts["max_steps"],
         save_dir=opts["save_dir"],
         resume="auto",
+        step_fn=both if opts.get("named") else None,
+        training=pf.Training(scaler=scaler, on_nonfinite=opts.get("on_nonfinite", "raise")),
         parallel=pf.Parallel(fault_tolerant=tolerance),
         watching=pf.Watching(sanity_check=0, progress=False),
     )
@@ -184,7 +222,11 @@ def main(opts: dict) -> None:
             open(done, "w").close()
     wait_for(opts.get("barrier", []))  # the first groups start together
     run.run()
-    line(kind="end", step=run.state.progress.global_step, weights=digest(model.state_dict()))
+    state = {
+        "optimizer": {name: o.state_dict() for name, o in optimizers.items()},
+        "scaler": scaler.state_dict() if scaler is not None else None,
+    }
+    line(kind="end", step=run.state.progress.global_step, weights=digest(model.state_dict()), state=digest(state))
 
 
 if __name__ == "__main__":

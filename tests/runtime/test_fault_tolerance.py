@@ -1,10 +1,13 @@
 """Fault-tolerant replicas (``Parallel(fault_tolerant=FaultTolerance(...))``): real processes, an in-process lighthouse.
 
-Two runs of replica processes (``_ft_workers.py``), each shared by the
-assertions about it: two groups, one SIGKILLed at a step and restarted;
-three groups, the checkpoint writer SIGKILLed during a save and restarted,
-another SIGKILLed during an evaluation and left dead. Then the faults a
-single process meets: an unreachable lighthouse, too few groups, no torchft.
+Three runs of replica processes (``_ft_workers.py``), each shared by the
+assertions about it: two groups with a GradScaler and
+``on_nonfinite="skip"``, a loss NaN on one and gradients overflowing on the
+other, one SIGKILLed at a step and restarted; three groups, the checkpoint
+writer SIGKILLed during a save and restarted, another SIGKILLed during an
+evaluation and left dead; two groups of two named optimizers, one killed
+and restarted. Then the faults a single process meets: an unreachable
+lighthouse, too few groups, no torchft.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ import _ft_workers as workers  # noqa: E402
 
 BOUND_S = 60  # every process ends within this, or the test fails
 STEPS = 24
+SCALE = 1024.0  # the GradScaler's initial scale in the two groups' run
+NAN_AT, OVERFLOW_AT = 3, 5
+NAMED = dict(
+    named=True, max_steps=12
+)  # the named optimizers' run: SGD for the linear layer, Adam for the norm  # the step group 0's loss is NaN at, and group 1's scaled gradients overflow at
 
 
 class Replicas:
@@ -48,8 +56,8 @@ class Replicas:
             save_dir=str(self.tmp / "save"),
             out=str(self.tmp / name),
             max_steps=STEPS,
-            **opts,
         )
+        options.update(opts)
         with open(self.tmp / f"{name}.log", "w") as log:  # the child holds its own copy
             proc = subprocess.Popen(
                 [sys.executable, str(HERE / "_ft_workers.py"), json.dumps(options)],
@@ -76,6 +84,18 @@ class Replicas:
 
     def commits(self, name: str) -> list[int]:
         return [r["step"] for r in self.records(name) if r["kind"] == "commit"]
+
+    def committed(self, name: str, step: int) -> dict:
+        """The record of ``step``'s commit."""
+        return next(r for r in self.records(name) if r["kind"] == "commit" and r["step"] == step)
+
+    def began(self, name: str, step: int) -> dict:
+        """The parts of ``step``'s last start (the one committed)."""
+        return self.begins(name)[step][-1]["parts"]
+
+    def ends(self, *names: str) -> list[tuple[str, str]]:
+        """Each replica's weights and optimizer and scaler states at its end."""
+        return [(r["weights"], r["state"]) for name in names for r in self.records(name) if r["kind"] == "end"]
 
     def begins(self, name: str, *, healed: bool = False) -> dict[int, list[dict]]:
         """Each step's starts, in order (a discarded step starts again, resized for the next quorum's participants).
@@ -105,24 +125,41 @@ def _lighthouse():
     return LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=2000, heartbeat_timeout_ms=800)
 
 
-@pytest.fixture(scope="module")
-def two(tmp_path_factory):
-    """Groups 0 and 1; 1 SIGKILLed in the forward of step 7 and restarted (resume='auto'), 0 held at step 12 until it joined."""
-    tmp = tmp_path_factory.mktemp("two")
+def _killed_and_restarted(tmp: Path, *, die_at: int, hold_at: int, a=(), b=(), **both) -> Replicas:
+    """Groups 0 (a) and 1 (b), each with ``both``: b SIGKILLed in the forward of ``die_at`` and restarted as c
+    (resume='auto'), a held at ``hold_at`` until c joined."""
     lighthouse = _lighthouse()
     r = Replicas(tmp, lighthouse.address())
     deadline = time.monotonic() + BOUND_S
     ready = [str(tmp / "ready0"), str(tmp / "ready1")]
     try:
-        r.start("a", 0, hold_at=12, hold_until=str(tmp / "started"), ready=ready[0], barrier=ready)
-        r.start("b", 1, die_at=7, die_in="forward", ready=ready[1], barrier=ready)
+        r.start(
+            "a", 0, hold_at=hold_at, hold_until=str(tmp / "started"), ready=ready[0], barrier=ready, **dict(a), **both
+        )
+        r.start("b", 1, die_at=die_at, die_in="forward", ready=ready[1], barrier=ready, **dict(b), **both)
         r.wait("b", deadline)
-        r.start("c", 1, started=str(tmp / "started"))
+        r.start("c", 1, started=str(tmp / "started"), **both)
         r.wait("a", deadline)
         r.wait("c", deadline)
     finally:
         lighthouse.shutdown()
     return r
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """Groups 0 and 1 with a GradScaler under on_nonfinite='skip': 0's loss NaN at step 3, 1's scaled gradients
+    overflowing at 5; 1 SIGKILLed in the forward of step 7 and restarted (resume='auto'), 0 held at step 12 until
+    it joined."""
+    return _killed_and_restarted(
+        tmp_path_factory.mktemp("two"),
+        die_at=7,
+        hold_at=12,
+        a={"nan_at": NAN_AT},
+        b={"overflow_at": OVERFLOW_AT},
+        scaler=SCALE,
+        on_nonfinite="skip",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -150,12 +187,19 @@ def three(tmp_path_factory):
     return r
 
 
+@pytest.fixture(scope="module")
+def named(tmp_path_factory):
+    """Groups 0 and 1 of two named optimizers (a custom step): 1 SIGKILLed in the forward of step 4 and restarted,
+    0 held at step 7 until it joined."""
+    return _killed_and_restarted(tmp_path_factory.mktemp("named"), die_at=4, hold_at=7, **NAMED)
+
+
 # -- two groups, one killed at a step and restarted -------------------------------------------------------------
 def test_the_killed_replica_died_and_the_others_never_raised(two):
     assert two.procs["b"].returncode == -9
     for name in ("a", "c"):
         assert two.procs[name].returncode == 0, two.log(name)[-3000:]  # an exception out of run() exits 3
-        assert two.records(name)[-1] == {"kind": "end", "step": STEPS, "weights": two.records(name)[-1]["weights"]}
+        assert two.records(name)[-1]["kind"] == "end" and two.records(name)[-1]["step"] == STEPS
 
 
 def test_committed_steps_rise_one_by_one_on_every_replica(two):
@@ -199,9 +243,30 @@ def test_the_healed_replica_equals_its_source_weights_optimizer_state_and_data_c
 
 
 def test_every_replica_equals_the_others_after_every_committed_step_and_at_the_end(two):
-    assert two.same_starts("a", "c")
-    ends = [r["weights"] for name in ("a", "c") for r in two.records(name) if r["kind"] == "end"]
+    assert two.same_starts("a", "c")  # weights, optimizer, scaler, progress, data cursor
+    ends = two.ends("a", "c")
     assert len(ends) == 2 and ends[0] == ends[1]
+
+
+def test_a_loss_not_finite_on_one_group_skips_the_step_on_every_group(two):
+    for name in ("a", "b"):  # a's loss was NaN; b's finite, and it skipped too
+        assert two.committed(name, NAN_AT - 1)["skipped"] == 0 and two.committed(name, NAN_AT)["skipped"] == 1
+        assert two.began(name, NAN_AT)["params"] == two.began(name, NAN_AT + 1)["params"]  # no update
+        assert two.began(name, NAN_AT + 1)["params"] != two.began(name, NAN_AT + 2)["params"]  # the next one trained
+    assert two.began("a", NAN_AT + 1) == two.began("b", NAN_AT + 1)
+    assert "is not finite on another rank or replica group" in two.log("b")
+
+
+def test_gradients_overflowing_on_one_group_skip_the_step_and_back_the_scale_off_on_every_group(two):
+    def scale(name: str, step: int) -> float:
+        return next(r["scale"] for r in two.records(name) if r["kind"] == "begin" and r["step"] == step)
+
+    for name in ("a", "b"):  # b's scaled gradients overflowed; averaged, a's did too
+        assert two.began(name, OVERFLOW_AT)["params"] == two.began(name, OVERFLOW_AT + 1)["params"]
+        assert two.committed(name, OVERFLOW_AT)["skipped"] == 1  # a scaler's skip, not a non-finite loss
+        assert scale(name, OVERFLOW_AT) == SCALE and scale(name, OVERFLOW_AT + 1) == SCALE / 2
+    assert two.began("a", OVERFLOW_AT + 1) == two.began("b", OVERFLOW_AT + 1)
+    assert {scale("a", STEPS), scale("c", STEPS)} == {SCALE / 2}  # the restarted group healed with it
 
 
 def test_one_replica_group_writes_each_checkpoint(two):
@@ -265,6 +330,23 @@ def test_a_checkpoint_written_degraded_resumes_in_a_plain_run(three):
     assert ends == {workers.digest(model.state_dict())}  # the writer's last checkpoint: the replicas' weights
     run.run()
     assert run.state.progress.global_step == STEPS + 4
+
+
+# -- two groups of two named optimizers -------------------------------------------------------------------------
+def test_named_optimizers_vote_once_a_step_and_every_group_ends_equal(named):
+    assert named.procs["b"].returncode == -9
+    for name in ("a", "c"):
+        assert named.procs[name].returncode == 0, named.log(name)[-3000:]
+    assert named.commits("a") == list(range(1, 13))
+    assert re.search(r"step 4 was not committed by every replica group \(.*\): discarded", named.log("a"))
+    ends = named.ends("a", "c")
+    assert len(ends) == 2 and ends[0] == ends[1]  # the weights, and both optimizers' states
+
+
+def test_a_restarted_group_of_named_optimizers_heals_equal_to_its_source(named):
+    healed = [r for r in named.records("c") if r["kind"] == "begin" and r["healed"]]
+    assert len(healed) == 1 and healed[0]["step"] > 4
+    assert named.same_starts("a", "c")  # each optimizer's state among the parts
 
 
 # -- faults of one process -------------------------------------------------------------------------------------
@@ -386,31 +468,90 @@ def test_a_slow_quorum_is_said_once_and_a_quick_one_not_at_all():
     assert said == ["waiting for the quorum"]
 
 
-@pytest.mark.parametrize(
-    ("options", "says"),
-    [
-        ({"training": pf.Training(on_nonfinite="skip")}, "does not take Training(on_nonfinite='skip')"),
-        ({"training": pf.Training(scaler=torch.amp.GradScaler("cpu"))}, "does not take a GradScaler"),
-        ({"named": True}, "does not take a dict of named optimizers"),
-    ],
-)
-def test_what_the_switch_cannot_run_is_refused_before_anything_is_written(tmp_path, options, says):
+def test_a_grad_scaler_with_a_custom_step_and_a_sharded_model_are_refused_before_anything_is_written(tmp_path):
     model = workers.Net()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    named = options.pop("named", False)
 
-    def step(model, optimizer, batch, *, scheduler=None, scaler=None):  # a dict of optimizers takes a step_fn
+    def step(model, optimizer, batch, *, scheduler=None, scaler=None):
         return {}
 
-    with pytest.raises(ValueError, match=re.escape(says)):
+    with pytest.raises(ValueError, match=re.escape("takes a GradScaler with a built-in step only")):
         pf.loop(
             model,
-            {"a": optimizer} if named else optimizer,
+            torch.optim.SGD(model.parameters(), lr=0.05),
             workers.loader(),
             max_steps=4,
             save_dir=tmp_path / "save",
-            step_fn=step if named else None,
+            step_fn=step,
+            training=pf.Training(scaler=torch.amp.GradScaler("cpu")),
             parallel=pf.Parallel(fault_tolerant=pf.FaultTolerance(replica_group="0", lighthouse="http://127.0.0.1:1")),
-            **options,
         )
     assert not (tmp_path / "save").exists()
+    from pimm_fn.runtime.replicas.switch import check
+
+    option = pf.FaultTolerance(replica_group="0", lighthouse="http://127.0.0.1:1")
+    with pytest.raises(ValueError, match=re.escape("does not take a sharded model (FSDP2")):
+        check(option, sharded=True, scaler=False, custom_step=False)
+    check(option, sharded=False, scaler=True, custom_step=False)  # the built-in steps average before the scaler
+
+
+def test_a_train_step_votes_once_a_step_whether_its_scaler_steps_or_skips(tmp_path):
+    """TrainStep(precision='fp16') with clipping: each step one vote, the overflowing ones skipped and committed."""
+    lighthouse = _lighthouse()
+    try:
+        model = workers.Net()
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)  # past float16's range: the first steps overflow
+        run = pf.loop(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.05),
+            workers.loader(),
+            max_steps=6,
+            save_dir=tmp_path / "save",
+            step_fn=pf.TrainStep(precision="fp16", clip_grad_norm=1.0),
+            training=pf.Training(scaler=scaler),
+            parallel=pf.Parallel(fault_tolerant=pf.FaultTolerance(replica_group="0", lighthouse=lighthouse.address())),
+            watching=pf.Watching(sanity_check=0, progress=False),
+        )
+        try:
+            run.run(steps=4)
+            assert run.ctx.replicas.manager.current_step() == 4  # one committed vote a step, no more
+        finally:
+            run.ctx.replicas.close()
+    finally:
+        lighthouse.shutdown()
+    assert run.state.progress.global_step == 4 and scaler.get_scale() < 2.0**40  # some steps were skipped
+
+
+def test_a_backward_after_a_steps_vote_is_refused_naming_the_fix(tmp_path):
+    """A custom step that steps one optimizer and then runs another backward: its new gradients were never averaged."""
+
+    def alternating(model, optimizers, batch, *, scheduler=None, scaler=None):
+        for optimizer in optimizers.values():  # each optimizer on a loss of its own, one after the other
+            optimizer.zero_grad()
+            model(batch)["loss"].backward()
+            optimizer.step()
+        return {}
+
+    lighthouse = _lighthouse()
+    try:
+        model = workers.Net()
+        run = pf.loop(
+            model,
+            {
+                "body": torch.optim.SGD(model.body.parameters(), lr=0.05),
+                "norm": torch.optim.SGD(model.norm.parameters(), lr=0.05),
+            },
+            workers.loader(),
+            max_steps=4,
+            save_dir=tmp_path / "save",
+            step_fn=alternating,
+            parallel=pf.Parallel(fault_tolerant=pf.FaultTolerance(replica_group="0", lighthouse=lighthouse.address())),
+            watching=pf.Watching(sanity_check=0, progress=False),
+        )
+        try:
+            refused = r"SGD.step\(\) got gradients computed after this train step's vote"
+            with pytest.warns(pf.ResumeNotExactWarning), pytest.raises(pf.ReplicaError, match=refused):
+                run.step()  # after the first optimizer's step: said not exact
+        finally:
+            run.ctx.replicas.close()
+    finally:
+        lighthouse.shutdown()

@@ -376,10 +376,9 @@ def loop(
     if tolerant is not None:  # torchft installed, the group and lighthouse known, what it cannot run refused
         replicas.check(
             tolerant,
-            named_optimizers=optimizers is not None,
-            on_nonfinite=training.on_nonfinite,
             sharded=shards,
-            scaler=scaler is not None,
+            scaler=scaler is not None and scaler.is_enabled(),
+            custom_step=not built_in(step_fn),
         )
     guarded = dist.is_initialized() and parallel.check_agreement is not False
     # what the hooks imply, derived once (pimm_fn.runtime.engine.implied)

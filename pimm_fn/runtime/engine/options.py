@@ -153,9 +153,11 @@ class FaultTolerance:
     group runs the same script with its own ``replica_group``. At each
     step's start the groups alive form a quorum through torchft's
     lighthouse (a group that rejoins takes a live peer's whole state there:
-    ``pimm_fn.runtime.replicas.heal``); the gradients are averaged over the
-    participants, and the optimizer steps only when every participant voted
-    to commit. A step whose vote fails is discarded: the hooks never see
+    ``pimm_fn.runtime.replicas.heal``); once a step's gradients are
+    complete they are averaged over the participants (before a
+    ``GradScaler`` unscales them, so every group skips an overflowing step
+    alike), and the optimizers step only when every participant voted to
+    commit. A step whose vote fails is discarded: the hooks never see
     it, and it is drawn again after the next quorum. Each checkpoint and
     best-weights file is written by one group, the quorum's participating
     rank 0. Needs ``pip install 'pimm_fn[ft]'`` (torchft).
@@ -171,11 +173,13 @@ class FaultTolerance:
     the next batches of the epoch's one order from a shared cursor, so each
     sample of an epoch is trained once whoever is alive; they must be a
     ``DataLoader`` over a map-style dataset with a ``SequentialSampler`` or
-    a ``DistributedSampler`` (``pimm_fn.runtime.data.dealing``). Not taken:
-    a dict of named optimizers, a sharded model, a ``GradScaler``,
-    ``Training(on_nonfinite="skip")``; every step must call
-    ``optimizer.step()``, where the gradients are averaged and voted on
-    (``pimm_fn.runtime.replicas``).
+    a ``DistributedSampler`` (``pimm_fn.runtime.data.dealing``). Under
+    ``Training(on_nonfinite="skip")`` a loss that is not finite on one group
+    skips the step on every group (its batches consumed, as without
+    replicas). A dict of named optimizers votes once a step, at its first
+    ``optimizer.step()``: run every backward of the step before it. Not
+    taken: a sharded model (FSDP2), and a ``GradScaler`` with a custom
+    ``step_fn`` (``pimm_fn.runtime.replicas.commit``).
 
     Attributes:
         min_replicas: the fewest replica groups a step commits with (>= 1).

@@ -33,6 +33,7 @@ from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
 from pimm_fn.runtime.engine.transaction import LOADING, Transaction, effect_phase, fold_phase, step_of
 from pimm_fn.runtime.errors import Preempted
 from pimm_fn.runtime.replicas.commit import Discarded
+from pimm_fn.runtime.step.configurable import built_in
 from pimm_fn.runtime.step.driver import Driver
 from pimm_fn.runtime.step.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.step.train_step import runner, train_step
@@ -80,10 +81,12 @@ class Walker:
         self.hooks, self.processed = implied.hooks, dict(implied.processed)
         self._replicas = self.ctx.replicas  # under FaultTolerance: a quorum before every step
         self._quiet_steps = implied.quiet_steps and self._replicas is None  # no quiet stretch between quorums
+        # A built-in step casts the replica groups' vote after its backward; a custom one at optimizer.step().
+        vote = self._replicas.vote if self._replicas is not None and built_in(self._step_fn) else None
         self._driver = Driver(
             self.ctx,
             self.tx,
-            runner(self._step_fn, implied.processed[ev.AfterStep], self.ctx.nonfinite),
+            runner(self._step_fn, implied.processed[ev.AfterStep], self.ctx.nonfinite, vote),
             scheduler_in_step=not implied.steps_scheduler,  # else the hooks step it
             default_step=self._step_fn is train_step,
             trained=self._trained,

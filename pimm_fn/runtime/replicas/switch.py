@@ -9,13 +9,17 @@ takes a live peer's whole state (``pimm_fn.runtime.replicas.transport``)
 and a group asked for its state sends it; then the epoch's length for the
 participants (``sized``; before a ``BeforeEpoch`` too), as
 ``pimm_fn.core.membership`` and the simulator have it. Fewer than
-``min_replicas`` groups: it waits, saying so, up to ``quorum_timeout``. The
-optimizer's step averages the gradients over the participants and votes
-(``pimm_fn.runtime.replicas.commit``); the driver asks ``took`` after the
-train step (the dealer's cursor moves past the step), and a failed vote
-discards the step (``discard``: the model's buffers as they were at the
-boundary, the same positions dealt again; the walker's state back at the
-boundary, so the step's ``BeforeStep`` is folded again).
+``min_replicas`` groups: it waits, saying so, up to ``quorum_timeout``. Each
+step votes once (``vote``): its gradients averaged over the participants,
+then the commit (``pimm_fn.runtime.replicas.commit``); a built-in step
+votes after its backward, a custom one at its first ``optimizer.step()``,
+a step that updated nothing in ``took``. Under ``on_nonfinite="skip"`` the
+groups agree whether a loss is finite (``finite_everywhere``). The driver
+asks ``took`` after the train step (the dealer's cursor moves past the
+step), and a failed vote discards the step (``discard``: the model's
+buffers as they were at the boundary, the same positions dealt again; the
+walker's state back at the boundary, so the step's ``BeforeStep`` is
+folded again).
 Exactly one group writes each checkpoint and best-weights file: the
 quorum's participating rank 0 (``writes``).
 """
@@ -39,24 +43,23 @@ _RETRY_S = 0.2  # between two quorums while fewer than min_replicas groups take 
 _MAX_DISCARDS = 10  # steps discarded in a row before the run stops: the failure is not a peer lost
 
 
-def check(option, *, named_optimizers: bool, on_nonfinite: str, sharded: bool, scaler: bool) -> None:
+def check(option, *, sharded: bool, scaler: bool, custom_step: bool) -> None:
     """Refuse ``FaultTolerance`` where it cannot run, before anything is built (torchft missing: the extra named)."""
     manager.require()
     manager.group_id(option)
     manager.lighthouse(option)
-    refused = (
-        "a dict of named optimizers (one commit vote a step)"
-        if named_optimizers
-        else "Training(on_nonfinite='skip') (a skipped batch would not vote)"
-        if on_nonfinite == "skip"
-        else "a sharded model (FSDP2; its heal is not built yet)"
-        if sharded
-        else "a GradScaler (fp16): a step whose gradients overflow skips optimizer.step(), where the groups vote"
-        if scaler
-        else None
-    )
-    if refused is not None:
-        raise ValueError(f"loop: Parallel(fault_tolerant=...) does not take {refused}")
+    if sharded:
+        raise ValueError(
+            "loop: Parallel(fault_tolerant=...) does not take a sharded model (FSDP2; its heal is not built yet)"
+        )
+    if scaler and custom_step:
+        raise ValueError(
+            "loop: Parallel(fault_tolerant=...) takes a GradScaler with a built-in step only (the default one, or "
+            "pimm_fn.TrainStep(precision='fp16')): the scaler checks the gradients for inf and NaN before "
+            "optimizer.step(), and a custom step_fn gives the replica groups no point between its backward and "
+            "that check to average them, so the groups would skip different steps. Use "
+            "step_fn=pimm_fn.TrainStep(precision='fp16'), or train without the scaler"
+        )
 
 
 def log_dir(save_dir, option):
@@ -92,9 +95,12 @@ class Replicas:
         self.dealer = feed.deal(self.membership)  # each participant's batch dealt from one cursor
         self.group = manager.group_id(option)
         self.address = manager.lighthouse(option)
-        self.manager = self.transport = self._store = self._hook = None
+        self.manager = self.transport = self._store = None
+        self._hooks: list = []
         self.writes, self.participants, self.healed = True, 0, None
-        self._voted: bool | None = None
+        self._voted: bool | None = None  # this step's vote, once cast
+        self._seen: dict[int, torch.Tensor] = {}  # the gradients it averaged, by id (held, so the ids stay theirs)
+        self._optimizers: list = []
         self._discards = 0  # steps discarded in a row
         self._buffers: list[torch.Tensor] = []
         self._model_buffers: list[torch.Tensor] = []
@@ -102,7 +108,7 @@ class Replicas:
         self._watch: Watch | None = None  # says so when a quorum is slow to form
 
     def connect(self, run) -> None:
-        """Join the lighthouse with ``run`` (a ``Loop``) at its global step; its optimizer votes from now on.
+        """Join the lighthouse with ``run`` (a ``Loop``) at its global step; its steps vote from now on.
 
         Raises:
             ReplicaError: the lighthouse cannot be reached within ``connect_timeout``.
@@ -110,7 +116,10 @@ class Replicas:
         self.manager, self.transport, self._store = manager.build(self.option, step=run.state.progress.global_step)
         self.transport.run = run
         ctx = run.ctx
-        self._hook = ctx.optimizer.register_step_pre_hook(self._vote)
+        self._optimizers = list(ctx.named_optimizers().values())
+        self._hooks = [o.register_step_pre_hook(self._before_step) for o in self._optimizers]
+        if ctx.nonfinite is not None and ctx.nonfinite.before_backward:  # "skip": every group skips alike
+            ctx.nonfinite.across = self.finite_everywhere
         self._model_buffers = list(ctx.model.buffers())
         self._averaged = [b for b in self._model_buffers if b.is_floating_point()]  # averaged with the gradients
 
@@ -148,6 +157,7 @@ class Replicas:
                 )
             time.sleep(_RETRY_S)
         self.writes = ft.participating_rank() == 0
+        self._voted, self._seen = None, {}  # a step cut short before took() left its vote behind
         self._buffers = [b.detach().clone() for b in self._model_buffers]
         return was_healed
 
@@ -219,21 +229,52 @@ class Replicas:
             self.say(f"could not heal a peer ({type(exc).__name__}: {str(exc)[:200]}); going on")
             self.manager.report_error(exc)
 
-    def _vote(self, optimizer, args, kwargs) -> None:
-        """The optimizer's step pre-hook: gradients averaged over the participants, then the vote."""
-        self._voted = commit.vote(self.manager, optimizer, self._averaged)
+    def vote(self) -> bool:
+        """This step's vote, cast once: its gradients averaged over the participants, then the commit.
+
+        The built-in steps call it after their backward, before the scaler or
+        the optimizer reads a gradient; a custom step at its first
+        ``optimizer.step()``; ``took`` for a step that called neither. False:
+        the gradients were dropped, and the step must update nothing.
+        """
+        if self._voted is None:
+            self._voted, grads = commit.vote(self.manager, self._optimizers, self._averaged)
+            self._seen = {id(g): g for g in grads}
+        return self._voted
+
+    def finite_everywhere(self, finite: bool) -> bool:
+        """Whether the step's loss is finite on every participant (``NonFinite.finite`` under ``"skip"``)."""
+        return not commit.anywhere(self.manager, not finite)
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        """Each optimizer's step pre-hook: the step's vote, cast here by a custom step; refused after a new backward.
+
+        Raises:
+            ReplicaError: the optimizer holds a gradient the vote did not
+                average (a backward after an earlier optimizer step of the
+                same train step): the groups would step it apart.
+        """
+        if self._voted is None:
+            self.vote()
+            return
+        seen = self._seen
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and id(p.grad) not in seen:
+                    raise ReplicaError(
+                        f"{type(optimizer).__name__}.step() got gradients computed after this train step's vote: "
+                        f"under FaultTolerance a step's gradients are averaged over the replica groups once, at its "
+                        f"first optimizer.step(). Run every backward of the step first (each loss), then step the "
+                        f"optimizers"
+                    )
 
     def took(self, step: int) -> bool:
-        """Whether ``step``, trained, was committed by every participant (its optimizer step voted on)."""
-        voted, self._voted = self._voted, None
+        """Whether ``step``, trained, was committed by every participant: its vote, cast now if the step cast none."""
+        voted = self.vote()  # a step that updated nothing (its batch skipped) votes here: every step votes once
+        self._voted, self._seen = None, {}
         if voted:
             self._discards = 0
             self.dealer.commit()  # the cursor past the whole step's positions
-        if voted is None:
-            raise ReplicaError(
-                f"step {step} did not call optimizer.step(): under FaultTolerance every step votes there (the "
-                f"gradients are averaged and the step committed by every replica group)"
-            )
         return voted
 
     def discard(self, step: int) -> None:
@@ -258,10 +299,13 @@ class Replicas:
         )
 
     def close(self) -> None:
-        """Leave the quorum: the manager shut down, the optimizer's vote removed."""
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        """Leave the quorum: the manager shut down, the optimizers' vote and the loss agreement removed."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        nonfinite = self.transport.run.ctx.nonfinite if self.transport is not None else None
+        if nonfinite is not None and nonfinite.across == self.finite_everywhere:
+            nonfinite.across = None
         if self.manager is not None:
             self.manager.shutdown(wait=False)
             self.manager = None

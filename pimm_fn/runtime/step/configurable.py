@@ -19,6 +19,12 @@ several ranks one all-reduce agrees on it), and a NaN or infinite one
 leaves the update out: the gradients are zeroed, and neither the optimizer,
 the scaler nor the scheduler steps, as the default step skips.
 
+Under ``Parallel(fault_tolerant=...)`` the loop hands the step the replica
+groups' vote (``commit=``), which it casts after the backward (and the
+``"skip"`` check), before the gradients are unscaled or clipped: every
+group then unscales, clips and steps the same averaged gradients
+(``pimm_fn.runtime.replicas.commit``). A failed vote steps nothing.
+
 Accumulation is handed its micro-batches by the loop: with
 ``accumulate=k`` the feed draws ``k`` batches per step and gives them as
 one ``MicroBatches``, so ``global_step`` counts optimizer steps and a
@@ -214,11 +220,13 @@ class TrainStep:
                 f"(it makes its own scaler) or leave loop(training=pimm_fn.Training(scaler=None))"
             )
 
-    def __call__(self, model, optimizer, batch, *, scheduler=None, scaler=None, nonfinite=None) -> dict:
+    def __call__(self, model, optimizer, batch, *, scheduler=None, scaler=None, nonfinite=None, commit=None) -> dict:
         """One optimizer step over ``batch`` (its micro-batches under ``accumulate``).
 
         ``nonfinite``: the loop's ``NonFinite`` policy under ``"skip"``, which
         leaves the update of a NaN or infinite loss out (the module docstring).
+        ``commit``: under ``FaultTolerance``, ``() -> bool``, the replica
+        groups' vote on the gradients; False leaves the update out.
         """
         self.check_scaler(scaler)
         if self.precision == "fp16" and self.grad_scaler and scaler is None:
@@ -231,6 +239,9 @@ class TrainStep:
         outputs = self._backward(model, parts, scaler)
         if nonfinite is not None and self._skipped(outputs, nonfinite):
             optimizer.zero_grad(set_to_none=True)  # no optimizer, scaler or scheduler step: the update is left out
+            outputs["lr"] = optimizer.param_groups[0]["lr"]
+            return outputs
+        if commit is not None and not commit():  # not committed: the gradients are dropped, nothing steps
             outputs["lr"] = optimizer.param_groups[0]["lr"]
             return outputs
         grad_norm = self._clip(optimizer, scaler)

@@ -28,7 +28,9 @@ checkpoint of a later step is written, and finds the weights in memory
 already updated from the non-finite loss: resume from the last checkpoint.
 With several ranks each read is agreed by one all-reduce of a flag, so
 every rank skips, warns or raises alike instead of one rank leaving a
-collective.
+collective. Under ``FaultTolerance`` a ``"skip"`` decision is agreed over
+the replica groups too (``across``): a loss that is not finite on one
+group skips the step on every group.
 """
 
 import math
@@ -62,6 +64,11 @@ class NonFinite:
         where: ``() -> Progress`` before the step being trained (``loop()`` sets it).
         can_skip: the step in use can leave an update out (a built-in step), so
             the error's advice may name ``"skip"``.
+
+    Attributes:
+        across: under ``FaultTolerance`` and ``"skip"``, ``(finite here) ->
+            finite on every replica group`` (the replica groups set it:
+            ``pimm_fn.runtime.replicas.switch``); ``None`` otherwise.
     """
 
     def __init__(self, policy: str = "raise", *, world_size: int = 1, where=None, can_skip: bool = True):
@@ -70,6 +77,7 @@ class NonFinite:
         self.where = where
         self.can_skip = can_skip
         self.count = 0  # occurrences so far in this process
+        self.across = None  # the replica groups' agreement on a "skip" (FaultTolerance)
 
     @property
     def before_backward(self) -> bool:
@@ -106,10 +114,9 @@ class NonFinite:
         return flag.item() == 0.0
 
     def finite(self, value: float, device) -> bool:
-        """Whether the loss ``value`` is finite on every rank (one all-reduce with several ranks)."""
-        if self.world_size == 1:
-            return math.isfinite(value)
-        return self._agree(math.isfinite(value))
+        """Whether the loss ``value`` is finite on every rank (one all-reduce with several ranks) and replica group."""
+        finite = math.isfinite(value) if self.world_size == 1 else self._agree(math.isfinite(value))
+        return finite if self.across is None else self.across(finite)
 
     def __call__(self, value: float, *, ran: bool = False, step: int | None = None) -> bool:
         """Act on a non-finite loss ``value``; True when the step is to go ahead (``"warn"``).
@@ -133,7 +140,8 @@ class NonFinite:
             )
         else:
             place = "this step"
-        which = f"is {value}" if not math.isfinite(value) else f"is not finite on another rank (here {value})"
+        elsewhere = "another rank or replica group" if self.across is not None else "another rank"
+        which = f"is {value}" if not math.isfinite(value) else f"is not finite on {elsewhere} (here {value})"
         if self.policy == "raise":
             advice = _ADVICE[self.can_skip]
             error = NonFiniteLossError(f"the training loss {which} at {place}. {_FIX[self.can_skip]}; {advice}")

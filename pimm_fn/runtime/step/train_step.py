@@ -252,12 +252,15 @@ def _autocast(model, scaler):
     return torch.autocast(device, dtype=torch.float16 if device == "cuda" else torch.bfloat16)
 
 
-def _optimize(model, optimizer, batch, scheduler=None, scaler=None, nonfinite=None) -> tuple:
+def _optimize(model, optimizer, batch, scheduler=None, scaler=None, nonfinite=None, commit=None) -> tuple:
     """The default step's work; returns ``(model outputs, loss, loss value)``.
 
     The value (a float) is read only under ``"skip"``, before the backward,
     so a skipped batch never reaches the optimizer; else ``None`` (the other
-    policies sum the losses on the device: ``NonFinite.watch``).
+    policies sum the losses on the device: ``NonFinite.watch``). ``commit``:
+    the replica groups' vote under ``FaultTolerance``, cast after the
+    backward, before the scaler or the optimizer reads a gradient (False:
+    nothing is stepped; ``pimm_fn.runtime.replicas.commit``).
     """
     optimizer.zero_grad(set_to_none=True)
     try:
@@ -279,10 +282,14 @@ def _optimize(model, optimizer, batch, scheduler=None, scaler=None, nonfinite=No
                 return outputs, loss, value  # skipped: no backward ran, so the gradients stay zeroed
     if scaler is not None:
         scaler.scale(loss).backward()
+        if commit is not None and not commit():
+            return outputs, loss, value  # not committed: the gradients are dropped, nothing steps
         scaler.step(optimizer)
         scaler.update()
     else:
         loss.backward()
+        if commit is not None and not commit():
+            return outputs, loss, value
         optimizer.step()
     if scheduler is not None:
         scheduler.step()
@@ -333,7 +340,7 @@ def scalar_outputs(outputs) -> dict:
     }
 
 
-def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
+def runner(step_fn, read: bool, nonfinite: NonFinite | None = None, commit=None):
     """``run(model, optimizer, batch, scheduler, scaler) -> outputs`` for ``step_fn``, reading nothing.
 
     The outputs are the step's numeric scalars as they are, device tensors
@@ -343,13 +350,15 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
     policy checks later (``"raise"``, ``"warn"``); ``"skip"`` has the default
     step read its loss before the backward, and a ``TrainStep`` (the only
     other step ``loop()`` allows it with) is handed the policy
-    (``nonfinite=``) to read its loss before the update.
+    (``nonfinite=``) to read its loss before the update. ``commit``: under
+    ``FaultTolerance``, the replica groups' vote, which a built-in step
+    casts after its backward (a ``TrainStep`` is handed it as ``commit=``).
     """
     later = nonfinite is not None and not nonfinite.before_backward  # the loss, read with the outputs
     if step_fn is train_step:
 
         def run_train_step(model, optimizer, batch, scheduler, scaler):
-            outputs, loss, value = _optimize(model, optimizer, batch, scheduler, scaler, nonfinite)
+            outputs, loss, value = _optimize(model, optimizer, batch, scheduler, scaler, nonfinite, commit)
             if not read:
                 return {"loss": loss.detach()} if later else {}
             lr = optimizer.param_groups[0]["lr"]
@@ -359,14 +368,18 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None):
 
         return run_train_step
 
-    skip = nonfinite if nonfinite is not None and nonfinite.before_backward else None  # a TrainStep's, then
+    handed = {}  # what only a TrainStep takes: the "skip" policy, the replica groups' vote
+    if nonfinite is not None and nonfinite.before_backward:
+        handed["nonfinite"] = nonfinite
+    if commit is not None:
+        handed["commit"] = commit
 
     def run(model, optimizer, batch, scheduler, scaler):
         try:
-            if skip is None:
+            if not handed:
                 outputs = step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler)
             else:
-                outputs = step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler, nonfinite=skip)
+                outputs = step_fn(model, optimizer, batch, scheduler=scheduler, scaler=scaler, **handed)
         except TypeError as error:  # a step whose signature loop() could not read: the contract it broke
             raise call_refused(error, step_fn)
         if read:
