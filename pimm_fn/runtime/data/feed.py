@@ -52,6 +52,7 @@ See ``pimm_fn.runtime.data.feed`` (a fetch that raises loses no batch).
 """
 
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -143,7 +144,11 @@ class Feed:
         # Drawn from when an epoch opens: part of the RNG an opening that failed, or a replay, puts back.
         self._sampler_generators = sampler_generators(data, self.generator)
         self._drains = self.stateful and hasattr(data, "__len__") and len(data) // group == self.iters_per_epoch
-        self._iterator = None
+        # The iterator is held in a list that a finalizer empties when the feed is collected: a loader's worker
+        # processes are then shut down while their queues still work. Collected with the feed, in a run's reference
+        # cycle, the queues' own finalizers may run first, and torch's shutdown then waits 5 s a worker in vain.
+        self._held: list[Any] = [None]
+        weakref.finalize(self, self._held.clear)
         self._epoch_start: dict | None = None  # the RNG the epoch opened from (``_rng``)
         self._opening: int | None = None  # the epoch whose opening failed, to retry from the same RNG
         # ``(offset, first)`` while the epoch continues at a permutation position: the rest from global
@@ -226,6 +231,15 @@ class Feed:
         self._epoch_done = False
         self._open(("rng", self._epoch_start))
         self._opening = None
+
+    @property
+    def _iterator(self):
+        """The iterator the next fetch draws from (``None``: the epoch's is not open)."""
+        return self._held[0]
+
+    @_iterator.setter
+    def _iterator(self, iterator) -> None:
+        self._held[0] = iterator
 
     def _open(self, source, drawn: int = 0) -> None:
         """Open an iterator from ``source`` (what ``_source`` holds) and skip ``drawn`` batches.
