@@ -57,6 +57,7 @@ from pimm_fn.runtime.handlers.dispatch import run_handlers
 from pimm_fn.runtime.handlers.logs import Logs
 from pimm_fn.runtime.logs.loggers import check_loggers, run_loggers
 from pimm_fn.runtime.replicas import switch as replicas
+from pimm_fn.runtime.replicas.manager import check_group
 from pimm_fn.runtime.resume.resume import fresh_state, locate, restore, resumed_state
 from pimm_fn.runtime.step import stateful_objects
 from pimm_fn.runtime.step.configurable import built_in, loop_scaler
@@ -380,6 +381,7 @@ def loop(
             scaler=scaler is not None and scaler.is_enabled(),
             custom_step=not built_in(step_fn),
         )
+        check_group(model)  # a torchrun group's ranks train one model, in DDP
     guarded = dist.is_initialized() and parallel.check_agreement is not False
     # what the hooks imply, derived once (pimm_fn.runtime.engine.implied)
     implied = Implied.of(hook_chain, guarded=guarded)

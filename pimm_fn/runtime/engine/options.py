@@ -149,8 +149,10 @@ _ADDRESS = v.optional(
 class FaultTolerance:
     """The run as replica groups that go on when one fails, a failed one rejoining from a live peer (torchft).
 
-    Each replica group is one process, or one ``torchrun`` group; every
-    group runs the same script with its own ``replica_group``. At each
+    Each replica group is one process, or one ``torchrun`` group whose
+    ranks train the model in DDP (``Parallel(ddp=True)``), every group with
+    as many ranks; every group runs the same script with its own
+    ``replica_group``. At each
     step's start the groups alive form a quorum through torchft's
     lighthouse (a group that rejoins takes a live peer's whole state there:
     ``pimm_fn.runtime.replicas.heal``); once a step's gradients are
