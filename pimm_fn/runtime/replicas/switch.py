@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from pimm_fn import dist
 from pimm_fn.checkpoint import storage
 from pimm_fn.core import events as ev
 from pimm_fn.core.membership import resized
@@ -86,6 +87,7 @@ class Replicas:
         group: this group's id.
         writes: this group writes the checkpoints and best weights (participating rank 0 of the last quorum).
         participants: the groups in the last quorum.
+        ranks: the ranks of this group (its ``torchrun`` world; 1 for a single process), each drawing a share.
         healed: what the last heal brought here (``heal.Healed``), or ``None``.
     """
 
@@ -98,6 +100,7 @@ class Replicas:
         self.manager = self.transport = self._store = None
         self._hooks: list = []
         self.writes, self.participants, self.healed = True, 0, None
+        self.ranks, self._rank = dist.world_size(), dist.rank()
         self._voted: bool | None = None  # this step's vote, once cast
         self._seen: dict[int, torch.Tensor] = {}  # the gradients it averaged, by id (held, so the ids stay theirs)
         self._optimizers: list = []
@@ -135,6 +138,7 @@ class Replicas:
         told = was_healed = False
         while True:
             self._quorum()
+            self.transport.receive_pending()  # a heal the quorum asked for (in a torchrun group, its rank 0's)
             self._heal_failed()
             healed, self.transport.healed = self.transport.healed, None
             if healed is not None:
@@ -162,11 +166,15 @@ class Replicas:
         return was_healed
 
     def membership(self) -> tuple[int, int]:
-        """``(participant, participants)`` of the last quorum: which share of the step this group draws."""
+        """``(participant, participants)`` of the last quorum: which share of the step this rank draws.
+
+        Each rank of each participating group draws one: rank ``r`` of the
+        group at participating rank ``p`` is participant ``p * ranks + r``.
+        """
         rank = self.manager.participating_rank() if self.manager is not None else None
         if rank is None:
             raise ReplicaError("this replica group draws a batch outside a quorum (it takes part in none)")
-        return rank, self.participants
+        return rank * self.ranks + self._rank, self.participants * self.ranks
 
     def sized(self, state: State, event) -> State:
         """``state`` with its epoch as long as the participants of the last quorum make it, before ``event``.
@@ -183,7 +191,7 @@ class Replicas:
         return resized(
             state,
             0 if epoch else dealer.cursor,
-            self.participants,
+            self.participants * self.ranks,
             length=dealer.length,
             batch_size=dealer.batch_size,
             drop_last=dealer.drop_last,
