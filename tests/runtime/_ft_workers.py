@@ -15,6 +15,8 @@ committed step, flushed, so a killed replica leaves what it did. Options:
 the policy, ``nan_at`` makes this replica's loss NaN at a step and
 ``overflow_at`` its scaled gradients overflow; ``named`` trains two named
 optimizers with a custom step.
+Each rank of a torchrun group runs ``main`` too (``_ft_ranks.py``), the model
+in DDP there.
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ def digest(value) -> str:
 
 
 def val_loss(model) -> dict:
+    model = getattr(model, "module", model)  # a torchrun group's, in DDP
     x, y, _ = dataset().tensors
     with torch.no_grad():
         return {"val_loss": float(F.mse_loss(model.body(x).squeeze(-1), y))}
@@ -107,7 +110,7 @@ def both(model, optimizers, batch, *, scheduler=None, scaler=None):
     return {"loss": loss.detach()}
 
 
-def main(opts: dict) -> None:
+def main(opts: dict):
     out = open(opts["out"], "a", buffering=1)
     torch.manual_seed(opts.get("seed", 0))
     model = Net()
@@ -197,8 +200,8 @@ def main(opts: dict) -> None:
     model.register_forward_hook(poison)
     tolerance = pf.FaultTolerance(
         min_replicas=opts.get("min_replicas", 1),
-        lighthouse=opts["lighthouse"],
-        replica_group=str(opts["replica"]),
+        lighthouse=opts.get("lighthouse"),  # else TORCHFT_LIGHTHOUSE
+        replica_group=str(opts["replica"]) if "replica" in opts else None,  # else REPLICA_GROUP_ID
         quorum_timeout=opts.get("quorum_timeout", 20),
         timeout=opts.get("timeout", 5),
         connect_timeout=opts.get("connect_timeout", 5),
@@ -213,7 +216,7 @@ def main(opts: dict) -> None:
         resume="auto",
         step_fn=both if opts.get("named") else None,
         training=pf.Training(scaler=scaler, on_nonfinite=opts.get("on_nonfinite", "raise")),
-        parallel=pf.Parallel(fault_tolerant=tolerance),
+        parallel=pf.Parallel(ddp=True, fault_tolerant=tolerance),  # a torchrun group in DDP; no-op in one process
         watching=pf.Watching(sanity_check=0, progress=False),
     )
     holder["run"] = run
@@ -227,6 +230,7 @@ def main(opts: dict) -> None:
         "scaler": scaler.state_dict() if scaler is not None else None,
     }
     line(kind="end", step=run.state.progress.global_step, weights=digest(model.state_dict()), state=digest(state))
+    return run
 
 
 if __name__ == "__main__":
