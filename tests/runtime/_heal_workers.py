@@ -152,11 +152,57 @@ def _future(real):
     return lambda version, size, count: real(99, size, count)
 
 
+def _declaring(run, shape):
+    """The document declaring the first parameter's Adam ``exp_avg`` as of ``shape``; the tensors sent stay."""
+    moment = run.ctx.optimizer.state[next(run.ctx.model.parameters())]["exp_avg"]
+
+    def wrap(real):
+        def declared(skeleton, tensors, step):
+            listed = [torch.empty(shape, device="meta") if t.data_ptr() == moment.data_ptr() else t for t in tensors]
+            assert len(listed) == len(tensors) and any(t.is_meta for t in listed)
+            return real(skeleton, listed, step)
+
+        return declared
+
+    return wrap
+
+
+def _dies_after(sends: int) -> None:
+    """This process ends at once (its sockets closed) after its ``sends``-th message of a heal."""
+    real, sent = heal._Wire.send, []
+
+    def send(wire, tensor, what):
+        real(wire, tensor, what)
+        sent.append(what)
+        if len(sent) == sends:
+            sys.stdout.flush()
+            os._exit(0)
+
+    heal._Wire.send = send
+
+
+def _cut(call) -> str | None:
+    try:
+        call()
+    except heal.HealCut as exc:
+        return str(exc)
+    return None
+
+
 def heal_pair(rank, world, out, *, save_dir, tag):
-    """Rank 0 trains, sends, trains on; rank 1 receives into a fresh run, trains on. Then three refused heals."""
+    """Rank 0 trains, sends, trains on; rank 1 receives into a fresh run, trains on. Then five refused heals.
+
+    First ranks 2 and 3 (a world of 4) each start a heal of rank 1 and end,
+    their sockets closed: rank 2 after the header, rank 3 after three tensors.
+    """
     store = td.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0, timeout=TIMEOUT)
     group = td.ProcessGroupGloo(store, rank, world, TIMEOUT)
     result = {}
+    if rank in (2, 3):
+        run = build(f"{save_dir}/cut{rank}", seed=300 + rank)
+        _dies_after(1 if rank == 2 else 5)  # the header; the header, the document and three tensors
+        heal.send_state(run, 1, group)
+        raise AssertionError("the heal ended: this process was to end on the way")
     if rank == 0:
         run = build(f"{save_dir}/source", seed=100)
         run.run(STEPS)
@@ -170,8 +216,15 @@ def heal_pair(rank, world, out, *, save_dir, tag):
             result["version"] = _refusal(lambda: heal.send_state(run, 1, group))
         wide = build(f"{save_dir}/wide", seed=100, width=32)
         result["wide"] = _refusal(lambda: heal.send_state(wide, 1, group))
+        with replaced("document", _declaring(run, [2**36])):  # 256 GB, never allocated on either side
+            result["huge"] = _refusal(lambda: heal.send_state(run, 1, group))
+        with replaced("document", _declaring(run, [1024, 1024])):  # 4 MB for the moment of a [16, 8] weight
+            result["swollen"] = _refusal(lambda: heal.send_state(run, 1, group))
     else:
         run = build(f"{save_dir}/healed", seed=200)
+        result["before cuts"] = snapshot(run)
+        result["cuts"] = [_cut(lambda: heal.receive_state(run, src, group)) for src in (2, 3)]
+        result["after cuts"] = snapshot(run)
         with no_unpickling() as calls:
             result["healed"] = heal.receive_state(run, 0, group)
         result["unpickled"] = calls
@@ -180,9 +233,12 @@ def heal_pair(rank, world, out, *, save_dir, tag):
         result["after"] = snapshot(run)
         fresh = build(f"{save_dir}/refusing", seed=200)
         result["before"] = snapshot(fresh)
-        for case in ("damaged", "version", "wide"):
-            result[case] = _refusal(lambda: heal.receive_state(fresh, 0, group))
+        for case in ("damaged", "version", "wide", "huge"):
+            result[case] = _refusal(lambda: heal.receive_state(fresh, 0, group))  # Adam before its first step
         result["unchanged"] = snapshot(fresh)
+        result["trained before"] = snapshot(run)  # the process's RNG is since fresh's seed
+        result["swollen"] = _refusal(lambda: heal.receive_state(run, 0, group))  # Adam with its moments
+        result["trained unchanged"] = snapshot(run)
     with open(pathlib.Path(out) / f"{tag}-rank{rank}.pkl", "wb") as f:
         pickle.dump(result, f)
 

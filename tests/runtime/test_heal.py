@@ -3,9 +3,12 @@
 Rank 0 trains 7 steps of a run with Adam, a scheduler, an EMA, a saver, an
 evaluator and a best, and sends its state; rank 1, built from another seed,
 receives it into a fresh run. Both then train 9 steps more. Then rank 0
-sends three states rank 1 must refuse: a skeleton cut in half, an unknown
-format version, and a model twice as wide. In this process: a run
-interrupted mid-step neither sends nor receives.
+sends five states rank 1 must refuse: a skeleton cut in half, an unknown
+format version, a model twice as wide, and an optimizer moment declared
+larger than rank 1 holds (256 GB to a run whose Adam holds nothing yet; 4 MB
+to one that holds it). Before all that, ranks 2 and 3 each start a
+heal of rank 1 and end on the way (after the header; after three tensors).
+In this process: a run interrupted mid-step neither sends nor receives.
 """
 
 import pathlib
@@ -32,7 +35,7 @@ def ranks(tmp_path_factory):
     """What each replica dumped, in rank order."""
     out = tmp_path_factory.mktemp("heal")
     worker = HERE / "_heal_workers.py"
-    run_ranks("heal_pair", 2, out, script=worker, save_dir=str(out / "runs"), tag="heal", timeout=90).check()
+    run_ranks("heal_pair", 4, out, script=worker, save_dir=str(out / "runs"), tag="heal", timeout=90).check()
     return results(out, "heal", 2)
 
 
@@ -111,6 +114,40 @@ def test_a_model_of_other_shapes_is_refused_naming_them(ranks):
 
 def test_a_refused_heal_changes_nothing(ranks):
     assert _differences(ranks[1]["before"], ranks[1]["unchanged"]) == []
+    assert _differences(ranks[1]["trained before"], ranks[1]["trained unchanged"]) == []
+
+
+def test_a_huge_declared_tensor_is_refused_before_anything_is_allocated(ranks):
+    """256 GB declared to a run whose Adam holds no state yet: refused by its room (its own state and Adam's), the
+    largest tensor named; a buffer that size would not even be allocated."""
+    source, receiver = ranks[0]["huge"], ranks[1]["huge"]
+    assert receiver is not None and "it declares 24 tensors of 256.0 GB" in receiver
+    assert "the largest float32 [68719476736], 256.0 GB" in receiver and "Refused before allocating any" in receiver
+    assert "4 parameters without optimizer state" in receiver and "extra state without tensors: ['ema']" in receiver
+    assert source is not None and source.startswith("rank 1 refused the state of step 16 after the document")
+
+
+def test_an_optimizer_state_larger_than_the_one_held_is_refused(ranks):
+    """A run whose Adam holds its moments takes what it holds and 1 MB more: a 4 MB moment is refused."""
+    source, receiver = ranks[0]["swollen"], ranks[1]["swollen"]
+    assert receiver is not None and "(the largest float32 [1024, 1024], 4.0 MB)" in receiver
+    assert "0 parameters without optimizer state (0 B); extra state without tensors: none" in receiver
+    assert source is not None and receiver in source
+
+
+def test_a_heal_cut_on_the_way_changes_nothing_and_a_later_one_heals(ranks):
+    """The sender ended after its header, and after three of its tensors: a HealCut saying where, the run as it
+    was; the heal from rank 0 after them holds its state bit for bit (the tests above)."""
+    after_header, mid_tensors = ranks[1]["cuts"]
+    assert after_header is not None and after_header.startswith(
+        "the heal from rank 2 was cut while receiving the document"
+    )
+    assert mid_tensors is not None and mid_tensors.startswith(
+        "the heal from rank 3 was cut while receiving tensor 4 of 7"
+    )
+    assert "nothing of its state was loaded here: heal again" in mid_tensors
+    assert _differences(ranks[1]["before cuts"], ranks[1]["after cuts"]) == []
+    assert _differences(ranks[0]["at"], ranks[1]["at"]) == []
 
 
 class Unused:

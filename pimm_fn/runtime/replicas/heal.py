@@ -34,12 +34,33 @@ default group's registry):
 A refusal raises a ``HealError`` on both sides, the sender's naming the
 receiver's reason, and changes nothing on the receiver. The receiver
 refuses a format version it does not know, a document that does not decode
-(not JSON, not a pack skeleton, not the parts of a checkpoint), and a run
-that does not fit its own: other weight names, shapes or dtypes, other
-optimizer or scheduler classes (or names), a scaler or extra state on one
-side only, other hooks, other training data or steps per epoch. No byte of
-the peer's is unpickled: the document is read as JSON, the tensors are
-received into buffers of the dtypes and shapes it declares.
+(not JSON, not a pack skeleton, not the parts of a checkpoint), tensors
+that do not fit in what its own run holds (below), and a run that does not
+fit its own: other weight names, shapes or dtypes, other optimizer or
+scheduler classes (or names), a scaler or extra state on one side only,
+other hooks, other training data or steps per epoch. No byte of the peer's
+is unpickled: the document is read as JSON, the tensors are received into
+buffers of the dtypes and shapes it declares.
+
+The peer's bytes are untrusted input, and a buffer is allocated for each
+tensor the document declares; so before any is allocated the tensors are
+bounded by what the receiver's own run holds (``Room``): their number and
+bytes at most those of its own state (weights, optimizer and extra state,
+RNG states), with room for the optimizer state of each parameter its
+optimizer holds none for yet (Adam before its first step: up to four
+tensors of the parameter's size), for one copy of the model for each
+extra state that holds no tensor yet (an ``ema`` before its first update),
+and a little more (``_SLACK``: 16 tensors, 1 MB) for the generator states a
+data position holds once an epoch began. A peer built as the receiver's run is sends no more; anything beyond is
+refused, naming the largest tensor declared. The document itself is bounded
+by ``_MAX_DOCUMENT``.
+
+A heal cut on the way (the peer died, or a message waited past the group's
+timeout) raises a ``HealCut`` (a ``HealError``) on the side that saw it:
+the receiver has loaded nothing, and heals again from a live peer (under
+``FaultTolerance`` the next quorum does). Once every tensor arrived and was
+restored, the receiver is healed whole: its last answer lost on the way is
+said, not raised.
 
 Both sides return what was sent as a ``Healed`` (the document's bytes, the
 number and bytes of the tensors, the seconds from the first message to the
@@ -51,7 +72,9 @@ copied to the host and sent over gloo (``nccl`` would take them as they are).
 """
 
 import json
+import math
 import time
+from typing import Any
 
 import attrs
 import torch
@@ -67,18 +90,37 @@ from pimm_fn.runtime.handlers.checkpointing import trainer_contents
 from pimm_fn.runtime.resume.checks import recorded, weight_differences
 from pimm_fn.runtime.step.rng import restore_rng, rng_problem
 
-__all__ = ["MAGIC", "VERSION", "HealError", "Healed", "send_state", "receive_state", "header", "document"]
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "HealError",
+    "HealCut",
+    "Healed",
+    "Room",
+    "send_state",
+    "receive_state",
+    "header",
+    "document",
+    "room",
+]
 
 MAGIC = 0x70665F6865616C  # "pf_heal": the first int64 of every header
 VERSION = 1  # the format of what follows the header; the header's own layout never changes
 _MAX_DOCUMENT = 1 << 30  # bytes of JSON a receiver takes: a skeleton of millions of tensors fits
 _DTYPES = {str(d).removeprefix("torch."): d for d in vars(torch).values() if isinstance(d, torch.dtype)}
 _MAX_ANSWER = 4096  # bytes of a refusal's reason
+_MAX_DIMS = 64  # dimensions of a declared tensor
+_PER_PARAMETER = 4  # optimizer state tensors a parameter may come with: Adam's moments, AMSGrad's maximum, the step
+_SLACK = (16, 1 << 20)  # tensors and bytes beyond: the generator states a data position holds once an epoch began
 _TAG = 0
 
 
 class HealError(RuntimeError):
     """A heal refused: by the receiver (what it found, how to fix it), said on the sender too; nothing was restored."""
+
+
+class HealCut(HealError):
+    """A heal cut on the way: the peer died or hung past the group's timeout; nothing was restored, heal again."""
 
 
 @attrs.frozen
@@ -120,6 +162,7 @@ def send_state(run: Loop, dst: int, group: torch.distributed.ProcessGroup) -> He
         HealError: the run was interrupted mid-step (complete it with
             ``run.step()`` first), its model is sharded, or the receiver
             refused the state (its reason given).
+        HealCut: the receiver died or hung past the group's timeout on the way.
     """
     start = time.perf_counter()
     ctx, state = run.ctx, _between_steps(run, "send")
@@ -128,21 +171,29 @@ def send_state(run: Loop, dst: int, group: torch.distributed.ProcessGroup) -> He
             "cannot send the state of a sharded model (FSDP2) to a peer yet: restart the replica from the last "
             "checkpoint (resume='auto'), which loads the shards on any world size"
         )
-    trainer, local = to_parts(trainer_contents(ctx, state, agree=False))  # this rank's own State, no collective
-    skeleton, found = pack({"weights": ctx.weights(), "trainer": trainer, "local": local})
-    tensors = [found[str(i)].cpu().contiguous() for i in range(len(found))]
+    skeleton, found = _packed(run)
+    tensors = [t.cpu().contiguous() for t in found]
     step = state.progress.global_step
     sent = document(skeleton, tensors, step)
-    _send(group, header(VERSION, len(sent), len(tensors)), dst)
-    _send(group, sent, dst)
-    _answered(group, dst, step, "the document")
-    for tensor in tensors:
+    wire = _Wire(group, dst, sending=True)
+    wire.send(header(VERSION, len(sent), len(tensors)), "the header")
+    wire.send(sent, "the document")
+    _answered(wire, step, "the document")
+    for i, tensor in enumerate(tensors):
         if tensor.numel():
-            _send(group, tensor, dst)
-    _answered(group, dst, step, "the tensors")
+            wire.send(tensor, f"tensor {i + 1} of {len(tensors)}")
+    _answered(wire, step, "the tensors")
     healed = _healed(step, dst, sent, tensors, start)
     ctx.say(f"sent the state of {healed} to rank {dst}")
     return healed
+
+
+def _packed(run: Loop) -> tuple[str, list[torch.Tensor]]:
+    """``run``'s state as a heal sends it: the pack skeleton and its tensors, in the skeleton's numbering."""
+    ctx = run.ctx
+    trainer, local = to_parts(trainer_contents(ctx, run.state, agree=False))  # this rank's own State, no collective
+    skeleton, found = pack({"weights": ctx.weights(), "trainer": trainer, "local": local})
+    return skeleton, [found[str(i)] for i in range(len(found))]
 
 
 def header(version: int, size: int, count: int) -> torch.Tensor:
@@ -156,26 +207,82 @@ def document(skeleton: str, tensors: list[torch.Tensor], step: int) -> torch.Ten
     return skeleton_to_tensor(json.dumps({"skeleton": skeleton, "tensors": listed, "step": step}))
 
 
+@attrs.frozen
+class Room:
+    """How many tensors, of how many bytes, a receiver takes from a peer: what its own run holds, or could.
+
+    Attributes:
+        tensors: the most tensors a document may declare.
+        bytes: the most bytes they may hold together.
+        held: what the run holds itself, said in a refusal.
+    """
+
+    tensors: int
+    bytes: int
+    held: str
+
+
+def room(run: Loop) -> Room:
+    """The tensors ``run`` takes from a peer built as it is (see the module): its own, and the state it may lack.
+
+    >>> import pimm_fn as pf
+    >>> model = torch.nn.Linear(4, 2)  # 10 parameters' values in 2 tensors
+    >>> run = pf.loop(model, torch.optim.Adam(model.parameters()), [torch.zeros(4)], max_epochs=1,
+    ...               step_fn=lambda *a, **k: {}, watching=pf.Watching(console=False, progress=False))
+    >>> r = room(run)  # Adam before its first step: 4 tensors of each parameter's size in float32, and 16 more
+    >>> r.tensors - len(_packed(run)[1]), r.held.split(";")[0]
+    (24, '2 parameters without optimizer state (160 B)')
+    """
+    ctx = run.ctx
+    _, own = _packed(run)
+    count, size = len(own), sum(_bytes(t) for t in own)
+    lacking = [
+        p
+        for optimizer in ctx.named_optimizers().values()
+        for group in optimizer.param_groups
+        for p in group["params"]
+        if not optimizer.state.get(p)
+    ]
+    room_for = sum(_PER_PARAMETER * p.numel() * max(p.element_size(), 4) for p in lacking)
+    empty = [name for name, obj in ctx.extra_state.items() if not pack(obj.state_dict())[1]]
+    model = list(unwrap(ctx.model).state_dict().values())
+    copies = len(empty) * sum(t.numel() * max(t.element_size(), 4) for t in model)
+    held = (
+        f"{len(lacking)} parameters without optimizer state ({_size(room_for)}); extra state without tensors: "
+        f"{empty or 'none'} ({_size(copies)}); {count} tensors of its own ({_size(size)}); {_SLACK[0]} more of "
+        f"{_size(_SLACK[1])} for a data position's generators"
+    )
+    tensors = count + _PER_PARAMETER * len(lacking) + len(empty) * len(model) + _SLACK[0]
+    return Room(tensors, size + room_for + copies + _SLACK[1], held)
+
+
 # -- the rejoining replica ------------------------------------------------------------------------
 def receive_state(run: Loop, src: int, group: torch.distributed.ProcessGroup) -> Healed:
     """Take the state rank ``src`` of ``group`` sends (``send_state``) into ``run``, as a resume would.
 
     ``run`` is built as the peer's run is; its own state is replaced whole.
     Everything that can refuse the state is checked before the tensors are
-    sent, and the RNG states once they arrived, before anything is loaded.
+    sent (their number and bytes against ``room(run)`` before any is
+    allocated), and the RNG states once they arrived, before anything is
+    loaded.
 
     Raises:
         HealError: the header is not a pimm_fn heal's (not answered: the
             sender is not ``send_state``); the format version is unknown,
-            the document does not decode, the peer's run does not fit this
-            one, or what arrived does not restore (each answered, so the
-            sender raises too). ``run`` is as it was.
+            the document does not decode, declares more than ``run`` holds,
+            the peer's run does not fit this one, or what arrived does not
+            restore (each answered, so the sender raises too). ``run`` is as
+            it was.
+        HealCut: the peer died or hung past the group's timeout before its
+            last tensor arrived. ``run`` is as it was: heal again.
     """
     start = time.perf_counter()
     ctx = run.ctx
     _between_steps(run, "receive")
+    limit = room(run)
+    wire = _Wire(group, src, sending=False)
     got = torch.zeros(4, dtype=torch.int64)
-    _recv(group, got, src)
+    wire.recv(got, "the header")
     magic, version, size, count = got.tolist()
     if magic != MAGIC or not 0 < size <= _MAX_DOCUMENT or count < 0:
         raise HealError(
@@ -183,36 +290,40 @@ def receive_state(run: Loop, src: int, group: torch.distributed.ProcessGroup) ->
             f"call send_state on the peer, over the same group"
         )
     received = torch.empty(size, dtype=torch.uint8)
-    _recv(group, received, src)
+    wire.recv(received, "the document")
     try:
-        step, buffers, payload = _decoded(received, version, count, src)
+        step, buffers, payload = _decoded(received, version, count, src, limit)
         held, state = _fitting(run, payload, src, step)
     except HealError as refused:
-        _answer(group, src, str(refused))
+        _answer(wire, str(refused))
         raise
-    _answer(group, src, "")
-    for buffer in buffers:
+    _answer(wire, "")
+    for i, buffer in enumerate(buffers):
         if buffer.numel():
-            _recv(group, buffer, src)
+            wire.recv(buffer, f"tensor {i + 1} of {len(buffers)}")
     try:
         state = _restored(run, payload["weights"], held, state, src, step)  # the buffers, filled in place
     except HealError as refused:
-        _answer(group, src, str(refused))
+        _answer(wire, str(refused))
         raise
-    _answer(group, src, "")
-    healed = _healed(step, src, received, buffers, start)
-    ctx.say(f"healed from rank {src}, the state of {healed}")
     run.state = state
+    healed = _healed(step, src, received, buffers, start)
+    try:
+        _answer(wire, "")
+    except HealCut as cut:  # every byte arrived and is loaded: healed whole, the peer may not know
+        ctx.say(f"healed from rank {src}, which did not take the last answer ({str(cut)[:200]})")
+    ctx.say(f"healed from rank {src}, the state of {healed}")
     return healed
 
 
-def _decoded(received: torch.Tensor, version: int, count: int, src: int):
+def _decoded(received: torch.Tensor, version: int, count: int, src: int, limit: Room):
     """``(step, buffers, payload)`` of the document: buffers of the declared dtypes and shapes, unfilled.
 
-    The payload is unpacked over the empty buffers, which it holds as they
-    are: its structure (the weights' shapes and dtypes, the states' JSON) is
-    checked before any tensor is sent, and the tensors received into the
-    buffers are then in it.
+    The declared tensors are bounded by ``limit`` before any buffer is
+    allocated. The payload is unpacked over the empty buffers, which it
+    holds as they are: its structure (the weights' shapes and dtypes, the
+    states' JSON) is checked before any tensor is sent, and the tensors
+    received into the buffers are then in it.
     """
     if version != VERSION:
         raise HealError(
@@ -227,19 +338,54 @@ def _decoded(received: torch.Tensor, version: int, count: int, src: int):
             or len(listed) != count
         ):
             raise ValueError(f"{len(listed)} tensors listed, {count} in the header")
-        buffers = [torch.empty([int(n) for n in shape], dtype=_DTYPES[dtype]) for dtype, shape in listed]
+        declared = [_declared(entry) for entry in listed]
+    except (ValueError, TypeError, KeyError, UnicodeDecodeError, RuntimeError) as exc:  # any damage: not JSON, ...
+        raise _undecoded(src, exc) from None
+    _bounded(declared, limit, src, step)
+    try:
+        buffers = [torch.empty(shape, dtype=dtype) for dtype, shape, _ in declared]
         payload = unpack(skeleton, _numbered(buffers))
         if not isinstance(payload, dict) or sorted(payload) != ["local", "trainer", "weights"]:
             raise ValueError("not the parts of a run (weights, trainer, local)")
         if not all(isinstance(v, torch.Tensor) for v in dict(payload["weights"]).values()):
             raise ValueError("weights that are not tensors")
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError, RuntimeError) as exc:  # any damage: not JSON, ...
-        raise HealError(
-            f"cannot heal from rank {src}: its state does not decode ({type(exc).__name__}: {str(exc)[:160]}): the "
-            f"peer runs another pimm_fn, or the bytes were damaged on the way. Send again, or restart this replica "
-            f"from the last checkpoint (resume='auto')"
-        ) from None
+    except (ValueError, TypeError, KeyError, RuntimeError) as exc:
+        raise _undecoded(src, exc) from None
     return step, buffers, payload
+
+
+def _declared(entry) -> tuple[torch.dtype, list[int], int]:
+    """``(dtype, shape, bytes)`` of one tensor the document lists as ``[dtype, shape]``; malformed: ``ValueError``."""
+    dtype, shape = entry
+    if not isinstance(shape, list) or len(shape) > _MAX_DIMS:
+        raise ValueError(f"a tensor's shape {shape!r:.80}")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        raise ValueError(f"a tensor's shape {shape!r:.80}")
+    kind = _DTYPES[dtype]
+    return kind, shape, math.prod(shape) * kind.itemsize  # Python ints: no overflow, nothing allocated
+
+
+def _bounded(declared: list, limit: Room, src: int, step: int) -> None:
+    """Refuse tensors beyond ``limit``, naming the largest, before any is allocated."""
+    total = sum(size for *_, size in declared)
+    if len(declared) <= limit.tensors and total <= limit.bytes:
+        return
+    dtype, shape, size = max(declared, key=lambda d: d[2])
+    raise HealError(
+        f"cannot heal from rank {src} (step {step}): it declares {len(declared)} tensors of {_size(total)} (the "
+        f"largest {str(dtype).removeprefix('torch.')} {shape}, {_size(size)}), more than this run takes from a "
+        f"peer built as it is: {limit.tensors} tensors of {_size(limit.bytes)} ({limit.held}). Refused before "
+        f"allocating any: build this replica as the peer's run is built, or restart it from the last checkpoint "
+        f"(resume='auto')"
+    )
+
+
+def _undecoded(src: int, exc: Exception) -> HealError:
+    return HealError(
+        f"cannot heal from rank {src}: its state does not decode ({type(exc).__name__}: {str(exc)[:160]}): the "
+        f"peer runs another pimm_fn, or the bytes were damaged on the way. Send again, or restart this replica "
+        f"from the last checkpoint (resume='auto')"
+    )
 
 
 def _fitting(run: Loop, payload: dict, src: int, step: int) -> tuple[TrainerContents, State]:
@@ -334,39 +480,76 @@ def _between_steps(run: Loop, verb: str) -> State:
 
 
 def _healed(step: int, peer: int, sent: torch.Tensor, tensors: list[torch.Tensor], start: float) -> Healed:
-    size = sum(t.numel() * t.element_size() for t in tensors)
+    size = sum(_bytes(t) for t in tensors)
     return Healed(step, peer, sent.numel(), len(tensors), size, time.perf_counter() - start)
 
 
-def _send(group, tensor: torch.Tensor, dst: int) -> None:
-    group.send([tensor], dst, _TAG).wait()
+@attrs.frozen
+class _Wire:
+    """The messages of one heal with ``peer`` over ``group``: a failure on the way is a ``HealCut`` saying where."""
+
+    group: Any
+    peer: int
+    sending: bool  # this side sends the state
+
+    def send(self, tensor: torch.Tensor, what: str) -> None:
+        self._done(lambda: self.group.send([tensor], self.peer, _TAG), f"sending {what}")
+
+    def recv(self, tensor: torch.Tensor, what: str) -> None:
+        self._done(lambda: self.group.recv([tensor], self.peer, _TAG), f"receiving {what}")
+
+    def _done(self, start, doing: str) -> None:
+        try:
+            start().wait()
+        except Exception as exc:  # noqa: BLE001 - whatever the transport raises: the peer died or hung
+            other = f"rank {self.peer}"
+            where = f"the heal of {other}" if self.sending else f"the heal from {other}"
+            left = (
+                "this run goes on as it was"
+                if self.sending
+                else "nothing of its state was loaded here: heal again from a live peer (under FaultTolerance the "
+                "next quorum does)"
+            )
+            raise HealCut(
+                f"{where} was cut while {doing} ({type(exc).__name__}: {str(exc)[:160]}): the peer died or hung "
+                f"past the group's timeout; {left}"
+            ) from None
 
 
-def _recv(group, tensor: torch.Tensor, src: int) -> None:
-    group.recv([tensor], src, _TAG).wait()
-
-
-def _answer(group, peer: int, refusal: str) -> None:
+def _answer(wire: _Wire, refusal: str) -> None:
     """The receiver's answer: ``""`` to go on, else why it refused (UTF-8 text: never unpickled)."""
     text = refusal.encode("utf-8")[:_MAX_ANSWER]
-    _send(group, torch.tensor([len(text)], dtype=torch.int64), peer)
+    wire.send(torch.tensor([len(text)], dtype=torch.int64), "its answer")
     if text:
-        _send(group, torch.frombuffer(bytearray(text), dtype=torch.uint8), peer)
+        wire.send(torch.frombuffer(bytearray(text), dtype=torch.uint8), "its answer")
 
 
-def _answered(group, peer: int, step: int, what: str) -> None:
+def _answered(wire: _Wire, step: int, what: str) -> None:
     """Wait for the receiver's answer; its refusal raised here as a ``HealError`` with its reason."""
+    peer = wire.peer
     size = torch.zeros(1, dtype=torch.int64)
-    _recv(group, size, peer)
+    wire.recv(size, f"its answer to {what}")
     n = int(size.item())
     if not n:
         return
     if not 0 < n <= _MAX_ANSWER:
         raise HealError(f"rank {peer} answered {n} for the state of step {step}: it does not run receive_state")
     text = torch.empty(n, dtype=torch.uint8)
-    _recv(group, text, peer)
+    wire.recv(text, f"its answer to {what}")
     reason = bytes(text.numpy().tobytes()).decode("utf-8", errors="replace")
     raise HealError(f"rank {peer} refused the state of step {step} after {what}: {reason}")
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _size(n: int) -> str:
+    """``n`` bytes for a person: ``512 B``, ``15.3 KB``, ``256.0 GB``."""
+    for unit, scale in (("GB", 2**30), ("MB", 2**20), ("KB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
 
 
 def _numbered(tensors: list[torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -84,9 +84,11 @@ class Transport(CheckpointTransport):
         refused: heal.HealError | None = None
         try:
             self.healed = heal.receive_state(self.run, source, self.group)
+        except heal.HealCut as cut:  # the peer died or hung while sending: nothing was loaded, the next quorum heals
+            self.failed = cut
         except heal.HealError as exc:  # this replica is built otherwise than its peer: said, and it stops
             refused = exc
-        except Exception as exc:  # noqa: BLE001 - the peer died or hung while sending: nothing was loaded
+        except Exception as exc:  # noqa: BLE001 - anything else on the way: nothing was loaded
             self.failed = exc
         outcome = "refused" if refused is not None else "failed" if self.failed is not None else "healed"
         outcomes = dist.all_gather_object(outcome) if self.ranks > 1 else [outcome]
