@@ -8,10 +8,13 @@ lighthouse the launcher holds, and **ddp**, the two processes as the ranks
 of one gloo group under ``Parallel(ddp=True)`` (built after the first,
 which is a group of one). Both average the same gradients over the two
 processes; ft adds a quorum at each step's boundary and the commit vote.
-Each paired round (the order alternating), after a barrier, trains
-``steps`` steps of each; the figures are per step: ft - ddp and ft / ddp
-per round (median [min..max]), and where ft's extra time goes (the quorum,
-``should_commit``, the all-reduce of the gradients, timed inside ft).
+Each round (the order rotating), after a barrier, trains ``steps`` steps
+of each, and of ft again with its groups' comparison at the vote switched
+off (**ft unchecked**: ``pimm_fn.runtime.replicas.agreement``, off on both
+groups for that part); the figures are per step: ft - ddp, ft / ddp and
+ft - ft unchecked per round (median [min..max]), and where ft's extra time
+goes (the quorum, ``should_commit``, the all-reduce of the gradients, timed
+inside ft).
 
 Run: ``python -m benchmarks.fault_tolerance [--quick]`` (needs torchft:
 ``pip install 'pimm_fn[ft]'``).
@@ -85,7 +88,7 @@ class Timed:
 # -- inside each rank -----------------------------------------------------------------------------
 def worker(rank: int, layers: int, steps: int, rounds: int, lighthouse: str, base: pathlib.Path) -> None:
     torch.set_num_threads(1)
-    total = (rounds + 1) * steps
+    total = (2 * rounds + 1) * steps  # ft trains its rounds, checked and unchecked
     tolerance = pf.FaultTolerance(min_replicas=WORLD, lighthouse=lighthouse, replica_group=str(rank), timeout=60)
     ft = build(layers, total, pf.Parallel(fault_tolerant=tolerance))  # before the default group: a group of one
     td.init_process_group("gloo", rank=rank, world_size=WORLD)
@@ -94,24 +97,38 @@ def worker(rank: int, layers: int, steps: int, rounds: int, lighthouse: str, bas
     quorum = Timed(replicas, "at_boundary")
     voting = Timed(commit, "vote")
     should = Timed(replicas.manager, "should_commit")
-    runs = {"ddp": ddp, "ft": ft}
-    for run in runs.values():  # warm-up: the groups' connections, first calls
+    agreement = replicas.agreement
+    starting, judging = Timed(agreement, "start"), Timed(agreement, "judge")  # inside the quorum's and vote's time
+    runs = {"ddp": ddp, "ft": ft, "ft_unchecked": ft}
+    for run in (ddp, ft):  # warm-up: the groups' connections, first calls
         td.barrier()
         run.run(steps)
     times: dict[str, list[float]] = {name: [] for name in runs}
-    parts: dict[str, list[float]] = {"quorum": [], "should_commit": [], "allreduce": []}
+    parts: dict[str, list[float]] = {
+        "quorum": [],
+        "should_commit": [],
+        "allreduce": [],
+        "agree_start": [],
+        "agree_judge": [],
+    }
     for r in range(rounds):
-        for name in runs if r % 2 == 0 else list(runs)[::-1]:
+        names = list(runs)
+        for name in names[r % 3 :] + names[: r % 3]:
+            replicas.agreement = None if name == "ft_unchecked" else agreement  # alike on both groups
             td.barrier()
-            before = (quorum.seconds, voting.seconds, should.seconds)
+            before = (quorum.seconds, voting.seconds, should.seconds, starting.seconds, judging.seconds)
             start = time.perf_counter()
             runs[name].run(steps)
             times[name].append((time.perf_counter() - start) / steps)
             if name == "ft":
-                q, v, s = (now - then for now, then in zip((quorum.seconds, voting.seconds, should.seconds), before))
-                parts["quorum"].append(q / steps)
+                now = (quorum.seconds, voting.seconds, should.seconds, starting.seconds, judging.seconds)
+                q, v, s, a, j = (later - then for later, then in zip(now, before))
+                parts["quorum"].append((q - a) / steps)  # the agreement's start is timed inside the quorum's
+                parts["agree_start"].append(a / steps)
+                parts["agree_judge"].append(j / steps)
                 parts["should_commit"].append(s / steps)
                 parts["allreduce"].append((v - s) / steps)
+    replicas.agreement = agreement
     if rank == 0:
         weights = sum(p.numel() * p.element_size() for p in ddp.ctx.model.parameters())
         (base / "result.json").write_text(json.dumps({"parameters_mb": weights / 1e6, "step_s": times, "ft": parts}))
@@ -149,6 +166,7 @@ def summarize(raw: dict) -> dict:
         "step_ms": {k: spread(1e3 * s for s in v) for k, v in t.items()},
         "ft_minus_ddp_ms": spread(1e3 * (f - d) for f, d in zip(t["ft"], t["ddp"])),
         "ft_over_ddp": spread(f / d for f, d in zip(t["ft"], t["ddp"])),
+        "agreement_ms": spread(1e3 * (f - u) for f, u in zip(t["ft"], t["ft_unchecked"])),
         "ft_parts_ms": {k: spread(1e3 * s for s in v) for k, v in raw["ft"].items()},
     }
 
@@ -181,6 +199,7 @@ def table(result: dict, file=sys.stdout) -> None:
             fmt_spread(s["step_ms"]["ft"], " ms", 2),
             fmt_spread(s["ft_minus_ddp_ms"], " ms", 2),
             fmt_spread(s["ft_over_ddp"], digits=2),
+            fmt_spread(s["agreement_ms"], " ms", 2),
             " · ".join(f"{k} {v['median']:.2f}" for k, v in s["ft_parts_ms"].items()),
         ]
         for s in result["sizes"].values()
@@ -188,7 +207,15 @@ def table(result: dict, file=sys.stdout) -> None:
     print_table(
         f"A fault-tolerant step against a DDP step on {result['world_size']} gloo processes (per step; per paired "
         f"round: median [min..max])",
-        ["parameters", "ddp step", "ft step", "ft - ddp", "ft / ddp", "in ft, ms: quorum · should_commit · all-reduce"],
+        [
+            "parameters",
+            "ddp step",
+            "ft step",
+            "ft - ddp",
+            "ft / ddp",
+            "ft - ft unchecked",
+            "in ft, ms: quorum · should_commit · all-reduce · agreement",
+        ],
         rows,
         file=file,
     )

@@ -15,6 +15,11 @@ committed step, flushed, so a killed replica leaves what it did. Options:
 the policy, ``nan_at`` makes this replica's loss NaN at a step and
 ``overflow_at`` its scaled gradients overflow; ``named`` trains two named
 optimizers with a custom step.
+``save_every`` is its saver's cadence (4), ``local_at`` a step after which a
+hook of its own emits a collective ``Call`` on this group alone (a decision
+from a group-local input). A ``CollectiveDivergenceError`` out of the run is
+a line too; the end's line says how many steps compared what the groups
+folded.
 Each rank of a torchrun group runs ``main`` too (``_ft_ranks.py``), the model
 in DDP there.
 """
@@ -37,6 +42,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 import pimm_fn as pf
 from pimm_fn.checkpoint import publish
 from pimm_fn.core import events as ev
+from pimm_fn.core.effects import Call, Scope
 
 STEPS_PER_EPOCH = 8
 
@@ -91,6 +97,10 @@ def val_loss(model) -> dict:
     x, y, _ = dataset().tensors
     with torch.no_grad():
         return {"val_loss": float(F.mse_loss(model.body(x).squeeze(-1), y))}
+
+
+def noted(state, ctx) -> None:
+    """What the group-local decision calls: nothing (its effect is what the groups compare)."""
 
 
 def wait_for(paths: list[str], bound_s: float = 30.0) -> None:
@@ -168,6 +178,13 @@ def main(opts: dict):
 
     watch.events = (ev.BeforeStep, ev.AfterStep)
 
+    def local_decision(state, event):  # the same hook on every group; what it decides reads the group's own option
+        if opts.get("local_at") == event.step:
+            return state, (Call.of(noted, event.step, scope=Scope.COLLECTIVE),)
+        return state, ()
+
+    local_decision.events = (ev.AfterStep,)
+
     def val(m):
         if die_at == holder["run"].state.progress.global_step and die_in == "eval":
             os.kill(os.getpid(), signal.SIGKILL)
@@ -210,7 +227,13 @@ def main(opts: dict):
         model,
         optimizers if opts.get("named") else optimizers["optimizer"],
         loader(),
-        hooks=[pf.evaluate_every(3, val, name="val"), pf.save_every(4), pf.best_on("val_loss", mode="min"), watch],
+        hooks=[
+            pf.evaluate_every(3, val, name="val"),
+            pf.save_every(opts.get("save_every", 4)),
+            pf.best_on("val_loss", mode="min"),
+            watch,
+            *([local_decision] if "local_at" in opts else []),
+        ],
         max_steps=opts["max_steps"],
         save_dir=opts["save_dir"],
         resume="auto",
@@ -224,12 +247,23 @@ def main(opts: dict):
         if done:
             open(done, "w").close()
     wait_for(opts.get("barrier", []))  # the first groups start together
-    run.run()
+    try:
+        run.run()
+    except pf.CollectiveDivergenceError as exc:
+        line(kind="error", step=run.state.progress.global_step, message=str(exc))
+        raise
     state = {
         "optimizer": {name: o.state_dict() for name, o in optimizers.items()},
         "scaler": scaler.state_dict() if scaler is not None else None,
     }
-    line(kind="end", step=run.state.progress.global_step, weights=digest(model.state_dict()), state=digest(state))
+    compared = run.ctx.replicas.agreement.comparisons
+    line(
+        kind="end",
+        step=run.state.progress.global_step,
+        weights=digest(model.state_dict()),
+        state=digest(state),
+        compared=compared,
+    )
     return run
 
 

@@ -1,13 +1,14 @@
 """Fault-tolerant replicas (``Parallel(fault_tolerant=FaultTolerance(...))``): real processes, an in-process lighthouse.
 
-Three runs of replica processes (``_ft_workers.py``), each shared by the
+Runs of replica processes (``_ft_workers.py``), each shared by the
 assertions about it: two groups with a GradScaler and
 ``on_nonfinite="skip"``, a loss NaN on one and gradients overflowing on the
 other, one SIGKILLed at a step and restarted; three groups, the checkpoint
 writer SIGKILLed during a save and restarted, another SIGKILLed during an
 evaluation and left dead; two groups of two named optimizers, one killed
-and restarted. Then the faults a single process meets: an unreachable
-lighthouse, too few groups, no torchft.
+and restarted; two pairs of groups that fold apart (other hooks; a decision
+from a group-local input). Then the faults a single process meets: an
+unreachable lighthouse, too few groups, no torchft.
 """
 
 from __future__ import annotations
@@ -194,6 +195,39 @@ def named(tmp_path_factory):
     return _killed_and_restarted(tmp_path_factory.mktemp("named"), die_at=4, hold_at=7, **NAMED)
 
 
+@pytest.fixture(scope="module")
+def apart(tmp_path_factory):
+    """Two pairs of groups that fold apart, each pair its own lighthouse. ``hooks``: both trained 2 steps alike
+    (``p0``, ``p1``: group 0 saved the last), then both resume there, group 0 saving every 4 steps and group 1 every
+    3 (no heal: both are at step 2). ``local``: the same hooks, one of which emits a collective ``Call`` after step 2
+    on group 1 alone. The first part of ``hooks`` runs beside ``local``."""
+    tmp = tmp_path_factory.mktemp("apart")
+    lighthouses = {name: _lighthouse() for name in ("hooks", "local")}
+    found = {name: Replicas(tmp / name, lighthouses[name].address()) for name in lighthouses}
+    deadline = time.monotonic() + BOUND_S
+
+    def pair(r: Replicas, names: tuple[str, str], *options: dict) -> None:
+        ready = [str(r.tmp / f"ready-{name}") for name in names]
+        for replica, (name, opts) in enumerate(zip(names, options, strict=True)):
+            r.start(name, replica, min_replicas=2, ready=ready[replica], barrier=ready, **opts)
+
+    try:
+        for r in found.values():
+            r.tmp.mkdir()
+        pair(found["hooks"], ("p0", "p1"), {"max_steps": 2}, {"max_steps": 2})
+        pair(found["local"], ("g0", "g1"), {"local_at": None}, {"local_at": 2})
+        for name in ("p0", "p1"):
+            found["hooks"].wait(name, deadline)
+        pair(found["hooks"], ("g0", "g1"), {"max_steps": 6, "save_every": 4}, {"max_steps": 6, "save_every": 3})
+        for r in found.values():
+            r.wait("g0", deadline)
+            r.wait("g1", deadline)
+    finally:
+        for lighthouse in lighthouses.values():
+            lighthouse.shutdown()
+    return found
+
+
 # -- two groups, one killed at a step and restarted -------------------------------------------------------------
 def test_the_killed_replica_died_and_the_others_never_raised(two):
     assert two.procs["b"].returncode == -9
@@ -347,6 +381,45 @@ def test_a_restarted_group_of_named_optimizers_heals_equal_to_its_source(named):
     healed = [r for r in named.records("c") if r["kind"] == "begin" and r["healed"]]
     assert len(healed) == 1 and healed[0]["step"] > 4
     assert named.same_starts("a", "c")  # each optimizer's state among the parts
+
+
+def test_groups_that_fold_alike_compare_at_every_vote_and_never_differ(two, three):
+    """Through a kill, a heal, a discarded step and a hang: every committed vote of two or more groups compared."""
+    for r, name in ((two, "a"), (two, "c"), (three, "r1")):
+        (end,) = [e for e in r.records(name) if e["kind"] == "end"]
+        two_or_more = [c for c in r.records(name) if c["kind"] == "commit" and c["participants"] > 1]
+        assert end["compared"] >= len(two_or_more) > 0, name
+        assert "disagree" not in r.log(name)
+
+
+def test_groups_with_other_hooks_stop_together_at_the_first_vote_naming_the_hook(apart):
+    """Resumed at one step, neither heals (the heal would refuse a run with other hooks): the vote tells them apart."""
+    r = apart["hooks"]
+    assert [r.procs[name].returncode for name in ("p0", "p1")] == [0, 0]
+    for name in ("g0", "g1"):
+        assert r.procs[name].returncode == 3, r.log(name)[-3000:]  # out of run(): the worker exits 3
+        (error,) = [e for e in r.records(name) if e["kind"] == "error"]
+        assert error["step"] == 2 and r.commits(name) == []  # before step 3's AfterStep: no hook saw it
+        message = error["message"]
+        assert message.startswith("replica groups disagree at the vote of step 3; replica groups fold different hooks")
+        assert "  hook #1: group 0: save_every(4); group 1: save_every(3)\n" in message
+        assert "Every replica group must build the same hook list" in message
+
+
+def test_a_group_local_decision_stops_the_groups_at_the_next_vote_naming_the_effect(apart):
+    r = apart["local"]
+    for name in ("g0", "g1"):
+        assert r.procs[name].returncode == 3, r.log(name)[-3000:]
+        (error,) = [e for e in r.records(name) if e["kind"] == "error"]
+        assert error["step"] == 2 and r.commits(name) == [1, 2]
+        lines = error["message"].splitlines()
+        assert lines[0].startswith("replica groups disagree at the vote of step 3: they folded different collective")
+        assert lines[1] == "  group 0: nothing"
+        assert lines[2] == (
+            "  group 1: Call('__main__:noted', 2, scope=Scope.COLLECTIVE) from hook #4 __main__.main.<locals>.local_decision "
+            "(AfterStep)"
+        )
+        assert "group-local input" in lines[3]
 
 
 # -- faults of one process -------------------------------------------------------------------------------------

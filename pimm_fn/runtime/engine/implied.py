@@ -149,11 +149,16 @@ def _ranks(ranks: list[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {text}"
 
 
-def _per_rank(values: list) -> str:
-    """``rank 0: a; rank 1: b``, ranks with the same value grouped, in order of first appearance."""
+def _per_rank(values: list, names: list | None = None) -> str:
+    """``rank 0: a; rank 1: b``, ranks with the same value grouped, in order of first appearance.
+
+    ``names``: each entry's name (``group 0``) where the entries are not ranks.
+    """
     groups: dict = {}
     for rank, value in enumerate(values):
         groups.setdefault(value, []).append(rank)
+    if names is not None:
+        return "; ".join(f"{', '.join(names[i] for i in ranks)}: {value}" for value, ranks in groups.items())
     return "; ".join(f"{_ranks(ranks)}: {value}" for value, ranks in groups.items())
 
 
@@ -165,7 +170,7 @@ def _detail(entries: list) -> str:
     return "leaves" if len({e.leaves for e in present}) > 1 else "declared"
 
 
-def _hook_lines(per_rank: list) -> list:
+def _hook_lines(per_rank: list, names: list | None) -> list:
     lines = []
     for position in range(max(len(s.hooks) for s in per_rank)):
         entries = [s.hooks[position] if position < len(s.hooks) else None for s in per_rank]
@@ -173,21 +178,24 @@ def _hook_lines(per_rank: list) -> list:
             continue
         detail = _detail(entries)
         shown = [e.shown(detail) if e is not None else "(no hook)" for e in entries]
-        lines.append(f"  hook #{position}: {_per_rank(shown)}")
+        lines.append(f"  hook #{position}: {_per_rank(shown, names)}")
     return lines
 
 
-def _schedule_lines(per_rank: list) -> list:
+def _schedule_lines(per_rank: list, names: list | None) -> list:
     lines = []
     for i, (name, _) in enumerate(per_rank[0].schedule):
         shown = [repr(s.schedule[i][1]) for s in per_rank]  # as digested: 1 and 1.0 differ
         if len(set(shown)) > 1:
-            lines.append(f"  {name}: {_per_rank(shown)}")
+            lines.append(f"  {name}: {_per_rank(shown, names)}")
     return lines
 
 
-def describe_setup(per_rank: list) -> str:
+def describe_setup(per_rank: list, names: list | None = None) -> str:
     """A report of how the ranks' setups (``Setup`` values, in rank order) differ, and how to fix it.
+
+    ``names``: each setup's name where they are not ranks' (``group 0``, a
+    replica group's: ``pimm_fn.runtime.replicas.agreement``).
 
     >>> from pimm_fn.hooks import save_every, log_every
     >>> from pimm_fn.core.plan import initial_state
@@ -199,25 +207,30 @@ def describe_setup(per_rank: list) -> str:
     configuration every rank shares, never from the rank, the host or a clock. A hook of your own configured
     per rank on purpose (its own local file) can declare a rank-independent identity, hook_key = '...'.
     """
-    hooks, schedule = _hook_lines(per_rank), _schedule_lines(per_rank)
+    hooks, schedule = _hook_lines(per_rank, names), _schedule_lines(per_rank, names)
+    who = "rank" if names is None else "replica group"
     lines = [
-        "ranks would start training with different hooks or schedules, so their collective effects could not agree:",
+        f"{who}s would start training with different hooks or schedules, so their collective effects could not agree:"
+        if names is None
+        else f"{who}s fold different hooks or schedules, so their collective effects could not agree:",
         *hooks,
         *schedule,
     ]
     if hooks:
         lines.append(
-            "Every rank must build the same hook list, with the same arguments, in the same order: build it "
-            "from configuration every rank shares, never from the rank, the host or a clock. A hook of your "
-            "own configured per rank on purpose (its own local file) can declare a rank-independent "
-            "identity, hook_key = '...'."
+            f"Every {who} must build the same hook list, with the same arguments, in the same order: build it "
+            f"from configuration every {who} shares, never from the {who}, the host or a clock. A hook of your "
+            f"own configured per {who} on purpose (its own local file) can declare "
+            f"{'a rank-independent identity' if names is None else 'one identity for every group'}, hook_key = '...'."
         )
     if not hooks and not schedule:  # the digests differ, the values look alike: show them whole
-        lines.append(f"  setups: {_per_rank([repr(s) for s in per_rank])}")
+        lines.append(f"  setups: {_per_rank([repr(s) for s in per_rank], names)}")
     if schedule:
         lines.append(
             "Every rank must resume from the same checkpoint and see the same number of batches per epoch "
             "(a DistributedSampler pads the shards to equal length)."
+            if names is None
+            else "Every replica group must run the same schedule (max_epochs or max_steps, the same training data)."
         )
     return "\n".join(lines)
 

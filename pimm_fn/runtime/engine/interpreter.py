@@ -75,6 +75,9 @@ class Interpreter:
     def check(self, state, event, emitted) -> None:
         if self.guard is not None and not self.guard.check(state, event, emitted):
             self._skipped = event  # the guard raises on every rank at its next sync point
+        replicas = self.ctx.replicas
+        if replicas is not None and replicas.agreement is not None:
+            replicas.agreement.fold(event, emitted)  # compared with the other replica groups at the next vote
 
     def settle(self) -> None:
         """Wait for the guard's last comparison (at the end of a run, on every rank)."""

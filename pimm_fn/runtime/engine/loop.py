@@ -422,7 +422,11 @@ def loop(
         reduce=watching.log_reduce,
     )
     ctx.bar = progress_bar.ProgressBar() if shown and ctx.rank == 0 else None
-    ctx.replicas = replicas.Replicas(tolerant, ctx.say, feed) if tolerant is not None else None
+    ctx.replicas = (
+        replicas.Replicas(tolerant, ctx.say, feed, agree=parallel.check_agreement is not False)
+        if tolerant is not None
+        else None
+    )
     ctx.stopping = Stopping(
         preemption,
         max_time=max_time,

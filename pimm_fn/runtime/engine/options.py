@@ -231,6 +231,10 @@ class Parallel:
             only the collective effects of hooks not declared
             ``rank_consistent`` (the built-ins are), with one small asynchronous
             all-reduce where such a hook is called (``benchmarks/guard.py``).
+            Under ``fault_tolerant`` the replica groups are compared too, at
+            each step's vote: their hooks, schedule and the collective effects
+            they folded, a ``CollectiveDivergenceError`` naming the groups
+            that differ (``pimm_fn.runtime.replicas.agreement``).
         fault_tolerant: a ``FaultTolerance``: the run as replica groups that
             go on when one fails (torchft); ``None`` (default): a failed rank
             stops every rank (``PeerFailureError``).

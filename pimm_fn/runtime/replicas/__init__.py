@@ -10,6 +10,8 @@ the interpreter (one group writes each checkpoint).
 the environment (``REPLICA_GROUP_ID``, ``TORCHFT_LIGHTHOUSE``).
 ``commit.py``: the gradients averaged over the participants and the commit
 vote; a step whose vote fails is discarded and drawn again.
+``agreement.py``: every live group folds the same trace: its hooks, schedule
+and collective effects compared across the groups at each step's vote.
 ``transport.py``: the heal as torchft's checkpoint transport, on the
 training thread.
 ``heal.py``: a rejoining replica takes, from a live peer at a committed step,

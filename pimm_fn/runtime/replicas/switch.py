@@ -35,7 +35,7 @@ from pimm_fn.core import events as ev
 from pimm_fn.core.membership import resized
 from pimm_fn.core.state import State
 from pimm_fn.runtime.errors import ReplicaError
-from pimm_fn.runtime.replicas import commit, manager
+from pimm_fn.runtime.replicas import agreement, commit, manager
 
 __all__ = ["Replicas", "Watch", "check", "lock_name", "log_dir"]
 
@@ -82,6 +82,7 @@ class Replicas:
         option: the ``FaultTolerance``.
         say: the run's console line (``Context.say``).
         feed: the run's ``Feed``, dealt from now on (``Feed.deal``).
+        agree: compare what the groups fold at each vote (``pimm_fn.runtime.replicas.agreement``).
 
     Attributes:
         group: this group's id.
@@ -89,9 +90,10 @@ class Replicas:
         participants: the groups in the last quorum.
         ranks: the ranks of this group (its ``torchrun`` world; 1 for a single process), each drawing a share.
         healed: what the last heal brought here (``heal.Healed``), or ``None``.
+        agreement: what this group folded, compared with the others at each vote (``None``: not compared).
     """
 
-    def __init__(self, option, say, feed):
+    def __init__(self, option, say, feed, *, agree=True):
         manager.require()
         self.option, self.say = option, say
         self.dealer = feed.deal(self.membership)  # each participant's batch dealt from one cursor
@@ -109,6 +111,7 @@ class Replicas:
         self._model_buffers: list[torch.Tensor] = []
         self._averaged: list[torch.Tensor] = []
         self._watch: Watch | None = None  # says so when a quorum is slow to form
+        self.agreement = agreement.Agreement(self.group) if agree else None
 
     def connect(self, run) -> None:
         """Join the lighthouse with ``run`` (a ``Loop``) at its global step; its steps vote from now on.
@@ -143,6 +146,8 @@ class Replicas:
             healed, self.transport.healed = self.transport.healed, None
             if healed is not None:
                 self.healed, was_healed = healed, True
+                if self.agreement is not None:
+                    self.agreement.healed()
             self._send()
             self.participants = ft.num_participants()
             if self.participants >= option.min_replicas:
@@ -163,6 +168,8 @@ class Replicas:
         self.writes = ft.participating_rank() == 0
         self._voted, self._seen = None, {}  # a step cut short before took() left its vote behind
         self._buffers = [b.detach().clone() for b in self._model_buffers]
+        if self.agreement is not None:  # in flight through the step, read after its vote (``took``)
+            self.agreement.start(ft, self.transport.group, self.transport.run)
         return was_healed
 
     def membership(self) -> tuple[int, int]:
@@ -277,12 +284,18 @@ class Replicas:
                     )
 
     def took(self, step: int) -> bool:
-        """Whether ``step``, trained, was committed by every participant: its vote, cast now if the step cast none."""
+        """Whether ``step``, trained, was committed by every participant: its vote, cast now if the step cast none.
+
+        Raises:
+            CollectiveDivergenceError: the groups folded otherwise up to this committed step.
+        """
         voted = self.vote()  # a step that updated nothing (its batch skipped) votes here: every step votes once
         self._voted, self._seen = None, {}
         if voted:
             self._discards = 0
             self.dealer.commit()  # the cursor past the whole step's positions
+        if self.agreement is not None:
+            self.agreement.judge(self.manager, self.transport.group, step, voted)
         return voted
 
     def discard(self, step: int) -> None:
