@@ -265,8 +265,8 @@ def plan(
             count of replicas alive (``pimm_fn.core.dealing``), a step whose
             vote fails is drawn again. The trace is the one every live
             replica folds, its saves the ones participating rank 0 writes,
-            where training ends included. With ``max_epochs`` only (no
-            resume, budget of steps or clock).
+            where training ends included. With ``max_epochs`` or
+            ``max_steps`` (no resume or clock).
         length: the epoch's samples, with ``membership``.
         batch_size: each replica's samples a step, with ``membership``.
         drop_last: with ``membership``, leave out the epoch's tail of fewer
@@ -292,7 +292,7 @@ def plan(
     placeholders = _placeholders(outputs)
     if membership is not None:
         return _plan_replicas(
-            chained, membership, length, batch_size, drop_last, max_epochs, metrics, placeholders, locals()
+            chained, membership, length, batch_size, drop_last, max_epochs, max_steps, metrics, placeholders, locals()
         )
     if iters_per_epoch is None:
         raise TypeError(
@@ -318,7 +318,6 @@ def plan(
 
 _NOT_WITH_MEMBERSHIP = {
     "iters_per_epoch": None,
-    "max_steps": None,
     "start_step": 0,
     "start": None,
     "clock": None,
@@ -333,6 +332,7 @@ def _plan_replicas(
     batch_size: object,
     drop_last: object,
     max_epochs: int | None,
+    max_steps: int | None,
     metrics: Mapping[int, Mapping[str, float]] | MetricSource | None,
     placeholders: OutputSource | None,
     given: Mapping[str, object],
@@ -343,10 +343,8 @@ def _plan_replicas(
         if given[name] != default:
             hint = " (the epoch's steps follow the replicas alive: give 'length' and 'batch_size')"
             raise TypeError(f"plan: 'membership' takes no '{name}'{hint if name == 'iters_per_epoch' else ''}")
-    if max_epochs is None:
-        raise TypeError("plan: 'membership' needs 'max_epochs'")
     iters = steps_left(0, length=length, batch_size=batch_size, participants=membership.replicas, drop_last=drop_last)
-    state = initial_state(chained.hooks, iters_per_epoch=iters, max_epochs=max_epochs)
+    state = initial_state(chained.hooks, iters_per_epoch=iters, max_epochs=max_epochs, max_steps=max_steps)
     executor = RecordingExecutor(_metric_source(metrics))
     walk(chained, state, executor, placeholders, membership, length=length, batch_size=batch_size, drop_last=drop_last)
     return Trace(executor.trace, map(summary.hook_label, chained.hooks))

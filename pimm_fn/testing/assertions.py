@@ -459,7 +459,7 @@ def assert_epochs_dealt_once(result: ReplicasResult) -> None:
     positions from the cursor on (``pimm_fn.core.dealing``) and moves it past
     them; at the epoch's end the cursor is at its length (with ``drop_last``:
     less than a full step of the replicas live then short of it), unless a
-    hook stopped the run in it.
+    hook stopped the run in it or its step budget (``max_steps``) ended it.
 
     Raises:
         AssertionError: naming the epoch and step where a position was
@@ -470,7 +470,10 @@ def assert_epochs_dealt_once(result: ReplicasResult) -> None:
     epochs: dict[int, list[DealtStep]] = {}
     for dealt in result.steps:
         epochs.setdefault(dealt.epoch, []).append(dealt)
-    stopped = any(run.state.stop is not None for run in result.runs)
+    stopped = any(  # a hook's stop, or the step budget spent: the last epoch ends where it is
+        run.state.stop is not None or run.state.progress.global_step == run.state.progress.step_limit
+        for run in result.runs
+    )
     last_epoch = max(epochs, default=-1)
     ends = [moment.live for moment in result.moments if moment.event == "AfterEpoch"]  # one per epoch, in order
     for epoch, steps in epochs.items():

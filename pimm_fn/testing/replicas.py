@@ -42,6 +42,7 @@ import attrs
 
 from pimm_fn.core import dealing
 from pimm_fn.core import events as ev
+from pimm_fn.core.budget import check_budget
 from pimm_fn.core.effects import SaveCheckpoint, WriteBest
 from pimm_fn.core.fold import Chain, TraceEntry, chain
 from pimm_fn.core.membership import Membership, check_epoch, resized
@@ -49,13 +50,11 @@ from pimm_fn.core.plan import MetricSource, RecordingExecutor, initial_state
 from pimm_fn.core.processing import process
 from pimm_fn.core.schedule import next_event
 from pimm_fn.core.state import State
-from pimm_fn.core.validate import int_at_least
 from pimm_fn.testing.simulation import SimEntry, hook_list, metric_source
 
 __all__ = ["Membership", "Heal", "Save", "DealtStep", "Moment", "ReplicaRun", "ReplicasResult", "simulate_replicas"]
 
 _SAVES = (SaveCheckpoint, WriteBest)  # what participating rank 0 alone writes
-_COUNT = int_at_least(1)
 
 
 @attrs.frozen
@@ -219,7 +218,8 @@ class _Job:
     length: int
     batch_size: int
     drop_last: bool
-    max_epochs: int
+    max_epochs: int | None
+    max_steps: int | None
     source: MetricSource
     local: Callable[[int, int], Mapping[str, Any] | None] | None
     replicas: dict[int, _Replica] = attrs.field(factory=dict)
@@ -237,7 +237,9 @@ class _Job:
             participants=self.membership.replicas,
             drop_last=self.drop_last,
         )
-        state = initial_state(self.hooks.hooks, iters_per_epoch=iters, max_epochs=self.max_epochs)
+        state = initial_state(
+            self.hooks.hooks, iters_per_epoch=iters, max_epochs=self.max_epochs, max_steps=self.max_steps
+        )
         return _Replica(state, executor or _Executor(self.source, replica=replica))
 
     def run(self) -> None:
@@ -386,7 +388,8 @@ def simulate_replicas(
     membership: Membership,
     length: int,
     batch_size: int,
-    max_epochs: int,
+    max_epochs: int | None = None,
+    max_steps: int | None = None,
     drop_last: bool = False,
     metrics: Mapping[int, Mapping[str, float]] | MetricSource | None = None,
     local: Callable[[int, int], Mapping[str, Any] | None] | None = None,
@@ -398,7 +401,9 @@ def simulate_replicas(
         membership: the replicas, and which are lost and rejoin when.
         length: the epoch's samples (positions of its order).
         batch_size: each participant's samples a step.
-        max_epochs: the epochs to train.
+        max_epochs: the epochs to train; or
+        max_steps: the global steps to train, as ``loop(max_steps=N)``: the
+            epoch in progress at step ``N`` ends there (``pimm_fn.core.budget``).
         drop_last: leave out the epoch's tail of fewer than a full step's
             samples (else each participant trains an equal share of it).
         metrics: what an evaluation at ``step`` returns, as for ``simulate``
@@ -413,9 +418,9 @@ def simulate_replicas(
     """
     check_epoch(membership, length, batch_size, drop_last, owner="simulate_replicas")
     chained = hooks if isinstance(hooks, Chain) else chain(*hook_list(hooks))
-    _COUNT.check(max_epochs, "max_epochs", owner="simulate_replicas")
+    check_budget(max_epochs, max_steps, caller="simulate_replicas", min_epochs=1)
     if local is not None and not callable(local):
         raise TypeError(f"simulate_replicas: 'local' must be a callable local(step, replica) (got {local!r:.80})")
-    job = _Job(chained, membership, length, batch_size, drop_last, max_epochs, metric_source(metrics), local)
+    job = _Job(chained, membership, length, batch_size, drop_last, max_epochs, max_steps, metric_source(metrics), local)
     job.run()
     return job.result()

@@ -33,6 +33,15 @@ def test_plan_under_a_membership_lengthens_the_epoch_a_loss_leaves_to_fewer():
     assert trace[-1].effect == SaveCheckpoint(5, deferred=True)
 
 
+def test_plan_under_a_membership_ends_the_epoch_in_progress_at_max_steps():
+    """12 samples, 2 a replica a step: 2 steps of two, then 2 of one, an epoch of 4; the next cut at step 6."""
+    trace = plan([save_every(4)], membership=Membership(2, lost={1: 3}), length=12, batch_size=2, max_steps=6)
+    assert [(e.step, type(e.event).__name__, e.effect) for e in trace] == [
+        (4, "AfterEpoch", SaveCheckpoint(4, deferred=True)),
+        (6, "AfterTrain", SaveCheckpoint(6, final=True)),
+    ]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -42,7 +51,6 @@ def test_plan_under_a_membership_lengthens_the_epoch_a_loss_leaves_to_fewer():
         (dict(membership=Membership(2), batch_size=1), ValueError, "plan.*'length'"),
         (dict(membership=Membership(2), length=8, batch_size=1, iters_per_epoch=4), TypeError, "takes no 'iters"),
         (dict(membership=Membership(2), length=8, batch_size=1, start_step=2), TypeError, "takes no 'start_step'"),
-        (dict(membership=Membership(2), length=8, batch_size=1, max_epochs=None, max_steps=3), TypeError, "max_steps"),
         (dict(membership=Membership(2), length=1, batch_size=1, drop_last=True), ValueError, "with drop_last"),
     ],
 )

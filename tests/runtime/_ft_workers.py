@@ -20,6 +20,8 @@ hook of its own emits a collective ``Call`` on this group alone (a decision
 from a group-local input). A ``CollectiveDivergenceError`` out of the run is
 a line too; the end's line says how many steps compared what the groups
 folded.
+Each step's start and the end carry the effects the run executed since the
+line before (``run.trace``), each evaluation its values.
 Each rank of a torchrun group runs ``main`` too (``_ft_ranks.py``), the model
 in DDP there.
 """
@@ -138,6 +140,12 @@ def main(opts: dict):
     def line(**record) -> None:
         out.write(json.dumps(record) + "\n")
 
+    def executed() -> list:
+        """The effects executed since the last call: ``[step, event, effect, hook]`` each."""
+        trace = list(holder["run"].trace)
+        new, holder["traced"] = trace[holder.get("traced", 0) :], len(trace)
+        return [[e.step, type(e.event).__name__, repr(e.effect), e.hook] for e in new]
+
     def watch(state, event):
         replicas = holder["run"].ctx.replicas
         if event.__class__ is ev.BeforeStep:
@@ -159,6 +167,7 @@ def main(opts: dict):
                 healed=replicas.healed is not None and replicas.healed.step == event.step - 1,
                 participants=replicas.participants,
                 scale=scaler.get_scale() if scaler is not None else None,
+                effects=executed(),
             )
         else:
             line(
@@ -186,9 +195,12 @@ def main(opts: dict):
     local_decision.events = (ev.AfterStep,)
 
     def val(m):
-        if die_at == holder["run"].state.progress.global_step and die_in == "eval":
+        step = holder["run"].state.progress.global_step
+        if die_at == step and die_in == "eval":
             os.kill(os.getpid(), signal.SIGKILL)
-        return val_loss(m)
+        values = val_loss(m)
+        line(kind="eval", step=step, values=values)
+        return values
 
     staged = publish.publish_staged
 
@@ -263,6 +275,7 @@ def main(opts: dict):
         weights=digest(model.state_dict()),
         state=digest(state),
         compared=compared,
+        effects=executed(),
     )
     return run
 

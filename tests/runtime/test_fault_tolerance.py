@@ -25,6 +25,10 @@ import pytest
 import torch
 
 import pimm_fn as pf
+from pimm_fn.core.effects import SaveCheckpoint, WriteBest
+from pimm_fn.core.membership import Membership
+from pimm_fn.core.plan import plan
+from pimm_fn.testing.replicas import simulate_replicas
 
 os.environ.setdefault("RUST_LOG", "error")  # torchft's lighthouse and managers log every quorum otherwise
 torchft = pytest.importorskip("torchft")
@@ -301,6 +305,45 @@ def test_gradients_overflowing_on_one_group_skip_the_step_and_back_the_scale_off
         assert scale(name, OVERFLOW_AT) == SCALE and scale(name, OVERFLOW_AT + 1) == SCALE / 2
     assert two.began("a", OVERFLOW_AT + 1) == two.began("b", OVERFLOW_AT + 1)
     assert {scale("a", STEPS), scale("c", STEPS)} == {SCALE / 2}  # the restarted group healed with it
+
+
+def _executed(records: list[dict]) -> list[list]:
+    return [effect for r in records for effect in r.get("effects", ())]
+
+
+def _entries(entries, saves: bool = True) -> list[list]:
+    """Simulated or planned entries as the workers write theirs; ``saves=False``: without the writes of rank 0."""
+    return [
+        [e.step, type(e.event).__name__, repr(e.effect), e.hook]
+        for e in entries
+        if saves or not isinstance(e.effect, (SaveCheckpoint, WriteBest))
+    ]
+
+
+def test_the_run_folds_what_plan_and_simulate_replicas_predict_for_its_membership(two):
+    """The membership the run had (group 1 lost in step 7, back from the quorum that joined it), the evaluations'
+    values it saw: group 0 executed plan's trace; group 1, before its loss and from its heal, the simulated one's,
+    without the writes (group 0 wrote each, as the simulator has it)."""
+    commits = [r for r in two.records("a") if r["kind"] == "commit"]
+    back = next(r["step"] for r in commits if r["step"] > 7 and r["participants"] == 2)
+    membership = Membership(2, lost={1: 7}, rejoined={1: back})
+    metrics = {r["step"]: r["values"] for r in two.records("a") if r["kind"] == "eval"}
+    hooks = [pf.evaluate_every(3, workers.val_loss, name="val"), pf.save_every(4), pf.best_on("val_loss", mode="min")]
+    epoch = {"length": 4 * workers.STEPS_PER_EPOCH, "batch_size": 4, "max_steps": STEPS, "metrics": metrics}
+    result = simulate_replicas(hooks, membership=membership, **epoch)
+    assert [len(s.participants) for s in result.steps] == [r["participants"] for r in commits]
+    assert _executed(two.records("a")) == _entries(plan(hooks, membership=membership, **epoch))
+    assert _executed(two.records("a")) == _entries(result.runs[0].trace)
+    assert {s.replica for s in result.saves} == {0}
+    simulated = result.runs[1]
+    (heal,) = simulated.heals
+    assert heal.step == back - 1
+    first = [e for e, tick in zip(simulated.trace[: heal.index], simulated.ticks) if tick is not None]
+    assert _executed(two.records("b")) == _entries(first, saves=False)
+    healed = two.records("c")
+    healed = healed[next(i for i, r in enumerate(healed) if r["kind"] == "begin" and r["healed"]) + 1 :]
+    assert _executed(healed) == _entries(simulated.trace[heal.index :], saves=False)
+    assert len(_executed(healed)) >= 4  # evaluations at least, from step 15 on
 
 
 def test_one_replica_group_writes_each_checkpoint(two):

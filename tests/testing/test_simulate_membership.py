@@ -36,13 +36,14 @@ def epochs(draw):
 
 @st.composite
 def jobs(draw):
-    """A membership, a standard stack, and the rest of simulate_replicas' keywords (the epoch, metrics)."""
+    """A membership, a standard stack, and the rest of simulate_replicas' keywords (the epoch, a budget, metrics)."""
     length, batch, drop_last = draw(epochs())
+    budget = draw(st.sampled_from(["max_epochs", "max_steps"]))
     schedule = {
         "length": length,
         "batch_size": batch,
         "drop_last": drop_last,
-        "max_epochs": draw(st.integers(1, 2)),
+        budget: draw(st.integers(1, 2) if budget == "max_epochs" else st.integers(1, 16)),
         "metrics": draw(metric_streams(ranks=("all",))),
     }
     return draw(memberships(max_step=10)), draw(hook_stacks(max_every=4)), schedule
@@ -229,6 +230,7 @@ def test_membership_refuses_naming_the_argument(kwargs, error, match):
         (dict(length=0), ValueError, "simulate_replicas.*'length'"),
         (dict(batch_size=0), ValueError, "'batch_size'"),
         (dict(max_epochs=0), ValueError, "'max_epochs'"),
+        (dict(max_steps=4), TypeError, "exactly one of max_epochs= .* and max_steps="),
         (dict(drop_last=1), TypeError, "'drop_last'"),
         (dict(drop_last=True, length=1), ValueError, "with drop_last, 'length' \\(1\\) must hold a full step"),
         (dict(local=5), TypeError, "'local' must be a callable"),
