@@ -214,7 +214,7 @@ def table(result: dict, file=sys.stdout) -> None:
             "ft - ddp",
             "ft / ddp",
             "ft - ft unchecked",
-            "in ft, ms: quorum · should_commit · all-reduce · agreement",
+            "in ft, ms: quorum · should_commit · all-reduce · agreement (start, judge)",
         ],
         rows,
         file=file,
