@@ -375,9 +375,13 @@ def test_a_hung_replica_is_left_behind_after_the_timeout(three):
 
 
 def test_the_save_a_killed_writer_left_is_written_by_the_next(three):
-    writes = {r["step"]: r["writes"] for r in three.records("r1") if r["kind"] == "commit"}
-    assert not writes[4] and writes[12]  # group 0 wrote step 4; group 1, participating rank 0 once it died
-    assert "saved checkpoint of step 12" in three.log("r1")
+    commits = {name: {r["step"]: r for r in three.records(name) if r["kind"] == "commit"} for name in ("r1", "r0b")}
+    assert not commits["r1"][4]["writes"]  # group 0 wrote step 4
+    # Step 12: group 1, participating rank 0 once group 0 died; or the restarted group 0, if it had rejoined by then
+    # (it usually rejoins at step 14, where group 1 waits for it, but may come earlier on a busy machine).
+    writer = "r1" if commits["r1"][12]["participants"] == 1 else "r0b"
+    assert [name for name in commits if commits[name].get(12, {}).get("writes")] == [writer]
+    assert "saved checkpoint of step 12" in three.log(writer)
 
 
 def test_three_replicas_end_equal(three):
