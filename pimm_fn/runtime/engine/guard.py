@@ -70,6 +70,7 @@ __all__ = [
     "AgreementGuard",
     "collective_part",
     "describe",
+    "digest_of",
 ]
 
 
@@ -78,7 +79,13 @@ def collective_part(emitted) -> tuple:
     return tuple((i, e) for i, e in emitted if e.scope is Scope.COLLECTIVE)
 
 
-def _digest(*parts) -> int:
+def digest_of(*parts) -> int:
+    """A 63-bit digest of ``parts``' ``repr``: what ranks and replica groups all-reduce to compare what they folded.
+
+    Equal values give equal digests in every process, and ``-digest`` fits an
+    ``int64`` too: the ``MAX`` of ``[d, -d]`` is every process's own exactly
+    when all are equal.
+    """
     text = repr(parts).encode()
     # 63 bits, so that -digest fits an int64 too.
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
@@ -159,7 +166,7 @@ class AgreementGuard:
         self.comparisons += 1
         step = state.progress.global_step
         collective = tuple((i, e) for i, e in collective_part(emitted) if i in self.watched)
-        digest = _digest(type(event).__name__, step, collective)
+        digest = digest_of(type(event).__name__, step, collective)
         has = 1 if collective else 0
         buffer = torch.tensor([digest, -digest, has, -has], dtype=torch.int64).to(self.device)
         work = td.all_reduce(buffer, op=td.ReduceOp.MAX, async_op=True)
@@ -183,7 +190,7 @@ class AgreementGuard:
         """
         self._started = True
         setup = Setup(self.implied.setups, schedule_of(state))  # the hooks' part derived once, with the rest
-        digest = _digest(setup)
+        digest = digest_of(setup)
         buffer = torch.tensor([digest, -digest], dtype=torch.int64).to(self.device)
         td.all_reduce(buffer, op=td.ReduceOp.MAX)
         high, neg_low = buffer.tolist()

@@ -25,7 +25,7 @@ import attrs
 from pimm_fn import dist
 from pimm_fn.checkpoint import storage
 from pimm_fn.core.effects import Log
-from pimm_fn.runtime.engine.guard import _digest
+from pimm_fn.runtime.engine.guard import digest_of
 from pimm_fn.runtime.errors import CollectiveDivergenceError  # the guard's digest: 63 bits, an int64
 from pimm_fn.runtime.logs.history import POSITION, History
 from pimm_fn.runtime.logs.loggers import LOG_NAME, Opening, run_loggers
@@ -193,7 +193,7 @@ def same_on_every_rank(step: int, kind: str, names: list) -> None:
     import torch
     import torch.distributed as td
 
-    digest = _digest(step, kind, tuple(names))
+    digest = digest_of(step, kind, tuple(names))
     device = dist.collective_device()
     extremes = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
     td.all_reduce(extremes, op=td.ReduceOp.MAX)

@@ -44,7 +44,7 @@ import torch
 from torch.distributed import AllreduceOptions, ReduceOp
 
 from pimm_fn.core.effects import SaveCheckpoint, Scope, WriteBest
-from pimm_fn.runtime.engine.guard import _digest
+from pimm_fn.runtime.engine.guard import digest_of
 from pimm_fn.runtime.engine.implied import HookSetup, Setup, describe_setup, hook_setups, schedule_of, stable
 from pimm_fn.runtime.errors import CollectiveDivergenceError
 
@@ -92,9 +92,9 @@ class Agreement:
             return
         setups, hooks = self._hooks(run)
         schedule = schedule_of(run.state)
-        own = _digest(hooks, schedule)
+        own = digest_of(hooks, schedule)
         window = None if self._healed else self._shown()
-        folded = _LEFT_OUT if window is None else _digest(window)
+        folded = _LEFT_OUT if window is None else digest_of(window)
         buffer = torch.tensor([own, -own, folded, _LEFT_OUT if window is None else -folded], dtype=torch.int64)
         try:
             work = _allreduce(group, buffer, ReduceOp.MAX)
@@ -135,7 +135,7 @@ class Agreement:
         implied = run.ctx.implied
         if self._setups is None or self._setups[0] is not implied:
             setups = hook_setups(implied.hooks.hooks)
-            self._setups = (implied, setups, _digest(setups))
+            self._setups = (implied, setups, digest_of(setups))
         return self._setups[1], self._setups[2]
 
     def _shown(self) -> tuple:
