@@ -259,7 +259,7 @@ def _held_in(path: Path, held: dict) -> None:
     from wandb.proto import wandb_internal_pb2  # the logger's own package: present when it runs
 
     for payload in _records(path.read_bytes()):
-        record = wandb_internal_pb2.Record()  # type: ignore[attr-defined]  # its generated stub declares no messages
+        record = wandb_internal_pb2.Record()
         record.ParseFromString(payload)
         if record.WhichOneof("record_type") != "history":
             continue
