@@ -17,8 +17,8 @@ the policy, ``nan_at`` makes this replica's loss NaN at a step and
 optimizers with a custom step.
 ``save_every`` is its saver's cadence (4), ``local_at`` a step after which a
 hook of its own emits a collective ``Call`` on this group alone (a decision
-from a group-local input). A ``CollectiveDivergenceError`` out of the run is
-a line too; the end's line says how many steps compared what the groups
+from a group-local input). A ``CollectiveDivergenceError`` or a
+``NonFiniteLossError`` out of the run is a line too (with the parameters); the end's line says how many steps compared what the groups
 folded.
 Each step's start and the end carry the effects the run executed since the
 line before (``run.trace``), each evaluation its values.
@@ -261,8 +261,13 @@ def main(opts: dict):
     wait_for(opts.get("barrier", []))  # the first groups start together
     try:
         run.run()
-    except pf.CollectiveDivergenceError as exc:
-        line(kind="error", step=run.state.progress.global_step, message=str(exc))
+    except (pf.CollectiveDivergenceError, pf.NonFiniteLossError) as exc:
+        line(
+            kind="error",
+            step=run.state.progress.global_step,
+            message=str(exc),
+            params=digest(dict(model.named_parameters())),
+        )
         raise
     state = {
         "optimizer": {name: o.state_dict() for name, o in optimizers.items()},

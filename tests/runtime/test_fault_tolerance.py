@@ -7,7 +7,8 @@ other, one SIGKILLed at a step and restarted; three groups, the checkpoint
 writer SIGKILLed during a save and restarted, another SIGKILLed during an
 evaluation and left dead; two groups of two named optimizers, one killed
 and restarted; two pairs of groups that fold apart (other hooks; a decision
-from a group-local input). Then the faults a single process meets: an
+from a group-local input); two groups under on_nonfinite="raise", a loss NaN
+on one. Then the faults a single process meets: an
 unreachable lighthouse, too few groups, no torchft.
 """
 
@@ -25,6 +26,7 @@ import pytest
 import torch
 
 import pimm_fn as pf
+from pimm_fn.checkpoint import latest_checkpoint
 from pimm_fn.core.effects import SaveCheckpoint, WriteBest
 from pimm_fn.core.membership import Membership
 from pimm_fn.core.plan import plan
@@ -467,6 +469,40 @@ def test_a_group_local_decision_stops_the_groups_at_the_next_vote_naming_the_eff
             "(AfterStep)"
         )
         assert "group-local input" in lines[3]
+
+
+# -- a NaN loss on one group under on_nonfinite="raise" -------------------------------------------------------
+@pytest.fixture(scope="module")
+def nan_raised(tmp_path_factory):
+    """Groups 0 and 1 under the default on_nonfinite='raise', saving every 2 steps: 0's loss NaN at step 3."""
+    tmp = tmp_path_factory.mktemp("nan")
+    lighthouse = _lighthouse()
+    r = Replicas(tmp, lighthouse.address())
+    deadline = time.monotonic() + BOUND_S
+    ready = [str(tmp / "ready0"), str(tmp / "ready1")]
+    try:
+        for replica, name in enumerate(("n0", "n1")):
+            extra = {"nan_at": NAN_AT} if replica == 0 else {}
+            r.start(
+                name, replica, min_replicas=2, max_steps=6, save_every=2, ready=ready[replica], barrier=ready, **extra
+            )
+        r.wait("n0", deadline)
+        r.wait("n1", deadline)
+    finally:
+        lighthouse.shutdown()
+    return r
+
+
+def test_a_loss_not_finite_on_one_group_raises_on_every_group_before_any_update(nan_raised):
+    r = nan_raised
+    for name, said in (("n0", "is nan at global step 3"), ("n1", "is not finite on another rank or replica group")):
+        assert r.procs[name].returncode == 3, r.log(name)[-3000:]  # out of run(): the worker exits 3
+        (error,) = [e for e in r.records(name) if e["kind"] == "error"]
+        assert said in error["message"] and "global step 3" in error["message"], error["message"]
+        assert r.commits(name) == [1, 2]  # step 3 never committed: no hook saw it
+        assert error["params"] == r.began(name, NAN_AT)["params"]  # no optimizer stepped: the NaN is in no weights
+    found = latest_checkpoint(r.tmp / "save" / "model")
+    assert found is not None and found.step == 2  # the last checkpoint predates the NaN
 
 
 # -- faults of one process -------------------------------------------------------------------------------------

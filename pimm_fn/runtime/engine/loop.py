@@ -402,7 +402,12 @@ def loop(
         console=watching.console,
         implied=implied,
         advice=Advice(implied, world_size=dist.world_size()),
-        nonfinite=NonFinite(training.on_nonfinite, world_size=dist.world_size(), can_skip=built_in(step_fn)),
+        nonfinite=NonFinite(
+            training.on_nonfinite,
+            world_size=dist.world_size(),
+            can_skip=built_in(step_fn),
+            replicated=tolerant is not None and built_in(step_fn),  # every group decides alike, before the update
+        ),
         exact_retry=training.exact_retry,
         sharded=shards,
         weights_file=saving.weights_file,

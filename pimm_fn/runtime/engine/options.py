@@ -175,10 +175,12 @@ class FaultTolerance:
     the next batches of the epoch's one order from a shared cursor, so each
     sample of an epoch is trained once whoever is alive; they must be a
     ``DataLoader`` over a map-style dataset with a ``SequentialSampler`` or
-    a ``DistributedSampler`` (``pimm_fn.runtime.data.dealing``). Under
-    ``Training(on_nonfinite="skip")`` a loss that is not finite on one group
-    skips the step on every group (its batches consumed, as without
-    replicas). A dict of named optimizers votes once a step, at its first
+    a ``DistributedSampler`` (``pimm_fn.runtime.data.dealing``). With a
+    built-in step the groups agree on each loss before the update: one that
+    is not finite on one group skips the step on every group (its batches
+    consumed, as without replicas) under ``Training(on_nonfinite="skip")``,
+    and raises ``NonFiniteLossError`` on every group, before any optimizer
+    steps, under ``"raise"``. A dict of named optimizers votes once a step, at its first
     ``optimizer.step()``: run every backward of the step before it. Not
     taken: a sharded model (FSDP2), and a ``GradScaler`` with a custom
     ``step_fn`` (``pimm_fn.runtime.replicas.commit``).

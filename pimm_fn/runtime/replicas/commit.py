@@ -23,9 +23,9 @@ on every replica group (the same model, trained on batches of the same
 structure), and a step's every backward comes before its first optimizer
 step (a later one is refused: ``Replicas``).
 
-``anywhere`` agrees a flag over the participants (one all-reduce): under
-``on_nonfinite="skip"`` a loss that is not finite on one group skips the
-step on all.
+``anywhere`` agrees a flag over the participants (one all-reduce): a loss
+that is not finite on one group skips the step, warns or raises on all
+(``on_nonfinite``).
 """
 
 import torch

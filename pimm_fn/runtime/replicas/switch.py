@@ -13,8 +13,9 @@ participants (``sized``; before a ``BeforeEpoch`` too), as
 step votes once (``vote``): its gradients averaged over the participants,
 then the commit (``pimm_fn.runtime.replicas.commit``); a built-in step
 votes after its backward, a custom one at its first ``optimizer.step()``,
-a step that updated nothing in ``took``. Under ``on_nonfinite="skip"`` the
-groups agree whether a loss is finite (``finite_everywhere``). The driver
+a step that updated nothing in ``took``. With a built-in step the groups
+agree whether each loss is finite before the update (``finite_everywhere``),
+so every group skips, warns or raises alike (``on_nonfinite``). The driver
 asks ``took`` after the train step (the dealer's cursor moves past the
 step), and a failed vote discards the step (``discard``: the model's
 buffers as they were at the boundary, the same positions dealt again; the
@@ -124,7 +125,7 @@ class Replicas:
         ctx = run.ctx
         self._optimizers = list(ctx.named_optimizers().values())
         self._hooks = [o.register_step_pre_hook(self._before_step) for o in self._optimizers]
-        if ctx.nonfinite is not None and ctx.nonfinite.before_backward:  # "skip": every group skips alike
+        if ctx.nonfinite is not None and ctx.nonfinite.before_backward:  # every group skips, warns or raises alike
             ctx.nonfinite.across = self.finite_everywhere
         self._model_buffers = list(ctx.model.buffers())
         self._averaged = [b for b in self._model_buffers if b.is_floating_point()]  # averaged with the gradients
@@ -258,7 +259,7 @@ class Replicas:
         return self._voted
 
     def finite_everywhere(self, finite: bool) -> bool:
-        """Whether the step's loss is finite on every participant (``NonFinite.finite`` under ``"skip"``)."""
+        """Whether the step's loss is finite on every participant (``NonFinite.finite``, read before the update)."""
         return not commit.anywhere(self.manager, not finite)
 
     def _before_step(self, optimizer, args, kwargs) -> None:

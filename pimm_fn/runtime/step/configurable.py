@@ -224,7 +224,8 @@ class TrainStep:
         """One optimizer step over ``batch`` (its micro-batches under ``accumulate``).
 
         ``nonfinite``: the loop's ``NonFinite`` policy under ``"skip"``, which
-        leaves the update of a NaN or infinite loss out (the module docstring).
+        leaves the update of a NaN or infinite loss out (the module docstring),
+        or under any policy for replica groups, which decide before the update.
         ``commit``: under ``FaultTolerance``, ``() -> bool``, the replica
         groups' vote on the gradients; False leaves the update out.
         """

@@ -28,9 +28,17 @@ checkpoint of a later step is written, and finds the weights in memory
 already updated from the non-finite loss: resume from the last checkpoint.
 With several ranks each read is agreed by one all-reduce of a flag, so
 every rank skips, warns or raises alike instead of one rank leaving a
-collective. Under ``FaultTolerance`` a ``"skip"`` decision is agreed over
-the replica groups too (``across``): a loss that is not finite on one
-group skips the step on every group.
+collective.
+
+Under ``FaultTolerance`` with a built-in step (``replicated``) every policy
+reads each loss before the update, as ``"skip"`` does, and the decision is
+agreed over the replica groups too (``across``): a loss that is not finite
+on one group skips the step, warns, or raises ``NonFiniteLossError`` on
+every group, before any optimizer steps. Read later, the groups would
+average its non-finite gradients into every group's weights before any
+group knew, and a group that had not seen it could save them. Such a run
+syncs at every step anyway (its quorum and its vote), so the read costs
+little there. A custom ``step_fn`` keeps the later read.
 """
 
 import math
@@ -64,25 +72,40 @@ class NonFinite:
         where: ``() -> Progress`` before the step being trained (``loop()`` sets it).
         can_skip: the step in use can leave an update out (a built-in step), so
             the error's advice may name ``"skip"``.
+        replicated: the run is replica groups (``FaultTolerance``) trained by
+            a built-in step: every policy reads each loss before the update.
 
     Attributes:
-        across: under ``FaultTolerance`` and ``"skip"``, ``(finite here) ->
-            finite on every replica group`` (the replica groups set it:
-            ``pimm_fn.runtime.replicas.switch``); ``None`` otherwise.
+        across: under ``FaultTolerance``, for a loss read before the update,
+            ``(finite here) -> finite on every replica group`` (the replica
+            groups set it: ``pimm_fn.runtime.replicas.switch``); ``None``
+            otherwise.
     """
 
-    def __init__(self, policy: str = "raise", *, world_size: int = 1, where=None, can_skip: bool = True):
+    def __init__(
+        self,
+        policy: str = "raise",
+        *,
+        world_size: int = 1,
+        where=None,
+        can_skip: bool = True,
+        replicated: bool = False,
+    ):
         self.policy = policy
         self.world_size = world_size
         self.where = where
         self.can_skip = can_skip
+        self.replicated = replicated
         self.count = 0  # occurrences so far in this process
-        self.across = None  # the replica groups' agreement on a "skip" (FaultTolerance)
+        self.across = None  # the replica groups' agreement on a loss read before the update (FaultTolerance)
 
     @property
     def before_backward(self) -> bool:
-        """Whether each loss is read before its backward (``"skip"``); else the loop reads them later, in batches."""
-        return self.policy == "skip"
+        """Whether each loss is read before the update (``"skip"``, or any policy of replica groups).
+
+        Else the loop reads them later, in batches.
+        """
+        return self.policy == "skip" or self.replicated
 
     def read(self, losses: list) -> None:
         """Act on the first non-finite of ``losses``, ``[(global step, float)]`` read after their steps ran.

@@ -368,7 +368,7 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None, commit=None)
 
         return run_train_step
 
-    handed = {}  # what only a TrainStep takes: the "skip" policy, the replica groups' vote
+    handed = {}  # what only a TrainStep takes: a policy read before the update, the replica groups' vote
     if nonfinite is not None and nonfinite.before_backward:
         handed["nonfinite"] = nonfinite
     if commit is not None:
