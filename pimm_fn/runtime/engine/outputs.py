@@ -185,7 +185,7 @@ class QuietSteps:
         until :meth:`accumulated`: a NaN under ``"raise"`` raises again on a retry.
         """
         pending, current = self.unread.read(outputs)
-        if nonfinite is not None and not nonfinite.before_backward:
+        if nonfinite is not None and not nonfinite.before_update:
             losses = [(s, o["loss"]) for s, o in pending if "loss" in o] if pending else []
             if current is not None and "loss" in current:
                 losses.append((step, current["loss"]))

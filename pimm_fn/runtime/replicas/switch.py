@@ -125,7 +125,7 @@ class Replicas:
         ctx = run.ctx
         self._optimizers = list(ctx.named_optimizers().values())
         self._hooks = [o.register_step_pre_hook(self._before_step) for o in self._optimizers]
-        if ctx.nonfinite is not None and ctx.nonfinite.before_backward:  # every group skips, warns or raises alike
+        if ctx.nonfinite is not None and ctx.nonfinite.before_update:  # every group skips, warns or raises alike
             ctx.nonfinite.across = self.finite_everywhere
         self._model_buffers = list(ctx.model.buffers())
         self._averaged = [b for b in self._model_buffers if b.is_floating_point()]  # averaged with the gradients

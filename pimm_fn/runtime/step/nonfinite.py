@@ -100,7 +100,7 @@ class NonFinite:
         self.across = None  # the replica groups' agreement on a loss read before the update (FaultTolerance)
 
     @property
-    def before_backward(self) -> bool:
+    def before_update(self) -> bool:
         """Whether each loss is read before the update (``"skip"``, or any policy of replica groups).
 
         Else the loop reads them later, in batches.

@@ -276,7 +276,7 @@ def _optimize(model, optimizer, batch, scheduler=None, scaler=None, nonfinite=No
     loss = outputs["loss"]
     value = None
     if nonfinite is not None:
-        if nonfinite.before_backward:
+        if nonfinite.before_update:
             value = loss.item()
             if not nonfinite.finite(value, loss.device) and not nonfinite(value):
                 return outputs, loss, value  # skipped: no backward ran, so the gradients stay zeroed
@@ -354,7 +354,7 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None, commit=None)
     ``FaultTolerance``, the replica groups' vote, which a built-in step
     casts after its backward (a ``TrainStep`` is handed it as ``commit=``).
     """
-    later = nonfinite is not None and not nonfinite.before_backward  # the loss, read with the outputs
+    later = nonfinite is not None and not nonfinite.before_update  # the loss, read with the outputs
     if step_fn is train_step:
 
         def run_train_step(model, optimizer, batch, scheduler, scaler):
@@ -369,7 +369,7 @@ def runner(step_fn, read: bool, nonfinite: NonFinite | None = None, commit=None)
         return run_train_step
 
     handed = {}  # what only a TrainStep takes: a policy read before the update, the replica groups' vote
-    if nonfinite is not None and nonfinite.before_backward:
+    if nonfinite is not None and nonfinite.before_update:
         handed["nonfinite"] = nonfinite
     if commit is not None:
         handed["commit"] = commit
