@@ -201,6 +201,13 @@ def named(tmp_path_factory):
     return _killed_and_restarted(tmp_path_factory.mktemp("named"), die_at=4, hold_at=7, **NAMED)
 
 
+def _pair(r: Replicas, names: tuple[str, str], *options: dict) -> None:
+    """Start groups 0 and 1 as ``names``, each with its ``options``, together and both in every quorum."""
+    ready = [str(r.tmp / f"ready-{name}") for name in names]
+    for replica, (name, opts) in enumerate(zip(names, options, strict=True)):
+        r.start(name, replica, min_replicas=2, ready=ready[replica], barrier=ready, **opts)
+
+
 @pytest.fixture(scope="module")
 def apart(tmp_path_factory):
     """Two pairs of groups that fold apart, each pair its own lighthouse. ``hooks``: both trained 2 steps alike
@@ -212,19 +219,14 @@ def apart(tmp_path_factory):
     found = {name: Replicas(tmp / name, lighthouses[name].address()) for name in lighthouses}
     deadline = time.monotonic() + BOUND_S
 
-    def pair(r: Replicas, names: tuple[str, str], *options: dict) -> None:
-        ready = [str(r.tmp / f"ready-{name}") for name in names]
-        for replica, (name, opts) in enumerate(zip(names, options, strict=True)):
-            r.start(name, replica, min_replicas=2, ready=ready[replica], barrier=ready, **opts)
-
     try:
         for r in found.values():
             r.tmp.mkdir()
-        pair(found["hooks"], ("p0", "p1"), {"max_steps": 2}, {"max_steps": 2})
-        pair(found["local"], ("g0", "g1"), {"local_at": None}, {"local_at": 2})
+        _pair(found["hooks"], ("p0", "p1"), {"max_steps": 2}, {"max_steps": 2})
+        _pair(found["local"], ("g0", "g1"), {"local_at": None}, {"local_at": 2})
         for name in ("p0", "p1"):
             found["hooks"].wait(name, deadline)
-        pair(found["hooks"], ("g0", "g1"), {"max_steps": 6, "save_every": 4}, {"max_steps": 6, "save_every": 3})
+        _pair(found["hooks"], ("g0", "g1"), {"max_steps": 6, "save_every": 4}, {"max_steps": 6, "save_every": 3})
         for r in found.values():
             r.wait("g0", deadline)
             r.wait("g1", deadline)
@@ -479,13 +481,9 @@ def nan_raised(tmp_path_factory):
     lighthouse = _lighthouse()
     r = Replicas(tmp, lighthouse.address())
     deadline = time.monotonic() + BOUND_S
-    ready = [str(tmp / "ready0"), str(tmp / "ready1")]
     try:
-        for replica, name in enumerate(("n0", "n1")):
-            extra = {"nan_at": NAN_AT} if replica == 0 else {}
-            r.start(
-                name, replica, min_replicas=2, max_steps=6, save_every=2, ready=ready[replica], barrier=ready, **extra
-            )
+        both = {"max_steps": 6, "save_every": 2}
+        _pair(r, ("n0", "n1"), {**both, "nan_at": NAN_AT}, both)
         r.wait("n0", deadline)
         r.wait("n1", deadline)
     finally:

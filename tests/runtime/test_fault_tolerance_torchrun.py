@@ -148,11 +148,11 @@ def test_the_group_of_the_killed_rank_stopped_and_the_other_never_raised(groups)
     assert groups.agents["a"].returncode != 0 and groups.log("a").count("Signal 9 (SIGKILL) received") == 1
     for name in ("b", "c"):
         assert groups.agents[name].returncode == 0, groups.log(name)[-4000:]  # a rank's exception exits 3
+    joined = _rejoined(groups)
+    assert 11 <= joined < STEPS
     for rank in RANKS:
         assert groups.commits("a", rank) == list(range(1, 6))  # rank 1 too: it never committed step 6
         assert groups.commits("b", rank) == list(range(1, STEPS + 1))  # each step once, none raised
-        joined = _rejoined(groups)
-        assert 11 <= joined < STEPS
         assert groups.commits("c", rank) == list(range(joined, STEPS + 1))  # from its heal at group 1's step on
         assert groups.kinds("b", rank, "end")[0]["step"] == STEPS == groups.kinds("c", rank, "end")[0]["step"]
     seen = [r["participants"] for r in groups.kinds("b", 0, "commit")]  # seen[i]: step i + 1
@@ -180,8 +180,8 @@ def test_all_four_ranks_end_with_the_same_parameters_and_each_rank_equals_its_pe
     ends = {(name, rank): groups.kinds(name, rank, "parameters")[0] for name in ("b", "c") for rank in RANKS}
     assert len({(e["digest"], e["optimizer"]) for e in ends.values()}) == 1, ends
     for rank in RANKS:  # the buffers too: rank r of one group averages its batch norm statistics with rank r's
-        same = lambda name: [(e["step"], e["weights"], e["state"]) for e in groups.kinds(name, rank, "end")]  # noqa: E731
-        assert same("b") == same("c")  # what each group executed and compared is its own
+        b, c = ([(e["step"], e["weights"], e["state"]) for e in groups.kinds(name, rank, "end")] for name in "bc")
+        assert b == c  # what each group executed and compared is its own
     # Group 1 started from other weights: the first quorum's heal made every rank of both groups alike.
     starts = {groups.kinds(name, rank, "begin")[0]["digest"] for name in ("a", "b") for rank in RANKS}
     assert len(starts) == 1
