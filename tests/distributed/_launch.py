@@ -1,7 +1,7 @@
 """Launch N real ranks of a worker function, each bounded by a hard timeout.
 
-Every rank is a fresh ``python _workers.py <function> <rank> <world> <out> <json kwargs>``
-process with the torchrun-style environment (``MASTER_ADDR``, ``MASTER_PORT``,
+Every rank is a process of its own running ``python _workers.py <function> <rank> <world> <out> <json kwargs>``
+(forked from a server with torch imported: ``_preloaded``), with the torchrun-style environment (``MASTER_ADDR``, ``MASTER_PORT``,
 ``RANK``, ``WORLD_SIZE``). Output goes to per-rank log files, never pipes, so
 a chatty rank cannot block. When one rank dies, the others get ``grace``
 seconds to notice before they are killed; past ``timeout`` every rank is
@@ -15,12 +15,12 @@ import os
 import pathlib
 import pickle
 import socket
-import subprocess
-import sys
 import time
 
 import attrs
 import pytest
+
+import _preloaded as preloaded
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -56,7 +56,15 @@ class Ranks:
 
 
 def run_ranks(
-    function: str, world: int, out, *, timeout: float = 60, grace: float = 10, script=HERE / "_workers.py", **kwargs
+    function: str,
+    world: int,
+    out,
+    *,
+    timeout: float = 60,
+    grace: float = 10,
+    script=HERE / "_workers.py",
+    hash_seeds: bool = False,
+    **kwargs,
 ) -> Ranks:
     """Run ``_workers.<function>(rank, world, out, **kwargs)`` on ``world`` ranks.
 
@@ -68,6 +76,8 @@ def run_ranks(
         grace: seconds the surviving ranks get after one rank exits non-zero.
         script: the worker script run on every rank, with the same arguments (``_workers.py``'s; another joins
             its own groups).
+        hash_seeds: each rank a fresh interpreter with a ``PYTHONHASHSEED`` of its own (``rank + 1``), so sets and
+            dicts of strings iterate in another order on each rank: for a test that ranks agree whatever that order.
         kwargs: JSON-serializable arguments for the worker function.
     """
     out = pathlib.Path(out)
@@ -83,18 +93,21 @@ def run_ranks(
     args = json.dumps(kwargs)
     paths = [out / f"{function}-rank{r}-{time.monotonic_ns()}.log" for r in range(world)]
     start = time.monotonic()
-    procs = []
-    for rank, path in enumerate(paths):
-        with open(path, "w") as log:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, str(script), function, str(rank), str(world), str(out), args],
-                    cwd=REPO,
-                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )
-            )
+    procs = [
+        preloaded.start(
+            [script, function, rank, world, out, args],
+            env={
+                **env,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                **({"PYTHONHASHSEED": str(rank + 1)} if hash_seeds else {}),
+            },
+            cwd=REPO,
+            stdout=path,
+            fresh_interpreter=hash_seeds,
+        )
+        for rank, path in enumerate(paths)
+    ]
     failed_at = None
     try:
         while any(p.poll() is None for p in procs):
