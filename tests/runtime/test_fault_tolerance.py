@@ -39,6 +39,7 @@ from torchft._torchft import LighthouseServer  # noqa: E402 - after the skip
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import _ft_workers as workers  # noqa: E402
+import _preloaded as preloaded  # noqa: E402
 
 BOUND_S = 60  # every process ends within this, or the test fails
 STEPS = 24
@@ -54,9 +55,9 @@ class Replicas:
 
     def __init__(self, tmp: Path, lighthouse: str):
         self.tmp, self.lighthouse = tmp, lighthouse
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.procs: dict[str, preloaded.Process] = {}
 
-    def start(self, name: str, replica: int, **opts) -> subprocess.Popen:
+    def start(self, name: str, replica: int, **opts) -> preloaded.Process:
         options = dict(
             replica=replica,
             lighthouse=self.lighthouse,
@@ -65,12 +66,7 @@ class Replicas:
             max_steps=STEPS,
         )
         options.update(opts)
-        with open(self.tmp / f"{name}.log", "w") as log:  # the child holds its own copy
-            proc = subprocess.Popen(
-                [sys.executable, str(HERE / "_ft_workers.py"), json.dumps(options)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+        proc = preloaded.start([HERE / "_ft_workers.py", json.dumps(options)], stdout=self.tmp / f"{name}.log")
         self.procs[name] = proc
         return proc
 
@@ -81,6 +77,15 @@ class Replicas:
             for proc in self.procs.values():
                 proc.kill()
             raise AssertionError(f"{name} did not end in time:\n{self.log(name)[-3000:]}") from None
+
+    def wait_for(self, path: Path, name: str, deadline: float) -> None:
+        """Until ``name`` wrote ``path``; fails (every replica killed) past ``deadline`` or when ``name`` ended."""
+        while not path.exists():
+            if time.monotonic() > deadline or self.procs[name].poll() is not None:
+                for proc in self.procs.values():
+                    proc.kill()
+                raise AssertionError(f"{name} did not write {path.name}:\n{self.log(name)[-3000:]}")
+            time.sleep(0.01)
 
     def records(self, name: str) -> list[dict]:
         path = self.tmp / name
@@ -134,17 +139,27 @@ def _lighthouse():
 
 def _killed_and_restarted(tmp: Path, *, die_at: int, hold_at: int, a=(), b=(), **both) -> Replicas:
     """Groups 0 (a) and 1 (b), each with ``both``: b SIGKILLed in the forward of ``die_at`` and restarted as c
-    (resume='auto'), a held at ``hold_at`` until c joined."""
+    (resume='auto') once a is held at ``hold_at``, until c joined: a went on alone to there."""
     lighthouse = _lighthouse()
     r = Replicas(tmp, lighthouse.address())
     deadline = time.monotonic() + BOUND_S
     ready = [str(tmp / "ready0"), str(tmp / "ready1")]
     try:
+        held = tmp / "held"
         r.start(
-            "a", 0, hold_at=hold_at, hold_until=str(tmp / "started"), ready=ready[0], barrier=ready, **dict(a), **both
+            "a",
+            0,
+            hold_at=hold_at,
+            held=str(held),
+            hold_until=str(tmp / "started"),
+            ready=ready[0],
+            barrier=ready,
+            **dict(a),
+            **both,
         )
         r.start("b", 1, die_at=die_at, die_in="forward", ready=ready[1], barrier=ready, **dict(b), **both)
         r.wait("b", deadline)
+        r.wait_for(held, "a", deadline)
         r.start("c", 1, started=str(tmp / "started"), **both)
         r.wait("a", deadline)
         r.wait("c", deadline)
