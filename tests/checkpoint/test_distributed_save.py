@@ -5,9 +5,9 @@ import os
 import pathlib
 import socket
 import subprocess
-import sys
 import time
 
+import _preloaded as preloaded
 import pytest
 import torch
 
@@ -34,29 +34,21 @@ def _run_ranks(root, world):
         "MASTER_PORT": str(_free_port()),
         "PYTHONPATH": os.pathsep.join([str(_REPO), os.environ.get("PYTHONPATH", "")]),
     }
+    logs = [root / f"rank{r}.log" for r in range(world)]
     procs = [
-        subprocess.Popen(
-            [sys.executable, str(_HERE / "_dist_worker.py"), str(r), str(world), str(root)],
-            cwd=_REPO,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
+        preloaded.start([_HERE / "_dist_worker.py", r, world, root], env=env, cwd=_REPO, stdout=log)
+        for r, log in enumerate(logs)
     ]
     deadline = time.monotonic() + _TIMEOUT_S
-    outputs = []
     try:
         for proc in procs:
-            out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
-            outputs.append(out)
+            proc.wait(timeout=max(deadline - time.monotonic(), 1))
     except subprocess.TimeoutExpired:
         for proc in procs:
             proc.kill()
         pytest.fail(f"ranks did not finish within {_TIMEOUT_S}s (a hang in a collective?)")
-    for rank, (proc, out) in enumerate(zip(procs, outputs)):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{out[-4000:]}"
+    for rank, (proc, log) in enumerate(zip(procs, logs)):
+        assert proc.returncode == 0, f"rank {rank} failed:\n{log.read_text()[-4000:]}"
 
 
 def test_two_ranks_save_and_load_their_own_local_state(tmp_path, same):

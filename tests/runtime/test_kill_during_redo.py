@@ -28,6 +28,8 @@ import subprocess
 import sys
 import time
 
+import _preloaded as preloaded
+
 WORKLOAD = pathlib.Path(__file__).with_name("_tiny_workload.py")
 TIMEOUT = 60  # per subprocess: a hang fails the test instead of stalling the suite
 K = 6  # the save that fails, then is killed during its redo; save_every(3) published step 3 before it
@@ -137,19 +139,18 @@ class _Processes:
 
     def __init__(self, logs: pathlib.Path):
         self.logs = logs
-        self.started: list[subprocess.Popen] = []
+        self.started: list[preloaded.Process] = []
 
-    def spawn(self, name: str, *args) -> subprocess.Popen:
-        with open(self.logs / f"{name}.log", "w") as log:
-            process = subprocess.Popen([sys.executable, *map(str, args)], stdout=log, stderr=subprocess.STDOUT)
+    def spawn(self, name: str, *args) -> preloaded.Process:
+        process = preloaded.start(args, stdout=self.logs / f"{name}.log")
         process.name = name
         self.started.append(process)
         return process
 
-    def log(self, process: subprocess.Popen) -> str:
+    def log(self, process: preloaded.Process) -> str:
         return (self.logs / f"{process.name}.log").read_text()
 
-    def finish(self, process: subprocess.Popen) -> tuple[int, str]:
+    def finish(self, process: preloaded.Process) -> tuple[int, str]:
         """Wait for ``process`` (bounded); returns its exit status and output."""
         import pytest
 
