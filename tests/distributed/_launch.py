@@ -1,11 +1,13 @@
 """Launch N real ranks of a worker function, each bounded by a hard timeout.
 
-Every rank is a process of its own running ``python _workers.py <function> <rank> <world> <out> <json kwargs>``
-(forked from a server with torch imported: ``_preloaded``), with the torchrun-style environment (``MASTER_ADDR``, ``MASTER_PORT``,
-``RANK``, ``WORLD_SIZE``). Output goes to per-rank log files, never pipes, so
-a chatty rank cannot block. When one rank dies, the others get ``grace``
-seconds to notice before they are killed; past ``timeout`` every rank is
-killed and the test fails with their logs.
+Every rank is a process of its own running
+``python _workers.py <function> <rank> <world> <out> <json kwargs>`` (forked
+from a server with torch imported: ``_preloaded``), with the torchrun-style
+environment (``MASTER_ADDR``, ``MASTER_PORT``, ``RANK``, ``WORLD_SIZE``).
+Output goes to per-rank log files, never pipes, so a chatty rank cannot
+block. When one rank dies, the others get ``grace`` seconds to notice before
+they are killed; past ``timeout`` every rank is killed and the test fails
+with their logs.
 """
 
 from __future__ import annotations

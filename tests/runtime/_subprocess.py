@@ -9,7 +9,10 @@ TIMEOUT = 120  # a hang fails the test instead of stalling the suite
 
 
 def run_workload(workload, *args) -> subprocess.CompletedProcess:
-    """``python <workload> <args>`` (forked with torch imported: ``_preloaded``), its output captured; a hang past ``TIMEOUT`` fails the test."""
+    """``python <workload> <args>``, forked with torch imported (``_preloaded``), its output captured.
+
+    A hang past ``TIMEOUT`` fails the test.
+    """
     try:
         return preloaded.run([workload, *args], timeout=TIMEOUT)
     except subprocess.TimeoutExpired as timeout:
