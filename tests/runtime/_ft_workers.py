@@ -8,8 +8,10 @@ line to ``out`` at each step's start (after the quorum: a digest of the
 weights, the optimizer state, the ``State`` and the data cursor) and at each
 committed step, flushed, so a killed replica leaves what it did. Options:
 ``die_at`` and ``die_in`` (``"step"``: after its hooks, ``"forward"``,
-``"save"``, ``"eval"``) SIGKILL it there, ``"hang"`` SIGSTOPs it in the forward; ``hold_at`` and ``hold_until`` keep it at a step until a file exists (writing ``held`` there first)
-(the restarted replica writes ``started`` once it joined the lighthouse);
+``"save"``, ``"eval"``) SIGKILL it there, ``"hang"`` SIGSTOPs it in the
+forward; ``hold_at`` and ``hold_until`` keep it at a step until a file exists
+(writing the file ``held`` names there first; the restarted replica writes
+``started`` once it joined the lighthouse);
 ``ready`` and ``barrier``: it writes its file, then waits for all of them.
 ``scaler`` (an initial scale) trains with a GradScaler, ``on_nonfinite`` is
 the policy, ``nan_at`` makes this replica's loss NaN at a step and
