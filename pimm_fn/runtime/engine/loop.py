@@ -348,9 +348,10 @@ def loop(
             f"loop: Saving(checkpoint_format='legacy') publishes by a rename, which save_dir {save_dir!r} "
             f"(an fsspec store) does not have; use checkpoint_format='standard' there"
         )
-    if not built_in(step_fn):
+    custom_step = not built_in(step_fn)  # a built-in step can leave an update out, and reads the loss before it
+    if custom_step:
         check_step_fn(step_fn)  # it takes the loop's call: step_fn(model, optimizer, batch, *, scheduler, scaler)
-    arguments.check_on_nonfinite(training.on_nonfinite, custom_step=not built_in(step_fn))
+    arguments.check_on_nonfinite(training.on_nonfinite, custom_step=custom_step)
     check_scheduler_hooks(hooks, scheduler)
     show_bar = progress_bar.wanted(watching.progress, watching.console)  # this process's wish; rank 0's decides, below
     loggers = check_loggers(loggers, watching.log_reduce)
@@ -379,7 +380,7 @@ def loop(
             tolerant,
             sharded=shards,
             scaler=scaler is not None and scaler.is_enabled(),
-            custom_step=not built_in(step_fn),
+            custom_step=custom_step,
         )
         check_group(model)  # a torchrun group's ranks train one model, in DDP
     guarded = dist.is_initialized() and parallel.check_agreement is not False
@@ -405,8 +406,8 @@ def loop(
         nonfinite=NonFinite(
             training.on_nonfinite,
             world_size=dist.world_size(),
-            can_skip=built_in(step_fn),
-            replicated=tolerant is not None and built_in(step_fn),  # every group decides alike, before the update
+            can_skip=not custom_step,
+            replicated=tolerant is not None and not custom_step,  # every group decides alike, before the update
         ),
         exact_retry=training.exact_retry,
         sharded=shards,
