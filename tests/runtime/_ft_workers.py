@@ -20,8 +20,8 @@ optimizers with a custom step.
 ``save_every`` is its saver's cadence (4), ``local_at`` a step after which a
 hook of its own emits a collective ``Call`` on this group alone (a decision
 from a group-local input). A ``CollectiveDivergenceError`` or a
-``NonFiniteLossError`` out of the run is a line too (with the parameters); the end's line says how many steps compared what the groups
-folded.
+``NonFiniteLossError`` out of the run is a line too (with the parameters);
+the end's line says how many steps compared what the groups folded.
 Each step's start and the end carry the effects the run executed since the
 line before (``run.trace``), each evaluation its values.
 Each rank of a torchrun group runs ``main`` too (``_ft_ranks.py``), the model

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import torch
@@ -74,18 +75,20 @@ class Replicas:
         try:
             return self.procs[name].wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            for proc in self.procs.values():
-                proc.kill()
-            raise AssertionError(f"{name} did not end in time:\n{self.log(name)[-3000:]}") from None
+            self._give_up(name, "did not end in time")
 
     def wait_for(self, path: Path, name: str, deadline: float) -> None:
         """Until ``name`` wrote ``path``; fails (every replica killed) past ``deadline`` or when ``name`` ended."""
         while not path.exists():
             if time.monotonic() > deadline or self.procs[name].poll() is not None:
-                for proc in self.procs.values():
-                    proc.kill()
-                raise AssertionError(f"{name} did not write {path.name}:\n{self.log(name)[-3000:]}")
+                self._give_up(name, f"did not write {path.name}")
             time.sleep(0.01)
+
+    def _give_up(self, name: str, why: str) -> NoReturn:
+        """Every replica killed, and the test failed with ``name``'s log."""
+        for proc in self.procs.values():
+            proc.kill()
+        raise AssertionError(f"{name} {why}:\n{self.log(name)[-3000:]}") from None
 
     def records(self, name: str) -> list[dict]:
         path = self.tmp / name

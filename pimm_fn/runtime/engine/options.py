@@ -180,8 +180,8 @@ class FaultTolerance:
     is not finite on one group skips the step on every group (its batches
     consumed, as without replicas) under ``Training(on_nonfinite="skip")``,
     and raises ``NonFiniteLossError`` on every group, before any optimizer
-    steps, under ``"raise"``. A dict of named optimizers votes once a step, at its first
-    ``optimizer.step()``: run every backward of the step before it. Not
+    steps, under ``"raise"``. A dict of named optimizers votes once a step,
+    at its first ``optimizer.step()``: run every backward of the step before it. Not
     taken: a sharded model (FSDP2), and a ``GradScaler`` with a custom
     ``step_fn`` (``pimm_fn.runtime.replicas.commit``).
 
