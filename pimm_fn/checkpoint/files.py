@@ -38,9 +38,8 @@ Anything under a ``save_dir`` may be damaged or crafted. A FIFO in place of
 ``"[" * 100000`` made them fail with a ``RecursionError``. So these reads
 take only a regular file: never through a symbolic link, never blocking on
 a FIFO, never opening a device, and at most ``limit`` bytes of it; JSON
-nested deeper than ``MAX_DEPTH`` is a ``ValueError`` like any other malformed
-JSON, found by a scan before the parser could recurse to the interpreter's
-limit (where a finalizer the garbage collector runs meanwhile would fail). An
+nested too deeply is a ``ValueError`` like any other malformed JSON
+(:mod:`pimm_fn.core.untrusted_json`). An
 fsspec store's object (a store has no links, FIFOs or devices) is read as
 it is.
 
@@ -117,6 +116,7 @@ import torch
 from pimm_fn import dist
 from pimm_fn.checkpoint import storage
 from pimm_fn.checkpoint.errors import CheckpointStorageError, NotRegularFileError, cause, unwritable_advice
+from pimm_fn.core import untrusted_json
 
 __all__ = [
     "best_stem",
@@ -323,37 +323,7 @@ def read_json(path: str | os.PathLike[str] | storage.StorePath, *, limit: int = 
     Traceback (most recent call last):
     ValueError: nested too deeply to parse
     """
-    data = read_bytes(path, limit=limit)
-    if _nested_deeper_than(data, MAX_DEPTH):
-        raise ValueError("nested too deeply to parse")
-    return json.loads(data)
-
-
-MAX_DEPTH = 256
-
-
-"""How deep ``read_json`` lets arrays and objects nest: far deeper than any file pimm_fn writes, far shallower than
-the interpreter's recursion limit, which the parser would otherwise meet (and with it any finalizer run meanwhile)."""
-
-
-# A JSON string (its brackets are not nesting), or a bracket.
-_STRING_OR_BRACKET = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[][{}]')
-
-
-def _nested_deeper_than(data: bytes, most: int) -> bool:
-    """Whether ``data``'s arrays and objects nest deeper than ``most``, found without recursion."""
-    if data.count(b"[") + data.count(b"{") <= most:  # too few brackets to nest that deep: no scan
-        return False
-    depth = 0
-    for token in _STRING_OR_BRACKET.finditer(data):
-        first = token.group()[0]
-        if first == 0x5B or first == 0x7B:  # [ or {
-            depth += 1
-            if depth > most:
-                return True
-        elif first != 0x22:  # ] or }; a string leaves the depth as it is
-            depth -= 1
-    return False
+    return untrusted_json.loads(read_bytes(path, limit=limit))
 
 
 FORMATS = ("standard", "legacy")

@@ -58,6 +58,7 @@ from pimm_fn.checkpoint.formats.pack import tensor_to_skeleton, unpack
 from pimm_fn.checkpoint.retention import REMOVING
 from pimm_fn.checkpoint.retention import marker_of as marker
 from pimm_fn.checkpoint.validation import SET_ASIDE, confined, validate
+from pimm_fn.core import untrusted_json
 
 __all__ = [
     "TensorInfo",
@@ -113,7 +114,7 @@ def infos_of(meta: dict) -> dict[str, TensorInfo]:
 
 def numpy_keys(skeleton: str) -> set[str]:
     """The tensors a skeleton stores numpy values in: those must be read, as ``unpack`` needs their bytes."""
-    return _ndarray_keys(json.loads(skeleton))
+    return _ndarray_keys(untrusted_json.loads(skeleton))
 
 
 def _ndarray_keys(node) -> set[str]:

@@ -12,7 +12,6 @@ config holds ``{"hooks": [...]}``.
 from __future__ import annotations
 
 import ast
-import json
 import pathlib
 
 import attrs
@@ -20,6 +19,7 @@ import attrs
 import pimm_fn as pf
 from pimm_fn.cli import OK, USAGE, Failure, emit
 from pimm_fn.compat import build_hooks
+from pimm_fn.core import untrusted_json
 
 __all__ = ["plan", "hooks_from", "NAMESPACE"]
 
@@ -93,7 +93,7 @@ def hooks_from(text: str) -> list:
     if path.suffix in (".py", ".json") and path.is_file():
         if path.suffix == ".json":
             try:
-                values = json.loads(path.read_text(encoding="utf-8"))
+                values = untrusted_json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError) as exc:
                 raise Failure(USAGE, f"cannot read the config {text!r}: {exc}") from None
         else:

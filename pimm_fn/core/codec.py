@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import attrs
 
+from pimm_fn.core import untrusted_json
 from pimm_fn.core.frozen import FrozenMap
 from pimm_fn.core.outputs import StepOutputs
 
@@ -97,4 +98,4 @@ def dumps(value: Any) -> str:
 
 
 def loads(text: str) -> Any:
-    return decode(json.loads(text))
+    return decode(untrusted_json.loads(text))

@@ -32,7 +32,7 @@ from typing import Any
 
 import attrs
 
-from pimm_fn.core import codec
+from pimm_fn.core import codec, untrusted_json
 from pimm_fn.core import hook as protocol
 from pimm_fn.core.hook_list import DuplicateHookError
 
@@ -249,8 +249,8 @@ def loads(text: str) -> Keyed:
         ValueError: ``text`` is not keyed slots written by ``dumps``.
     """
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        data = untrusted_json.loads(text)
+    except ValueError as exc:
         raise ValueError(f"keyed slots are not valid JSON ({exc})") from None
     if not _is_nested(data):
         raise ValueError(f"expected keyed slots written by pimm_fn.core.slots.dumps (got {text[:80]!r})")

@@ -90,3 +90,9 @@ def test_unpack_rejects_missing_and_unreferenced_tensors():
         unpack(skeleton, {**tensors_, "9": torch.ones(1)})
     with pytest.raises(ValueError, match="valid JSON"):
         unpack("{", {})
+
+
+def test_a_skeleton_nested_too_deeply_is_a_value_error_not_a_recursion_error():
+    """A crafted skeleton of 100,000 brackets is malformed like any other: refused before the parser recurses."""
+    with pytest.raises(ValueError, match=r"not valid JSON \(nested too deeply to parse\)"):
+        unpack("[" * 100000, {})

@@ -91,33 +91,6 @@ def test_json_nested_too_deeply_is_a_value_error_not_a_recursion_error(tmp_path,
         read_json(path)
 
 
-def test_json_nested_too_deeply_is_refused_before_the_parser_recurses(tmp_path, monkeypatch):
-    """Refused by a scan, never by the parser meeting the recursion limit (where any finalizer run meanwhile fails)."""
-    path = tmp_path / "COMPLETE"
-    path.write_text(DEEP["list"])
-    parsed = []
-    monkeypatch.setattr(regular_files.json, "loads", lambda data: parsed.append(data))
-    with pytest.raises(ValueError, match="nested too deeply to parse"):
-        read_json(path)
-    assert parsed == []
-
-
-def test_json_at_the_depth_limit_is_read_and_one_level_deeper_is_refused(tmp_path):
-    path = tmp_path / "COMPLETE"
-    path.write_text("[" * regular_files.MAX_DEPTH + "]" * regular_files.MAX_DEPTH)
-    assert str(read_json(path)) == "[" * regular_files.MAX_DEPTH + "]" * regular_files.MAX_DEPTH
-    path.write_text('{"a":' * regular_files.MAX_DEPTH + "[]" + "}" * regular_files.MAX_DEPTH)
-    with pytest.raises(ValueError, match="nested too deeply to parse"):
-        read_json(path)
-
-
-def test_brackets_inside_json_strings_are_not_nesting(tmp_path):
-    path = tmp_path / "COMPLETE"
-    text = "[" * (2 * regular_files.MAX_DEPTH)
-    path.write_text(json.dumps([text, {"quoted": 'a \\" [{', "deep": [[[]]]}]))
-    assert read_json(path) == [text, {"quoted": 'a \\" [{', "deep": [[[]]]}]
-
-
 def test_a_file_over_the_limit_is_refused_and_one_at_the_limit_is_read(tmp_path):
     """At most ``limit`` bytes are read: one byte more is a ValueError, not a file read to the end."""
     path = tmp_path / "f"

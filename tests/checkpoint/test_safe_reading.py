@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
 import pimm_fn as pf
 from pimm_fn.checkpoint.formats import dcp_reading as safe_reading
 from pimm_fn.checkpoint.formats.dcp_reading import MetadataUnpickler
+from pimm_fn.checkpoint.formats.pack import skeleton_to_tensor
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "runtime"))
 import _tiny_workload as tw  # noqa: E402
@@ -59,6 +60,14 @@ def test_a_crafted_sharded_claim_with_a_pickled_shard_is_refused_and_never_run(g
     with pytest.raises(pf.CheckpointError, match=r"sharded/model/.*pickled object"):
         _resume(crafted, tmp_path / "run")
     assert not marker.exists()
+
+
+def test_a_trainer_skeleton_nested_too_deeply_is_a_damaged_checkpoint(genuine, tmp_path):
+    """A skeleton of 100,000 brackets is refused as damaged before the parser recurses (it met the recursion limit)."""
+    deep = skeleton_to_tensor("[" * 100000)
+    crafted = republish(genuine, tmp_path / "crafted" / "model", entries={"trainer/skeleton": deep})
+    with pytest.raises(pf.CheckpointError, match=r"does not unpack \(ValueError: .*nested too deeply to parse\)"):
+        _resume(crafted, tmp_path / "run")
 
 
 def test_a_sharded_claim_without_shards_is_refused_before_anything_loads(genuine, tmp_path):

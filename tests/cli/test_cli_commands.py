@@ -309,6 +309,17 @@ def test_plan_prints_the_trace_of_an_expression_or_a_pimm_config(tmp_path, capsy
     )
 
 
+@pytest.mark.parametrize(
+    "content", [pytest.param("{", id="malformed"), pytest.param('{"hooks":' + "[" * 100000, id="nested-100000-deep")]
+)
+def test_plan_of_a_json_config_that_does_not_parse_is_a_usage_error_naming_it(tmp_path, capsys, content):
+    """A JSON config that is not JSON, or nests past the parser's depth, exits 2 naming the file, not a traceback."""
+    config = tmp_path / "cfg.json"
+    config.write_text(content)
+    assert main(["plan", str(config), "--iters-per-epoch", "2", "--max-epochs", "1"]) == USAGE
+    assert f"cannot read the config {str(config)!r}" in capsys.readouterr().err
+
+
 def test_a_folder_named_pimm_fn_where_the_command_runs_is_named_not_an_attribute_error(tmp_path):
     """From a directory holding a pimm_fn/ folder (a clone's parent), the command works, or (an editable install,
     which that folder hides) exits 2 naming the folder and the fix, with no traceback."""

@@ -96,6 +96,13 @@ def test_read_jsonl_restores_non_finite_values_and_skips_a_cut_line(tmp_path):
     assert len(History.from_jsonl(path, upto=1)) == 1 and len(History.from_jsonl(tmp_path / "none.jsonl")) == 0
 
 
+def test_read_jsonl_skips_a_line_nested_too_deeply_to_parse(tmp_path):
+    """A damaged or crafted line of 100,000 brackets is skipped like any line that is no record."""
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"step": 1, "kind": "train", "loss": 0.5}\n' + '{"step": 2, "values": ' + "[" * 100000 + "\n")
+    assert [r["step"] for r in read_jsonl(path)] == [1]
+
+
 def _hooks():
     return [pf.evaluate_every(4, negative_mse, name="val"), pf.save_every(3), pf.log_every(1)]
 

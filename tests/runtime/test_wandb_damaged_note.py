@@ -26,7 +26,9 @@ def _steps_sent(path: Path, key: str) -> list:
     ]
 
 
-@pytest.mark.parametrize("step", ["1e400", "-1e400", "NaN", '"4"x', "[4]", "null"])
+@pytest.mark.parametrize(
+    "step", ["1e400", "-1e400", "NaN", '"4"x', "[4]", "null", pytest.param("[" * 100000, id="nested-100000-deep")]
+)
 def test_a_note_holding_a_step_no_int_can_be_is_read_as_no_note(tmp_path, monkeypatch, step):
     """Stopped at 8, the note's train/loss step set to 1e400 (and other unreadable values), W&B's own offline file
     unparseable (so the note is what a resume reads): the resumed run opens its logger (before: OverflowError for

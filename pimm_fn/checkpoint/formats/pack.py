@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from pimm_fn.core import untrusted_json
+
 __all__ = ["pack", "unpack", "skeleton_to_tensor", "tensor_to_skeleton"]
 
 _VERSION = 1
@@ -72,8 +74,8 @@ def unpack(skeleton: str, tensors: dict[str, torch.Tensor]) -> Any:
             or ``tensors`` holds entries the skeleton does not reference.
     """
     try:
-        doc = json.loads(skeleton)
-    except json.JSONDecodeError as exc:
+        doc = untrusted_json.loads(skeleton)
+    except ValueError as exc:
         raise ValueError(f"unpack: skeleton is not valid JSON ({exc})") from None
     if not isinstance(doc, dict) or doc.get("pack") != _VERSION or "root" not in doc:
         raise ValueError(f"unpack: expected a pack skeleton of version {_VERSION}, got {skeleton[:80]!r}")

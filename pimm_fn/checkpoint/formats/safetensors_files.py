@@ -33,6 +33,7 @@ import torch
 
 from pimm_fn.checkpoint import files, storage
 from pimm_fn.checkpoint.errors import CheckpointError, cause, shown
+from pimm_fn.core import untrusted_json
 
 __all__ = [
     "MAX_HEADER",
@@ -216,8 +217,8 @@ def _read_file(path, where, file: str) -> dict:
             if len(text) < size:
                 raise refuse(f"is cut short: its header is {size:,} bytes, {len(text):,} follow the first 8")
             try:
-                header = json.loads(text, object_pairs_hook=_unique_keys)
-            except (ValueError, RecursionError) as exc:
+                header = untrusted_json.loads(text, object_pairs_hook=_unique_keys)
+            except ValueError as exc:
                 raise refuse(
                     f"has a header that does not parse ({cause(exc)}): damaged, or no safetensors file"
                 ) from None

@@ -53,7 +53,7 @@ from typing import Callable
 import attrs
 
 from pimm_fn.checkpoint import storage
-from pimm_fn.core import effects
+from pimm_fn.core import effects, untrusted_json
 from pimm_fn.core.effects import Log, row, unrow
 
 __all__ = [
@@ -94,11 +94,11 @@ def line_of(record: Log) -> str:
 def record_of(line: bytes) -> tuple | None:
     """``(step, kind, values)`` of one line (non-finite floats restored); ``None`` when it is damaged."""
     try:
-        found = json.loads(line.decode("utf-8"))
+        found = untrusted_json.loads(line.decode("utf-8"))
         if found.__class__ is not dict:  # JSON, but not an object
             return None
         step, kind, values = unrow(found)
-    except (ValueError, KeyError, RecursionError):  # not UTF-8 (a ValueError), not JSON, a field missing
+    except (ValueError, KeyError):  # not UTF-8 (a ValueError), not JSON, a field missing
         return None
     if step.__class__ is not int or kind.__class__ is not str:
         return None

@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from pimm_fn.core import untrusted_json
 from pimm_fn.core.effects import Log
 from pimm_fn.runtime.logs.history import POSITION
 from pimm_fn.runtime.logs.loggers import Opening, resolve_path, set_aside
@@ -266,7 +267,7 @@ def _held_in(path: Path, held: dict) -> None:
         step = record.history.step.num
         for item in record.history.item:
             name = item.key or "/".join(item.nested_key)
-            if not name.startswith("_") and json.loads(item.value_json) is not None:
+            if not name.startswith("_") and untrusted_json.loads(item.value_json) is not None:
                 held[name] = max(held.get(name, -1), step)
 
 
@@ -290,7 +291,7 @@ def _held_steps(save_dir, name: str, run_id: str) -> dict:
     if path is None or not path.is_file():
         return {}
     try:
-        saved = json.loads(path.read_text().split("\n", 1)[0])
+        saved = untrusted_json.loads(path.read_text().split("\n", 1)[0])
         return {k: int(v) for k, v in saved.get("steps", {}).items()} if saved.get("id") == run_id else {}
     except (ValueError, AttributeError, TypeError, OverflowError):  # OverflowError: int() of a step like 1e400 (inf)
         return {}  # a damaged note: the tracker gets the repeated steps, nothing else is lost

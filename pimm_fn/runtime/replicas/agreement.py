@@ -43,6 +43,7 @@ import json
 import torch
 from torch.distributed import AllreduceOptions, ReduceOp
 
+from pimm_fn.core import untrusted_json
 from pimm_fn.core.effects import SaveCheckpoint, Scope, WriteBest
 from pimm_fn.runtime.engine.guard import digest_of
 from pimm_fn.runtime.engine.implied import HookSetup, Setup, describe_setup, hook_setups, schedule_of, stable
@@ -164,7 +165,7 @@ class Agreement:
         accounts: list[dict | None] = []
         for row in rows:
             try:
-                accounts.append(json.loads(bytes(row.numpy().tobytes()).rstrip(b"\0").decode("utf-8")))
+                accounts.append(untrusted_json.loads(bytes(row.numpy().tobytes()).rstrip(b"\0").decode("utf-8")))
             except (ValueError, UnicodeDecodeError):  # cut at _ROW, or the all-reduce failed: said as unknown
                 accounts.append(None)
         return accounts

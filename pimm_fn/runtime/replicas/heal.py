@@ -81,6 +81,7 @@ import torch
 
 from pimm_fn.checkpoint.contents import TrainerContents, from_parts, saved_state, to_parts
 from pimm_fn.checkpoint.formats.pack import pack, skeleton_to_tensor, tensor_to_skeleton, unpack
+from pimm_fn.core import untrusted_json
 from pimm_fn.core.slots import Keyed
 from pimm_fn.core.state import State
 from pimm_fn.runtime.data.positioning import changes, describe
@@ -331,7 +332,7 @@ def _decoded(received: torch.Tensor, version: int, count: int, src: int, limit: 
             f"run the same version of pimm_fn on every replica"
         )
     try:
-        doc = json.loads(tensor_to_skeleton(received))
+        doc = untrusted_json.loads(tensor_to_skeleton(received))
         step, skeleton, listed = doc["step"], doc["skeleton"], doc["tensors"]
         if (
             not (isinstance(step, int) and isinstance(skeleton, str) and isinstance(listed, list))
