@@ -1,8 +1,11 @@
 """A real Ctrl-C (SIGINT) is taken inside the step's work and held back inside the loop's own records."""
 
+import gc
 import os
 import signal
+import sys
 import time
+import weakref
 
 import pytest
 
@@ -35,6 +38,46 @@ def test_a_sigint_between_pieces_of_work_is_held_until_the_next_one_starts():
         with pytest.raises(KeyboardInterrupt):
             keys.start()
         assert not keys.pending and not keys.open
+
+
+def _finalizer_receiving_a_sigint(kind: str, finished: list):
+    """Run a finalizer of ``kind`` that takes a real SIGINT, then appends to ``finished``; returns what undoes it."""
+
+    def finalize(*_):
+        _sigint_and_spin()
+        finished.append(kind)
+
+    if kind == "__del__":
+
+        class Closes:
+            def __del__(self):
+                finalize()
+
+        Closes()  # collected at once: its __del__ runs here
+        return lambda: None
+    if kind == "weakref.finalize":
+        weakref.finalize(type("Held", (), {})(), finalize)  # its object dies at once, and the callback runs
+        return lambda: None
+    gc.callbacks.append(finalize)
+    gc.collect()
+    return lambda: gc.callbacks.remove(finalize)
+
+
+@pytest.mark.parametrize("kind", ["__del__", "weakref.finalize", "gc callback"])
+def test_a_sigint_inside_a_finalizer_is_held_so_the_finalizer_finishes(kind, monkeypatch):
+    """Raised in a finalizer, the KeyboardInterrupt would be dropped ("Exception ignored") with the rest of its work:
+    the signal is held there, and the next piece of work raises it."""
+    dropped, finished = [], []
+    monkeypatch.setattr(sys, "unraisablehook", dropped.append)
+    keys = CtrlC()
+    with keys:
+        keys.start()
+        undo = _finalizer_receiving_a_sigint(kind, finished)
+        undo()
+        assert keys.pending
+        with pytest.raises(KeyboardInterrupt):
+            keys.start()
+    assert finished[:1] == [kind] and dropped == []
 
 
 def test_a_sigint_whose_raise_python_drops_still_stops_the_run_and_run_again_ends_bit_identical(tmp_path):

@@ -45,7 +45,8 @@ while ``run()`` or ``step()`` runs in the main thread, the loop's handler:
 
 * raises at once when the loop has *opened* a piece of work and the signal
   lands outside the loop's own files (in the data loader, the model, torch,
-  a hook, a handler);
+  a hook, a handler), but not inside a finalizer (``in_finalizer``), where
+  Python would drop the exception and the finalizer's work with it;
 * otherwise holds it, and the loop raises it at its next safe point: the
   start of the next piece of work, or the end of the step. From the start
   of ``optimizer.step()`` to the end of the train step, and during a
@@ -65,14 +66,17 @@ Ctrl-C keeps its behaviour (``run()`` continues exactly), told by
 ``pimm_fn.runtime.engine.preemption``.
 """
 
+import _weakrefset
 import atexit
 import contextlib
+import gc
 import os
 import pathlib
 import signal
 import sys
 import threading
 import time
+import weakref
 
 import torch
 import torch.distributed as td
@@ -88,6 +92,7 @@ __all__ = [
     "CTRL_C",
     "advise",
     "interactive",
+    "in_finalizer",
     "newest_checkpoint",
     "Requests",
     "Stopping",
@@ -155,9 +160,15 @@ class CtrlC:
 
     def _handle(self, signum, frame) -> None:
         # Pending until the loop stops a step on it (``Transaction.stop``), also when raised at once: where
-        # Python drops an exception (a gc callback, a ``__del__``) the raise is lost, and the next unit raises it.
+        # Python drops an exception (a callback it cannot tell apart, below) the raise is lost, and the next unit
+        # raises it. In a finalizer it is only held: raised there it would stop the finalizer's work half-way.
         self.pending = True
-        if self.open and not self.holding and (frame is None or frame.f_code.co_filename not in OWN_FILES):
+        if (
+            self.open
+            and not self.holding
+            and (frame is None or frame.f_code.co_filename not in OWN_FILES)
+            and not in_finalizer(frame)
+        ):
             raise KeyboardInterrupt
 
     @contextlib.contextmanager
@@ -187,6 +198,29 @@ class CtrlC:
 
 
 CTRL_C = CtrlC()
+
+
+# The standard library's weak references run their callbacks from these files (``weakref.finalize``, the weak
+# dictionaries and sets); a signal landing there is held, as one landing in normal weakref code may be (harmless).
+_WEAKREF_FILES = frozenset({weakref.__file__, _weakrefset.__file__})
+
+
+def in_finalizer(frame) -> bool:
+    """Whether ``frame`` runs inside a finalizer or a ``gc`` callback, where Python drops what is raised.
+
+    There a ``KeyboardInterrupt`` would be printed as "Exception ignored" and
+    the rest of the finalizer skipped: a ``DataLoader`` iterator's
+    ``__del__`` would leave its worker processes running. Found by the
+    frames it runs in: a ``__del__``, a weakref callback of the standard
+    library, a function in ``gc.callbacks``.
+    """
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "__del__" or code.co_filename in _WEAKREF_FILES or code in callbacks:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def interactive() -> bool:
