@@ -66,10 +66,10 @@ Ctrl-C keeps its behaviour (``run()`` continues exactly), told by
 ``pimm_fn.runtime.engine.preemption``.
 """
 
-import _weakrefset
 import atexit
 import contextlib
 import gc
+import inspect
 import os
 import pathlib
 import signal
@@ -202,7 +202,7 @@ CTRL_C = CtrlC()
 
 # The standard library's weak references run their callbacks from these files (``weakref.finalize``, the weak
 # dictionaries and sets); a signal landing there is held, as one landing in normal weakref code may be (harmless).
-_WEAKREF_FILES = frozenset({weakref.__file__, _weakrefset.__file__})
+_WEAKREF_FILES = frozenset({weakref.__file__, inspect.getfile(weakref.WeakSet)})
 
 
 def in_finalizer(frame) -> bool:
