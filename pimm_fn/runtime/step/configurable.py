@@ -280,24 +280,29 @@ class TrainStep:
         outputs["loss"] = value
         return True
 
-    def _forward(self, model, batch, device_type: str) -> Mapping:
-        dtype = PRECISIONS[self.precision]
-        context = torch.autocast(device_type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
-        with context:
-            if self.loss_fn is not None:
-                inputs, target = step_contract.supervised(batch, self.keys, self)
-                return {"loss": step_contract.check_loss(self.loss_fn(model(inputs), target), self)}
-            try:
-                outputs = model(batch)
-            except TypeError as error:
-                raise step_contract.forward_refused(error, batch, self)
+    def _forward(self, model, batch, device_type: str | None) -> Mapping:
+        """The model's outputs on ``batch`` (its loss under ``loss_fn``), under autocast on ``device_type`` if any."""
+        if device_type is None:  # full precision: no autocast to enter
+            return self._outputs(model, batch)
+        with torch.autocast(device_type, dtype=PRECISIONS[self.precision]):
+            return self._outputs(model, batch)
+
+    def _outputs(self, model, batch) -> Mapping:
+        if self.loss_fn is not None:
+            inputs, target = step_contract.supervised(batch, self.keys, self)
+            return {"loss": step_contract.check_loss(self.loss_fn(model(inputs), target), self)}
+        try:
+            outputs = model(batch)
+        except TypeError as error:
+            raise step_contract.forward_refused(error, batch, self)
         if not isinstance(outputs, Mapping) or "loss" not in outputs:
             raise step_contract.no_loss(outputs, self)
         return outputs
 
     def _backward(self, model, parts, scaler) -> dict:
         """Forward and backward each micro-batch; returns the outputs averaged over them."""
-        device_type = self.device_type(model)
+        # Autocast's device, looked up (over the model's parameters) only under a precision that autocasts.
+        device_type = self.device_type(model) if PRECISIONS[self.precision] is not None else None
         k = len(parts)
         sums: dict[str, Any] = {}  # tensors on the device, or numbers
         outputs: Mapping = {}
@@ -310,7 +315,7 @@ class TrainStep:
                 loss = outputs["loss"] / k if k > 1 else outputs["loss"]
                 (scaler.scale(loss) if scaler is not None else loss).backward()
             _add_scalars(sums, outputs)
-        mean = {name: total / k if k > 1 else total for name, total in sums.items()}
+        mean = {name: total / k for name, total in sums.items()} if k > 1 else sums
         return {**outputs, **mean}
 
     def _clip(self, optimizer, scaler):

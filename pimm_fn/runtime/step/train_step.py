@@ -205,6 +205,8 @@ def supervised(batch, keys, owner) -> tuple:
     Raises:
         TypeError: a batch of another shape, naming what came and the fix.
     """
+    if (batch.__class__ is list or batch.__class__ is tuple) and len(batch) == 2:  # a DataLoader's pair, at once
+        return batch[0], batch[1]
     if isinstance(batch, Mapping):
         names = keys or (_first(batch, INPUT_KEYS), _first(batch, TARGET_KEYS))
         if all(name is not None and name in batch for name in names):
