@@ -55,3 +55,44 @@ def test_with_exact_retry_the_same_failure_continues_without_a_warning(recwarn):
         run()
     run()
     assert run.finished and not [w for w in recwarn if w.category is pf.ResumeNotExactWarning]
+
+
+class _ReadFailsOnce(torch.utils.data.Dataset):
+    """Samples noised from torch's RNG as they are read (an augmentation); the ``at``-th read raises once."""
+
+    def __init__(self, at):
+        self.x, self.y = dataset().tensors
+        self.at, self.reads = at, 0
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        self.reads += 1
+        if self.reads == self.at:
+            raise OSError("a flaky read")
+        return self.x[i] + 0.01 * torch.randn(()), self.y[i]
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_fetch_that_raised_is_fetched_again_and_warned_as_not_exact_only_without_exact_retry(exact, recwarn):
+    """The same samples either way (the cursor goes back); without exact retry the augmentation draws from the RNG as
+    it is, and the retry says so."""
+    torch.manual_seed(0)
+    data, model = _ReadFailsOnce(at=20), TinyNet()  # the 20th read: inside step 3's batch of 8
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        torch.utils.data.DataLoader(data, batch_size=8),
+        max_epochs=2,
+        training=pf.Training(exact_retry=exact),
+        watching=pf.Watching(console=False),
+    )
+    with pytest.raises(OSError, match="a flaky read"):
+        run()
+    said = [str(w.message) for w in recwarn if w.category is pf.ResumeNotExactWarning]
+    assert said == ([] if exact else [said[0]]) and (
+        exact or "while fetched with Training(exact_retry=False)" in said[0]
+    )
+    run()
+    assert run.finished and run.state.progress.global_step == 10 and run.state.progress.samples_seen == 80

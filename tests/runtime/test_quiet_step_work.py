@@ -14,7 +14,7 @@ def _batches(n):
     return [(x, x.sum(1, keepdim=True)) for x in torch.randn(n, 8, 4, generator=g)]
 
 
-def _captures_per_step(monkeypatch, tmp_path, data, steps):
+def _captures_per_step(monkeypatch, tmp_path, data, steps, exact_retry=True):
     """Torch RNG captures (``rng.torch_rng``'s CPU state reads) per quiet step of the standard stack."""
     model = TinyNet()
     run = pf.loop(
@@ -24,6 +24,7 @@ def _captures_per_step(monkeypatch, tmp_path, data, steps):
         hooks=[pf.save_every(10**6)],
         max_epochs=1,
         save_dir=tmp_path,
+        training=pf.Training(exact_retry=exact_retry),
     )
     run.run(steps=2)  # past the epoch's opening
     real, count = rng._get_cpu, []
@@ -44,6 +45,14 @@ def test_a_loader_fetching_in_process_still_has_its_rng_taken_before_each_fetch(
         torch.utils.data.TensorDataset(torch.randn(24, 4), torch.randn(24, 1)), batch_size=2
     )
     assert _captures_per_step(monkeypatch, tmp_path, data, steps=8) == 2
+
+
+def test_without_exact_retry_a_loader_fetching_in_process_has_no_rng_taken_a_step(monkeypatch, tmp_path):
+    """Training(exact_retry=False): neither the forward's RNG nor the fetch's is taken on a quiet step."""
+    data = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(torch.randn(24, 4), torch.randn(24, 1)), batch_size=2
+    )
+    assert _captures_per_step(monkeypatch, tmp_path, data, steps=8, exact_retry=False) == 0
 
 
 class _Augmenting(list):

@@ -119,9 +119,14 @@ class Feed:
         data: the training data (see the module docstring for what resumes exactly).
         iters_per_epoch: steps per epoch (default ``len(data) // group``).
         group: batches per step; above 1 a step gets them as one ``MicroBatches``.
+        exact: a fetch that failed is fetched again from the torch RNG of
+            before it (the default), for data that may draw from it while
+            fetched here (``draws_in_fetch``: a loader without workers, not a
+            plain list); ``False`` (``Training(exact_retry=False)``) skips that
+            capture a fetch, and the retry draws from the RNG as it is.
     """
 
-    def __init__(self, data, iters_per_epoch: int | None = None, group: int = 1):
+    def __init__(self, data, iters_per_epoch: int | None = None, group: int = 1, exact: bool = True):
         if not isinstance(group, int) or isinstance(group, bool) or group < 1:
             raise ValueError(f"Feed: 'group' must be an int >= 1 (got {group!r})")
         self.data = data
@@ -163,7 +168,10 @@ class Feed:
         # puts back is taken before each fetch, unless the data, or the iterator it handed out (a list's), draws
         # nothing (then it is taken at the failure, or before the data is reopened within a fetch).
         self._pure = type(data) in _DRAW_NOTHING
-        self._rng_before_fetch = not getattr(data, "num_workers", 0) and not self._pure
+        self.draws_in_fetch = not getattr(data, "num_workers", 0) and not self._pure
+        # Without ``exact`` (``Training(exact_retry=False)``) a fetch that failed is fetched again, at the same
+        # cursor, from the RNG as it is: no capture a fetch.
+        self._rng_before_fetch = exact and self.draws_in_fetch
         # Dealt (``deal``): the dealer, and what says the step's participants at draw time.
         self.dealer: Dealer | None = None
         self._membership: Callable[[], tuple[int, int]] | None = None

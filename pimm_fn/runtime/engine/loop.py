@@ -366,7 +366,9 @@ def loop(
     use_local_cuda_device(model)  # LOCAL_RANK's GPU, before DDP, the guard or DCP allocate on the current one
     if parallel.ddp:
         model = wrap_ddp(model)
-    feed = Feed(train_data, training.iters_per_epoch, group=getattr(step_fn, "accumulate", 1))  # k micro-batches a step
+    feed = Feed(
+        train_data, training.iters_per_epoch, group=getattr(step_fn, "accumulate", 1), exact=training.exact_retry
+    )  # k micro-batches a step
     # Rank 0 decides, so every hook list is alike; about 200 moves an epoch keep a long epoch's steps quiet.
     shown = (progress_hook(bar_cadence(feed.iters_per_epoch)),) if dist.broadcast_object(show_bar) else ()
     hook_chain = chain(*protocol.bind(hooks, unwrap(model)), *shown)

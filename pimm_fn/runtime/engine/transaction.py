@@ -60,6 +60,7 @@ __all__ = [
     "StepWatch",
     "warn_if_not_exact",
     "retried_inexactly",
+    "fetched_inexactly",
     "OPTIMIZING",
     "AFTER_OPTIMIZER",
 ]
@@ -290,6 +291,18 @@ def retried_inexactly(step: int, error: BaseException) -> str:
         stacklevel=4,
     )
     return TRAINING
+
+
+def fetched_inexactly(step: int, error: BaseException) -> str:
+    """The phase of a fetch that raised under ``Training(exact_retry=False)`` over data that may draw from the RNG."""
+    warnings.warn(
+        f"step {step}'s batch was interrupted while fetched with Training(exact_retry=False): fetching it again "
+        f"(what run() does) gives the same samples, but draws any random augmentation from the RNG as it is now; "
+        f'for an exact continuation resume from the last checkpoint (resume="auto"), or keep exact_retry on',
+        ResumeNotExactWarning,
+        stacklevel=4,
+    )
+    return LOADING
 
 
 class StepWatch:

@@ -14,7 +14,14 @@ What a step gets from the feed (one batch, or a group of micro-batches) and how 
 
 import torch
 
-from pimm_fn.runtime.engine.transaction import LOADING, SCHEDULING, TRAINING, StepWatch, retried_inexactly
+from pimm_fn.runtime.engine.transaction import (
+    LOADING,
+    SCHEDULING,
+    TRAINING,
+    StepWatch,
+    fetched_inexactly,
+    retried_inexactly,
+)
 from pimm_fn.runtime.replicas.commit import Discarded
 from pimm_fn.runtime.step.rng import set_torch_rng, torch_rng
 from pimm_fn.runtime.step.train_step import scalar_outputs
@@ -98,7 +105,9 @@ class Driver:
         self._exact = exact = ctx.exact_retry  # else no RNG kept and no watch: a retry is not exact (warned)
         # One watch per optimizer: drivers rebuilt around it share it.
         self._watch = watch = StepWatch.of(ctx.optimizer) if exact else None
-        self._loading, self._scheduling = tx.unit(LOADING), tx.unit(SCHEDULING)
+        # Without exact retry, a fetch that may draw from the RNG and raised is fetched again from it as it is.
+        self._loading = tx.unit(LOADING if exact or not ctx.feed.draws_in_fetch else fetched_inexactly)
+        self._scheduling = tx.unit(SCHEDULING)
         # Where, around optimizer.step(), the train step raised (not exact once it began: warned).
         self._training = tx.unit(watch.stopped if watch is not None else TRAINING if exact else retried_inexactly)
 
