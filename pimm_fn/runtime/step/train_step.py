@@ -205,7 +205,7 @@ def supervised(batch, keys, owner) -> tuple:
     Raises:
         TypeError: a batch of another shape, naming what came and the fix.
     """
-    if (batch.__class__ is list or batch.__class__ is tuple) and len(batch) == 2:  # a DataLoader's pair, at once
+    if isinstance(batch, (list, tuple)) and len(batch) == 2:  # a DataLoader's pair: told before the Mapping check
         return batch[0], batch[1]
     if isinstance(batch, Mapping):
         names = keys or (_first(batch, INPUT_KEYS), _first(batch, TARGET_KEYS))
@@ -218,8 +218,6 @@ def supervised(batch, keys, owner) -> tuple:
             else "name them: keys=(input_key, target_key)"
         )
         got = f"a {type(batch).__name__} with keys {found}" + (f" (keys={keys!r} asked)" if keys else "")
-    elif isinstance(batch, (list, tuple)) and len(batch) == 2:
-        return batch[0], batch[1]
     else:
         got = (
             f"a {type(batch).__name__} of {len(batch)}"
