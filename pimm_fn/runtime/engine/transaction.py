@@ -283,26 +283,30 @@ def warn_if_not_exact(step: int, phase: str) -> None:
 
 def retried_inexactly(step: int, error: BaseException) -> str:
     """The phase of a train step that raised under ``Training(exact_retry=False)``: its retry is warned as not exact."""
-    warnings.warn(
+    return _not_exact(
+        TRAINING,
         f"step {step} was interrupted in the train step with Training(exact_retry=False): training it again "
-        f"(what run() does) starts from the RNG as it is now, and applies the optimizer step twice if it had run; "
-        f'for an exact continuation resume from the last checkpoint (resume="auto"), or keep exact_retry on',
-        ResumeNotExactWarning,
-        stacklevel=4,
+        f"(what run() does) starts from the RNG as it is now, and applies the optimizer step twice if it had run",
     )
-    return TRAINING
 
 
 def fetched_inexactly(step: int, error: BaseException) -> str:
     """The phase of a fetch that raised under ``Training(exact_retry=False)`` over data that may draw from the RNG."""
-    warnings.warn(
+    return _not_exact(
+        LOADING,
         f"step {step}'s batch was interrupted while fetched with Training(exact_retry=False): fetching it again "
-        f"(what run() does) gives the same samples, but draws any random augmentation from the RNG as it is now; "
-        f'for an exact continuation resume from the last checkpoint (resume="auto"), or keep exact_retry on',
-        ResumeNotExactWarning,
-        stacklevel=4,
+        f"(what run() does) gives the same samples, but draws any random augmentation from the RNG as it is now",
     )
-    return LOADING
+
+
+def _not_exact(phase: str, what: str) -> str:
+    """Warn that continuing after ``what`` is not exact, with the two ways to an exact one; returns ``phase``."""
+    warnings.warn(
+        f'{what}; for an exact continuation resume from the last checkpoint (resume="auto"), or keep exact_retry on',
+        ResumeNotExactWarning,
+        stacklevel=5,  # past this function and the phase's: where the unit stopped the step
+    )
+    return phase
 
 
 class StepWatch:
