@@ -65,6 +65,8 @@ class BeforeStep(Event):
 
 def _step_outputs(outputs: Mapping[str, float] | None) -> "FrozenMap | StepOutputs":
     """A real run's ``StepOutputs`` as it is (reading it is the hooks' choice), any other mapping frozen."""
+    if type(outputs) is StepOutputs or type(outputs) is FrozenMap:  # the loop's own, on every walked step: at once
+        return outputs
     return outputs if isinstance(outputs, StepOutputs) else freeze(outputs)
 
 
