@@ -1,4 +1,5 @@
-"""The feed's hold on a loader's iterator: a run dropped mid-epoch lets its worker processes go at once."""
+"""The feed's hold on a loader's iterator: a run dropped mid-epoch lets its worker processes go at once; a
+stateful loader's iterator rebuilt after failures leaves the RNG as an uninterrupted run's."""
 
 import gc
 import multiprocessing
@@ -8,6 +9,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import pimm_fn as pf
+from pimm_fn.runtime.data.feed import Feed
 
 
 def _run_with_workers():
@@ -50,3 +52,79 @@ def test_a_run_dropped_mid_epoch_shuts_its_loaders_workers_down_cleanly():
     took = time.monotonic() - began
     assert not any(w.is_alive() for w in workers)
     assert took < 5.0, f"collecting the dropped run took {took:.1f} s: its workers were waited for, not signalled"
+
+
+class _Flaky:
+    """A loader whose ``fail``-ed calls raise: ``("fetch", n)`` before the n-th batch, ``("open", n)`` after the n-th
+    ``iter()`` opened the loader's iterator (its seed drawn); everything else is the wrapped loader's."""
+
+    def __init__(self, data, fail):
+        self.data, self.fail, self.calls = data, set(fail), {"fetch": 0, "open": 0}
+
+    def _call(self, site):
+        self.calls[site] += 1
+        if (site, self.calls[site]) in self.fail:
+            raise RuntimeError(f"{site} {self.calls[site]}")
+
+    def __len__(self):
+        return len(self.data)
+
+    def __iter__(self):
+        iterator = iter(self.data)
+        self._call("open")
+        return _Fetching(self, iterator)
+
+    def __getattr__(self, name):
+        return getattr(self.data, name)
+
+
+class _Fetching:
+    """A ``_Flaky`` loader's iterator: each ``next()`` is a fetch, the one that finds the epoch's end too."""
+
+    def __init__(self, loader, iterator):
+        self.loader, self.iterator = loader, iterator
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.loader._call("fetch")
+        return next(self.iterator)
+
+
+def _two_epochs(feed) -> list:
+    """Two epochs fed, each batch with a number its step draws (as dropout does); each fetch, epoch opening or
+    closing that raises retried as the loop retries it."""
+
+    def retried(call):
+        while True:
+            try:
+                return call()
+            except RuntimeError:
+                pass
+
+    steps = []
+    for epoch in range(2):
+        retried(lambda: feed.start_epoch(epoch))
+        steps += [(retried(feed.next_batch)[0], torch.rand(())) for _ in range(feed.iters_per_epoch)]
+        retried(feed.end_epoch)
+    return steps
+
+
+def test_a_stateful_loaders_reopening_that_fails_after_a_failed_fetch_leaves_the_rng_as_if_uninterrupted():
+    """A StatefulDataLoader draws a seed from the torch RNG as its iterator opens: an opening that raises after it
+    puts the RNG back.
+
+    Here the fetch that finds epoch 0's end raises, and so does the opening
+    that rebuilds the epoch's iterator at its cursor to drain it again.
+    Before, that opening's seed stayed drawn: every draw of epoch 1 differed.
+    """
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def data():
+        torch.manual_seed(0)  # its sampler's generator is seeded from it
+        return StatefulDataLoader(TensorDataset(torch.arange(40.0)), batch_size=8, shuffle=True)
+
+    expected = _two_epochs(Feed(_Flaky(data(), ())))
+    got = _two_epochs(Feed(_Flaky(data(), {("fetch", 6), ("open", 2)})))
+    assert all(torch.equal(b, c) and torch.equal(x, y) for (b, x), (c, y) in zip(got, expected, strict=True))

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import pimm_fn as pf
@@ -208,6 +208,8 @@ failure = st.tuples(
 
 @pytest.mark.parametrize("kind", ["plain", "stateful"])
 @settings(max_examples=25, deadline=None)
+# The drain's fetch at epoch 1's end fails, then so does the opening that rebuilds its iterator to drain it again.
+@example(failures=[("fetch", 6, RuntimeError, False), ("open", 2, RuntimeError, False)], before=False)
 @given(failures=st.lists(failure, min_size=1, max_size=3), before=st.booleans())
 def test_run_after_an_interruption_anywhere_in_a_step_ends_as_if_uninterrupted(kind, failures, before):
     """Exceptions and KeyboardInterrupts at any site of a step or effect, then run(): same weights, optimizer, trace, log."""

@@ -488,11 +488,17 @@ class Feed:
         restore_rng(resumed)
 
     def _iter_without_draws(self):
-        """A resumed iterator; the seed it draws was drawn at epoch start originally."""
+        """A resumed iterator; the seed it draws was drawn at epoch start originally.
+
+        The RNG is put back even when ``iter()`` raises after the loader drew
+        that seed (a wrapper failing as its iterator opens): a retried reopen,
+        like the epoch after it, then draws what the uninterrupted run drew.
+        """
         resumed = capture_rng()
-        iterator = iter(self.data)
-        restore_rng(resumed)
-        return iterator
+        try:
+            return iter(self.data)
+        finally:
+            restore_rng(resumed)
 
     def _replay(self, epoch_start: dict, skip: int) -> None:
         resumed = capture_rng()
