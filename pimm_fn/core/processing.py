@@ -112,8 +112,14 @@ class Pending:
         return not self.frames
 
     @property
+    def upcoming(self) -> Effect | None:
+        """The effect the next ``advance`` executes, or ``None`` when it folds a follow-up (``next_effect`` bare)."""
+        top = self.frames[-1]
+        return None if top.followups else top.effects[0][1]
+
+    @property
     def next_effect(self) -> TraceEntry | None:
-        """The effect the next ``advance`` executes, or ``None`` when it folds a follow-up."""
+        """The effect the next ``advance`` executes, as its trace entry, or ``None`` when it folds a follow-up."""
         top = self.frames[-1]
         if top.followups:
             return None

@@ -94,6 +94,7 @@ def test_a_failing_follow_up_fold_is_retried_from_the_same_pending():
     _, work = start(h, fresh(h), ev.BeforeTrain(), executor)
     work = work.advance(h, executor)  # executes a.1, whose follow-up is next
     assert work.next_effect is None and work.next_followup == ev.MetricsPublished({"m": 1.0}, "m1")
+    assert work.upcoming is None
     with pytest.raises(RuntimeError, match="once"):
         work.advance(h, executor)
     assert finish(h, work, executor).metrics["m"] == 1.0
@@ -106,4 +107,5 @@ def test_pending_names_the_next_effect_with_its_step_and_hook():
     _, work = start(h, fresh(h), ev.BeforeTrain(), Scripted({}))
     entry = work.next_effect
     assert (entry.step, entry.event, entry.effect.kind, entry.hook) == (0, ev.BeforeTrain(), "a.1", 0)
+    assert work.upcoming is entry.effect  # the same effect, bare
     assert len(work.frames) == 1 and isinstance(work.frames[0], Frame)

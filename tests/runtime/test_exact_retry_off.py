@@ -96,3 +96,63 @@ def test_a_fetch_that_raised_is_fetched_again_and_warned_as_not_exact_only_witho
     )
     run()
     assert run.finished and run.state.progress.global_step == 10 and run.state.progress.samples_seen == 80
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_the_rng_is_kept_before_each_effect_only_with_exact_retry(monkeypatch, exact):
+    """ema(0.9) asks for an UpdateEma on each of the 10 steps: the RNG is kept before each with exact retry, else never."""
+    import pimm_fn.runtime.engine.walker as walker
+
+    taken = []
+    original = walker.torch_rng
+    monkeypatch.setattr(walker, "torch_rng", lambda: taken.append(1) or original())
+    torch.manual_seed(0)
+    model = TinyNet()
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        torch.utils.data.DataLoader(dataset(), batch_size=8),
+        hooks=[pf.ema(0.9)],
+        max_epochs=2,
+        training=pf.Training(exact_retry=exact),
+        watching=pf.Watching(console=False),
+    )
+    run()
+    updates = [e for e in run.trace if type(e.effect).__name__ == "UpdateEma"]
+    assert len(updates) == 10 and len(taken) == (10 if exact else 0)
+
+
+_LOGGED = []
+
+
+def _log_fails_once(effect, state, ctx):
+    """The Log handler of the test below: its second call raises, once."""
+    _LOGGED.append(effect.step)
+    if len(_LOGGED) == 2:
+        raise OSError("a flaky log write")
+    return ()
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_an_effect_that_raised_runs_again_and_is_warned_as_not_exact_only_without_exact_retry(exact, recwarn):
+    _LOGGED.clear()
+    torch.manual_seed(0)
+    model = TinyNet()
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        torch.utils.data.DataLoader(dataset(), batch_size=8),
+        hooks=[pf.log_every(2)],
+        max_epochs=2,
+        training=pf.Training(exact_retry=exact),
+        watching=pf.Watching(console=False),
+        handlers={pf.effects.Log: _log_fails_once},
+    )
+    with pytest.raises(OSError, match="a flaky log write"):
+        run()
+    assert run.interrupted.phase.startswith("effect Log(step=4")
+    said = [str(w.message) for w in recwarn if w.category is pf.ResumeNotExactWarning]
+    assert said == ([] if exact else [said[0]])
+    assert exact or "effect Log at step 4 was interrupted with Training(exact_retry=False)" in said[0]
+    run()
+    assert run.finished and _LOGGED[:4] == [2, 4, 4, 5] and _LOGGED.count(4) == 2  # only it ran twice

@@ -276,13 +276,14 @@ class Training:
         exact_retry: ``run()`` after an exception continues exactly (the
             default): before each forward the torch RNG is kept (and before
             each fetch of a loader without workers, whose dataset may draw
-            from it), and ``optimizer.step()`` is watched to tell where a
+            from it, and before each effect), and ``optimizer.step()`` is watched to tell where a
             train step raised. ``False`` saves that per-step work (a few
             microseconds a step), for scripts that never continue
             in-process: then a step that raised trains its batch again from
             the RNG as it is, one that raised after its optimizer step is
-            applied twice, and a fetch that raised gives the same samples
-            with augmentations drawn from the RNG as it is
+            applied twice, a fetch that raised gives the same samples
+            with augmentations drawn from the RNG as it is, and an effect
+            that raised runs again from the RNG as it is
             (``ResumeNotExactWarning`` says so). Resuming from a checkpoint
             stays exact either way.
     """

@@ -61,6 +61,7 @@ __all__ = [
     "warn_if_not_exact",
     "retried_inexactly",
     "fetched_inexactly",
+    "effect_retried_inexactly",
     "OPTIMIZING",
     "AFTER_OPTIMIZER",
 ]
@@ -299,12 +300,23 @@ def fetched_inexactly(step: int, error: BaseException) -> str:
     )
 
 
-def _not_exact(phase: str, what: str) -> str:
+def effect_retried_inexactly(effect) -> str:
+    """The phase of an effect that raised under ``Training(exact_retry=False)``: its retry is warned as not exact."""
+    return _not_exact(
+        effect_phase(effect),
+        f"effect {type(effect).__name__} at step {getattr(effect, 'step', '?')} was interrupted with "
+        f"Training(exact_retry=False): running it again (what run() does) draws any random numbers it uses "
+        f"from the RNG as it is now",
+        stacklevel=6,  # one frame more: called from the walker's phase method
+    )
+
+
+def _not_exact(phase: str, what: str, stacklevel: int = 5) -> str:
     """Warn that continuing after ``what`` is not exact, with the two ways to an exact one; returns ``phase``."""
     warnings.warn(
         f'{what}; for an exact continuation resume from the last checkpoint (resume="auto"), or keep exact_retry on',
         ResumeNotExactWarning,
-        stacklevel=5,  # past this function and the phase's: where the unit stopped the step
+        stacklevel=stacklevel,  # past this function and the phase's: where the unit stopped the step
     )
     return phase
 

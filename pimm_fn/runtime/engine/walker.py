@@ -30,7 +30,14 @@ from pimm_fn.core.schedule import advance, next_event
 from pimm_fn.core.state import State
 from pimm_fn.runtime.engine.outputs import QuietSteps, read_in_place
 from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
-from pimm_fn.runtime.engine.transaction import LOADING, Transaction, effect_phase, fold_phase, step_of
+from pimm_fn.runtime.engine.transaction import (
+    LOADING,
+    Transaction,
+    effect_phase,
+    effect_retried_inexactly,
+    fold_phase,
+    step_of,
+)
 from pimm_fn.runtime.errors import Preempted
 from pimm_fn.runtime.replicas.commit import Discarded
 from pimm_fn.runtime.step.configurable import built_in
@@ -354,11 +361,15 @@ class Walker:
         return f"reading the step outputs before {type(tx.event).__name__}"
 
     def _finish(self, work) -> None:
-        """Execute ``work`` (a ``Pending``) to the end, keeping it where an effect or a follow-up's fold raises."""
-        tx = self.tx
+        """Execute ``work`` (a ``Pending``) to the end, keeping it where an effect or a follow-up's fold raises.
+
+        Without exact retry (``Training(exact_retry=False)``) no RNG is kept before an effect: a retried one
+        draws from the RNG as it is (``ResumeNotExactWarning`` says so).
+        """
+        tx, exact = self.tx, self.ctx.exact_retry
         while work.frames:
             # Kept for a retry: the work, and the RNG its effect starts from (a retry draws the same numbers).
-            tx.work, tx.rng = work, torch_rng() if work.next_effect is not None else None
+            tx.work, tx.rng = work, torch_rng() if exact and work.upcoming is not None else None
             tx.step = step_of(work.frames[0].event)
             with self._working:
                 if self._quiet.unread and self._saves(work):
@@ -369,8 +380,9 @@ class Walker:
 
     def _saves(self, work) -> bool:
         """Whether the next unit of ``work`` saves a checkpoint here (one the guard does not skip)."""
-        entry = work.next_effect
-        return entry is not None and entry.effect.__class__ is SaveCheckpoint and not self._interpreter.skips(entry)
+        if work.upcoming.__class__ is not SaveCheckpoint:
+            return False
+        return not self._interpreter.skips(work.next_effect)
 
     def _summed(self, work):
         """``work`` whose state holds the outputs that wait, read (a NaN said) before its effect saves a checkpoint.
@@ -388,8 +400,10 @@ class Walker:
         """Where the kept work stopped (its effect, or the hook folding a follow-up); the run takes its state."""
         work = self.tx.work
         self.state = work.state
-        entry = work.next_effect
-        return effect_phase(entry.effect) if entry is not None else fold_phase(error, work.next_followup)
+        effect = work.upcoming
+        if effect is None:
+            return fold_phase(error, work.next_followup)
+        return effect_phase(effect) if self.ctx.exact_retry else effect_retried_inexactly(effect)
 
     def _close(self) -> None:
         """Training ended (or stops for a preemption): no agreement left in flight (pimm_fn's own process groups
