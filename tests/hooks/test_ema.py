@@ -64,6 +64,22 @@ def test_the_average_follows_the_formula_and_copies_buffers():
     assert torch.equal(got["1.running_mean"], torch.full((2,), 7.0)) and avg.updates == 2
 
 
+def test_an_update_with_grad_enabled_records_no_graph_and_leaves_the_weights_alone():
+    """The update runs outside no_grad: its tensors are detached, so the average has no grad_fn and the
+    parameters keep their version (nothing wrote them)."""
+    net = torch.nn.Linear(3, 2)
+    avg = EmaWeights()
+    avg.update(net, 0.5)
+    versions = [p._version for p in net.parameters()]
+    assert torch.is_grad_enabled()
+    avg.update(net, 0.5)
+    assert all(not t.requires_grad and t.grad_fn is None for t in avg.params.values())
+    assert [p._version for p in net.parameters()] == versions
+    loss = net(torch.ones(1, 3)).sum()
+    loss.backward()  # the parameters' graph is untouched by the update
+    assert net.weight.grad is not None
+
+
 def test_an_update_reads_nothing_back_to_the_host(monkeypatch):
     """Updating the average calls no Tensor.item / tolist / cpu (no host sync per step)."""
     net = torch.nn.Linear(8, 8)

@@ -124,10 +124,23 @@ class Interpreter:
 def unwrap(model):
     """The module inside a DDP / FSDP / compiled wrapper."""
     while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        inner = _wrapped(model, "module") or _wrapped(model, "_orig_mod")
         if not isinstance(inner, torch.nn.Module):
             return model
         model = inner
+
+
+def _wrapped(model, name: str):
+    """``getattr(model, name, None)``; a module without a submodule, attribute or class attribute ``name`` answers
+    ``None`` at once, without the AttributeError its ``__getattr__`` raises (most of a 4 µs ``unwrap``)."""
+    if (
+        isinstance(model, torch.nn.Module)
+        and name not in model._modules
+        and name not in model.__dict__
+        and getattr(type(model), name, None) is None
+    ):
+        return None
+    return getattr(model, name, None)
 
 
 @attrs.define
