@@ -52,3 +52,25 @@ def test_a_run_continued_after_a_pause_reports_its_steps_pace_not_the_pause(caps
     run.run(steps=2)
     lines = [line for line in capsys.readouterr().out.splitlines() if "step 4 train" in line]
     assert lines and _ms_per_step(lines[0]) < 200, lines  # the pause alone would be 300 ms/step
+
+
+def test_with_the_console_off_no_line_or_pace_is_made_and_every_record_is_kept(monkeypatch, tmp_path):
+    """Watching(console=False): the Log handler builds no console line (nor its pace); history and log.jsonl hold all."""
+    paced = []
+    monkeypatch.setattr(Logs, "pace", lambda self, kind, progress: paced.append(kind) or "")
+    model = torch.nn.Linear(2, 1)
+    data = DataLoader(TensorDataset(torch.randn(16, 2), torch.randn(16, 1)), batch_size=2)
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        hooks=[pf.log_every(2)],
+        max_epochs=1,
+        step_fn=lambda model, optimizer, batch, **_: {"loss": torch.tensor(0.5)},
+        save_dir=tmp_path,
+        watching=pf.Watching(console=False, progress=False),
+    )
+    run()
+    steps = [r["step"] for r in run.history.records("train")]
+    lines = (tmp_path / "log.jsonl").read_text().splitlines()
+    assert paced == [] and steps == [2, 4, 6, 8] and len(lines) == len(run.history)

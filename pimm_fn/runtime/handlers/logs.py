@@ -228,7 +228,7 @@ def _format(value) -> str:
 
 
 def log(effect: Log, state, ctx) -> tuple:
-    """Rank 0 hands the record to the run's loggers and history, then says it with the time and pace.
+    """Rank 0 hands the record to the run's loggers and history, then, with the console on, says it with the time and pace.
 
     Under ``loop(watching=Watching(log_reduce="mean"))`` every rank runs it (``ctx.everywhere``)
     and averages a training record over the ranks first (``Logs.over_ranks``).
@@ -238,8 +238,9 @@ def log(effect: Log, state, ctx) -> tuple:
     if ctx.rank != 0:
         return ()
     logs.write(effect)
-    fields = " ".join(f"{k}={_format(v)}" for k, v in effect.values.items())
-    ctx.say(f"step {effect.step} {effect.kind}: {fields}{logs.pace(effect.kind, state.progress)}")
+    if ctx.console:  # the line, and the pace since the last one said, only where it is shown
+        fields = " ".join(f"{k}={_format(v)}" for k, v in effect.values.items())
+        ctx.say(f"step {effect.step} {effect.kind}: {fields}{logs.pace(effect.kind, state.progress)}")
     return ()
 
 
