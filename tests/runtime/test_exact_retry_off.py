@@ -8,14 +8,16 @@ import pimm_fn.runtime.step.driver as driver
 from _tiny_workload import FailsOnce, TinyNet, dataset
 
 
-def _run(model, tmp_path=None, **training):
+def _run(model, hooks=(), handlers=None, **training):
     return pf.loop(
         model,
         torch.optim.SGD(model.parameters(), lr=0.01),
         torch.utils.data.DataLoader(dataset(), batch_size=8),
+        hooks=list(hooks),
         max_epochs=2,
         training=pf.Training(**training),
         watching=pf.Watching(console=False),
+        handlers=handlers,
     )
 
 
@@ -107,16 +109,7 @@ def test_the_rng_is_kept_before_each_effect_only_with_exact_retry(monkeypatch, e
     original = walker.torch_rng
     monkeypatch.setattr(walker, "torch_rng", lambda: taken.append(1) or original())
     torch.manual_seed(0)
-    model = TinyNet()
-    run = pf.loop(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.01),
-        torch.utils.data.DataLoader(dataset(), batch_size=8),
-        hooks=[pf.ema(0.9)],
-        max_epochs=2,
-        training=pf.Training(exact_retry=exact),
-        watching=pf.Watching(console=False),
-    )
+    run = _run(TinyNet(), [pf.ema(0.9)], exact_retry=exact)
     run()
     updates = [e for e in run.trace if type(e.effect).__name__ == "UpdateEma"]
     assert len(updates) == 10 and len(taken) == (10 if exact else 0)
@@ -137,17 +130,7 @@ def _log_fails_once(effect, state, ctx):
 def test_an_effect_that_raised_runs_again_and_is_warned_as_not_exact_only_without_exact_retry(exact, recwarn):
     _LOGGED.clear()
     torch.manual_seed(0)
-    model = TinyNet()
-    run = pf.loop(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.01),
-        torch.utils.data.DataLoader(dataset(), batch_size=8),
-        hooks=[pf.log_every(2)],
-        max_epochs=2,
-        training=pf.Training(exact_retry=exact),
-        watching=pf.Watching(console=False),
-        handlers={pf.effects.Log: _log_fails_once},
-    )
+    run = _run(TinyNet(), [pf.log_every(2)], {pf.effects.Log: _log_fails_once}, exact_retry=exact)
     with pytest.raises(OSError, match="a flaky log write"):
         run()
     assert run.interrupted.phase.startswith("effect Log(step=4")

@@ -15,6 +15,21 @@ def _ms_per_step(line: str) -> float:
     return float(re.search(r"([\d.]+) ms/step", line).group(1))
 
 
+def _logging_every_2(model, step_fn, *, save_dir=None, console=True):
+    """A run of 8 steps of ``model`` by ``step_fn``, logging every 2, without a progress bar."""
+    data = DataLoader(TensorDataset(torch.randn(16, 2), torch.randn(16, 1)), batch_size=2)
+    return pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        hooks=[pf.log_every(2)],
+        max_epochs=1,
+        step_fn=step_fn,
+        save_dir=save_dir,
+        watching=pf.Watching(console=console, progress=False),
+    )
+
+
 def test_the_clock_held_between_calls_leaves_the_pause_out_of_the_pace():
     """hold() at a return, go() at the next call: the pace is the time spent training, not the wall clock."""
     logs = Logs()
@@ -29,7 +44,6 @@ def test_the_clock_held_between_calls_leaves_the_pause_out_of_the_pace():
 def test_a_run_continued_after_a_pause_reports_its_steps_pace_not_the_pause(capsys):
     """run(steps=2), a pause, run(): the next train line's ms/step does not hold the pause."""
     model = torch.nn.Linear(2, 1)
-    data = DataLoader(TensorDataset(torch.randn(16, 2), torch.randn(16, 1)), batch_size=2)
 
     def step_fn(model, optimizer, batch, *, scheduler=None, scaler=None):
         loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
@@ -38,15 +52,7 @@ def test_a_run_continued_after_a_pause_reports_its_steps_pace_not_the_pause(caps
         optimizer.step()
         return {"loss": loss}
 
-    run = pf.loop(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        data,
-        hooks=[pf.log_every(2)],
-        max_epochs=1,
-        step_fn=step_fn,
-        watching=pf.Watching(progress=False),
-    )
+    run = _logging_every_2(model, step_fn)
     run.run(steps=2)
     time.sleep(0.6)
     run.run(steps=2)
@@ -58,17 +64,11 @@ def test_with_the_console_off_no_line_or_pace_is_made_and_every_record_is_kept(m
     """Watching(console=False): the Log handler builds no console line (nor its pace); history and log.jsonl hold all."""
     paced = []
     monkeypatch.setattr(Logs, "pace", lambda self, kind, progress: paced.append(kind) or "")
-    model = torch.nn.Linear(2, 1)
-    data = DataLoader(TensorDataset(torch.randn(16, 2), torch.randn(16, 1)), batch_size=2)
-    run = pf.loop(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        data,
-        hooks=[pf.log_every(2)],
-        max_epochs=1,
-        step_fn=lambda model, optimizer, batch, **_: {"loss": torch.tensor(0.5)},
+    run = _logging_every_2(
+        torch.nn.Linear(2, 1),
+        lambda model, optimizer, batch, **_: {"loss": torch.tensor(0.5)},
         save_dir=tmp_path,
-        watching=pf.Watching(console=False, progress=False),
+        console=False,
     )
     run()
     steps = [r["step"] for r in run.history.records("train")]
