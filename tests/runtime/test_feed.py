@@ -128,3 +128,35 @@ def test_a_stateful_loaders_reopening_that_fails_after_a_failed_fetch_leaves_the
     expected = _two_epochs(Feed(_Flaky(data(), ())))
     got = _two_epochs(Feed(_Flaky(data(), {("fetch", 6), ("open", 2)})))
     assert all(torch.equal(b, c) and torch.equal(x, y) for (b, x), (c, y) in zip(got, expected, strict=True))
+
+
+class _NoisyOnce(torch.utils.data.Dataset):
+    """Samples noised from the torch RNG as they are read (an augmentation); the ``at``-th read raises after its draw."""
+
+    def __init__(self, at):
+        self.at, self.reads = at, 0
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        self.reads += 1
+        noise = torch.randn(())
+        if self.reads == self.at:
+            raise RuntimeError(f"read {self.reads}")
+        return torch.tensor(float(i)) + noise
+
+
+def test_a_grouped_epochs_drain_that_fails_after_drawing_is_drained_again_from_the_rng_before_it():
+    """Two steps of two batches take 4 of a StatefulDataLoader's 5 batches: the epoch's end drains the fifth, which
+    draws its samples' noise. A read of it that raises after drawing is retried from the RNG of before the drain."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    def feed(at):
+        torch.manual_seed(0)
+        return Feed(StatefulDataLoader(_NoisyOnce(at), batch_size=8, shuffle=True), group=2)
+
+    expected = _two_epochs(feed(at=0))
+    got = _two_epochs(feed(at=35))  # the third sample of the fifth batch, drained at epoch 0's end
+    assert len(got) == len(expected) == 4
+    assert all(torch.equal(b[0], c[0]) and torch.equal(x, y) for (b, x), (c, y) in zip(got, expected, strict=True))

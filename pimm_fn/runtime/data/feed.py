@@ -77,7 +77,7 @@ class ReopenAtCursor:
 
     The feed rebuilds it the way the failed iterator was opened, past the
     batches given before (``Feed.reopen_at_cursor``); then ``rng``, the torch
-    RNG from before the failed fetch, is put back (``None`` when the loader
+    RNG from before the failed fetch (or drain), is put back (``None`` when the loader
     fetches in worker processes, which draw nothing here). If that raises
     too, it stays in place for the fetch after.
     """
@@ -331,16 +331,21 @@ class Feed:
             raise
 
     def end_epoch(self) -> None:
-        """Close the epoch; a stateful loader is drained so its state says so."""
+        """Close the epoch; a stateful loader is drained so its state says so.
+
+        The drain fetches what a grouped epoch leaves out, which may draw from the RNG (augmentations): as
+        for a fetch, a drain that raises is drained again from the RNG of before it.
+        """
         if self._drains and self._iterator is not None:
             iterator = self._iterator
             if iterator.__class__ is ReopenAtCursor:
                 iterator = iterator.reopen()
+            rng = torch_rng() if self._rng_before_fetch else None
             try:
                 for _ in iterator:  # empty, or the fewer than ``group`` batches a grouped epoch leaves out
                     pass
             except BaseException:
-                self._iterator = ReopenAtCursor(self, None)  # drained again from the cursor next time
+                self._iterator = ReopenAtCursor(self, rng)  # drained again from the cursor next time
                 raise
             self._epoch_done = True
         self._iterator = None
