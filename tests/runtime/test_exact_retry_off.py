@@ -8,11 +8,11 @@ import pimm_fn.runtime.step.driver as driver
 from _tiny_workload import FailsOnce, TinyNet, dataset
 
 
-def _run(model, hooks=(), handlers=None, **training):
+def _run(model, hooks=(), handlers=None, data=None, **training):
     return pf.loop(
         model,
         torch.optim.SGD(model.parameters(), lr=0.01),
-        torch.utils.data.DataLoader(dataset(), batch_size=8),
+        torch.utils.data.DataLoader(dataset() if data is None else data, batch_size=8),
         hooks=list(hooks),
         max_epochs=2,
         training=pf.Training(**training),
@@ -21,11 +21,17 @@ def _run(model, hooks=(), handlers=None, **training):
     )
 
 
+def _counting_rng_captures(monkeypatch, module) -> list:
+    """A list that grows by one at each ``torch_rng()`` capture ``module`` makes."""
+    taken = []
+    original = module.torch_rng
+    monkeypatch.setattr(module, "torch_rng", lambda: taken.append(1) or original())
+    return taken
+
+
 @pytest.mark.parametrize("exact", [True, False])
 def test_the_rng_is_kept_before_each_forward_only_with_exact_retry(monkeypatch, exact):
-    taken = []
-    original = driver.torch_rng
-    monkeypatch.setattr(driver, "torch_rng", lambda: taken.append(1) or original())
+    taken = _counting_rng_captures(monkeypatch, driver)
     torch.manual_seed(0)
     run = _run(TinyNet(), exact_retry=exact)
     run()
@@ -82,14 +88,7 @@ def test_a_fetch_that_raised_is_fetched_again_and_warned_as_not_exact_only_witho
     it is, and the retry says so."""
     torch.manual_seed(0)
     data, model = _ReadFailsOnce(at=20), TinyNet()  # the 20th read: inside step 3's batch of 8
-    run = pf.loop(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.01),
-        torch.utils.data.DataLoader(data, batch_size=8),
-        max_epochs=2,
-        training=pf.Training(exact_retry=exact),
-        watching=pf.Watching(console=False),
-    )
+    run = _run(model, data=data, exact_retry=exact)
     with pytest.raises(OSError, match="a flaky read"):
         run()
     said = [str(w.message) for w in recwarn if w.category is pf.ResumeNotExactWarning]
@@ -105,9 +104,7 @@ def test_the_rng_is_kept_before_each_effect_only_with_exact_retry(monkeypatch, e
     """ema(0.9) asks for an UpdateEma on each of the 10 steps: the RNG is kept before each with exact retry, else never."""
     import pimm_fn.runtime.engine.walker as walker
 
-    taken = []
-    original = walker.torch_rng
-    monkeypatch.setattr(walker, "torch_rng", lambda: taken.append(1) or original())
+    taken = _counting_rng_captures(monkeypatch, walker)
     torch.manual_seed(0)
     run = _run(TinyNet(), [pf.ema(0.9)], exact_retry=exact)
     run()
