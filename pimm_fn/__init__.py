@@ -26,6 +26,7 @@ from pimm_fn.core.outputs import StepOutputs, StepOutputsClosed
 from pimm_fn.core.plan import plan
 from pimm_fn.core.retention import any_of, keep_best, keep_every, keep_last
 from pimm_fn.core.state import Progress, State
+from pimm_fn.core.step_state import StepState
 from pimm_fn.hooks import (
     BestState,
     EarlyStopState,
@@ -100,6 +101,7 @@ __all__ = [
     "any_of",
     "Progress",
     "State",
+    "StepState",
     "save_every",
     "SaveEveryState",
     "best_on",

@@ -223,7 +223,7 @@ class _Adapted:
                 f"(got {type(result).__name__}: {result!r:.100})"
             )
         config = config if result is None else result  # None: changed in place, or not at all
-        return state if config == state.config else attrs.evolve(state, config=config)
+        return state if config == state.config else state.evolve(config=config)
 
     def __call__(self, state, event):
         name = _METHODS.get(type(event))

@@ -242,7 +242,7 @@ class _WandbNamer:
         if "wandb_run_name" in (config.get("_cli_options") or ()):  # named on the command line: kept
             return state, ()
         name = self.name(config)
-        return (state, ()) if name is None else (attrs.evolve(state, config=config.set("wandb_run_name", name)), ())
+        return (state, ()) if name is None else (state.evolve(config=config.set("wandb_run_name", name)), ())
 
     def __repr__(self):
         args = [f"keys={self.keys!r}"] if self.keys else []

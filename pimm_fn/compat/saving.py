@@ -190,7 +190,7 @@ class _PimmSaver:
         effects = ()
         if better:
             best = value
-            state = attrs.evolve(state, best=state.best.set(self.metric, value))
+            state = state.evolve(best=state.best.set(self.metric, value))
             effects = (
                 WriteBest(self.metric, value, step, event.weights),
                 _message(step, f"Best validation {self.metric} updated to: {value:.4f}"),

@@ -8,6 +8,7 @@ from pimm_fn.core.plan import plan
 from pimm_fn.core.processing import process
 from pimm_fn.core.schedule import next_event
 from pimm_fn.core.state import Progress, State
+from pimm_fn.core.step_state import StepState
 
 __all__ = [
     "effects",
@@ -22,4 +23,5 @@ __all__ = [
     "next_event",
     "Progress",
     "State",
+    "StepState",
 ]

@@ -32,12 +32,13 @@ import attrs
 from pimm_fn.core import hook as protocol
 from pimm_fn.core import hook_list
 from pimm_fn.core.effects import Effect
-from pimm_fn.core.events import AfterStep, Event
+from pimm_fn.core.events import AfterStep, BeforeStep, Event
 from pimm_fn.core.hook_list import check_hooks
 from pimm_fn.core.hook_results import checked_result, checked_update
 from pimm_fn.core.outputs import StepOutputs
 from pimm_fn.core.schedule import advance, stepped, stepped_state
 from pimm_fn.core.state import Progress, State
+from pimm_fn.core.step_state import StepState, built, stepping, unevolvable
 from pimm_fn.core.trace import TraceEntry  # defined beside Trace; importable from here as before
 
 _NEVER = 2**63  # the step no cadence reaches
@@ -236,8 +237,8 @@ class Chain:
         return (state if state.slot is None else state.with_slot(None)), slots, emitted
 
     def _fold(
-        self, state: State, event: Event, slots: tuple[Any, ...], progress: Progress | None = None
-    ) -> tuple[State, tuple[Any, ...], list[tuple[int, Effect]]]:
+        self, state: Any, event: Event, slots: tuple[Any, ...], progress: Progress | None = None
+    ) -> tuple[Any, tuple[Any, ...], list[tuple[int, Effect]]]:
         """``fold`` leaving a hook's slot in ``state.slot`` (the caller clears it).
 
         A child declaring ``update`` is handed its slot apart and the state as
@@ -275,7 +276,12 @@ class Chain:
                 state = state.moved(progress, "AfterStep", state.slots, slot if update is None else state.slot)
                 progress = None
             if update is not None:
-                result = update(slot, state, event)
+                try:
+                    result = update(slot, state, event)
+                except attrs.exceptions.NotAnAttrsClassError as error:
+                    if state.__class__ is StepState:
+                        raise unevolvable(hook) from error
+                    raise
                 # Checked inline for the common answer, its state unchanged and no effects; anything else in full.
                 if result.__class__ is tuple and len(result) == 3 and result[1] is state and result[2] == ():
                     new, effects = result[0], ()
@@ -284,9 +290,19 @@ class Chain:
             else:
                 if state.slot is not slot:
                     state = state.with_slot(slot)
-                result = hook(state, event)
+                try:
+                    result = hook(state, event)
+                except attrs.exceptions.NotAnAttrsClassError as error:
+                    if state.__class__ is StepState:
+                        raise unevolvable(hook) from error
+                    raise
                 # Checked inline for the common (state, ()) answer; anything else in full.
-                if result.__class__ is tuple and len(result) == 2 and result[1] == () and result[0].__class__ is State:
+                if (
+                    result.__class__ is tuple
+                    and len(result) == 2
+                    and result[1] == ()
+                    and (result[0].__class__ is StepState or result[0].__class__ is State)
+                ):
                     state, effects = result
                 else:
                     state, effects = checked_result(hook, result)
@@ -339,9 +355,16 @@ def chain(*hooks: Any, name: str | None = None) -> Chain:
     return Chain(check_hooks(hooks, "chain"), name)
 
 
-def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list[tuple[int, Effect]]]:
-    """Apply the core's bookkeeping for ``event``, then fold ``hooks`` over it."""
-    if event.__class__ is AfterStep:  # advance's bookkeeping joined to the fold's first State copy
+def fold(hooks: Chain, state: Any, event: Event) -> tuple[Any, list[tuple[int, Effect]]]:
+    """Apply the core's bookkeeping for ``event``, then fold ``hooks`` over it.
+
+    ``state`` is a ``State`` or a ``StepState``. A step's events (``BeforeStep``,
+    ``AfterStep``) are folded over a ``StepState`` and give one back, unless a
+    hook built a ``State`` (``evolve``); any other event is folded over a ``State``
+    (``pimm_fn.core.step_state``).
+    """
+    if event.__class__ is AfterStep:  # advance's bookkeeping joined to the fold's first copy
+        state = stepping(state)
         before, progress = state, stepped(state.progress, event)
         if not hooks.fires(event.step):  # no hook is called: only the accumulators see the outputs
             slots = state.slots
@@ -352,7 +375,7 @@ def fold(hooks: Chain, state: State, event: Event) -> tuple[State, list[tuple[in
         if state is before:  # no hook was called: one copy for the progress, position and slots
             return stepped_state(state, progress, slots), emitted
     else:
-        state = advance(state, event)
+        state = advance(stepping(state) if event.__class__ is BeforeStep else built(state), event)
         state, slots, emitted = hooks._fold(state, event, state.slots)
     if slots is not state.slots:
         state = state.moved(state.progress, state.position, slots, None)

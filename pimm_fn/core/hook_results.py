@@ -17,13 +17,14 @@ from typing import Any
 
 from pimm_fn.core.effects import Effect
 from pimm_fn.core.state import State
+from pimm_fn.core.step_state import StepState
 
 __all__ = ["checked_result", "checked_update"]
 
 
 def checked_result(hook: Any, result: Any) -> tuple[State, tuple[Effect, ...]]:
     """``result`` of ``hook(state, event)``, checked: ``(State, tuple_of_effects)``."""
-    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], State)):
+    if not (isinstance(result, tuple) and len(result) == 2 and isinstance(result[0], (State, StepState))):
         raise TypeError(
             f"hook {hook!r} must return (State, tuple_of_effects) (got {type(result).__name__}: {result!r:.200})"
         )
@@ -33,7 +34,7 @@ def checked_result(hook: Any, result: Any) -> tuple[State, tuple[Effect, ...]]:
 
 def checked_update(hook: Any, result: Any) -> tuple[Any, State, tuple[Effect, ...]]:
     """``result`` of ``hook.update``, checked: ``(slot, State, tuple_of_effects)``."""
-    if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], State)):
+    if not (isinstance(result, tuple) and len(result) == 3 and isinstance(result[1], (State, StepState))):
         raise TypeError(
             f"hook {hook!r}: update(slot, state, event) must return (slot, State, tuple_of_effects) "
             f"(got {type(result).__name__}: {result!r:.200})"

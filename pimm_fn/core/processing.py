@@ -33,7 +33,7 @@ is skipped. ``process`` is ``start`` then ``finish``, for ``plan``, the
 simulator and a driver alike.
 """
 
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -42,6 +42,7 @@ from pimm_fn.core.effects import Effect
 from pimm_fn.core.events import Event
 from pimm_fn.core.fold import Chain, fold
 from pimm_fn.core.state import State
+from pimm_fn.core.step_state import built
 from pimm_fn.core.trace import TraceEntry
 
 __all__ = ["Executor", "Frame", "Pending", "in_order", "start", "finish", "process"]
@@ -154,13 +155,17 @@ class Pending:
         return Pending(state, frames)
 
 
-def start(hooks: Chain, state: State, event: Event, executor: "Executor") -> tuple[State, Pending | None]:
+def start(hooks: Chain, state: Any, event: Event, executor: "Executor") -> tuple[Any, Pending | None]:
     """Fold ``event`` and hand its effects to ``executor.check``; returns (state, work left or ``None``).
+
+    The state is a ``StepState`` after a step's event that left no work (``fold``), else a ``State``.
 
     Raises what a hook raises, with nothing changed: the fold is pure.
     """
     state, emitted = fold(hooks, state, event)
     emitted = in_order(emitted)
+    if emitted:  # its effects run against a State (a step's fold may give a StepState)
+        state = built(state)
     # Called on every event, even one this rank emitted nothing for: another
     # rank may have, and the run-time guard must compare them all.
     executor.check(state, event, emitted)
@@ -186,4 +191,4 @@ def process(hooks: Chain, state: State, event: Event, executor: Executor) -> Sta
     ``Pending`` value to continue from.
     """
     state, work = start(hooks, state, event, executor)
-    return state if work is None else finish(hooks, work, executor)
+    return built(state) if work is None else finish(hooks, work, executor)

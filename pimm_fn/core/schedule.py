@@ -13,6 +13,7 @@ import attrs
 from pimm_fn.core import budget
 from pimm_fn.core import events as ev
 from pimm_fn.core.state import Progress, State
+from pimm_fn.core.step_state import built
 
 __all__ = ["next_event", "advance", "resume_from", "state_at_step", "skip_to", "last_quiet_step"]
 
@@ -67,13 +68,17 @@ def _begins(p: Progress, epoch: int) -> bool:
     return epoch < p.max_epochs if p.step_limit is None else p.global_step < p.step_limit
 
 
-def advance(state: State, event: ev.Event) -> State:
-    """The core's own bookkeeping for ``event``, applied before the hooks see it."""
+def advance(state: Any, event: ev.Event) -> Any:
+    """The core's own bookkeeping for ``event``, applied before the hooks see it.
+
+    A step's events move a ``StepState`` as one (``pimm_fn.core.step_state``); any other event gives a ``State``.
+    """
     if event.__class__ is ev.BeforeStep:  # every step a hook is called for: ahead of the match's class tests
         return state.moved(state.progress, "BeforeStep", state.slots, state.slot)
+    if event.__class__ is ev.AfterStep:
+        return state.moved(stepped(state.progress, event), "AfterStep", state.slots, state.slot)
+    state = built(state)  # a step's events keep a StepState one; any other event moves a State
     match event:
-        case ev.AfterStep():
-            return state.moved(stepped(state.progress, event), "AfterStep", state.slots, state.slot)
         case ev.MetricsPublished(values=values):
             return attrs.evolve(state, metrics=state.metrics.merge(values))
         case ev.StopRequested(reason=reason):

@@ -223,6 +223,18 @@ class State:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def evolve(self, **changes: Any) -> "State":
+        """This state with ``changes``: ``attrs.evolve(state, **changes)``, which a step's state does not take.
+
+        A hook writes ``state.evolve(best=...)``: on a step's events it is
+        handed a ``StepState`` (``pimm_fn.core.step_state``), which takes
+        this spelling too.
+
+        >>> State(Progress(2, 1)).evolve(config={"lr": 0.1}).config["lr"]
+        0.1
+        """
+        return attrs.evolve(self, **changes)
+
     def with_slot(self, slot: Any) -> "State":
         """This state with the running hook's slot replaced."""
         return self.moved(self.progress, self.position, self.slots, slot)

@@ -216,7 +216,7 @@ class _BestOn:
         if not _improves(value, slot.value, self.direction):
             return slot, state, ()
         step = state.progress.global_step
-        state = attrs.evolve(state, best=state.best.set(self.metric, value))
+        state = state.evolve(best=state.best.set(self.metric, value))
         return BestState(value, step), state, (WriteBest(self.metric, value, step, event.weights),)
 
     def __call__(self, state, event):

@@ -25,7 +25,7 @@ class Tag:
 
     def __call__(self, state, event):
         seen = state.config.get("seen", ()) + (self.name,)
-        state = attrs.evolve(state, config=state.config.set("seen", seen))
+        state = state.evolve(config=state.config.set("seen", seen))
         return state, tuple(Log(0, f"{self.name}.{k}", {"seen": seen}) for k in self.emit)
 
 

@@ -30,7 +30,7 @@ class Count:
         slot += 1
         if slot % self.n:
             return slot, state, ()
-        state = attrs.evolve(state, config=state.config.set(self.name, slot))
+        state = state.evolve(config=state.config.set(self.name, slot))
         return slot, state, (Log(state.progress.global_step, self.name, {"seen": slot}),)
 
     __call__ = called_plainly  # hook(state, event) still works: the slot in state.slot

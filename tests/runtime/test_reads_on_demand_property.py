@@ -36,7 +36,7 @@ class LossEvery:
 
     def __call__(self, state, event):
         if isinstance(event, AfterStep):
-            return attrs.evolve(state, slot=state.slot + event.outputs["loss"]), ()
+            return state.evolve(slot=state.slot + event.outputs["loss"]), ()
         return state, ()
 
 

@@ -1,4 +1,4 @@
-"""A step a hook is called for builds only what its hooks see: one State and one AfterStep when none wants BeforeStep."""
+"""A step a hook is called for builds only what its hooks see: no State, and one AfterStep."""
 
 import attrs
 import pytest
@@ -79,14 +79,13 @@ def _built_per_step(monkeypatch, run, cls, steps=6):
     return len(count) / steps
 
 
-def test_a_step_no_hook_wants_beforestep_for_builds_one_state(monkeypatch, tmp_path):
-    """The position moves past BeforeStep with the step's AfterStep: no State copy for an event no hook sees.
+def test_walked_steps_build_no_state_only_the_one_run_returns(monkeypatch, tmp_path):
+    """A step's hooks are handed a StepState: six walked steps build one State in all, the one run() returns.
 
-    The one State is the hooks' view of the step (its new progress); a hook changing its slot adds the copy
-    that holds it.
+    Whether the hook keeps its slot, changes it, or is called for BeforeStep too.
     """
-    assert _built_per_step(monkeypatch, _run(tmp_path / "a", _Unchanged()), State) == 1
-    assert _built_per_step(monkeypatch, _run(tmp_path / "b", _EveryStep()), State) == 2
+    for name, hook in (("a", _Unchanged()), ("b", _EveryStep()), ("c", _BeforeEveryStep())):
+        assert _built_per_step(monkeypatch, _run(tmp_path / name, hook), State) * 6 == 1, name
 
 
 def test_a_step_whose_outputs_a_hook_reads_builds_one_afterstep(monkeypatch, tmp_path):

@@ -103,16 +103,26 @@ class Walker:
 
     @property
     def state(self):
-        """The current ``State``; the quiet steps trained since the last event a hook saw are in it."""
+        """The current ``State``; the quiet steps trained since the last event a hook saw are in it.
+
+        Built here when the last step's hooks left a ``StepState`` (``pimm_fn.core.step_state``).
+        """
+        state = self._state
+        if state.__class__ is not State:
+            state = self._state = state.built()
         if self._quiet.last is not None:
-            self._state = self._quiet.taken(self._state)
-        return self._state
+            state = self._state = self._quiet.taken(state)
+        return state
 
     @state.setter
     def state(self, state) -> None:
         if self._quiet.last is not None:
             raise RuntimeError("Loop.state was replaced while quiet steps were not yet in it: read it first")
         self._state, self._quiet.until = state, 0  # the next step is walked, and opens the next quiet stretch
+
+    def _current(self):
+        """The state to fold the next event over: a ``StepState`` where a step's hooks left one, not built."""
+        return self._state if self._quiet.last is None else self.state
 
     @property
     def finished(self) -> bool:
@@ -227,7 +237,7 @@ class Walker:
 
     def _next_event(self) -> ev.Event | None:
         """``next_event(self.state)``, computed once per state."""
-        state = self.state
+        state = self._current()
         peeked, event = self._peeked
         if peeked is not state:
             event = next_event(state)
@@ -325,12 +335,12 @@ class Walker:
         tx.step, tx.event = event.step if cls is ev.AfterStep or cls is ev.BeforeStep else None, event
         if self.processed.get(cls, True):
             with self._folding:  # the fold is pure: when it raises nothing changed, and the event folds again
-                state, work = start(self.hooks, self.state, event, self._interpreter)
+                state, work = start(self.hooks, self._current(), event, self._interpreter)
             tx.event, self.state = None, state
             if work is not None:
                 self._finish(work)
         else:  # no hook wants it and no guard compares it: process() would only advance
-            tx.event, self.state = None, advance(self.state, event)
+            tx.event, self.state = None, advance(self._current(), event)
         if cls is ev.AfterStep and event.outputs.__class__ is StepOutputs:
             event.outputs.close()  # its step is over: what no hook read is never read for it
 
@@ -347,9 +357,10 @@ class Walker:
             self.tx.step = None
         with self._reading_waiting if waiting else self._reading:
             pending, current = self._quiet.read(step, outputs, self.ctx.nonfinite)
-        state = self._quiet.accumulated(self.state, self.hooks, pending)
-        if state is not self._state:
-            self.state = state
+        if pending:  # waiting outputs were read: the accumulating hooks take them
+            state = self._quiet.accumulated(self.state, self.hooks, pending)
+            if state is not self._state:
+                self.state = state
         return current
 
     def _stopped_reading(self, step: int, error: BaseException) -> str:
