@@ -36,8 +36,8 @@ from pimm_fn.core.events import AfterStep, BeforeStep, Event
 from pimm_fn.core.hook_list import check_hooks
 from pimm_fn.core.hook_results import checked_result, checked_update
 from pimm_fn.core.outputs import StepOutputs
-from pimm_fn.core.schedule import advance, stepped, stepped_state
-from pimm_fn.core.state import Progress, State
+from pimm_fn.core.schedule import advance
+from pimm_fn.core.state import State
 from pimm_fn.core.step_state import StepState, built, stepping, unevolvable
 from pimm_fn.core.trace import TraceEntry  # defined beside Trace; importable from here as before
 
@@ -82,6 +82,13 @@ def _step_calls_of(chain: "Chain") -> tuple[tuple[int, tuple[int, Any, Any]], ..
     return tuple((chain._declared[call[0]].every, call) for call in chain.calls(AfterStep))
 
 
+def _every_step_calls_of(chain: "Chain") -> tuple[tuple[int, Any, Any], ...] | None:
+    """``Chain.calls(AfterStep)`` when every child called for ``AfterStep`` is called on every step, else ``None``."""
+    if all(every == 1 for every, _ in chain._step_calls):
+        return chain.calls(AfterStep)
+    return None
+
+
 def _cadences_of(chain: "Chain") -> tuple[int, ...]:
     """The distinct cadences of the children, smallest first: a step fires when one divides it."""
     return tuple(sorted({every for _, every, _ in chain._step}))
@@ -120,6 +127,7 @@ class Chain:
     _accumulators: tuple[tuple[int, int, Any], ...] = _cached(_accumulators_of)
     _reading: tuple[int, ...] = _cached(_reading_cadences_of)
     _step_calls: tuple[tuple[int, tuple[int, Any, Any]], ...] = _cached(_step_calls_of)
+    _every_step_calls: tuple[tuple[int, Any, Any], ...] | None = _cached(_every_step_calls_of)
 
     # -- the hook protocol, derived from the children ---------------------------------------------
     @property
@@ -237,7 +245,7 @@ class Chain:
         return (state if state.slot is None else state.with_slot(None)), slots, emitted
 
     def _fold(
-        self, state: Any, event: Event, slots: tuple[Any, ...], progress: Progress | None = None
+        self, state: Any, event: Event, slots: tuple[Any, ...]
     ) -> tuple[Any, tuple[Any, ...], list[tuple[int, Effect]]]:
         """``fold`` leaving a hook's slot in ``state.slot`` (the caller clears it).
 
@@ -245,11 +253,6 @@ class Chain:
         it is; a plain one finds its slot in ``state.slot``, put there (one
         copy) when another is there. Either way a child that returns its
         slot and state unchanged builds nothing.
-
-        With ``progress``, ``state`` is the state before an ``AfterStep`` and
-        ``progress`` its progress after: the first hook called sees them
-        joined, in one copy; when none is called, ``state`` comes back as it
-        was and the caller applies them.
         """
         emitted: list[tuple[int, Effect]] = []
         new_slots: list[Any] | None = None
@@ -259,7 +262,9 @@ class Chain:
         if cls is AfterStep:
             after = cast(AfterStep, event)  # the class is AfterStep
             step, outputs = after.step, after.outputs
-            called = [call for every, call in self._step_calls if not step % every]
+            called = self._every_step_calls  # no cadence to test: each is called on every step
+            if called is None:
+                called = [call for every, call in self._step_calls if not step % every]
             if outputs and outputs.__class__ is not StepOutputs:  # a real run's unread ones wait: summed when read
                 for i, every, accumulate in self._accumulators:
                     if step % every:  # a step the cadence skips: only the outputs count
@@ -272,9 +277,6 @@ class Chain:
         # ``hook`` keeps its name: ``runtime.transaction.failing_hook`` reads it off a traceback.
         for i, hook, update in called:
             slot = (new_slots or slots)[i]
-            if progress is not None:
-                state = state.moved(progress, "AfterStep", state.slots, slot if update is None else state.slot)
-                progress = None
             if update is not None:
                 try:
                     result = update(slot, state, event)
@@ -363,22 +365,21 @@ def fold(hooks: Chain, state: Any, event: Event) -> tuple[Any, list[tuple[int, E
     hook built a ``State`` (``evolve``); any other event is folded over a ``State``
     (``pimm_fn.core.step_state``).
     """
-    if event.__class__ is AfterStep:  # advance's bookkeeping joined to the fold's first copy
-        state = stepping(state)
-        before, progress = state, stepped(state.progress, event)
+    if event.__class__ is AfterStep:  # the step counted on a StepState: its progress built when read
+        state = stepping(state).stepped(event.step, event.batch_size)
         if not hooks.fires(event.step):  # no hook is called: only the accumulators see the outputs
-            slots = state.slots
             if hooks._accumulators and event.outputs and event.outputs.__class__ is not StepOutputs:
-                slots = hooks._accumulate(slots, event.outputs)
-            return stepped_state(state, progress, slots), []
-        state, slots, emitted = hooks._fold(state, event, state.slots, progress)
-        if state is before:  # no hook was called: one copy for the progress, position and slots
-            return stepped_state(state, progress, slots), emitted
+                state = state.with_slots(hooks._accumulate(state.slots, event.outputs))
+            return state, []
     else:
         state = advance(stepping(state) if event.__class__ is BeforeStep else built(state), event)
-        state, slots, emitted = hooks._fold(state, event, state.slots)
+    state, slots, emitted = hooks._fold(state, event, state.slots)
     if slots is not state.slots:
-        state = state.moved(state.progress, state.position, slots, None)
+        state = (
+            state.with_slots(slots)
+            if state.__class__ is StepState
+            else state.moved(state.progress, state.position, slots, None)
+        )
     elif state.slot is not None:
         state = state.with_slot(None)
     return state, emitted

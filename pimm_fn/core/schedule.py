@@ -13,7 +13,7 @@ import attrs
 from pimm_fn.core import budget
 from pimm_fn.core import events as ev
 from pimm_fn.core.state import Progress, State
-from pimm_fn.core.step_state import built
+from pimm_fn.core.step_state import StepState, built, step_facts
 
 __all__ = ["next_event", "advance", "resume_from", "state_at_step", "skip_to", "last_quiet_step"]
 
@@ -38,14 +38,17 @@ def next_event(state: State) -> ev.Event | None:
     >>> next_event(mid)
     AfterEpoch(epoch=0)
     """
+    position = state.position
+    if position == "BeforeStep" or position == "AfterStep":  # the two per-step positions first: twice a step
+        # Read without building a StepState's progress (pimm_fn.core.step_state).
+        global_step, at_epoch_end, epoch = step_facts(state)
+        if position == "BeforeStep":
+            return ev.AfterStep(global_step + 1)
+        if at_epoch_end or state.stop is not None:
+            return ev.AfterEpoch(epoch)
+        return ev.BeforeStep(global_step + 1)
     p = state.progress
-    match state.position:  # the two per-step positions first: this runs twice a step
-        case "BeforeStep":
-            return ev.AfterStep(p.global_step + 1)
-        case "AfterStep":
-            if p.at_epoch_end or state.stop is not None:
-                return ev.AfterEpoch(p.epoch)
-            return ev.BeforeStep(p.global_step + 1)
+    match position:
         case None:
             return ev.ModifyConfig()
         case "ModifyConfig":
@@ -74,8 +77,12 @@ def advance(state: Any, event: ev.Event) -> Any:
     A step's events move a ``StepState`` as one (``pimm_fn.core.step_state``); any other event gives a ``State``.
     """
     if event.__class__ is ev.BeforeStep:  # every step a hook is called for: ahead of the match's class tests
+        if state.__class__ is StepState:
+            return state.at("BeforeStep")
         return state.moved(state.progress, "BeforeStep", state.slots, state.slot)
     if event.__class__ is ev.AfterStep:
+        if state.__class__ is StepState:
+            return state.stepped(event.step, event.batch_size).with_slot(state.slot)
         return state.moved(stepped(state.progress, event), "AfterStep", state.slots, state.slot)
     state = built(state)  # a step's events keep a StepState one; any other event moves a State
     match event:

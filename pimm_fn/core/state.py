@@ -154,7 +154,15 @@ class Progress:
     @property
     def at_epoch_end(self) -> bool:
         """True once the last step of the current epoch has run: its length, or the step budget, reached."""
-        return self.iter_in_epoch == self.iters_per_epoch or self.global_step == self.step_limit
+        return self.at_epoch_end_after(0)
+
+    def at_epoch_end_after(self, steps: int) -> bool:
+        """``at_epoch_end`` of this progress ``steps`` steps on in its epoch, without building that progress.
+
+        >>> Progress(iters_per_epoch=10, max_epochs=3, iter_in_epoch=8, global_step=8).at_epoch_end_after(2)
+        True
+        """
+        return self.iter_in_epoch + steps == self.iters_per_epoch or self.global_step + steps == self.step_limit
 
     @property
     def epoch_end_step(self) -> int:

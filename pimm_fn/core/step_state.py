@@ -11,7 +11,7 @@ step whose hooks only read it, or change their slots, builds no ``State`` at all
 the state is read (``Loop.state``), saved, or folded for any other event.
 
 It is read-only, as a ``State`` is: it changes only into another value
-(``with_slot``, ``moved``; ``evolve`` gives a ``State``). ``attrs.evolve`` does
+(``with_slot``, ``stepped``; ``evolve`` gives a ``State``). ``attrs.evolve`` does
 not take it: ``state.evolve(...)`` is the spelling that takes both.
 """
 
@@ -19,14 +19,19 @@ from typing import Any
 
 from pimm_fn.core.state import Progress, State
 
-__all__ = ["StepState", "built", "stepping", "unevolvable"]
+__all__ = ["StepState", "built", "stepping", "step_facts", "global_step_of", "unevolvable"]
 
 
 class StepState:
     """A ``State`` of a step, its run-wide parts left in ``base``; see the module.
 
+    Its progress is counted (the steps and samples since ``base``) and built
+    on first read: a step whose hooks never read ``progress`` builds no
+    ``Progress`` either. The schedule reads the few facts it needs without it
+    (``step_facts``).
+
     >>> base = State(Progress(4, 1), rank=1, world_size=2, position="BeforeEpoch")
-    >>> s = stepping(base).moved(base.progress.advanced(1, 8), "AfterStep", (3,), None)
+    >>> s = stepping(base).stepped(1, 8).with_slots((3,))
     >>> s.progress.global_step, s.rank, s.position, s.slots
     (1, 1, 'AfterStep', (3,))
     >>> s == base.evolve(progress=base.progress.advanced(1, 8), position="AfterStep", slots=(3,))
@@ -34,10 +39,21 @@ class StepState:
     """
 
     # Private slots behind read-only properties: a plain ``__init__`` (a third of a frozen class's), and no setter.
-    __slots__ = ("_base", "_progress", "_position", "_slots", "_slot")
+    # ``_progress`` is the progress once built (the base's, ``_steps`` steps and ``_samples`` samples on), else None.
+    __slots__ = ("_base", "_steps", "_samples", "_position", "_slots", "_slot", "_progress")
 
-    def __init__(self, base: State, progress: Progress, position: str | None, slots: tuple[Any, ...], slot: Any):
-        self._base, self._progress, self._position, self._slots, self._slot = base, progress, position, slots, slot
+    def __init__(
+        self,
+        base: State,
+        steps: int,
+        samples: int,
+        position: str | None,
+        slots: tuple[Any, ...],
+        slot: Any,
+        progress: Progress | None = None,
+    ):
+        self._base, self._steps, self._samples, self._progress = base, steps, samples, progress
+        self._position, self._slots, self._slot = position, slots, slot
 
     # -- the step's own parts ---------------------------------------------------------------------
     @property
@@ -47,7 +63,14 @@ class StepState:
 
     @property
     def progress(self) -> Progress:
-        return self._progress
+        """The base's progress ``steps`` steps on, built on first read (and kept: the value does not change)."""
+        progress = self._progress
+        if progress is None:
+            progress = self._base.progress
+            if self._steps or self._samples:
+                progress = progress.advanced(self._steps, self._samples)
+            self._progress = progress
+        return progress
 
     @property
     def position(self) -> str | None:
@@ -97,11 +120,30 @@ class StepState:
     # -- changing it: another value ---------------------------------------------------------------
     def with_slot(self, slot: Any) -> "StepState":
         """This state with the running hook's slot replaced."""
-        return StepState(self._base, self._progress, self._position, self._slots, slot)
+        return StepState(self._base, self._steps, self._samples, self._position, self._slots, slot, self._progress)
+
+    def with_slots(self, slots: tuple[Any, ...]) -> "StepState":
+        """This state with the hooks' ``slots`` replaced and no running slot: the fold's last copy."""
+        return StepState(self._base, self._steps, self._samples, self._position, slots, None, self._progress)
+
+    def at(self, position: str) -> "StepState":
+        """This state at ``position`` (``BeforeStep``), its progress as it is."""
+        return StepState(self._base, self._steps, self._samples, position, self._slots, self._slot, self._progress)
+
+    def stepped(self, step: int, batch_size: int) -> "StepState":
+        """This state after ``AfterStep(step)`` of ``batch_size`` samples: one step on, no running slot.
+
+        Raises:
+            ValueError: ``step`` is not the next step.
+        """
+        global_step = step_facts(self)[0]
+        if step != global_step + 1:
+            raise ValueError(f"AfterStep(step={step}) out of order: global_step is {global_step}")
+        return StepState(self._base, self._steps + 1, self._samples + batch_size, "AfterStep", self._slots, None)
 
     def moved(self, progress: Progress, position: str | None, slots: tuple[Any, ...], slot: Any) -> "StepState":
-        """This state with its per-step parts replaced (``State.moved``), still over the same base."""
-        return StepState(self._base, progress, position, slots, slot)
+        """This state with its per-step parts replaced (``State.moved``): over a base built with that progress."""
+        return StepState(self._base.moved(progress, position, slots, slot), 0, 0, position, slots, slot)
 
     def evolve(self, **changes: Any) -> State:
         """The ``State`` this one stands for, with ``changes`` (``State.evolve``)."""
@@ -109,7 +151,7 @@ class StepState:
 
     def built(self) -> State:
         """The ``State`` this one stands for."""
-        return self._base.moved(self._progress, self._position, self._slots, self._slot)
+        return self._base.moved(self.progress, self._position, self._slots, self._slot)
 
     # -- as a value: the State it stands for ------------------------------------------------------
     def __eq__(self, other: object) -> bool:
@@ -140,7 +182,7 @@ def stepping(state: "State | StepState") -> StepState:
     """``state`` as a step's hooks see it: a ``StepState`` over it (itself when it is one)."""
     if state.__class__ is StepState:
         return state
-    return StepState(state, state.progress, state.position, state.slots, state.slot)  # type: ignore[arg-type]
+    return StepState(state, 0, 0, state.position, state.slots, state.slot)  # type: ignore[arg-type]
 
 
 def built(state: "State | StepState") -> State:
@@ -157,3 +199,22 @@ def unevolvable(hook: Any) -> TypeError:
         "step's hooks get a StepState. Write state.evolve(...), which takes a StepState and a State alike "
         "(the README's 'Changes to hooks')"
     )
+
+
+def step_facts(state: "State | StepState") -> tuple[int, bool, int]:
+    """``(global_step, at_epoch_end, epoch)`` of ``state``'s progress, read without building a ``StepState``'s.
+
+    What the schedule asks on every step (``pimm_fn.core.schedule.next_event``).
+    """
+    if state.__class__ is StepState:
+        p, steps = state._base.progress, state._steps
+        return p.global_step + steps, p.at_epoch_end_after(steps), p.epoch
+    p = state.progress
+    return p.global_step, p.at_epoch_end, p.epoch
+
+
+def global_step_of(state: "State | StepState") -> int:
+    """``state.progress.global_step``, read without building a ``StepState``'s progress."""
+    if state.__class__ is StepState:
+        return state._base.progress.global_step + state._steps
+    return state.progress.global_step

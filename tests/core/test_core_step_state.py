@@ -5,6 +5,8 @@ import pickle
 
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pimm_fn.core import events as ev
 from pimm_fn.core.effects import Log
@@ -12,7 +14,8 @@ from pimm_fn.core.fold import chain, fold
 from pimm_fn.core.plan import initial_state
 from pimm_fn.core.processing import process
 from pimm_fn.core.state import Progress, State
-from pimm_fn.core.step_state import StepState, built, stepping
+from pimm_fn.core.schedule import next_event
+from pimm_fn.core.step_state import StepState, built, global_step_of, stepping
 
 
 def _base():
@@ -112,6 +115,18 @@ def test_an_unrelated_attrs_error_in_a_hook_is_not_reworded():
         fold(hooks, state, ev.BeforeTrain())
 
 
+def _counting(monkeypatch, cls):
+    """A list that grows by one on each ``cls(...)`` from now on."""
+    made, init = [], cls.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__init__", counting)
+    return made
+
+
 def _slotted(state, event):
     return state.with_slot((state.slot or 0) + 1), ()
 
@@ -120,22 +135,55 @@ def test_a_step_folds_over_a_step_state_and_builds_no_state(monkeypatch):
     """BeforeStep and AfterStep of hooks that read the state or change their slot build no State at all."""
     hooks = chain(_slotted, lambda state, event: (state, ()))
     state = attrs.evolve(initial_state(hooks.hooks, iters_per_epoch=3, max_epochs=1), position="BeforeEpoch")
-    made = []
-    init = State.__init__
-
-    def counting(self, *args, **kwargs):
-        made.append(1)
-        init(self, *args, **kwargs)
-
-    monkeypatch.setattr(State, "__init__", counting)
+    made = _counting(monkeypatch, State)
     for step in (1, 2, 3):
         state, emitted = fold(hooks, state, ev.BeforeStep(step))
         state, emitted = fold(hooks, state, ev.AfterStep(step, {"loss": 1.0}, 4))
     assert made == [] and state.__class__ is StepState
     assert state.slots[0] == 6 and state.progress.global_step == 3 and state.progress.samples_seen == 12
-    monkeypatch.setattr(State, "__init__", init)
+    monkeypatch.undo()
     after, _ = fold(hooks, state, ev.AfterEpoch(0))  # any other event: a State
     assert after.__class__ is State and after.slots[0] == 7 and after.position == "AfterEpoch"
+
+
+def test_a_step_states_progress_is_built_on_first_read_and_kept(monkeypatch):
+    """Steps whose hooks never read ``progress`` build no Progress; the first read builds one, later reads reuse it."""
+    hooks = chain(_slotted)
+    state = attrs.evolve(initial_state(hooks.hooks, iters_per_epoch=5, max_epochs=1), position="BeforeEpoch")
+    made = _counting(monkeypatch, Progress)
+    for step in (1, 2, 3):
+        state, _ = fold(hooks, state, ev.BeforeStep(step))
+        state, _ = fold(hooks, state, ev.AfterStep(step, {}, 2))
+    assert made == [] and global_step_of(state) == 3 and next_event(state) == ev.BeforeStep(4)
+    assert state.progress is state.progress and len(made) == 1
+    assert (state.progress.global_step, state.progress.iter_in_epoch, state.progress.samples_seen) == (3, 3, 6)
+
+
+def test_an_afterstep_out_of_order_is_refused_on_a_step_state():
+    """The order check of ``AfterStep`` holds without the progress built."""
+    state = stepping(attrs.evolve(State(Progress(5, 1)), position="BeforeStep"))
+    with pytest.raises(ValueError, match=r"AfterStep\(step=3\) out of order: global_step is 0"):
+        state.stepped(3, 1)
+
+
+@given(
+    iters=st.integers(1, 5),
+    done=st.integers(0, 5),
+    steps=st.integers(0, 5),
+    limit=st.one_of(st.none(), st.integers(1, 12)),
+    position=st.sampled_from(["BeforeStep", "AfterStep"]),
+    stop=st.one_of(st.none(), st.just("plateau")),
+)
+def test_a_step_states_next_event_is_its_states(iters, done, steps, limit, position, stop):
+    """The schedule reads a StepState without its progress and answers as for the State it stands for."""
+    done, steps = min(done, iters), min(steps, iters - min(done, iters))
+    base = State(Progress(iters, 2, iter_in_epoch=done, global_step=done, step_limit=limit), stop=stop)
+    state = stepping(base)
+    for _ in range(steps):
+        state = state.stepped(global_step_of(state) + 1, 1)
+    state = state.at(position)
+    assert next_event(state) == next_event(state.built())
+    assert global_step_of(state) == state.built().progress.global_step
 
 
 def _logging(state, event):

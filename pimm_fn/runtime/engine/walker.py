@@ -28,6 +28,7 @@ from pimm_fn.core.outputs import StepOutputs
 from pimm_fn.core.processing import start
 from pimm_fn.core.schedule import advance, next_event
 from pimm_fn.core.state import State
+from pimm_fn.core.step_state import global_step_of
 from pimm_fn.runtime.engine.outputs import QuietSteps, read_in_place
 from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
 from pimm_fn.runtime.engine.transaction import (
@@ -162,7 +163,7 @@ class Walker:
         """
         tx, quiet = self.tx, self._quiet
         self._continue() if tx.interrupted is not None else self._step()
-        if quiet.due(quiet.last if quiet.last is not None else self._state.progress.global_step):
+        if quiet.due(quiet.last if quiet.last is not None else global_step_of(self._state)):
             self._read()  # a long epoch no hook reads the outputs of: what waits stays bounded (WAIT_AT_MOST)
         if tx.keys.pending:  # every unit closed behind it: only a held Ctrl-C makes this a safe point to act at
             try:
@@ -179,7 +180,7 @@ class Walker:
         if self._state.finished:
             return stopping.settle()  # the run ended on its own: its final save holds everything
         quiet = self._quiet
-        step = quiet.last if quiet.last is not None else self._state.progress.global_step
+        step = quiet.last if quiet.last is not None else global_step_of(self._state)
         reason, tick = stopping.at_boundary(step)
         if tick is not None:
             self.dispatch(tick)
@@ -223,7 +224,7 @@ class Walker:
 
     def _step(self) -> None:
         quiet = self._quiet
-        step = self._state.progress.global_step + 1 if quiet.last is None else quiet.last + 1
+        step = global_step_of(self._state) + 1 if quiet.last is None else quiet.last + 1
         if step <= quiet.until:  # a quiet step: nothing but its training
             return self._driver.train(step)
         while True:
@@ -249,14 +250,19 @@ class Walker:
 
         A ``BeforeStep`` no hook wants and no guard compares moves nothing but
         the position, and the step's ``AfterStep`` moves that on past it: the
-        step is trained at once, with no ``State`` built for it.
+        step is trained at once, with no ``State`` built for it. One the hooks
+        see is folded, and its step trained right after (``next_event`` after
+        a ``BeforeStep`` is its ``AfterStep``, whatever the hooks did).
         """
         event: Any = self._next_event()  # narrowed by its exact class, below, where mypy does not follow
         cls = event.__class__  # next_event builds exact lifecycle classes
         if self._replicas is not None and (cls is ev.BeforeStep or cls is ev.BeforeEpoch):
             event = self._replicated(event)
             cls = event.__class__
-        if cls is ev.AfterStep or cls is ev.BeforeStep and not self.processed[ev.BeforeStep]:
+        if cls is ev.BeforeStep and self.processed[ev.BeforeStep]:
+            self.dispatch(event)  # and its step trains at once: a BeforeStep is always followed by its step's AfterStep
+            cls = ev.AfterStep
+        if cls is ev.AfterStep or cls is ev.BeforeStep:
             try:
                 self._driver.train(event.step)  # handed back to _trained: a quiet step's AfterStep is only counted
             except Discarded:  # its vote failed: back to the boundary, dealt again after a new quorum
