@@ -38,6 +38,7 @@ PUBLIC = {
     "any_of",
     "Progress",
     "State",
+    "StepState",
     "save_every",
     "SaveEveryState",
     "best_on",

@@ -163,9 +163,8 @@ def start(hooks: Chain, state: Any, event: Event, executor: "Executor") -> tuple
     Raises what a hook raises, with nothing changed: the fold is pure.
     """
     state, emitted = fold(hooks, state, event)
-    emitted = in_order(emitted)
-    if emitted:  # its effects run against a State (a step's fold may give a StepState)
-        state = built(state)
+    if emitted:  # in their order, run against a State (a step's fold may give a StepState)
+        emitted, state = in_order(emitted), built(state)
     # Called on every event, even one this rank emitted nothing for: another
     # rank may have, and the run-time guard must compare them all.
     executor.check(state, event, emitted)

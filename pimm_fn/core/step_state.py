@@ -51,7 +51,7 @@ class StepState:
         slots: tuple[Any, ...],
         slot: Any,
         progress: Progress | None = None,
-    ):
+    ) -> None:
         self._base, self._steps, self._samples, self._progress = base, steps, samples, progress
         self._position, self._slots, self._slot = position, slots, slot
 
@@ -136,7 +136,7 @@ class StepState:
         Raises:
             ValueError: ``step`` is not the next step.
         """
-        global_step = step_facts(self)[0]
+        global_step = self._base.progress.global_step + self._steps
         if step != global_step + 1:
             raise ValueError(f"AfterStep(step={step}) out of order: global_step is {global_step}")
         return StepState(self._base, self._steps + 1, self._samples + batch_size, "AfterStep", self._slots, None)

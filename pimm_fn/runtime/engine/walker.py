@@ -260,7 +260,7 @@ class Walker:
             event = self._replicated(event)
             cls = event.__class__
         if cls is ev.BeforeStep and self.processed[ev.BeforeStep]:
-            self.dispatch(event)  # and its step trains at once: a BeforeStep is always followed by its step's AfterStep
+            self._hand(event)  # and its step trains at once: a BeforeStep is always followed by its step's AfterStep
             cls = ev.AfterStep
         if cls is ev.AfterStep or cls is ev.BeforeStep:
             try:
