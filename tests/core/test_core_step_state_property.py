@@ -1,53 +1,27 @@
-"""Property: handing a step's hooks a ``StepState`` gives the same traces, slots and saved states as a ``State``."""
+"""Property: every form of a hook folds alike, and a step's ``StepState`` as the ``State`` it stands for.
 
-import attrs
+The forms: a hook as it is (``update(slot, state, event)`` for the
+built-ins that declare it), its plain call ``hook(state, event)``
+(``Plain``), and that call handed a ``State`` on every event (``AsState``,
+the contract before ``StepState``). Any mix of them, flat or nested, gives
+the same trace, the same states at every save, and the same final state.
+"""
+
+import pathlib
+import sys
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pimm_fn.core import events as ev
-from pimm_fn.core import hook as protocol
-from pimm_fn.core.effects import Log, SaveCheckpoint
-from pimm_fn.core.fold import called_plainly, chain
+from pimm_fn.core.effects import SaveCheckpoint
+from pimm_fn.core.fold import chain
 from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
-from pimm_fn.core.step_state import built
 from pimm_fn.hooks import best_on, early_stop, ema, evaluate_every, log_every, save_every, step_scheduler
 from pimm_fn.hooks.progress import progress_bar
 
-
-class AsState:
-    """``hook`` under the contract before ``StepState``: handed a ``State`` on every event, a step's built first."""
-
-    def __init__(self, hook):
-        d = protocol.declared(hook)
-        self.hook, self.events, self.every, self.accumulate = hook, d.events, d.every, d.accumulate
-        self.reads_outputs, self.rank_consistent, self.emits = d.reads_outputs, d.rank_consistent, d.emits
-        self.hook_key, self.reads_metrics = d.key, d.reads_metrics
-
-    def init(self):
-        return protocol.init_slot(self.hook)
-
-    def __call__(self, state, event):
-        return self.hook(built(state), event)
-
-
-@attrs.frozen
-class Count:
-    """Counts the events it sees in its slot (the update form); every ``n``-th marks the config and logs."""
-
-    name: str
-    n: int = 2
-
-    def init(self):
-        return 0
-
-    def update(self, slot, state, event):
-        slot += 1
-        if slot % self.n:
-            return slot, state, ()
-        state = state.evolve(config=state.config.set(self.name, slot))
-        return slot, state, (Log(state.progress.global_step, self.name, {"seen": slot}),)
-
-    __call__ = called_plainly
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from _hook_forms import AsState, Count, Plain  # noqa: E402
 
 
 def losses_seen(state, event):
@@ -84,6 +58,7 @@ def _pool():
         log_every(2),
         early_stop("m", patience=2),
         step_scheduler("epoch"),
+        step_scheduler(on="m"),
         ema(0.9, every=2),
         progress_bar(2),
         save_every(3),
@@ -112,22 +87,27 @@ def _run(hooks, iters, epochs):
     return [(t.step, t.event, t.hook, t.effect) for t in executor.trace], executor.saved, final
 
 
+FORMS = (lambda hook: hook, Plain, AsState)
+
+
 @given(
-    picks=st.lists(st.integers(0, 12), min_size=1, max_size=7, unique=True),
-    old=st.lists(st.booleans(), min_size=7, max_size=7),
+    picks=st.lists(st.integers(0, 13), min_size=1, max_size=7, unique=True),
+    forms=st.lists(st.integers(0, 2), min_size=7, max_size=7),
     split=st.integers(0, 7),
     iters=st.integers(1, 4),
     epochs=st.integers(1, 3),
 )
-def test_step_states_fold_as_states_did(picks, old, split, iters, epochs):
-    """Any stack, each hook handed a StepState or a State, flat or nested: the same trace, saves and final state."""
+def test_every_form_of_a_stack_folds_alike(picks, forms, split, iters, epochs):
+    """Any stack, each hook as it is, plain, or handed States, flat or nested: the same trace, saves and state."""
     pool = _pool()
     hooks = [pool[i] for i in picks]
-    new = _run(chain(*hooks), iters, epochs)
-    assert _run(chain(*[AsState(h) for h in hooks]), iters, epochs) == new
-    mixed = [AsState(h) if o else h for h, o in zip(hooks, old)]
-    assert _run(chain(*mixed), iters, epochs) == new
+    expected = _run(chain(*hooks), iters, epochs)
+    for form in FORMS[1:]:
+        assert _run(chain(*[form(h) for h in hooks]), iters, epochs) == expected
+    mixed = [FORMS[f](h) for h, f in zip(hooks, forms)]
+    assert _run(chain(*mixed), iters, epochs) == expected
     split = min(split, len(hooks))
     trace, saved, final = _run(chain(*mixed[:split], chain(*mixed[split:], name="inner")), iters, epochs)
-    assert [(s, e, f) for s, e, _, f in trace] == [(s, e, f) for s, e, _, f in new[0]]  # positions renumbered
-    assert [s.progress for s in saved] == [s.progress for s in new[1]] and final.progress == new[2].progress
+    assert [(s, e, f) for s, e, _, f in trace] == [(s, e, f) for s, e, _, f in expected[0]]  # positions renumbered
+    assert [s.progress for s in saved] == [s.progress for s in expected[1]]
+    assert final.progress == expected[2].progress

@@ -1,39 +1,22 @@
 """A hook's ``update(slot, state, event)``: its slot handed apart, the same folds as ``hook(state, event)``, no copies."""
 
+import pathlib
+import sys
+
 import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pimm_fn.core import events as ev
-from pimm_fn.core import hook as protocol
-from pimm_fn.core.effects import Log
 from pimm_fn.core.fold import called_plainly, chain, fold
-from pimm_fn.core.plan import RecordingExecutor, initial_state, run_schedule
+from pimm_fn.core.plan import initial_state
 from pimm_fn.core.state import Progress, State
-from pimm_fn.hooks import early_stop, ema, evaluate_every, log_every, save_every, step_scheduler
-from pimm_fn.hooks.progress import progress_bar
+from pimm_fn.hooks import log_every
 from pimm_fn.runtime.engine.transaction import failing_hook
 
-
-@attrs.frozen
-class Count:
-    """Counts the events it sees in its slot; every ``n``-th emits a Log and marks the config."""
-
-    name: str
-    n: int = 2
-
-    def init(self):
-        return 0
-
-    def update(self, slot, state, event):
-        slot += 1
-        if slot % self.n:
-            return slot, state, ()
-        state = state.evolve(config=state.config.set(self.name, slot))
-        return slot, state, (Log(state.progress.global_step, self.name, {"seen": slot}),)
-
-    __call__ = called_plainly  # hook(state, event) still works: the slot in state.slot
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from _hook_forms import Count, Plain  # noqa: E402
 
 
 @attrs.frozen
@@ -50,73 +33,6 @@ class Quiet:
         return slot, state, ()
 
     __call__ = called_plainly
-
-
-class Plain:
-    """``hook`` as the plain form: every declaration but ``update``, called as ``hook(state, event)``."""
-
-    def __init__(self, hook):
-        d = protocol.declared(hook)
-        self.hook, self.events, self.every, self.accumulate = hook, d.events, d.every, d.accumulate
-        self.reads_outputs, self.rank_consistent, self.emits, self.hook_key = (
-            d.reads_outputs,
-            d.rank_consistent,
-            d.emits,
-            d.key,
-        )
-        self.reads_metrics = d.reads_metrics
-
-    def init(self):
-        return protocol.init_slot(self.hook)
-
-    def __call__(self, state, event):
-        return self.hook(state, event)
-
-
-def _val(model):
-    return {"m": 0.0}
-
-
-def _pool():
-    return [
-        Count("a"),
-        Count("b", 3),
-        log_every(2),
-        early_stop("m", patience=2),
-        step_scheduler("epoch"),
-        step_scheduler(on="m"),
-        ema(0.9, every=2),
-        progress_bar(2),
-        save_every(3),
-        evaluate_every(2, _val, name="v"),
-    ]
-
-
-def _run(hooks, iters, epochs):
-    state = initial_state(hooks.hooks, iters_per_epoch=iters, max_epochs=epochs)
-    executor = RecordingExecutor(lambda step, rank: {"m": float(step % 4)})
-    final = run_schedule(hooks, state, executor, outputs=lambda step: {"loss": step / 4})
-    return [(t.step, t.event, t.hook, t.effect) for t in executor.trace], final
-
-
-@given(
-    picks=st.lists(st.integers(0, 9), min_size=1, max_size=6, unique=True),
-    plain=st.lists(st.booleans(), min_size=6, max_size=6),
-    split=st.integers(0, 6),
-    iters=st.integers(1, 4),
-    epochs=st.integers(1, 3),
-)
-def test_update_and_plain_forms_fold_alike(picks, plain, split, iters, epochs):
-    """Any mix of hooks in either form, flat or nested, gives the same effects, states and slots."""
-    pool = _pool()
-    hooks = [pool[i] for i in picks]
-    mixed = [Plain(h) if p else h for h, p in zip(hooks, plain)]
-    split = min(split, len(hooks))
-    as_update = _run(chain(*hooks), iters, epochs)
-    assert _run(chain(*[Plain(h) for h in hooks]), iters, epochs) == as_update
-    assert _run(chain(*mixed), iters, epochs) == as_update
-    nested, _ = _run(chain(*mixed[:split], chain(*mixed[split:], name="inner")), iters, epochs)
-    assert [(s, e, f) for s, e, _, f in nested] == [(s, e, f) for s, e, _, f in as_update[0]]  # positions renumbered
 
 
 def test_a_hook_returning_its_slot_and_state_unchanged_builds_no_state():

@@ -1,27 +1,14 @@
 """Real runs: hooks handed a StepState on a step's events train, trace, save and resume as hooks handed a State."""
 
+import pathlib
+import sys
+
 from _tiny_workload import build, same_weights, standard_hooks, weights
 
 import pimm_fn as pf
-from pimm_fn.core import hook as protocol
-from pimm_fn.core.step_state import built
 
-
-class AsState:
-    """``hook`` under the contract before ``StepState``: handed a ``State`` on every event, a step's built first."""
-
-    def __init__(self, hook):
-        d = protocol.declared(hook)
-        self.hook, self.events, self.every, self.accumulate = hook, d.events, d.every, d.accumulate
-        self.reads_outputs, self.rank_consistent, self.emits = d.reads_outputs, d.rank_consistent, d.emits
-        self.hook_key, self.reads_metrics = d.key, d.reads_metrics
-        self.evaluators = getattr(hook, "evaluators", None)
-
-    def init(self):
-        return protocol.init_slot(self.hook)
-
-    def __call__(self, state, event):
-        return self.hook(built(state), event)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from _hook_forms import AsState  # noqa: E402
 
 
 def losses_seen(state, event):
@@ -63,6 +50,9 @@ def test_a_run_on_step_states_ends_as_one_on_states(tmp_path):
     old_model, old = _train(tmp_path / "old", _as_states(), 7)
     assert same_weights(weights(model), weights(old_model))
     assert run.state == old.state and run.state.metrics["steps"] == 7.0 and len(run.state.slots[-3]) == 7
+    # Counted apart from any StepState: the same steps with no hook walking them (quiet steps, skip_to).
+    _, quiet = _train(tmp_path / "quiet", [pf.save_every(100)], 7)
+    assert run.state.progress == quiet.state.progress and run.state.progress.samples_seen == 7 * 8
     assert [(e.step, e.hook, e.effect) for e in run.trace] == [(e.step, e.hook, e.effect) for e in old.trace]
     # The checkpoint of step 6, read back by a resumed run of either form, then 4 steps more (one run at a time:
     # the runs share the process's torch RNG): the same state and weights.
