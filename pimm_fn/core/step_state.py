@@ -3,12 +3,14 @@
 On every step a hook is called for, the fold hands the hooks of its
 ``BeforeStep`` and ``AfterStep`` a ``StepState`` rather than a ``State``. It
 answers everything a ``State`` does (the same attributes, ``with_slot``,
-``evolve``, equality, ``repr``), but holds only the step's own parts (its
-progress, position, slots and running slot) over the last ``State`` built, which
-holds the rest (rank, world size, metrics, best values, config, stop). So a
-step whose hooks only read it, or change their slots, builds no ``State`` at all
-(one is about a dozen field stores and validators); the loop builds one when
-the state is read (``Loop.state``), saved, or folded for any other event.
+``evolve``, equality, ``repr``), but holds only the step's own parts (the
+steps and samples trained since the last ``State`` built, the position, the
+slots and the running slot) over that ``State``, which holds the rest (rank,
+world size, metrics, best values, config, stop). So a step whose hooks only
+read it, or change their slots, builds no ``State`` at all (one is about a
+dozen field stores and validators), and no ``Progress`` unless a hook reads
+``progress``; the loop builds a ``State`` when the state is read
+(``Loop.state``), saved, handed to an effect, or folded for any other event.
 
 It is read-only, as a ``State`` is: it changes only into another value
 (``with_slot``, ``stepped``; ``evolve`` gives a ``State``). ``attrs.evolve`` does
