@@ -275,45 +275,40 @@ class Chain:
             if called is None:
                 called = self.calls(cls)
         # ``hook`` keeps its name: ``runtime.transaction.failing_hook`` reads it off a traceback.
-        for i, hook, update in called:
-            slot = (new_slots or slots)[i]
-            if update is not None:
-                try:
+        try:
+            for i, hook, update in called:
+                slot = (new_slots or slots)[i]
+                if update is not None:
                     result = update(slot, state, event)
-                except attrs.exceptions.NotAnAttrsClassError as error:
-                    if state.__class__ is StepState:
-                        raise unevolvable(hook) from error
-                    raise
-                # Checked inline for the common answer, its state unchanged and no effects; anything else in full.
-                if result.__class__ is tuple and len(result) == 3 and result[1] is state and result[2] == ():
-                    new, effects = result[0], ()
+                    # Checked inline for the common answer, its state unchanged and no effects; anything else in full.
+                    if result.__class__ is tuple and len(result) == 3 and result[1] is state and result[2] == ():
+                        new, effects = result[0], ()
+                    else:
+                        new, state, effects = checked_update(hook, result)
                 else:
-                    new, state, effects = checked_update(hook, result)
-            else:
-                if state.slot is not slot:
-                    state = state.with_slot(slot)
-                try:
+                    if state.slot is not slot:
+                        state = state.with_slot(slot)
                     result = hook(state, event)
-                except attrs.exceptions.NotAnAttrsClassError as error:
-                    if state.__class__ is StepState:
-                        raise unevolvable(hook) from error
-                    raise
-                # Checked inline for the common (state, ()) answer; anything else in full.
-                if (
-                    result.__class__ is tuple
-                    and len(result) == 2
-                    and result[1] == ()
-                    and (result[0].__class__ is StepState or result[0].__class__ is State)
-                ):
-                    state, effects = result
-                else:
-                    state, effects = checked_result(hook, result)
-                new = state.slot
-            if new is not slot:
-                new_slots = new_slots or list(slots)
-                new_slots[i] = new
-            if effects:
-                emitted.extend((i, e) for e in effects)
+                    # Checked inline for the common (state, ()) answer; anything else in full.
+                    if (
+                        result.__class__ is tuple
+                        and len(result) == 2
+                        and result[1] == ()
+                        and (result[0].__class__ is StepState or result[0].__class__ is State)
+                    ):
+                        state, effects = result
+                    else:
+                        state, effects = checked_result(hook, result)
+                    new = state.slot
+                if new is not slot:
+                    new_slots = new_slots or list(slots)
+                    new_slots[i] = new
+                if effects:
+                    emitted.extend((i, e) for e in effects)
+        except attrs.exceptions.NotAnAttrsClassError as error:  # the hook handed the state it was given to attrs
+            if state.__class__ is StepState:
+                raise unevolvable(hook) from error
+            raise
         return state, tuple(new_slots) if new_slots else slots, emitted
 
     def update(
@@ -375,11 +370,7 @@ def fold(hooks: Chain, state: Any, event: Event) -> tuple[Any, list[tuple[int, E
         state = advance(stepping(state) if event.__class__ is BeforeStep else built(state), event)
     state, slots, emitted = hooks._fold(state, event, state.slots)
     if slots is not state.slots:
-        state = (
-            state.with_slots(slots)
-            if state.__class__ is StepState
-            else state.moved(state.progress, state.position, slots, None)
-        )
+        state = state.with_slots(slots)
     elif state.slot is not None:
         state = state.with_slot(None)
     return state, emitted

@@ -13,7 +13,7 @@ import attrs
 from pimm_fn.core import budget
 from pimm_fn.core import events as ev
 from pimm_fn.core.state import Progress, State
-from pimm_fn.core.step_state import StepState, built, step_facts
+from pimm_fn.core.step_state import StepState, built, step_facts, stepping
 
 __all__ = ["next_event", "advance", "resume_from", "state_at_step", "skip_to", "last_quiet_step"]
 
@@ -80,10 +80,9 @@ def advance(state: Any, event: ev.Event) -> Any:
         if state.__class__ is StepState:
             return state.at("BeforeStep")
         return state.moved(state.progress, "BeforeStep", state.slots, state.slot)
-    if event.__class__ is ev.AfterStep:
-        if state.__class__ is StepState:
-            return state.stepped(event.step, event.batch_size).with_slot(state.slot)
-        return state.moved(stepped(state.progress, event), "AfterStep", state.slots, state.slot)
+    if event.__class__ is ev.AfterStep:  # counted as a step's state counts it (its order checked there)
+        after = stepping(state).stepped(event.step, event.batch_size).with_slot(state.slot)
+        return after if state.__class__ is StepState else after.built()
     state = built(state)  # a step's events keep a StepState one; any other event moves a State
     match event:
         case ev.MetricsPublished(values=values):
@@ -105,14 +104,6 @@ def advance(state: Any, event: ev.Event) -> Any:
 def stepped_state(state: State, progress: Progress, slots: tuple[Any, ...]) -> State:
     """``state`` after an ``AfterStep``: its new ``progress`` and hook ``slots``, no running slot."""
     return state.moved(progress, "AfterStep", slots, None)
-
-
-def stepped(p: Progress, event: ev.AfterStep) -> Progress:
-    """``p`` after the step of ``event``: ``advance``'s progress for an ``AfterStep``."""
-    step = event.step
-    if step != p.global_step + 1:
-        raise ValueError(f"AfterStep(step={step}) out of order: global_step is {p.global_step}")
-    return p.advanced(1, event.batch_size)
 
 
 def skip_to(

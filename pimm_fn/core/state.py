@@ -247,6 +247,10 @@ class State:
         """This state with the running hook's slot replaced."""
         return self.moved(self.progress, self.position, self.slots, slot)
 
+    def with_slots(self, slots: tuple[Any, ...]) -> "State":
+        """This state with the hooks' ``slots`` replaced and no running slot: the fold's last copy."""
+        return self.moved(self.progress, self.position, slots, None)
+
     def moved(self, progress: Progress, position: str | None, slots: tuple[Any, ...], slot: Any) -> "State":
         """This state with its per-step parts replaced: ``progress``, ``position``, ``slots`` and the running ``slot``.
 

@@ -28,7 +28,7 @@ from pimm_fn.core.outputs import StepOutputs
 from pimm_fn.core.processing import start
 from pimm_fn.core.schedule import advance, next_event
 from pimm_fn.core.state import State
-from pimm_fn.core.step_state import global_step_of
+from pimm_fn.core.step_state import built, global_step_of
 from pimm_fn.runtime.engine.outputs import QuietSteps, read_in_place
 from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
 from pimm_fn.runtime.engine.transaction import (
@@ -108,9 +108,7 @@ class Walker:
 
         Built here when the last step's hooks left a ``StepState`` (``pimm_fn.core.step_state``).
         """
-        state = self._state
-        if state.__class__ is not State:
-            state = self._state = state.built()
+        state = self._state = built(self._state)
         if self._quiet.last is not None:
             state = self._state = self._quiet.taken(state)
         return state
