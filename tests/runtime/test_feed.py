@@ -160,3 +160,69 @@ def test_a_grouped_epochs_drain_that_fails_after_drawing_is_drained_again_from_t
     got = _two_epochs(feed(at=35))  # the third sample of the fifth batch, drained at epoch 0's end
     assert len(got) == len(expected) == 4
     assert all(torch.equal(b[0], c[0]) and torch.equal(x, y) for (b, x), (c, y) in zip(got, expected, strict=True))
+
+
+def _rng_after(call) -> torch.Tensor:
+    """The torch RNG's state after ``call`` raised ``RuntimeError`` (it must)."""
+    try:
+        call()
+    except RuntimeError:
+        return torch.get_rng_state()
+    raise AssertionError("the call was meant to raise")
+
+
+def test_a_resume_whose_replayed_epoch_raises_after_drawing_leaves_the_rng_as_it_found_it():
+    """Resuming mid-epoch replays the epoch from its starting RNG; a read that raises during the replay, after its
+    draw, leaves the process RNG where the caller had put it (the checkpoint's), not at the replay's."""
+    torch.manual_seed(0)
+    feed = Feed(DataLoader(_NoisyOnce(at=0), batch_size=8, shuffle=True))
+    feed.start_epoch(0)
+    feed.next_batch(), feed.next_batch()
+    cursor = feed.state_dict()
+
+    resumed = Feed(DataLoader(_NoisyOnce(at=12), batch_size=8, shuffle=True))  # raises in the skipped second batch
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    after = _rng_after(lambda: resumed.resume(cursor, 0, 2))
+    assert torch.equal(after, before)
+
+
+class _LoadRaises:
+    """A stateful loader whose ``load_state_dict`` draws from the torch RNG, then raises."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __getattr__(self, name):
+        return getattr(self.data, name)
+
+    def __iter__(self):
+        return iter(self.data)
+
+    def __len__(self):
+        return len(self.data)
+
+    def load_state_dict(self, state):
+        torch.rand(())
+        raise RuntimeError("the loader's state could not be loaded")
+
+
+def test_a_resume_at_a_finished_epoch_whose_loader_fails_to_load_leaves_the_rng_as_it_found_it():
+    """At an epoch's end a StatefulDataLoader's state is loaded without drawing: one that raises after a draw
+    leaves the process RNG as it was."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    loader = StatefulDataLoader(TensorDataset(torch.arange(16.0)), batch_size=8, shuffle=True)
+    feed = Feed(loader)
+    feed.start_epoch(0)
+    feed.next_batch(), feed.next_batch()
+    feed.end_epoch()
+    cursor = feed.state_dict()
+    assert cursor["epoch_done"]
+
+    resumed = Feed(_LoadRaises(StatefulDataLoader(TensorDataset(torch.arange(16.0)), batch_size=8, shuffle=True)))
+    assert resumed.stateful
+    torch.manual_seed(1)
+    before = torch.get_rng_state()
+    after = _rng_after(lambda: resumed.resume(cursor, 0, 2))
+    assert torch.equal(after, before)

@@ -488,9 +488,11 @@ class Feed:
         what the uninterrupted run's did.
         """
         resumed = capture_rng()
-        self.data.load_state_dict(loader_state)
-        self.data.state_dict()
-        restore_rng(resumed)
+        try:
+            self.data.load_state_dict(loader_state)
+            self.data.state_dict()
+        finally:  # a load that raised after a draw leaves the RNG as it found it too
+            restore_rng(resumed)
 
     def _iter_without_draws(self):
         """A resumed iterator; the seed it draws was drawn at epoch start originally.
@@ -506,7 +508,10 @@ class Feed:
             restore_rng(resumed)
 
     def _replay(self, epoch_start: dict, skip: int) -> None:
+        """Reopen the epoch from the RNG it started with and skip ``skip`` batches; the RNG put back, even on a raise."""
         resumed = capture_rng()
         self._epoch_start = epoch_start
-        self._open(("rng", epoch_start), skip)
-        restore_rng(resumed)
+        try:
+            self._open(("rng", epoch_start), skip)
+        finally:
+            restore_rng(resumed)
