@@ -142,8 +142,8 @@ def test_a_scaler_with_bf16_is_refused_before_training():
         )
 
 
-def _after_one_step(step, batch, seed=0):
-    model = Linear(seed)
+def _after_one_step(step, batch, seed=0, model=None):
+    model = Linear(seed) if model is None else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     outputs = step(model, optimizer, batch)
     return weights(model), outputs
@@ -158,6 +158,29 @@ def test_k_micro_batches_update_as_one_batch_k_times_larger():
     assert all(torch.allclose(whole[k], accumulated[k], atol=1e-6) for k in whole)
     assert torch.allclose(outputs["loss"], whole_out["loss"], atol=1e-6)  # the mean of equal-sized parts
     assert outputs["loss"].requires_grad is False and isinstance(outputs["lr"], float)
+
+
+class WithLogits(Linear):
+    """``Linear`` reporting its predictions too: an output the step hands on, not a scalar."""
+
+    def forward(self, batch):
+        outputs = super().forward(batch)
+        return {**outputs, "logits": self.layer(batch[0])}
+
+
+def test_one_batchs_outputs_are_its_scalars_detached_and_its_other_outputs_as_they_are():
+    """Without accumulation the step returns the model's outputs with each scalar detached, and the lr; with
+    ``loss_fn``, the detached loss and the lr alone."""
+    x, y = data(4)
+    model = WithLogits()
+    _, outputs = _after_one_step(pf.TrainStep(), (x, y), model=model)
+    assert sorted(outputs) == ["logits", "loss", "lr", "mae"]
+    assert not outputs["loss"].requires_grad and not outputs["mae"].requires_grad
+    assert outputs["logits"].shape == (4, 1) and outputs["logits"].requires_grad  # handed on as the model gave it
+
+    supervised = pf.TrainStep(loss_fn=torch.nn.functional.mse_loss)
+    _, outputs = _after_one_step(supervised, (x, y), model=torch.nn.Linear(4, 1))
+    assert sorted(outputs) == ["loss", "lr"] and not outputs["loss"].requires_grad
 
 
 def test_accumulating_loop_counts_optimizer_steps_and_drops_the_remainder():

@@ -304,19 +304,28 @@ class TrainStep:
         # Autocast's device, looked up (over the model's parameters) only under a precision that autocasts.
         device_type = self.device_type(model) if PRECISIONS[self.precision] is not None else None
         k = len(parts)
+        if k == 1:  # one batch: no gradient sync to hold back, nothing to average
+            outputs = self._backward_one(model, parts[0], device_type, scaler, 1)
+            if self.loss_fn is not None:  # {"loss": loss}, one element (check_loss): detached, all there is
+                return {"loss": outputs["loss"].detach()}
+            scalars: dict[str, Any] = {}
+            _add_scalars(scalars, outputs)
+            return {**outputs, **scalars}
         sums: dict[str, Any] = {}  # tensors on the device, or numbers
-        outputs: Mapping = {}
         for i, part in enumerate(parts):
-            last = i == k - 1
-            with _gradient_sync(model, last) if k > 1 else contextlib.nullcontext():
-                if self.device is not None:
-                    part = to_device(part, self.device)
-                outputs = self._forward(model, part, device_type)
-                loss = outputs["loss"] / k if k > 1 else outputs["loss"]
-                (scaler.scale(loss) if scaler is not None else loss).backward()
+            with _gradient_sync(model, i == k - 1):
+                outputs = self._backward_one(model, part, device_type, scaler, k)
             _add_scalars(sums, outputs)
-        mean = {name: total / k for name, total in sums.items()} if k > 1 else sums
-        return {**outputs, **mean}
+        return {**outputs, **{name: total / k for name, total in sums.items()}}
+
+    def _backward_one(self, model, part, device_type: str | None, scaler, k: int) -> Mapping:
+        """The forward and backward of one of ``k`` micro-batches (its loss over ``k``); returns its outputs."""
+        if self.device is not None:
+            part = to_device(part, self.device)
+        outputs = self._forward(model, part, device_type)
+        loss = outputs["loss"] / k if k > 1 else outputs["loss"]
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        return outputs
 
     def _clip(self, optimizer, scaler):
         """Clip the gradients as configured; returns their total norm before clipping (``None`` unclipped)."""
