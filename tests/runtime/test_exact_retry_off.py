@@ -136,3 +136,30 @@ def test_an_effect_that_raised_runs_again_and_is_warned_as_not_exact_only_withou
     assert exact or "effect Log at step 4 was interrupted with Training(exact_retry=False)" in said[0]
     run()
     assert run.finished and _LOGGED[:4] == [2, 4, 4, 5] and _LOGGED.count(4) == 2  # only it ran twice
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_an_epochs_drain_that_raised_is_drained_again_and_warned_as_not_exact_only_without_exact_retry(exact, recwarn):
+    """Two steps of two batches take 4 of a StatefulDataLoader's 5: the epoch's end drains the fifth, a fetch. One
+    that raised is drained again; without exact retry its augmentation draws from the RNG as it is, and the retry
+    says so, as a step's fetch does."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    torch.manual_seed(0)
+    data, model = _ReadFailsOnce(at=35), TinyNet()  # the 35th read: in the fifth batch, drained at epoch 0's end
+    run = pf.loop(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        StatefulDataLoader(data, batch_size=8),
+        max_epochs=2,
+        step_fn=pf.TrainStep(accumulate=2),
+        training=pf.Training(exact_retry=exact),
+        watching=pf.Watching(console=False),
+    )
+    with pytest.raises(OSError, match="a flaky read"):
+        run()
+    assert run.state.progress.global_step == 2  # epoch 0's two steps trained: its end stopped
+    said = [str(w.message) for w in recwarn if w.category is pf.ResumeNotExactWarning]
+    assert said == ([] if exact else [said[0]]) and (exact or "while drained at the epoch's end" in said[0])
+    run()
+    assert run.finished and run.state.progress.global_step == 4 and run.state.progress.samples_seen == 64

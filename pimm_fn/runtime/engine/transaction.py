@@ -61,6 +61,7 @@ __all__ = [
     "warn_if_not_exact",
     "retried_inexactly",
     "fetched_inexactly",
+    "drained_inexactly",
     "effect_retried_inexactly",
     "OPTIMIZING",
     "AFTER_OPTIMIZER",
@@ -297,6 +298,15 @@ def fetched_inexactly(step: int, error: BaseException) -> str:
         LOADING,
         f"step {step}'s batch was interrupted while fetched with Training(exact_retry=False): fetching it again "
         f"(what run() does) gives the same samples, but draws any random augmentation from the RNG as it is now",
+    )
+
+
+def drained_inexactly(step: int | None, error: BaseException) -> str:
+    """The phase of an epoch's drain that raised under ``Training(exact_retry=False)`` over data that may draw."""
+    return _not_exact(
+        LOADING,
+        "the loader was interrupted while drained at the epoch's end with Training(exact_retry=False): draining it "
+        "again (what run() does) gives the same samples, but draws any random augmentation from the RNG as it is now",
     )
 
 

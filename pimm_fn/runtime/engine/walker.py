@@ -34,6 +34,7 @@ from pimm_fn.runtime.engine.preemption import preemption_save, saved_at
 from pimm_fn.runtime.engine.transaction import (
     LOADING,
     Transaction,
+    drained_inexactly,
     effect_phase,
     effect_retried_inexactly,
     fold_phase,
@@ -71,7 +72,10 @@ class Walker:
         self._told_finished = told_finished  # loop() said there is nothing to train: the next run() need not
         self.tx = tx = Transaction(ctx, interpreter, last_step=lambda: self.state.progress.global_step)
         # The walker's units of work (the driver has its own): made once, entered on every event.
-        self._opening = tx.unit(LOADING)  # an epoch opened, or its loader drained
+        self._opening = tx.unit(LOADING)  # an epoch opened: a retry opens it from the same RNG
+        # Its loader drained at its end: without exact retry no RNG is kept for the drain (warned on a retry).
+        inexact = not ctx.exact_retry and ctx.feed.draws_in_fetch
+        self._draining = tx.unit(drained_inexactly if inexact else LOADING)
         self._folding = tx.unit(lambda step, error: fold_phase(error, tx.event))
         self._reading = tx.unit(self._stopped_reading)  # before an event (``tx.event``, or the step being read)
         # (step, outputs, batch size) of the AfterStep whose outputs are being read
@@ -269,9 +273,12 @@ class Walker:
             return ev.AfterStep
         if cls is ev.BeforeEpoch or cls is ev.AfterEpoch:
             feed, self.tx.step = self.ctx.feed, None
-            with self._opening:
-                # A retry opens the epoch from the same RNG; a stateful loader is drained at its end, a fetch.
-                feed.start_epoch(event.epoch) if cls is ev.BeforeEpoch else feed.end_epoch()
+            if cls is ev.BeforeEpoch:
+                with self._opening:
+                    feed.start_epoch(event.epoch)
+            else:
+                with self._draining:  # a stateful loader is drained at the epoch's end: a fetch
+                    feed.end_epoch()
         elif event is None:
             return None
         self.dispatch(event)
