@@ -305,8 +305,8 @@ class Chain:
                     new_slots[i] = new
                 if effects:
                     emitted.extend((i, e) for e in effects)
-        except attrs.exceptions.NotAnAttrsClassError as error:  # the hook handed the state it was given to attrs
-            if state.__class__ is StepState:
+        except attrs.exceptions.NotAnAttrsClassError as error:  # the hook handed the state it was given to attrs?
+            if state.__class__ is StepState and repr(StepState) in str(error):  # attrs names the class it refused
                 raise unevolvable(hook) from error
             raise
         return state, tuple(new_slots) if new_slots else slots, emitted

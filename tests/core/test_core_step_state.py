@@ -102,8 +102,10 @@ def test_attrs_evolve_on_a_step_state_is_a_clear_error_naming_the_hook_and_the_f
     assert after.config["seen"] is True
 
 
-def test_an_unrelated_attrs_error_in_a_hook_is_not_reworded():
-    """Only attrs refusing the step's state is explained; a hook's other attrs errors come out as they were."""
+@pytest.mark.parametrize("event", [ev.BeforeTrain(), ev.BeforeStep(1)], ids=["on a State", "on a StepState"])
+def test_an_unrelated_attrs_error_in_a_hook_is_not_reworded(event):
+    """Only attrs refusing the step's state is explained; a hook's other attrs errors come out as they were, on a
+    step's events too (where the hook holds a StepState)."""
 
     def wrong(state, event):
         attrs.evolve(object())
@@ -111,8 +113,10 @@ def test_an_unrelated_attrs_error_in_a_hook_is_not_reworded():
 
     hooks = chain(wrong)
     state = initial_state(hooks.hooks, iters_per_epoch=2, max_epochs=1)
+    if event.__class__ is ev.BeforeStep:
+        state = state.evolve(position="BeforeEpoch")
     with pytest.raises(attrs.exceptions.NotAnAttrsClassError, match="object"):
-        fold(hooks, state, ev.BeforeTrain())
+        fold(hooks, state, event)
 
 
 def _counting(monkeypatch, cls):
