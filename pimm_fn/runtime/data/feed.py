@@ -64,7 +64,7 @@ from pimm_fn.runtime.data.dealing import Dealer
 from pimm_fn.runtime.data.positioning import changes, describe, epoch_sampler, sampler_generators, steps_per_epoch
 from pimm_fn.runtime.errors import ResumeNotExactWarning
 from pimm_fn.runtime.step.driver import MicroBatches
-from pimm_fn.runtime.step.rng import capture_rng, restore_rng, set_torch_rng, torch_rng
+from pimm_fn.runtime.step.rng import rng_kept, set_torch_rng, torch_rng
 
 __all__ = [
     "ReopenAtCursor",
@@ -487,12 +487,9 @@ class Feed:
         the RNG put back, leaves the next epoch's ``iter()`` drawing exactly
         what the uninterrupted run's did.
         """
-        resumed = capture_rng()
-        try:
+        with rng_kept():  # a load that raised after a draw leaves the RNG as it found it too
             self.data.load_state_dict(loader_state)
             self.data.state_dict()
-        finally:  # a load that raised after a draw leaves the RNG as it found it too
-            restore_rng(resumed)
 
     def _iter_without_draws(self):
         """A resumed iterator; the seed it draws was drawn at epoch start originally.
@@ -501,17 +498,11 @@ class Feed:
         that seed (a wrapper failing as its iterator opens): a retried reopen,
         like the epoch after it, then draws what the uninterrupted run drew.
         """
-        resumed = capture_rng()
-        try:
+        with rng_kept():
             return iter(self.data)
-        finally:
-            restore_rng(resumed)
 
     def _replay(self, epoch_start: dict, skip: int) -> None:
         """Reopen the epoch from the RNG it started with and skip ``skip`` batches; the RNG put back, even on a raise."""
-        resumed = capture_rng()
         self._epoch_start = epoch_start
-        try:
+        with rng_kept():
             self._open(("rng", epoch_start), skip)
-        finally:
-            restore_rng(resumed)

@@ -23,7 +23,7 @@ would be gone for the first evaluation.
 from pimm_fn import dist
 from pimm_fn.runtime.errors import CollectiveDivergenceError
 from pimm_fn.runtime.handlers.evaluation import as_metrics, evaluating
-from pimm_fn.runtime.step.rng import capture_rng, restore_rng
+from pimm_fn.runtime.step.rng import rng_kept
 
 __all__ = ["sanity_check", "shortened", "BATCHES"]
 
@@ -74,9 +74,8 @@ def sanity_check(ctx, batches: int | None) -> dict:
         (``pimm_fn.runtime.errors``); ``CollectiveDivergenceError``, on every
         rank, when ranks would run other evaluators.
     """
-    states = capture_rng()  # a DataLoader draws its seed from the RNG: training's streams stay as they were
     names = {}
-    try:
+    with rng_kept():  # a DataLoader draws its seed from the RNG: training's streams stay as they were
         runs = {name: run for name, fn in ctx.evaluators.items() if (run := shortened(fn, batches)) is not None}
         _agree(ctx, runs)
         for name, run in runs.items():
@@ -86,8 +85,6 @@ def sanity_check(ctx, batches: int | None) -> dict:
             names[name] = sorted(values or {})
             if ctx.advice is not None:
                 ctx.advice.evaluated(name, values, consistent=True)
-    finally:
-        restore_rng(states)
     if names:
         ctx.say("sanity check: " + "; ".join(f"{name} publishes {published}" for name, published in names.items()))
     return names

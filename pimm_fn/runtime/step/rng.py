@@ -4,12 +4,14 @@ A resumed run must continue with the same random stream (dropout masks,
 augmentations, shuffles) to end bit-identical to an uninterrupted one.
 """
 
+import contextlib
 import random
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
-__all__ = ["capture_rng", "restore_rng", "rng_problem", "torch_rng", "set_torch_rng"]
+__all__ = ["capture_rng", "restore_rng", "rng_kept", "rng_problem", "torch_rng", "set_torch_rng"]
 
 _get_cpu = torch.default_generator.get_state  # what torch.get_rng_state returns, at half its cost
 _cuda_ready = torch.cuda.is_initialized
@@ -43,6 +45,16 @@ def restore_rng(states: dict) -> None:
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+@contextlib.contextmanager
+def rng_kept() -> Iterator[None]:
+    """Every RNG as it was on entry, put back on exit, even when the body raised: what it draws is undone."""
+    states = capture_rng()
+    try:
+        yield
+    finally:
+        restore_rng(states)
 
 
 def rng_problem(states) -> str | None:
