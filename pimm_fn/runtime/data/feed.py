@@ -172,6 +172,8 @@ class Feed:
         # Without ``exact`` (``Training(exact_retry=False)``) a fetch that failed is fetched again, at the same
         # cursor, from the RNG as it is: no capture a fetch.
         self._rng_before_fetch = exact and self.draws_in_fetch
+        # Whether a fetch (or an epoch's drain) that failed draws what it first drew when fetched again.
+        self.refetched_exactly = exact or not self.draws_in_fetch
         # Dealt (``deal``): the dealer, and what says the step's participants at draw time.
         self.dealer: Dealer | None = None
         self._membership: Callable[[], tuple[int, int]] | None = None

@@ -74,8 +74,7 @@ class Walker:
         # The walker's units of work (the driver has its own): made once, entered on every event.
         self._opening = tx.unit(LOADING)  # an epoch opened: a retry opens it from the same RNG
         # Its loader drained at its end: without exact retry no RNG is kept for the drain (warned on a retry).
-        inexact = not ctx.exact_retry and ctx.feed.draws_in_fetch
-        self._draining = tx.unit(drained_inexactly if inexact else LOADING)
+        self._draining = tx.unit(LOADING if ctx.feed.refetched_exactly else drained_inexactly)
         self._folding = tx.unit(lambda step, error: fold_phase(error, tx.event))
         self._reading = tx.unit(self._stopped_reading)  # before an event (``tx.event``, or the step being read)
         # (step, outputs, batch size) of the AfterStep whose outputs are being read

@@ -106,7 +106,7 @@ class Driver:
         # One watch per optimizer: drivers rebuilt around it share it.
         self._watch = watch = StepWatch.of(ctx.optimizer) if exact else None
         # Without exact retry, a fetch that may draw from the RNG and raised is fetched again from it as it is.
-        self._loading = tx.unit(LOADING if exact or not ctx.feed.draws_in_fetch else fetched_inexactly)
+        self._loading = tx.unit(LOADING if ctx.feed.refetched_exactly else fetched_inexactly)
         self._scheduling = tx.unit(SCHEDULING)
         # Where, around optimizer.step(), the train step raised (not exact once it began: warned).
         self._training = tx.unit(watch.stopped if watch is not None else TRAINING if exact else retried_inexactly)
