@@ -38,7 +38,7 @@ from pimm_fn.core.hook_results import checked_result, checked_update
 from pimm_fn.core.outputs import StepOutputs
 from pimm_fn.core.schedule import advance
 from pimm_fn.core.state import State
-from pimm_fn.core.step_state import StepState, built, stepping, unevolvable
+from pimm_fn.core.step_state import StepState, stepping, unevolvable
 from pimm_fn.core.trace import TraceEntry  # defined beside Trace; importable from here as before
 
 _NEVER = 2**63  # the step no cadence reaches
@@ -367,7 +367,8 @@ def fold(hooks: Chain, state: Any, event: Event) -> tuple[Any, list[tuple[int, E
                 state = state.with_slots(hooks._accumulate(state.slots, event.outputs))
             return state, []
     else:
-        state = advance(stepping(state) if event.__class__ is BeforeStep else built(state), event)
+        # A BeforeStep moves a StepState; advance builds a State for any other event.
+        state = advance(stepping(state) if event.__class__ is BeforeStep else state, event)
     state, slots, emitted = hooks._fold(state, event, state.slots)
     if slots is not state.slots:
         state = state.with_slots(slots)
